@@ -1,0 +1,82 @@
+"""Fixtures shared by every test.
+
+Databases: each test that needs MariaDB gets a database of its own with a unique name on the
+server at JOBQUEUE_TEST_MYSQL (default the local MariaDB, root, no password), migrated with the
+real init-db, and dropped afterwards. Nothing here changes a global setting of that server; tests
+that need one start a throwaway mariadbd (see support/throwaway_mariadb.py).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+
+from webapp.core.db import create_engine
+from webapp.core.migrate import init_db
+from webapp.core.tasks import load_task_modules
+
+MYSQL_SERVER = os.environ.get("JOBQUEUE_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306")
+
+load_task_modules([])
+
+
+def _admin():
+    return sa.create_engine(MYSQL_SERVER + "/", poolclass=NullPool)
+
+
+@pytest.fixture
+def mysql_url():
+    name = f"jqt_{uuid.uuid4().hex[:16]}"
+    admin = _admin()
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+    url = f"{MYSQL_SERVER}/{name}"
+    engine = create_engine(url, pool_size=1)
+    init_db(engine)
+    engine.dispose()
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+        admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    url = f"sqlite:///{tmp_path / 'jobqueue.sqlite3'}"
+    engine = create_engine(url, pool_size=1)
+    init_db(engine)
+    engine.dispose()
+    return url
+
+
+@pytest.fixture(params=["mariadb", "sqlite"])
+def db_url(request):
+    """The same test on both supported backends."""
+    return request.getfixturevalue("mysql_url" if request.param == "mariadb" else "sqlite_url")
+
+
+@pytest.fixture
+def engine(db_url):
+    eng = create_engine(db_url, pool_size=8)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def mysql_engine(mysql_url):
+    eng = create_engine(mysql_url, pool_size=8)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def export_dir(tmp_path, monkeypatch):
+    path = tmp_path / "exports"
+    monkeypatch.setenv("JOBQUEUE_EXPORT_DIR", str(path))
+    return path

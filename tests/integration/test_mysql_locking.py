@@ -1,0 +1,175 @@
+"""What only a server with row locks can show: SKIP LOCKED, NOWAIT, the claim's plan, deadlock
+and lost-connection retries, and refusing servers that cannot keep the guarantees."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from webapp.core import db, migrate, preflight, repository
+from webapp.core.errors import JobBusy, UnsupportedDatabase
+from webapp.core.models import EmptyClaim, Status
+from webapp.core.schema import job_queue
+
+jq = job_queue.c
+
+
+def hold_rows(engine, ids):
+    """A second transaction holding FOR UPDATE on `ids`, not committing (the paused transaction)."""
+    conn = engine.connect()
+    conn.begin()
+    # FORCE INDEX: on a table this small the optimizer would rather scan the whole table, and a
+    # locking scan locks every row it reads, not only the matching ones.
+    got = conn.execute(sa.text("SELECT id FROM job_queue FORCE INDEX (PRIMARY) WHERE id IN :ids FOR UPDATE")
+                       .bindparams(sa.bindparam("ids", expanding=True)), {"ids": list(ids)}).scalars().all()
+    assert sorted(got) == sorted(ids)
+    return conn
+
+
+def test_claim_skips_rows_held_by_a_paused_transaction_without_waiting(mysql_engine):
+    with mysql_engine.connect() as conn:
+        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(10)])]
+        lock_wait = conn.exec_driver_sql("SELECT @@innodb_lock_wait_timeout").scalar()
+    holder = hold_rows(mysql_engine, ids[:3])
+    try:
+        with mysql_engine.connect() as conn:
+            started = time.monotonic()
+            got = repository.claim(conn, "w", 4, ["default"], lease_seconds=30)
+            elapsed = time.monotonic() - started
+            assert [c.job.id for c in got] == ids[3:7]
+            assert elapsed < 0.5 < lock_wait
+            repository.claim(conn, "w", 10, ["default"], lease_seconds=30)
+            assert repository.claim(conn, "w", 10, ["default"], lease_seconds=30) == []
+            report = repository.classify_empty(conn, ["default"])
+            # A plain read still sees the held rows: ready-but-locked, not an empty queue.
+            assert report.kind is EmptyClaim.CONTENDED and report.skipped == 3
+    finally:
+        holder.rollback()
+        holder.close()
+    with mysql_engine.connect() as conn:
+        assert sorted(c.job.id for c in repository.claim(conn, "w", 10, ["default"], lease_seconds=30)) == ids[:3]
+
+
+def test_concurrent_claims_never_take_the_same_job(mysql_engine):
+    with mysql_engine.connect() as conn:
+        repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(300)])
+    taken: list[int] = []
+    lock = threading.Lock()
+
+    def claimer(n):
+        with mysql_engine.connect() as conn:
+            while True:
+                got = repository.claim(conn, f"w{n}", 7, ["default"], lease_seconds=30)
+                if not got:
+                    return
+                with lock:
+                    taken.extend(c.job.id for c in got)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(taken) == 300 and len(set(taken)) == 300
+
+
+def test_claim_plan_uses_the_pick_index_without_filesort(mysql_engine):
+    with mysql_engine.connect() as conn:
+        # Plenty of finished rows around the ready ones, as in a table that has run for a while.
+        conn.exec_driver_sql(
+            "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
+            "max_attempts, created_at, updated_at, finished_at) "
+            "SELECT CONCAT('done-', seq), 'noop', 'default', 0, '{}', 'done', UTC_TIMESTAMP(6), 1, 5, "
+            "UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM seq_1_to_20000")
+        conn.commit()
+        repository.enqueue_many(conn, [{"task": "noop", "task_key": f"r{i}", "priority": i % 3} for i in range(200)])
+        conn.exec_driver_sql("ANALYZE TABLE job_queue").all()
+        for limit in (1, 10, 50):
+            plan = repository.explain_claim(conn, "default", limit)
+            assert len(plan) == 1, plan
+            row = plan[0]
+            assert row["key"] == "ix_ready_pick", plan
+            assert "filesort" not in (row["Extra"] or "").lower(), plan
+            assert int(row["rows"]) < 1000, plan  # narrowed to the ready range, not the table
+
+
+def test_nowait_operator_action_answers_busy_at_once(mysql_engine):
+    with mysql_engine.connect() as conn:
+        (res,) = repository.enqueue_many(conn, [{"task": "noop", "task_key": "busy"}])
+    holder = hold_rows(mysql_engine, [res.id])
+    try:
+        with mysql_engine.connect() as conn:
+            for action in (lambda: repository.requeue_job(conn, res.id),
+                           lambda: repository.fail_job(conn, res.id, "x")):
+                started = time.monotonic()
+                with pytest.raises(JobBusy):
+                    action()
+                assert time.monotonic() - started < 0.5
+    finally:
+        holder.rollback()
+        holder.close()
+    with mysql_engine.connect() as conn:
+        assert repository.fail_job(conn, res.id, "now").after is Status.FAILED
+
+
+def test_lost_connection_is_retried(mysql_engine):
+    with mysql_engine.connect() as conn:
+        repository.enqueue(conn, "noop", "a")
+        conn_id = conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
+        conn.commit()
+        with mysql_engine.connect() as killer:
+            killer.exec_driver_sql(f"KILL CONNECTION {conn_id}")
+        # The same Connection object: the first statement finds the socket dead, the retry
+        # reconnects and the claim goes through.
+        got = repository.claim(conn, "w", 1, ["default"], lease_seconds=30)
+        assert [c.job.task_key for c in got] == ["a"]
+        assert conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar() != conn_id
+
+
+def test_deadlock_is_retried():
+    calls = []
+
+    class FakeOrig(Exception):
+        pass
+
+    def flaky(conn):
+        calls.append(1)
+        if len(calls) < 3:
+            raise sa.exc.OperationalError("UPDATE", {}, FakeOrig(db.ER_LOCK_DEADLOCK, "Deadlock found"))
+        return "ok"
+
+    engine = db.create_engine("sqlite://")
+    with engine.connect() as conn:
+        assert db.transaction(conn, flaky, what="test") == "ok"
+    assert len(calls) == 3
+
+
+def test_init_db_twice_and_concurrently(mysql_url):
+    engine = db.create_engine(mysql_url)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(migrate.init_db(engine))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [after for _, after in results] == [migrate.head_revision()] * 3
+    engine.dispose()
+
+
+def test_myisam_queue_table_is_refused(mysql_url):
+    engine = db.create_engine(mysql_url)
+    with engine.connect() as conn:
+        conn.exec_driver_sql("ALTER TABLE job_queue ENGINE=MyISAM")
+    with pytest.raises(UnsupportedDatabase, match="InnoDB"):
+        preflight.require_supported(engine)
+    with pytest.raises(UnsupportedDatabase, match="job_queue is MyISAM"):
+        migrate.init_db(engine)
+    engine.dispose()
+
+
+def test_server_version_is_read(mysql_engine):
+    info = preflight.require_supported(mysql_engine)
+    assert info.flavour == "mariadb" and info.supports_skip_locked

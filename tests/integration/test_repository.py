@@ -1,0 +1,262 @@
+"""The repository's verbs against a real database: MariaDB, and SQLite where the behaviour is
+shared."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from webapp.core import repository
+from webapp.core.errors import InvalidState, JobNotFound, LeaseStillValid, ValidationError, PayloadTooLarge
+from webapp.core.models import EmptyClaim, Lease, Outcome, Status
+from webapp.core.schema import job_attempt, job_queue, job_result
+from webapp.core.tasks import LeaseLostError
+
+
+def count(conn, table=job_queue, *where):
+    return conn.execute(sa.select(sa.func.count()).select_from(table).where(*where)).scalar()
+
+
+def add(conn, n, prefix="k", **kw):
+    return repository.enqueue_many(conn, [{"task": "noop", "task_key": f"{prefix}{i}", **kw} for i in range(n)])
+
+
+def test_enqueue_then_duplicate_writes_nothing(engine, caplog):
+    with engine.connect() as conn:
+        first = repository.enqueue(conn, "noop", "order-1", {"a": 1})
+        second = repository.enqueue(conn, "noop", "order-1", {"a": 2})
+        assert not first.duplicate and second.duplicate
+        assert second.id == first.id
+        assert count(conn) == 1
+        assert repository.get_job(conn, first.id).payload == {"a": 1}
+    assert "event=duplicate_enqueue" in caplog.text and "task_key=order-1" in caplog.text
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"task_name": "nope"}, "task"),
+    ({"task_key": ""}, "task_key"),
+    ({"task_key": "x" * 81}, "task_key"),
+    ({"task_key": "bad\nkey"}, "task_key"),
+    ({"task_key": " padded"}, "task_key"),
+    ({"payload": [1, 2]}, "payload"),
+    ({"payload": "text"}, "payload"),
+    ({"payload": {"x": float("nan")}}, "payload"),
+    ({"queue": "no spaces"}, "queue"),
+    ({"priority": "high"}, "priority"),
+    ({"priority": True}, "priority"),
+    ({"priority": 10**6}, "priority"),
+    ({"delay": -1}, "delay"),
+    ({"delay": "soon"}, "delay"),
+    ({"max_attempts": 0}, "max_attempts"),
+    ({"max_attempts": 2.5}, "max_attempts"),
+])
+def test_bad_input_is_rejected_and_writes_nothing(engine, kwargs, field):
+    args = {"task_name": "noop", "task_key": "k1", "payload": {}, **kwargs}
+    with engine.connect() as conn:
+        with pytest.raises(ValidationError) as err:
+            repository.enqueue(conn, args.pop("task_name"), args.pop("task_key"), args.pop("payload"), **args)
+        assert err.value.field == field
+        assert count(conn) == 0
+
+
+def test_payload_size_limit(engine, monkeypatch):
+    monkeypatch.setenv("JOBQUEUE_MAX_PAYLOAD_BYTES", "100")
+    with engine.connect() as conn:
+        with pytest.raises(PayloadTooLarge):
+            repository.enqueue(conn, "noop", "big", {"blob": "x" * 200})
+        assert count(conn) == 0
+
+
+def test_batch_enqueue_is_all_or_nothing_and_reports_duplicates(engine):
+    with engine.connect() as conn:
+        repository.enqueue(conn, "noop", "k1")
+        with pytest.raises(ValidationError, match="job 2"):
+            repository.enqueue_many(conn, [{"task": "noop", "task_key": "k2"}, {"task": "noop", "task_key": "k3"},
+                                           {"task": "noop", "task_key": ""}])
+        assert count(conn) == 1
+        res = repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(1, 6)]
+                                      + [{"task": "noop", "task_key": "k5"}])
+        assert [r.duplicate for r in res] == [True, False, False, False, False, True]
+        assert res[-1].id == res[-2].id
+        assert count(conn) == 5
+
+
+def test_claim_takes_ready_jobs_in_priority_then_id_order(engine):
+    with engine.connect() as conn:
+        add(conn, 3, "low", priority=5)
+        add(conn, 2, "high", priority=-1)
+        claimed = repository.claim(conn, ["w:1:1", "w:1:2", "w:1:3"], 3, ["default"], lease_seconds=30)
+        assert [c.job.task_key for c in claimed] == ["high0", "high1", "low0"]
+        assert [c.lease.owner for c in claimed] == ["w:1:1", "w:1:2", "w:1:3"]
+        for c in claimed:
+            job = repository.get_job(conn, c.job.id)
+            assert job.status is Status.RUNNING and job.attempts == 1 and job.lease_owner == c.lease.owner
+            assert job.lease_until > job.started_at
+
+
+def test_claim_respects_queues_and_empty_claim_is_not_an_error(engine):
+    with engine.connect() as conn:
+        repository.enqueue(conn, "noop", "a", queue="mail")
+        assert repository.claim(conn, "w", 5, ["default"], lease_seconds=30) == []
+        report = repository.classify_empty(conn, ["default"])
+        assert report.kind is EmptyClaim.IDLE
+        got = repository.claim(conn, "w", 5, ["default", "mail"], lease_seconds=30)
+        assert [c.job.task_key for c in got] == ["a"]
+        report = repository.classify_empty(conn, ["mail"])
+        assert report.kind is EmptyClaim.WAITING and report.next_lease_expiry is not None
+
+
+def test_delayed_job_is_scheduled_until_due(engine):
+    with engine.connect() as conn:
+        res = repository.enqueue(conn, "noop", "later", delay=0.3)
+        assert res.status is Status.SCHEDULED
+        assert repository.claim(conn, "w", 1, ["default"], lease_seconds=30) == []
+        assert repository.classify_empty(conn, ["default"]).next_scheduled is not None
+        assert repository.promote_due(conn) == 0
+        time.sleep(0.35)
+        assert repository.promote_due(conn) == 1
+        assert len(repository.claim(conn, "w", 1, ["default"], lease_seconds=30)) == 1
+
+
+def test_fenced_writes_need_owner_and_attempt(engine, caplog):
+    with engine.connect() as conn:
+        add(conn, 1)
+        (c,) = repository.claim(conn, "w1", 1, ["default"], lease_seconds=30)
+        wrong_owner = Lease(c.lease.job_id, "w2", c.lease.attempt)
+        wrong_attempt = Lease(c.lease.job_id, c.lease.owner, c.lease.attempt + 1)
+        assert repository.complete(conn, wrong_owner) is Outcome.LEASE_LOST
+        assert repository.complete(conn, wrong_attempt) is Outcome.LEASE_LOST
+        assert repository.renew_leases(conn, [wrong_owner], 30) == {c.lease.job_id: Outcome.LEASE_LOST}
+        assert repository.get_job(conn, c.job.id).status is Status.RUNNING
+        assert repository.renew_leases(conn, [c.lease], 30) == {c.lease.job_id: Outcome.OK}
+        assert repository.complete(conn, c.lease) is Outcome.OK
+        # Finalized once: a second completion or a failure of the same lease changes nothing.
+        assert repository.fail(conn, c.lease, "late") is Outcome.LEASE_LOST
+        job = repository.get_job(conn, c.job.id)
+        assert job.status is Status.DONE and job.finished_at is not None and job.last_error is None
+    assert caplog.text.count("event=lease_lost") == 4
+
+
+def test_retry_then_fail_keeps_error_and_attempt_history(engine):
+    with engine.connect() as conn:
+        repository.enqueue(conn, "noop", "r", max_attempts=2)
+        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=30)
+        assert repository.retry(conn, c.lease, "boom 1", delay_seconds=0) is Outcome.OK
+        job = repository.get_job(conn, c.job.id)
+        assert job.status is Status.SCHEDULED and job.last_error == "boom 1" and job.lease_owner is None
+        assert repository.promote_due(conn) == 1
+        (c2,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=30)
+        assert c2.lease.attempt == 2
+        assert repository.fail(conn, c2.lease, "boom 2") is Outcome.OK
+        job = repository.get_job(conn, c.job.id)
+        assert job.status is Status.FAILED and job.attempts == 2 and job.last_error == "boom 2"
+        history = repository.list_attempts(conn, c.job.id)
+        assert [(h["attempt"], h["outcome"], h["error"]) for h in history] == [(1, "retry", "boom 1"), (2, "fail", "boom 2")]
+        assert history[0]["worker"] == "w"
+
+
+def test_record_result_once_per_task_key_and_only_with_the_lease(engine, caplog):
+    with engine.connect() as conn:
+        add(conn, 1)
+        (c,) = repository.claim(conn, "w1", 1, ["default"], lease_seconds=30)
+        assert repository.record_result(conn, c.lease, "k0", {"file": "a"}) is True
+        assert repository.record_result(conn, c.lease, "k0", {"file": "b"}) is False
+        with pytest.raises(LeaseLostError):
+            repository.record_result(conn, Lease(c.lease.job_id, "intruder", c.lease.attempt), "k0", {"file": "c"})
+        rows = conn.execute(sa.select(job_result)).all()
+        assert len(rows) == 1 and rows[0].result == {"file": "a"} and rows[0].worker == "w1"
+    assert "event=duplicate_result" in caplog.text
+
+
+def test_reap_returns_only_expired_leases_and_keeps_attempts(engine):
+    with engine.connect() as conn:
+        add(conn, 3)
+        short = repository.claim(conn, "dead", 2, ["default"], lease_seconds=1)
+        (alive,) = repository.claim(conn, "alive", 1, ["default"], lease_seconds=60)
+        assert repository.reap(conn).reclaimed == 0
+        time.sleep(1.1)
+        # One of the short leases gets renewed just in time: the reaper must not take it.
+        assert repository.renew_leases(conn, [short[0].lease], 60)[short[0].lease.job_id] is Outcome.OK
+        result = repository.reap(conn)
+        assert (result.reclaimed, result.failed) == (1, 0)
+        back = repository.get_job(conn, short[1].job.id)
+        assert back.status is Status.READY and back.attempts == 1 and back.lease_owner is None
+        assert repository.get_job(conn, short[0].job.id).status is Status.RUNNING
+        assert repository.get_job(conn, alive.job.id).status is Status.RUNNING
+        # The dead worker's late completion is refused by the fence.
+        assert repository.complete(conn, short[1].lease) is Outcome.LEASE_LOST
+        (again,) = repository.claim(conn, "w2", 1, ["default"], lease_seconds=60)
+        assert again.job.id == short[1].job.id and again.lease.attempt == 2
+        outcomes = [h["outcome"] for h in repository.list_attempts(conn, again.job.id)]
+        assert outcomes == ["lease_expired"]
+
+
+def test_reap_fails_jobs_without_attempts_left(engine):
+    with engine.connect() as conn:
+        repository.enqueue(conn, "noop", "once", max_attempts=1)
+        (c,) = repository.claim(conn, "dead", 1, ["default"], lease_seconds=1)
+        time.sleep(1.1)
+        assert repository.reap(conn).failed == 1
+        job = repository.get_job(conn, c.job.id)
+        assert job.status is Status.FAILED and job.attempts == 1 and "no attempts left" in job.last_error
+
+
+def test_reap_in_batches(engine):
+    with engine.connect() as conn:
+        add(conn, 7)
+        repository.claim(conn, "dead", 7, ["default"], lease_seconds=1)
+        time.sleep(1.1)
+        result = repository.reap(conn, batch_size=3)
+        assert (result.reclaimed, result.batches) == (7, 3)
+
+
+def test_release_returns_job_with_attempts(engine):
+    with engine.connect() as conn:
+        add(conn, 1)
+        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        assert repository.release(conn, c.lease) is Outcome.OK
+        job = repository.get_job(conn, c.job.id)
+        assert job.status is Status.READY and job.attempts == 1
+
+
+def test_operator_requeue_and_fail(engine):
+    with engine.connect() as conn:
+        repository.enqueue(conn, "noop", "op", max_attempts=1)
+        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        with pytest.raises(LeaseStillValid):
+            repository.requeue_job(conn, c.job.id)
+        res = repository.requeue_job(conn, c.job.id, force=True, actor="alice")
+        assert (res.before, res.after, res.changed) == (Status.RUNNING, Status.READY, True)
+        job = repository.get_job(conn, c.job.id)
+        # attempts kept; one more attempt allowed although max_attempts was 1
+        assert job.attempts == 1 and job.max_attempts == 2
+        assert repository.complete(conn, c.lease) is Outcome.LEASE_LOST  # old lease fenced
+        assert repository.requeue_job(conn, c.job.id).changed is False
+        res = repository.fail_job(conn, c.job.id, "operator says no")
+        assert res.after is Status.FAILED
+        assert repository.get_job(conn, c.job.id).last_error == "operator says no"
+        with pytest.raises(InvalidState):
+            repository.fail_job(conn, c.job.id)
+        assert repository.requeue_job(conn, c.job.id).after is Status.READY
+        with pytest.raises(JobNotFound):
+            repository.requeue_job(conn, 999999)
+
+
+def test_requeue_of_done_job_is_refused(engine):
+    with engine.connect() as conn:
+        add(conn, 1)
+        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        repository.complete(conn, c.lease)
+        with pytest.raises(InvalidState):
+            repository.requeue_job(conn, c.job.id)
+
+
+def test_count_by_status(engine):
+    with engine.connect() as conn:
+        add(conn, 3)
+        repository.enqueue(conn, "noop", "m", queue="mail")
+        repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        assert repository.count_by_status(conn) == [("default", "ready", 2), ("default", "running", 1),
+                                                    ("mail", "ready", 1)]

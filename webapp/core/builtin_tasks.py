@@ -1,0 +1,88 @@
+"""Tasks every install has: for demos, smoke tests, benchmarks and the acceptance tests."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import os
+import tempfile
+import time
+import urllib.parse
+from typing import Any
+
+from .errors import PermanentError
+from .tasks import JobContext, task
+
+ENV_EXPORT_DIR = "JOBQUEUE_EXPORT_DIR"
+
+
+@task("noop")
+def noop(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Does nothing; measures the queue itself."""
+
+
+@task("sleep")
+def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Sleeps `{"seconds": x}` (0..3600), like a slow export or transcode would."""
+    seconds = payload.get("seconds", 1)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 3600:
+        raise PermanentError("sleep needs {\"seconds\": a number in 0..3600}")
+    time.sleep(seconds)
+
+
+@task("fail", max_attempts=3)
+def fail(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Always raises: shows retries with backoff, then a job failed for good with its error."""
+    raise RuntimeError(payload.get("message") or f"fail task always fails (attempt {ctx.attempt})")
+
+
+def export_dir() -> str:
+    return os.environ.get(ENV_EXPORT_DIR) or os.path.join(os.getcwd(), "instance", "exports")
+
+
+def export_path(task_key: str) -> str:
+    # Quoting keeps any task_key a single, reversible file name inside the export folder.
+    return os.path.join(export_dir(), urllib.parse.quote(task_key, safe="-_.") + ".csv")
+
+
+@task("export_orders")
+def export_orders(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Writes the orders in `{"orders": [{"id": .., "amount": ..}, ...]}` (or `{"rows": n}`
+    generated ones) to <export dir>/<task_key>.csv and records the file as the result.
+
+    The file appears atomically (temp file, fsync, rename) under a name derived from the
+    task_key, and the result row is keyed by task_key, so replaying the same task_key leaves
+    exactly one file and one result row however many times the handler ran.
+    """
+    orders = payload.get("orders")
+    if orders is None:
+        rows = payload.get("rows", 3)
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= 1_000_000:
+            raise PermanentError("export_orders needs \"orders\": [...] or \"rows\": 0..1000000")
+        orders = [{"id": i, "amount": f"{(i * 7919) % 10000 / 100:.2f}"} for i in range(1, rows + 1)]
+    if not isinstance(orders, list) or not all(isinstance(o, dict) for o in orders):
+        raise PermanentError("export_orders: \"orders\" must be a list of objects")
+
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["order_id", "amount"])
+    for order in orders:
+        writer.writerow([order.get("id"), order.get("amount")])
+    data = buf.getvalue().encode("utf-8")
+
+    path = export_path(ctx.task_key)
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".export-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    ctx.record_result({"file": path, "rows": len(orders), "sha256": hashlib.sha256(data).hexdigest()})

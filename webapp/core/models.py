@@ -1,0 +1,98 @@
+"""The queue's own vocabulary: job states, a claimed job, and the outcomes of fenced writes."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    # `scheduled` holds delayed jobs and retries waiting out their backoff, so that the claim
+    # query never has to look past rows that are not due yet.
+    SCHEDULED = "scheduled"
+    READY = "ready"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TERMINAL = (Status.DONE, Status.FAILED)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A row of `job_queue` as the repository read it."""
+
+    id: int
+    task_key: str
+    task_name: str
+    queue: str
+    priority: int
+    payload: dict[str, Any]
+    status: Status
+    attempts: int
+    max_attempts: int
+    lease_owner: str | None = None
+    lease_until: datetime | None = None
+    run_at: datetime | None = None
+    started_at: datetime | None = None
+    last_error: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What a worker holds after a claim: the fencing token for every later write.
+
+    `attempt` is the value of `attempts` that this claim set; together with the owner it names
+    exactly one lease, so a write guarded by both can never land on a later lease of the same job.
+    """
+
+    job_id: int
+    owner: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    job: Job
+    lease: Lease
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    id: int
+    task_key: str
+    duplicate: bool
+    status: Status | None = None
+
+
+class EmptyClaim(str, enum.Enum):
+    """Why a claim came back with nothing. None of these is an error."""
+
+    IDLE = "idle"                # nothing ready for these queues
+    CONTENDED = "contended"      # ready rows exist, all locked by other transactions
+    WAITING = "waiting_on_leases"  # nothing ready, but running jobs may come back when leases expire
+
+
+@dataclass(frozen=True)
+class EmptyClaimReport:
+    kind: EmptyClaim
+    skipped: int = 0                        # ready rows seen but locked by others
+    next_lease_expiry: datetime | None = None
+    next_scheduled: datetime | None = None  # earliest delayed job or retry in these queues
+    db_now: datetime | None = None
+
+
+class Outcome(str, enum.Enum):
+    """Result of a fenced write (renew, complete, retry, fail, release)."""
+
+    OK = "ok"
+    LEASE_LOST = "lease_lost"

@@ -1,0 +1,637 @@
+"""Every SQL statement the queue runs, one function per verb.
+
+The worker loop, the reaper, the dashboard, the CLI and the HTTP API all come through here. Each
+function takes the Connection it runs on and opens its own short transaction (see
+`db.transaction`), retried on deadlocks, lock-wait timeouts and lost connections.
+
+State machine of a row in `job_queue`:
+
+    enqueue ──> ready ──claim──> running ──complete──> done
+         │        ^                 │ │ └──fail──────> failed
+         v        │                 │ └──retry──> scheduled ──promote_due──> ready
+     scheduled ───┘                 └──reap (lease expired) / release ──> ready (or failed)
+
+Writes on behalf of a worker (renew, complete, retry, fail, release, record_result) are fenced by
+the lease: `id`, `status='running'`, `lease_owner` and `attempts` must all still match, and exactly
+one row must change. A worker that lost its lease changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Row
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from . import metrics, wakeup
+from .db import ER_LOCK_NOWAIT, ER_LOCK_WAIT_TIMEOUT, db_after, db_now, error_code, transaction
+from .errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, ValidationError
+from .logs import event
+from .models import (ClaimedJob, EmptyClaim, EmptyClaimReport, Enqueued, Job, Lease, Outcome,
+                     Status)
+from .schema import job_attempt, job_queue, job_result
+from .tasks import TASKS, Registry
+from .validation import NewJob, new_job
+
+log = logging.getLogger("jobqueue.repository")
+
+jq = job_queue.c
+MAX_ERROR_CHARS = 4000
+REAP_BATCH = 500
+PROMOTE_BATCH = 1000
+
+_CLAIM_COLUMNS = (jq.id, jq.task_key, jq.task_name, jq.queue, jq.priority, jq.payload, jq.attempts,
+                  jq.max_attempts)
+
+
+def _job(row: Row | Mapping[str, Any]) -> Job:
+    m = row._mapping if isinstance(row, Row) else row
+    return Job(
+        id=m["id"], task_key=m["task_key"], task_name=m["task_name"], queue=m["queue"],
+        priority=m["priority"], payload=m["payload"], status=Status(m["status"]),
+        attempts=m["attempts"], max_attempts=m["max_attempts"], lease_owner=m.get("lease_owner"),
+        lease_until=m.get("lease_until"), run_at=m.get("run_at"), started_at=m.get("started_at"),
+        last_error=m.get("last_error"), created_at=m.get("created_at"), updated_at=m.get("updated_at"),
+        finished_at=m.get("finished_at"),
+    )
+
+
+def _is_duplicate_key(exc: IntegrityError) -> bool:
+    return error_code(exc) == 1062 or "UNIQUE constraint failed" in str(exc.orig)
+
+
+def _short(error: str | None) -> str | None:
+    if error is None:
+        return None
+    return error if len(error) <= MAX_ERROR_CHARS else error[: MAX_ERROR_CHARS - 15] + "... [truncated]"
+
+
+# --- enqueue -------------------------------------------------------------------------------------
+
+def _insert_values(job: NewJob) -> dict[str, Any]:
+    return {
+        "task_key": job.task_key, "task_name": job.task_name, "queue": job.queue,
+        "priority": job.priority, "payload": job.payload,
+        "status": (Status.SCHEDULED if job.delay_seconds > 0 else Status.READY).value,
+        "delay_us": int(round(job.delay_seconds * 1_000_000)),
+        "max_attempts": job.max_attempts,
+    }
+
+
+def _insert_statement() -> sa.Insert:
+    # created_at, updated_at and run_at (now + delay) come from the database clock.
+    delay = sa.bindparam("delay_us", type_=sa.BigInteger)
+    return sa.insert(job_queue).values(
+        task_key=sa.bindparam("task_key"), task_name=sa.bindparam("task_name"),
+        queue=sa.bindparam("queue"), priority=sa.bindparam("priority"),
+        payload=sa.bindparam("payload", type_=sa.JSON), status=sa.bindparam("status"),
+        attempts=0, max_attempts=sa.bindparam("max_attempts"),
+        run_at=db_after(micros=delay), created_at=db_now(), updated_at=db_now(),
+    )
+
+
+def enqueue(conn: Connection, task_name: str, task_key: str, payload: dict | None = None, *,
+            queue: str | None = None, priority: int = 0, delay: float = 0,
+            max_attempts: int | None = None, registry: Registry = TASKS) -> Enqueued:
+    """Add one job. A known task_key writes nothing and returns the existing id, duplicate=True."""
+    job = new_job(task_name, task_key, payload, queue=queue, priority=priority, delay=delay,
+                  max_attempts=max_attempts, registry=registry)
+    return enqueue_many(conn, [job])[0]
+
+
+def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *,
+                 registry: Registry = TASKS) -> list[Enqueued]:
+    """Add many jobs in one transaction (multi-row INSERT). All are validated before anything is
+    written; task_keys already in the table (or repeated in the batch) come back duplicate=True."""
+    validated: list[NewJob] = []
+    for i, item in enumerate(jobs):
+        if isinstance(item, NewJob):
+            validated.append(item)
+            continue
+        spec = dict(item)
+        try:
+            validated.append(new_job(spec.pop("task", spec.pop("task_name", None)), spec.pop("task_key", None),
+                                     spec.pop("payload", None), registry=registry, **spec))
+        except TypeError as exc:
+            raise ValidationError(f"job {i}: {exc}") from None
+        except ValidationError as exc:
+            raise type(exc)(f"job {i}: {exc}", exc.field) from None
+    if not validated:
+        return []
+
+    def _do(c: Connection) -> tuple[list[Enqueued], list[NewJob]]:
+        keys = list({job.task_key: None for job in validated})
+        existing = dict(c.execute(sa.select(jq.task_key, jq.id).where(jq.task_key.in_(keys))).all())
+        fresh: dict[str, NewJob] = {}
+        for job in validated:
+            if job.task_key not in existing and job.task_key not in fresh:
+                fresh[job.task_key] = job
+        if fresh:
+            c.execute(_insert_statement(), [_insert_values(job) for job in fresh.values()])
+            ids = dict(c.execute(sa.select(jq.task_key, jq.id).where(jq.task_key.in_(list(fresh)))).all())
+        else:
+            ids = {}
+        out, seen = [], set()
+        for job in validated:
+            if job.task_key in ids and job.task_key not in seen:
+                seen.add(job.task_key)
+                status = Status.SCHEDULED if job.delay_seconds > 0 else Status.READY
+                out.append(Enqueued(ids[job.task_key], job.task_key, False, status))
+            else:
+                out.append(Enqueued(existing.get(job.task_key) or ids[job.task_key], job.task_key, True))
+        return out, list(fresh.values())
+
+    for attempt in (1, 2, 3):
+        try:
+            results, inserted = transaction(conn, _do, what="enqueue")
+            break
+        except IntegrityError as exc:
+            # Another transaction inserted one of our task_keys between our read and our insert;
+            # the next pass sees it as existing.
+            if not _is_duplicate_key(exc) or attempt == 3 or conn.in_transaction():
+                raise
+    for job in inserted:
+        metrics.ENQUEUED.labels(queue=job.queue).inc()
+    for res in results:
+        if res.duplicate:
+            metrics.DUPLICATE_ENQUEUES.inc()
+            event(log, logging.INFO, "duplicate_enqueue", job_id=res.id, task_key=res.task_key,
+                  detail="task_key already known; nothing written")
+    if inserted:
+        wakeup.notify()
+    return results
+
+
+# --- claim ---------------------------------------------------------------------------------------
+
+def _pick(queue: str, limit: int) -> sa.Select:
+    # WHERE status = 'ready' AND queue = ? ORDER BY priority, id is exactly the order of
+    # ix_ready_pick, so InnoDB walks the index from the first claimable row and stops after
+    # `limit` rows it could lock: no filesort, and rows other workers hold are skipped, not
+    # waited for.
+    return (sa.select(*_CLAIM_COLUMNS)
+            .where(jq.status == Status.READY.value, jq.queue == queue)
+            .order_by(jq.priority, jq.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True))
+
+
+def claim(conn: Connection, worker_id: str | Sequence[str], limit: int, queues: Sequence[str], *,
+          lease_seconds: float) -> list[ClaimedJob]:
+    """Take up to `limit` ready jobs from `queues` (in that order) in one short transaction.
+
+    `worker_id` is the lease owner, or one owner per slot (job i goes to worker_id[i]). Returns
+    only the jobs the guarded UPDATE really took. No other work happens in this transaction: the
+    handler runs after the commit.
+    """
+    if limit <= 0 or not queues:
+        return []
+    owners = [worker_id] * limit if isinstance(worker_id, str) else list(worker_id)[:limit]
+    if len(owners) < limit:
+        raise ValueError("need one worker id per slot")
+
+    def _do(c: Connection) -> list[ClaimedJob]:
+        picked: list[Row] = []
+        for queue in queues:
+            picked.extend(c.execute(_pick(queue, limit - len(picked))).all())
+            if len(picked) >= limit:
+                break
+        if not picked:
+            return []
+        ids = [row.id for row in picked]
+        owner_of = dict(zip(ids, owners))
+        owner_expr: Any = owners[0] if len(set(owner_of.values())) == 1 else sa.case(owner_of, value=jq.id)
+        taken = c.execute(
+            sa.update(job_queue)
+            .where(jq.id.in_(ids), jq.status == Status.READY.value)
+            .values(status=Status.RUNNING.value, lease_owner=owner_expr, lease_until=db_after(lease_seconds),
+                    attempts=jq.attempts + 1, started_at=db_now(), updated_at=db_now())
+        ).rowcount
+        if taken != len(ids):
+            # We hold these rows' locks, so this should not happen; if it does, trust only the
+            # rows that now carry our lease.
+            event(log, logging.WARNING, "claim_mismatch", selected=len(ids), updated=taken)
+            mine = {row.id: row.attempts for row in c.execute(
+                sa.select(jq.id, jq.attempts, jq.lease_owner)
+                .where(jq.id.in_(ids), jq.status == Status.RUNNING.value)).all()
+                if row.lease_owner == owner_of[row.id]}
+            picked = [row for row in picked if mine.get(row.id) == row.attempts + 1]
+        return [
+            ClaimedJob(
+                job=Job(id=row.id, task_key=row.task_key, task_name=row.task_name, queue=row.queue,
+                        priority=row.priority, payload=row.payload, status=Status.RUNNING,
+                        attempts=row.attempts + 1, max_attempts=row.max_attempts,
+                        lease_owner=owner_of[row.id]),
+                lease=Lease(row.id, owner_of[row.id], row.attempts + 1),
+            )
+            for row in picked
+        ]
+
+    for queue in queues:
+        metrics.CLAIMS.labels(queue=queue).inc()
+    claimed = transaction(conn, _do, what="claim")
+    for item in claimed:
+        metrics.CLAIMED.labels(queue=item.job.queue).inc()
+    return claimed
+
+
+def ready_queues(conn: Connection) -> list[str]:
+    """Queues that have ready jobs right now (a loose scan of ix_ready_pick, no locks)."""
+    return list(transaction(conn, lambda c: c.execute(
+        sa.select(jq.queue).where(jq.status == Status.READY.value).distinct()).scalars().all(),
+        what="ready_queues"))
+
+
+def explain_claim(conn: Connection, queue: str = "default", limit: int = 1) -> list[dict[str, Any]]:
+    """The server's plan for the claim's SELECT (MySQL/MariaDB EXPLAIN rows)."""
+    stmt = _pick(queue, limit)
+    compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
+    return [dict(row._mapping) for row in conn.exec_driver_sql(f"EXPLAIN {compiled}").all()]
+
+
+def classify_empty(conn: Connection, queues: Sequence[str] | None) -> EmptyClaimReport:
+    """Why a claim found nothing: one plain, non-locking read.
+
+    A plain read still sees rows other transactions hold locked, so ready rows here after an
+    empty SKIP LOCKED claim mean they were all taken by someone else's transaction (contended).
+    """
+    in_queues = (lambda q: q) if queues is None else (lambda q: q.where(jq.queue.in_(list(queues))))
+    ready_sample = in_queues(sa.select(sa.literal(1)).where(jq.status == Status.READY.value)).limit(1000).subquery()
+    stmt = sa.select(
+        sa.select(sa.func.count()).select_from(ready_sample).scalar_subquery().label("ready"),
+        in_queues(sa.select(sa.func.min(jq.lease_until)).where(jq.status == Status.RUNNING.value))
+        .scalar_subquery().label("next_lease_expiry"),
+        in_queues(sa.select(sa.func.min(jq.run_at)).where(jq.status == Status.SCHEDULED.value))
+        .scalar_subquery().label("next_scheduled"),
+        db_now().label("now"),
+    )
+    row = transaction(conn, lambda c: c.execute(stmt).one(), what="classify_empty")
+    if row.ready:
+        kind = EmptyClaim.CONTENDED
+    elif row.next_lease_expiry is not None:
+        kind = EmptyClaim.WAITING
+    else:
+        kind = EmptyClaim.IDLE
+    return EmptyClaimReport(kind, skipped=row.ready or 0, next_lease_expiry=_dt(row.next_lease_expiry),
+                            next_scheduled=_dt(row.next_scheduled), db_now=_dt(row.now))
+
+
+def _dt(value: Any) -> datetime | None:
+    # Aggregates over DATETIME columns come back as strings from SQLite.
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value))
+
+
+# --- fenced writes on behalf of a lease holder ---------------------------------------------------
+
+def _fenced(lease: Lease):
+    return sa.and_(jq.id == lease.job_id, jq.status == Status.RUNNING.value,
+                   jq.lease_owner == lease.owner, jq.attempts == lease.attempt)
+
+
+def _lease_lost(c: Connection, lease: Lease, operation: str) -> None:
+    now = c.execute(sa.select(jq.status, jq.lease_owner, jq.attempts, jq.task_key)
+                    .where(jq.id == lease.job_id)).first()
+    metrics.LEASES_LOST.labels(operation=operation).inc()
+    event(log, logging.WARNING, "lease_lost", operation=operation, job_id=lease.job_id,
+          task_key=now.task_key if now else None, attempt=lease.attempt, worker=lease.owner,
+          now_status=now.status if now else "missing", now_owner=now.lease_owner if now else None,
+          now_attempt=now.attempts if now else None)
+
+
+def _record_attempts(c: Connection, where: Any, outcome: str, error: Any) -> None:
+    """Keep a row in job_attempt for attempts that did not succeed. Runs before the state change,
+    while the job row still carries the attempt's owner and start."""
+    c.execute(sa.insert(job_attempt).from_select(
+        ["job_id", "attempt", "worker", "started_at", "finished_at", "outcome", "error"],
+        sa.select(jq.id, jq.attempts, jq.lease_owner, jq.started_at, db_now(), sa.literal(outcome),
+                  error if isinstance(error, sa.ColumnElement) else sa.literal(_short(error), sa.Text))
+        .where(where)))
+
+
+def renew_leases(conn: Connection, leases: Sequence[Lease], lease_seconds: float) -> dict[int, Outcome]:
+    """Extend each lease still held; a lease that is gone comes back LEASE_LOST."""
+    if not leases:
+        return {}
+
+    def _do(c: Connection) -> dict[int, Outcome]:
+        out = {}
+        for lease in leases:
+            n = c.execute(sa.update(job_queue).where(_fenced(lease))
+                          .values(lease_until=db_after(lease_seconds), updated_at=db_now())).rowcount
+            out[lease.job_id] = Outcome.OK if n == 1 else Outcome.LEASE_LOST
+            if n != 1:
+                _lease_lost(c, lease, "renew")
+        return out
+
+    outcomes = transaction(conn, _do, what="renew")
+    metrics.RENEWALS.inc(sum(1 for o in outcomes.values() if o is Outcome.OK))
+    return outcomes
+
+
+def complete(conn: Connection, lease: Lease) -> Outcome:
+    """running -> done, only for the holder of this lease."""
+    return _finish(conn, lease, "complete", {"status": Status.DONE.value, "finished_at": db_now()}, None)
+
+
+def retry(conn: Connection, lease: Lease, error: str, delay_seconds: float) -> Outcome:
+    """running -> scheduled, to be promoted to ready after `delay_seconds` of backoff."""
+    return _finish(conn, lease, "retry", {"status": Status.SCHEDULED.value, "run_at": db_after(delay_seconds),
+                                           "lease_owner": None, "last_error": _short(error)}, error)
+
+
+def fail(conn: Connection, lease: Lease, error: str) -> Outcome:
+    """running -> failed for good, with the error kept."""
+    return _finish(conn, lease, "fail", {"status": Status.FAILED.value, "finished_at": db_now(),
+                                          "last_error": _short(error)}, error)
+
+
+def release(conn: Connection, lease: Lease, reason: str = "worker shutting down") -> Outcome:
+    """running -> ready without waiting for the lease to expire; attempts are kept."""
+    return _finish(conn, lease, "release", {"status": Status.READY.value, "run_at": db_now(),
+                                             "lease_owner": None}, reason)
+
+
+def _finish(conn: Connection, lease: Lease, operation: str, values: dict[str, Any], error: str | None) -> Outcome:
+    def _do(c: Connection) -> Outcome:
+        if operation != "complete":
+            _record_attempts(c, _fenced(lease), operation, error)
+        n = c.execute(sa.update(job_queue).where(_fenced(lease))
+                      .values(lease_until=None, updated_at=db_now(), **values)).rowcount
+        if n == 1:
+            return Outcome.OK
+        if operation == "complete" and _already_done_by(c, lease):
+            # Our COMMIT landed but the connection dropped before we heard; the retry sees it.
+            return Outcome.OK
+        raise _Rollback(Outcome.LEASE_LOST)
+
+    try:
+        return transaction(conn, _do, what=operation)
+    except _Rollback as stop:
+        with conn.begin():
+            _lease_lost(conn, lease, operation)
+        return stop.outcome
+
+
+class _Rollback(Exception):
+    def __init__(self, outcome: Outcome):
+        self.outcome = outcome
+
+
+def _already_done_by(c: Connection, lease: Lease) -> bool:
+    row = c.execute(sa.select(jq.status, jq.lease_owner, jq.attempts).where(jq.id == lease.job_id)).first()
+    return bool(row and row.status == Status.DONE.value and row.lease_owner == lease.owner
+                and row.attempts == lease.attempt)
+
+
+def record_result(conn: Connection, lease: Lease, task_key: str, result: Any) -> bool:
+    """Store the downstream result of `task_key`, at most once, only while `lease` is held.
+
+    Returns True when written, False for a duplicate (a result for this task_key exists). Raises
+    LeaseLostError when the lease is gone: a worker that lost its job records nothing.
+    """
+    from .tasks import LeaseLostError
+
+    def _do(c: Connection) -> bool:
+        # Touching the row under the fence both checks the lease and locks the row, so the job
+        # cannot be reaped or requeued between the check and the insert.
+        if c.execute(sa.update(job_queue).where(_fenced(lease)).values(updated_at=db_now())).rowcount != 1:
+            raise _Rollback(Outcome.LEASE_LOST)
+        if c.execute(sa.select(job_result.c.id).where(job_result.c.task_key == task_key)).first():
+            return False
+        c.execute(sa.insert(job_result).values(task_key=task_key, job_id=lease.job_id, attempt=lease.attempt,
+                                               worker=lease.owner, result=result, created_at=db_now()))
+        return True
+
+    try:
+        written = transaction(conn, _do, what="record_result")
+    except _Rollback:
+        with conn.begin():
+            _lease_lost(conn, lease, "record_result")
+        raise LeaseLostError(f"job {lease.job_id} attempt {lease.attempt}: lease lost; result not recorded") from None
+    except IntegrityError as exc:
+        if not _is_duplicate_key(exc):
+            raise
+        written = False
+    if not written:
+        metrics.DUPLICATE_RESULTS.inc()
+        event(log, logging.WARNING, "duplicate_result", job_id=lease.job_id, task_key=task_key,
+              attempt=lease.attempt, worker=lease.owner, detail="result already recorded for this task_key; nothing written")
+    return written
+
+
+# --- the reaper's statements ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReapResult:
+    reclaimed: int = 0   # back to ready
+    failed: int = 0      # attempts used up
+    batches: int = 0
+
+
+def reap(conn: Connection, *, batch_size: int = REAP_BATCH, max_batches: int = 100) -> ReapResult:
+    """Return running jobs whose lease expired to ready (or failed when attempts are used up).
+
+    Each batch is its own short transaction. The rows are locked with SKIP LOCKED, so a worker
+    renewing a lease at this instant is not waited on, and the UPDATE repeats the expiry test so a
+    lease renewed since the SELECT is never overwritten. `attempts` is left as it is.
+    """
+    reclaimed = failed = batches = 0
+    while batches < max_batches:
+        def _do(c: Connection) -> tuple[int, int, int]:
+            # Find candidates with a plain read, then lock just those by primary key: a locking
+            # scan over all running rows would hold the rows of healthy workers too, and their
+            # completions would queue up behind the reaper.
+            candidates = c.execute(
+                sa.select(jq.id).where(jq.status == Status.RUNNING.value, jq.lease_until < db_now())
+                .limit(batch_size)).scalars().all()
+            if not candidates:
+                return 0, 0, 0
+            rows = c.execute(
+                sa.select(jq.id, jq.task_key, jq.attempts, jq.max_attempts, jq.lease_owner)
+                .where(jq.id.in_(candidates), jq.status == Status.RUNNING.value, jq.lease_until < db_now())
+                .with_for_update(skip_locked=True)).all()
+            if not rows:
+                return 0, 0, len(candidates)
+            expired = sa.and_(jq.id.in_([r.id for r in rows]), jq.status == Status.RUNNING.value,
+                              jq.lease_until < db_now())
+            _record_attempts(c, expired, "lease_expired",
+                             sa.literal("lease expired; held by ") + sa.func.coalesce(jq.lease_owner, "?"))
+            used_up = jq.attempts >= jq.max_attempts
+            n_failed = c.execute(sa.update(job_queue).where(expired, used_up).values(
+                status=Status.FAILED.value, lease_until=None, finished_at=db_now(), updated_at=db_now(),
+                last_error=sa.literal("lease expired after attempt ") + sa.cast(jq.attempts, sa.String)
+                + " of " + sa.cast(jq.max_attempts, sa.String) + "; no attempts left")).rowcount
+            n_ready = c.execute(sa.update(job_queue).where(expired, sa.not_(used_up)).values(
+                status=Status.READY.value, lease_owner=None, lease_until=None, run_at=db_now(),
+                updated_at=db_now())).rowcount
+            for row in rows:
+                event(log, logging.WARNING, "reclaimed", job_id=row.id, task_key=row.task_key,
+                      attempt=row.attempts, worker=row.lease_owner,
+                      to="failed" if row.attempts >= row.max_attempts else "ready")
+            return n_ready, n_failed, len(rows)
+
+        n_ready, n_failed, seen = transaction(conn, _do, what="reap")
+        if seen == 0 or n_ready + n_failed == 0:
+            break
+        batches += 1
+        reclaimed += n_ready
+        failed += n_failed
+        metrics.RECLAIMED.labels(to_status="ready").inc(n_ready)
+        metrics.RECLAIMED.labels(to_status="failed").inc(n_failed)
+        if seen < batch_size:
+            break
+    if reclaimed:
+        wakeup.notify()
+    return ReapResult(reclaimed, failed, batches)
+
+
+def promote_due(conn: Connection, *, batch_size: int = PROMOTE_BATCH, max_batches: int = 20) -> int:
+    """scheduled -> ready for delayed jobs and retries whose time has come."""
+    total = 0
+    for _ in range(max_batches):
+        def _do(c: Connection) -> int:
+            ids = c.execute(sa.select(jq.id).where(jq.status == Status.SCHEDULED.value, jq.run_at <= db_now())
+                            .order_by(jq.run_at).limit(batch_size).with_for_update(skip_locked=True)).scalars().all()
+            if not ids:
+                return 0
+            return c.execute(sa.update(job_queue).where(jq.id.in_(ids), jq.status == Status.SCHEDULED.value)
+                             .values(status=Status.READY.value, updated_at=db_now())).rowcount
+
+        n = transaction(conn, _do, what="promote")
+        total += n
+        if n < batch_size:
+            break
+    if total:
+        metrics.PROMOTED.inc(total)
+        wakeup.notify()
+    return total
+
+
+# --- operator actions (NOWAIT: an answer now, never a wait) --------------------------------------
+
+@dataclass(frozen=True)
+class ActionResult:
+    job_id: int
+    before: Status
+    after: Status
+    changed: bool
+
+
+def _lock_nowait(c: Connection, job_id: int) -> Row:
+    try:
+        row = c.execute(sa.select(jq.id, jq.status, jq.lease_owner, jq.lease_until, jq.attempts,
+                                  jq.task_key, (jq.lease_until > db_now()).label("lease_valid"))
+                        .where(jq.id == job_id).with_for_update(nowait=True)).first()
+    except DBAPIError as exc:
+        # MariaDB answers NOWAIT on a locked row with 1205, MySQL 8.0 with 3572.
+        if error_code(exc) in (ER_LOCK_WAIT_TIMEOUT, ER_LOCK_NOWAIT):
+            raise JobBusy(f"job {job_id} is locked by another transaction right now; try again") from None
+        raise
+    if row is None:
+        raise JobNotFound(f"job {job_id} not found")
+    return row
+
+
+def requeue_job(conn: Connection, job_id: int, *, force: bool = False, actor: str = "operator") -> ActionResult:
+    """Put a job back to ready now. `attempts` is kept; max_attempts grows if needed so that the
+    job gets at least one more try. A running job with a valid lease needs `force`, and then its
+    old lease is fenced: that worker's completion will change nothing."""
+
+    def _do(c: Connection) -> ActionResult:
+        row = _lock_nowait(c, job_id)
+        before = Status(row.status)
+        if before is Status.DONE:
+            raise InvalidState(f"job {job_id} is done; a finished job is not requeued", before.value)
+        if before is Status.READY:
+            return ActionResult(job_id, before, before, False)
+        if before is Status.RUNNING:
+            if row.lease_valid and not force:
+                raise LeaseStillValid(f"job {job_id} is running and its lease (held by {row.lease_owner}) is still "
+                                      "valid; confirm to requeue it anyway", before.value)
+            _record_attempts(c, jq.id == job_id, "requeued", f"requeued by {actor} while running")
+        c.execute(sa.update(job_queue).where(jq.id == job_id).values(
+            status=Status.READY.value, run_at=db_now(), lease_owner=None, lease_until=None, finished_at=None,
+            max_attempts=sa.case((jq.attempts + 1 > jq.max_attempts, jq.attempts + 1), else_=jq.max_attempts),
+            updated_at=db_now()))
+        return ActionResult(job_id, before, Status.READY, True)
+
+    result = _operator_action(conn, _do, "requeue", job_id, actor)
+    if result.changed:
+        wakeup.notify()
+    return result
+
+
+def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor: str = "operator") -> ActionResult:
+    """Mark a job failed now, with the reason kept. A running job's lease is fenced."""
+    reason = _short(reason or f"failed by {actor}")
+
+    def _do(c: Connection) -> ActionResult:
+        row = _lock_nowait(c, job_id)
+        before = Status(row.status)
+        if before in (Status.DONE, Status.FAILED):
+            raise InvalidState(f"job {job_id} is already {before.value}", before.value)
+        if before is Status.RUNNING:
+            _record_attempts(c, jq.id == job_id, "failed_by_operator", reason)
+        c.execute(sa.update(job_queue).where(jq.id == job_id).values(
+            status=Status.FAILED.value, lease_until=None, finished_at=db_now(), last_error=reason,
+            updated_at=db_now()))
+        return ActionResult(job_id, before, Status.FAILED, True)
+
+    return _operator_action(conn, _do, "fail", job_id, actor)
+
+
+def _operator_action(conn: Connection, fn, action: str, job_id: int, actor: str) -> ActionResult:
+    try:
+        result = transaction(conn, fn, what=action)
+    except JobBusy:
+        metrics.OPERATOR_ACTIONS.labels(action=action, outcome="busy").inc()
+        event(log, logging.INFO, "operator_busy", action=action, job_id=job_id, actor=actor)
+        raise
+    except (JobNotFound, InvalidState) as exc:
+        metrics.OPERATOR_ACTIONS.labels(action=action, outcome="refused").inc()
+        event(log, logging.INFO, "operator_refused", action=action, job_id=job_id, actor=actor, reason=str(exc))
+        raise
+    metrics.OPERATOR_ACTIONS.labels(action=action, outcome="ok" if result.changed else "noop").inc()
+    event(log, logging.INFO, "operator_" + action, job_id=job_id, actor=actor, before=result.before.value,
+          after=result.after.value, changed=result.changed)
+    return result
+
+
+# --- reads ---------------------------------------------------------------------------------------
+
+def get_job(conn: Connection, job_id: int) -> Job | None:
+    row = transaction(conn, lambda c: c.execute(sa.select(job_queue).where(jq.id == job_id)).first(), what="get_job")
+    return _job(row) if row else None
+
+
+def get_job_by_key(conn: Connection, task_key: str) -> Job | None:
+    row = transaction(conn, lambda c: c.execute(sa.select(job_queue).where(jq.task_key == task_key)).first(),
+                      what="get_job")
+    return _job(row) if row else None
+
+
+def get_result(conn: Connection, task_key: str) -> dict[str, Any] | None:
+    row = transaction(conn, lambda c: c.execute(sa.select(job_result).where(job_result.c.task_key == task_key)).first(),
+                      what="get_result")
+    return dict(row._mapping) if row else None
+
+
+def list_attempts(conn: Connection, job_id: int) -> list[dict[str, Any]]:
+    rows = transaction(conn, lambda c: c.execute(sa.select(job_attempt).where(job_attempt.c.job_id == job_id)
+                                                 .order_by(job_attempt.c.attempt, job_attempt.c.id)).all(),
+                       what="list_attempts")
+    return [dict(r._mapping) for r in rows]
+
+
+def count_by_status(conn: Connection) -> list[tuple[str, str, int]]:
+    """(queue, status, count) for every pair present: index-only on ix_ready_pick."""
+    rows = transaction(conn, lambda c: c.execute(
+        sa.select(jq.queue, jq.status, sa.func.count()).group_by(jq.status, jq.queue)).all(), what="stats")
+    return sorted((queue, str(status), n) for queue, status, n in rows)

@@ -1,0 +1,117 @@
+"""Task handlers: the registry, the `@task` decorator and what a handler is given.
+
+    from webapp.core.tasks import task
+
+    @task("send_invoice", max_attempts=10)
+    def send_invoice(payload, ctx):
+        ...                                   # runs after the claim committed, never inside it
+        ctx.record_result({"invoice": n})     # at most one result per task_key
+
+Point workers at the module with `--tasks myapp.tasks` or `JOBQUEUE_TASKS=myapp.tasks`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_QUEUE = "default"
+DEFAULT_MAX_ATTEMPTS = 5
+ENV_TASKS = "JOBQUEUE_TASKS"
+
+Handler = Callable[[dict, "JobContext"], Any]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    handler: Handler
+    queue: str = DEFAULT_QUEUE
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    retry_base_seconds: float = 1.0
+    retry_cap_seconds: float = 3600.0
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._tasks: dict[str, TaskSpec] = {}
+        self._lock = threading.Lock()
+
+    def register(self, spec: TaskSpec) -> None:
+        with self._lock:
+            existing = self._tasks.get(spec.name)
+            if existing is not None and existing.handler is not spec.handler:
+                raise ValueError(f"task {spec.name!r} is already registered to {existing.handler!r}")
+            self._tasks[spec.name] = spec
+
+    def get(self, name: str) -> TaskSpec | None:
+        return self._tasks.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tasks)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+
+TASKS = Registry()
+
+
+def task(name: str | None = None, *, queue: str = DEFAULT_QUEUE, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+         retry_base_seconds: float = 1.0, retry_cap_seconds: float = 3600.0,
+         registry: Registry = TASKS) -> Callable[[Handler], Handler]:
+    """Register `fn(payload, ctx)` as the handler of task `name` (default: the function's name)."""
+
+    def decorate(fn: Handler) -> Handler:
+        registry.register(TaskSpec(name or fn.__name__, fn, queue, max_attempts,
+                                   retry_base_seconds, retry_cap_seconds))
+        return fn
+
+    return decorate
+
+
+def load_task_modules(modules: str | Iterable[str] | None = None) -> list[str]:
+    """Import the built-in tasks and the user's task modules (comma-separated or a list)."""
+    importlib.import_module("webapp.core.builtin_tasks")
+    if modules is None:
+        modules = os.environ.get(ENV_TASKS, "")
+    if isinstance(modules, str):
+        modules = [m.strip() for m in modules.split(",")]
+    loaded = []
+    for module in modules:
+        if module:
+            importlib.import_module(module)
+            loaded.append(module)
+    return loaded
+
+
+@dataclass
+class JobContext:
+    """What a handler knows about the attempt it is running."""
+
+    job_id: int
+    task_key: str
+    task_name: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    worker_id: str
+    _record_result: Callable[[Any], bool] = field(repr=False)
+    lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def record_result(self, result: Any) -> bool:
+        """Store this task_key's downstream result, at most once.
+
+        Returns True when the row was written, False when a result for this task_key already
+        exists (a replay: logged as a duplicate result, nothing written). Refused with
+        LeaseLostError when this attempt no longer holds the job's lease.
+        """
+        return self._record_result(result)
+
+
+class LeaseLostError(Exception):
+    """This attempt's lease is gone (expired and reaped, or taken by an operator)."""

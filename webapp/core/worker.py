@@ -1,0 +1,431 @@
+"""The worker: claim, run after the commit, renew the lease, complete under the fence.
+
+One worker process runs N handler threads ("slots"). Its loop reads like this:
+
+    while not stopping:
+        maintenance()            # promote due retries/delayed jobs, reap expired leases
+        claim up to <idle slots> jobs in one short transaction
+        hand each job to an idle slot; the slot runs the handler and completes/retries/fails
+        nothing claimed? ask why (idle / contended / waiting on leases) and back off accordingly
+
+A separate thread renews the leases of every job in hand. On SIGTERM the loop stops claiming,
+running jobs get `grace_seconds` to finish, and whatever is still running is released back to
+`ready` with its attempt count kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue as queue_mod
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from . import metrics, preflight, repository, wakeup
+from .backoff import IdleBackoff, retry_delay
+from .errors import PermanentError, TransientDatabaseError, UnsupportedDatabase
+from .logs import RateLimited, event
+from .models import ClaimedJob, EmptyClaim, EmptyClaimReport, Lease, Outcome
+from .tasks import TASKS, JobContext, LeaseLostError, Registry
+
+log = logging.getLogger("jobqueue.worker")
+
+DB_ERRORS = (DBAPIError, SQLAlchemyError, TransientDatabaseError)
+
+
+def process_id(name: str | None = None) -> str:
+    """host:pid, or host:pid:name, shortened so that a slot's id fits lease_owner (64 chars)."""
+    host = socket.gethostname().split(".")[0][:30]
+    base = f"{host}:{os.getpid()}"
+    return f"{base}:{name[:20]}" if name else base
+
+
+@dataclass
+class WorkerConfig:
+    concurrency: int = 4
+    queues: Sequence[str] | None = None          # None: every queue
+    name: str | None = None
+    lease_seconds: float = 60.0
+    burst: bool = False
+    grace_seconds: float = 30.0
+    idle_cap_seconds: float = 2.0
+    reap_interval: float | None = None           # default: a quarter of the lease, 1..15 s
+    promote_interval: float = 1.0
+    queue_refresh_seconds: float = 1.0
+    finish_retry_seconds: float | None = None    # how long to keep retrying a completion write
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.lease_seconds < 1:
+            raise ValueError("lease must be at least 1 second")
+        if self.reap_interval is None:
+            self.reap_interval = min(15.0, max(1.0, self.lease_seconds / 4))
+        if self.finish_retry_seconds is None:
+            self.finish_retry_seconds = max(5.0, self.lease_seconds)
+
+
+@dataclass
+class _InHand:
+    claimed: ClaimedJob
+    slot: int
+    ctx: JobContext
+    lost: threading.Event = field(default_factory=threading.Event)
+
+
+class Worker:
+    def __init__(self, engine: Engine, config: WorkerConfig | None = None, *, registry: Registry = TASKS):
+        self.engine = engine
+        self.config = config or WorkerConfig()
+        self.registry = registry
+        self.id = process_id(self.config.name)
+        self._stop = threading.Event()
+        self._wake = wakeup.subscribe()
+        self._slots = threading.Condition()
+        self._free: list[int] = list(range(1, self.config.concurrency + 1))
+        self._in_hand: dict[int, _InHand] = {}
+        self._inbox: queue_mod.Queue[_InHand | None] = queue_mod.Queue()
+        self._threads: list[threading.Thread] = []
+        self._backoff = IdleBackoff(cap=self.config.idle_cap_seconds)
+        self._idle_log = RateLimited(60.0)
+        self._last_reap = self._last_promote = self._queues_at = 0.0
+        self._known_queues: list[str] = list(self.config.queues or [])
+        self._rr = 0
+        self.processed = 0
+        self.last_empty: EmptyClaimReport | None = None
+
+    def slot_id(self, slot: int) -> str:
+        return f"{self.id}:{slot}"
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until stopped (SIGTERM/SIGINT) or, in burst mode, until there is nothing to do."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop("SIGTERM"))
+            signal.signal(signal.SIGINT, lambda *_: self.stop("SIGINT"))
+        try:
+            self._wait_for_database()
+        except UnsupportedDatabase as exc:
+            event(log, logging.ERROR, "worker_refused", worker=self.id, reason=str(exc))
+            return 3
+        if self._stop.is_set():
+            return 0
+        self.start_threads()
+        event(log, logging.INFO, "worker_started", worker=self.id, concurrency=self.config.concurrency,
+              queues=",".join(self.config.queues) if self.config.queues else "*",
+              lease_seconds=self.config.lease_seconds, burst=self.config.burst)
+        try:
+            while not self._stop.is_set():
+                delay = self.run_once()
+                if delay is None:
+                    break
+                if delay > 0:
+                    self._sleep(delay)
+        finally:
+            self.shutdown()
+        return 0
+
+    def stop(self, reason: str = "stop requested") -> None:
+        if not self._stop.is_set():
+            event(log, logging.INFO, "worker_stopping", worker=self.id, reason=reason)
+        self._stop.set()
+        self._wake.set()
+        with self._slots:
+            self._slots.notify_all()
+
+    def start_threads(self) -> None:
+        for slot in range(1, self.config.concurrency + 1):
+            t = threading.Thread(target=self._slot_loop, name=f"jobqueue-slot-{slot}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        renewer = threading.Thread(target=self._renew_loop, name="jobqueue-renewer", daemon=True)
+        renewer.start()
+        self._threads.append(renewer)
+
+    def shutdown(self) -> None:
+        """Stop claiming, give running jobs the grace period, release what is left."""
+        self._stop.set()
+        deadline = time.monotonic() + self.config.grace_seconds
+        with self._slots:
+            while self._in_hand and time.monotonic() < deadline:
+                self._slots.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+            left = list(self._in_hand.values())
+        for item in left:
+            item.lost.set()
+            try:
+                with self.engine.connect() as conn:
+                    outcome = repository.release(conn, item.claimed.lease)
+                metrics.RELEASED.inc()
+                event(log, logging.WARNING, "released", job_id=item.claimed.job.id, task_key=item.claimed.job.task_key,
+                      attempt=item.claimed.lease.attempt, worker=item.claimed.lease.owner, outcome=outcome.value)
+            except DB_ERRORS as exc:
+                # The lease will expire and the reaper will return the job instead.
+                self._sql_error("release", exc)
+        for _ in range(self.config.concurrency):
+            self._inbox.put(None)
+        event(log, logging.INFO, "worker_stopped", worker=self.id, processed=self.processed,
+              released=len(left))
+
+    def _wait_for_database(self) -> None:
+        delay = 0.5
+        while not self._stop.is_set():
+            try:
+                preflight.require_supported(self.engine)
+                return
+            except UnsupportedDatabase:
+                raise
+            except DB_ERRORS as exc:
+                self._sql_error("preflight", exc)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 10.0)
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    def run_once(self) -> float | None:
+        """One turn of the loop. Returns seconds to sleep before the next turn, or None when a
+        burst worker has nothing left to do."""
+        self._maintenance()
+        free = self._free_slots()
+        if not free:
+            return 0.05  # all slots busy; a finishing slot wakes us
+        try:
+            claimed = self._claim(free)
+        except DB_ERRORS as exc:
+            self._sql_error("claim", exc)
+            return self._backoff.next(None)
+        if claimed:
+            self._backoff.reset()
+            self._idle_log.reset()
+            for item in claimed:
+                self._dispatch(item)
+            return 0
+        try:
+            with self.engine.connect() as conn:
+                report = repository.classify_empty(conn, self.config.queues)
+        except DB_ERRORS as exc:
+            self._sql_error("classify", exc)
+            return self._backoff.next(None)
+        self.last_empty = report
+        metrics.EMPTY_CLAIMS.labels(kind=report.kind.value).inc()
+        if report.kind is EmptyClaim.CONTENDED:
+            metrics.SKIPPED.inc(report.skipped)
+        suppressed = self._idle_log.allow(report.kind)
+        if suppressed is not None:
+            event(log, logging.INFO, report.kind.value, worker=self.id, skipped=report.skipped or None,
+                  next_lease_expiry=report.next_lease_expiry, next_scheduled=report.next_scheduled,
+                  repeats=suppressed or None)
+        if self.config.burst and report.kind is not EmptyClaim.CONTENDED:
+            if self._promote(force=True):
+                return 0
+            with self._slots:
+                if not self._in_hand:
+                    return None
+            return 0.05
+        return self._backoff.next(report)
+
+    def _claim(self, free: list[int]) -> list[ClaimedJob]:
+        queues = self._queues_for_claim()
+        if not queues:
+            return []
+        with self.engine.connect() as conn:
+            return repository.claim(conn, [self.slot_id(s) for s in free], len(free), queues,
+                                    lease_seconds=self.config.lease_seconds)
+
+    def _queues_for_claim(self) -> list[str]:
+        """The queues to claim from, rotated each turn so that no queue starves the others."""
+        if self.config.queues is None and time.monotonic() - self._queues_at > self.config.queue_refresh_seconds:
+            with self.engine.connect() as conn:
+                self._known_queues = repository.ready_queues(conn)
+            self._queues_at = time.monotonic()
+        queues = self._known_queues
+        if len(queues) > 1:
+            self._rr = (self._rr + 1) % len(queues)
+            queues = queues[self._rr:] + queues[:self._rr]
+        return queues
+
+    def _maintenance(self) -> None:
+        now = time.monotonic()
+        if now - self._last_reap >= self.config.reap_interval:
+            self._last_reap = now
+            try:
+                with self.engine.connect() as conn:
+                    result = repository.reap(conn)
+                if result.reclaimed or result.failed:
+                    event(log, logging.WARNING, "reaped", worker=self.id, reclaimed=result.reclaimed,
+                          failed=result.failed)
+                    self._queues_at = 0.0
+            except DB_ERRORS as exc:
+                self._sql_error("reap", exc)
+        self._promote()
+
+    def _promote(self, force: bool = False) -> int:
+        now = time.monotonic()
+        if not force and now - self._last_promote < self.config.promote_interval:
+            return 0
+        self._last_promote = now
+        try:
+            with self.engine.connect() as conn:
+                n = repository.promote_due(conn)
+            if n:
+                self._queues_at = 0.0
+            return n
+        except DB_ERRORS as exc:
+            self._sql_error("promote", exc)
+            return 0
+
+    def _sleep(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+        if self._wake.is_set():
+            self._wake.clear()
+            self._queues_at = 0.0  # something was enqueued: maybe into a queue we have not seen
+            self._backoff.reset()
+
+    def _sql_error(self, operation: str, exc: BaseException) -> None:
+        metrics.SQL_ERRORS.labels(operation=operation).inc()
+        event(log, logging.ERROR, "sql_error", worker=self.id, operation=operation,
+              error=f"{type(exc).__name__}: {str(getattr(exc, 'orig', None) or exc)[:300]}")
+
+    # --- slots ---------------------------------------------------------------------------------
+
+    def _free_slots(self) -> list[int]:
+        with self._slots:
+            return sorted(self._free)
+
+    def _dispatch(self, claimed: ClaimedJob) -> None:
+        slot = int(claimed.lease.owner.rsplit(":", 1)[1])
+        job, lease = claimed.job, claimed.lease
+        ctx = JobContext(job_id=job.id, task_key=job.task_key, task_name=job.task_name, queue=job.queue,
+                         attempt=lease.attempt, max_attempts=job.max_attempts, worker_id=lease.owner,
+                         _record_result=lambda result: self._record_result(lease, job.task_key, result))
+        item = _InHand(claimed, slot, ctx, ctx.lease_lost)
+        with self._slots:
+            self._free.remove(slot)
+            self._in_hand[job.id] = item
+        event(log, logging.INFO, "claim", job_id=job.id, task_key=job.task_key, task=job.task_name,
+              queue=job.queue, attempt=lease.attempt, worker=lease.owner)
+        self._inbox.put(item)
+
+    def _slot_loop(self) -> None:
+        while True:
+            item = self._inbox.get()
+            if item is None:
+                return
+            try:
+                self._execute(item)
+            finally:
+                with self._slots:
+                    self._in_hand.pop(item.claimed.job.id, None)
+                    self._free.append(item.slot)
+                    self._slots.notify_all()
+                self.processed += 1
+                self._wake.set()
+
+    def _execute(self, item: _InHand) -> None:
+        job, lease = item.claimed.job, item.claimed.lease
+        spec = self.registry.get(job.task_name)
+        started = time.monotonic()
+        try:
+            if spec is None:
+                raise LookupError(f"no handler for task {job.task_name!r} in worker {self.id}")
+            spec.handler(job.payload, item.ctx)
+        except PermanentError as exc:
+            self._finish(item, "fail", _describe(exc))
+        except LeaseLostError:
+            event(log, logging.WARNING, "handler_lease_lost", job_id=job.id, task_key=job.task_key,
+                  attempt=lease.attempt, worker=lease.owner)
+        except Exception as exc:  # a handler's failure is the job's failure, never the worker's
+            if lease.attempt >= job.max_attempts:
+                self._finish(item, "fail", _describe(exc))
+            else:
+                base = spec.retry_base_seconds if spec else 1.0
+                cap = spec.retry_cap_seconds if spec else 3600.0
+                self._finish(item, "retry", _describe(exc), retry_delay(lease.attempt, base, cap))
+        else:
+            self._finish(item, "complete", None, duration=time.monotonic() - started)
+
+    def _finish(self, item: _InHand, operation: str, error: str | None, delay: float = 0.0,
+                duration: float | None = None) -> None:
+        job, lease = item.claimed.job, item.claimed.lease
+        deadline = time.monotonic() + self.config.finish_retry_seconds
+        pause = 0.2
+        while True:
+            try:
+                with self.engine.connect() as conn:
+                    if operation == "complete":
+                        outcome = repository.complete(conn, lease)
+                    elif operation == "retry":
+                        outcome = repository.retry(conn, lease, error or "", delay)
+                    else:
+                        outcome = repository.fail(conn, lease, error or "")
+                break
+            except DB_ERRORS as exc:
+                self._sql_error(operation, exc)
+                if time.monotonic() > deadline or item.lost.is_set():
+                    # Give the job up: its lease expires and the reaper hands it to someone else.
+                    event(log, logging.ERROR, "finish_abandoned", job_id=job.id, task_key=job.task_key,
+                          attempt=lease.attempt, worker=lease.owner, operation=operation)
+                    return
+                time.sleep(pause)
+                pause = min(pause * 2, 2.0)
+        if outcome is Outcome.LEASE_LOST:
+            return  # logged and counted by the repository
+        if operation == "complete":
+            metrics.COMPLETED.labels(queue=job.queue).inc()
+            event(log, logging.INFO, "complete", job_id=job.id, task_key=job.task_key, attempt=lease.attempt,
+                  worker=lease.owner, seconds=f"{duration:.3f}" if duration is not None else None)
+        elif operation == "retry":
+            metrics.RETRIED.labels(queue=job.queue).inc()
+            event(log, logging.WARNING, "retry", job_id=job.id, task_key=job.task_key, attempt=lease.attempt,
+                  max_attempts=job.max_attempts, worker=lease.owner, delay=f"{delay:.2f}", error=_first_line(error))
+        else:
+            metrics.FAILED.labels(queue=job.queue).inc()
+            event(log, logging.ERROR, "fail", job_id=job.id, task_key=job.task_key, attempt=lease.attempt,
+                  max_attempts=job.max_attempts, worker=lease.owner, error=_first_line(error))
+
+    def _record_result(self, lease: Lease, task_key: str, result: object) -> bool:
+        with self.engine.connect() as conn:
+            return repository.record_result(conn, lease, task_key, result)
+
+    # --- leases ----------------------------------------------------------------------------------
+
+    def _renew_loop(self) -> None:
+        interval = self.config.lease_seconds / 3
+        while not self._stop.wait(interval):
+            self.renew_now()
+
+    def renew_now(self) -> None:
+        with self._slots:
+            items = [i for i in self._in_hand.values() if not i.lost.is_set()]
+        if not items:
+            return
+        try:
+            with self.engine.connect() as conn:
+                outcomes = repository.renew_leases(conn, [i.claimed.lease for i in items], self.config.lease_seconds)
+        except DB_ERRORS as exc:
+            self._sql_error("renew", exc)
+            return
+        for item in items:
+            if outcomes.get(item.claimed.job.id) is Outcome.LEASE_LOST:
+                item.lost.set()
+
+    def in_hand(self) -> list[ClaimedJob]:
+        with self._slots:
+            return [i.claimed for i in self._in_hand.values()]
+
+
+def _describe(exc: BaseException) -> str:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8))
+    return f"{type(exc).__name__}: {exc}\n{tb}"
+
+
+def _first_line(text: str | None) -> str | None:
+    return text.splitlines()[0][:300] if text else None
