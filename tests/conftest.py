@@ -21,7 +21,7 @@ from webapp.core.tasks import load_task_modules
 
 MYSQL_SERVER = os.environ.get("JOBQUEUE_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306")
 
-load_task_modules([])
+load_task_modules(["tests.support.tasks"])
 
 
 def _admin():

@@ -1,0 +1,92 @@
+"""Real worker processes for the acceptance tests, with their logs."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def jobqueue(url: str, *args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run one `jobqueue` command to completion."""
+    return subprocess.run([sys.executable, "-m", "webapp.core.cli", "--database-url", url, *args],
+                          capture_output=True, text=True, env=env or cli_env(), cwd=REPO, timeout=timeout)
+
+
+class WorkerProcess:
+    def __init__(self, url: str, log_dir: Path, name: str, *args: str, env: dict | None = None):
+        self.name = name
+        self.log_path = log_dir / f"worker-{name}.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "webapp.core.cli", "--database-url", url, "worker", "--name", name,
+             "--tasks", "tests.support.tasks", *args],
+            stdout=self._log, stderr=subprocess.STDOUT, env=env or cli_env(), cwd=REPO)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_for_log(self, pattern: str, timeout: float = 15.0) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.search(pattern, self.log())
+            if m:
+                return m
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"{pattern!r} not in the log of worker {self.name} "
+                             f"(exit code {self.proc.poll()}):\n{self.log()[-3000:]}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+        self.proc.wait(10)
+        self._log.close()
+
+
+def claimed_ids(*workers: WorkerProcess) -> Counter:
+    """How many times each job id was claimed, read from the workers' own logs."""
+    counts: Counter = Counter()
+    for w in workers:
+        counts.update(int(m) for m in re.findall(r"event=claim job_id=(\d+) ", w.log()))
+    return counts
+
+
+def wait_until(predicate, timeout: float = 15.0, interval: float = 0.05, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")
