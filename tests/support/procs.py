@@ -90,3 +90,57 @@ def wait_until(predicate, timeout: float = 15.0, interval: float = 0.05, message
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GunicornServer:
+    """The dashboard for real: gunicorn with our config file, embedded workers and the reaper."""
+
+    def __init__(self, url: str, log_dir: Path, *, web_workers: int = 2, embedded_workers: int = 2,
+                 extra_env: dict | None = None):
+        import urllib.request
+
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / "gunicorn.log"
+        self._log = open(self.log_path, "w")
+        env = cli_env(JOBQUEUE_DATABASE_URL=url, JOBQUEUE_BIND=f"127.0.0.1:{self.port}",
+                      JOBQUEUE_WEB_WORKERS=str(web_workers), JOBQUEUE_EMBEDDED_WORKERS=str(embedded_workers),
+                      JOBQUEUE_TASKS="tests.support.tasks", **(extra_env or {}))
+        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(REPO / "webapp/web/gunicorn_conf.py")],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(self.base + "/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"gunicorn did not come up:\n{self.log()[-3000:]}")
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self, timeout: float = 40) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()

@@ -28,3 +28,10 @@ def export_then_hang(payload, ctx):
     export_orders(payload, ctx)
     if ctx.attempt == 1:
         ctx.lease_lost.wait(payload.get("seconds", 60))
+
+
+@task("fail_first_attempt", max_attempts=1)
+def fail_first_attempt(payload, ctx):
+    """Fails on attempt 1 (and, with max_attempts=1, for good); an operator's requeue succeeds."""
+    if ctx.attempt == 1:
+        raise RuntimeError("first attempt fails <b>on purpose</b>")

@@ -214,27 +214,106 @@ def stats(ctx: click.Context, as_json: bool, database_url: str | None) -> None:
 @url_option
 @click.pass_context
 def demo(ctx: click.Context, jobs: int, database_url: str | None) -> None:
-    """Create the schema, enqueue demo jobs and process them with a burst worker."""
+    """Create the schema, enqueue demo jobs and process them with a burst worker (no web)."""
     load_task_modules()
     engine = _engine(ctx, database_url, pool_size=8)
     init_db(engine)
+    _enqueue_demo(engine, jobs)
+    Worker(engine, WorkerConfig(concurrency=4, burst=True, lease_seconds=30)).run()
+    ctx.invoke(stats, as_json=False, database_url=database_url)
+
+
+@main.command("hash-password")
+@click.option("--password", prompt=True, hide_input=True, confirmation_prompt=True,
+              help="The password (asked for when not given)")
+def hash_password(password: str) -> None:
+    """Print a password hash for JOBQUEUE_USERS (name:role:hash)."""
+    from werkzeug.security import generate_password_hash
+
+    if len(password) < 8:
+        _fail(EXIT_BAD_INPUT, "use at least 8 characters")
+    click.echo(generate_password_hash(password))
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--web-workers", type=click.IntRange(1, 64), default=None,
+              help="gunicorn worker processes [env JOBQUEUE_WEB_WORKERS, default 2]")
+@click.option("--embedded-workers", type=click.IntRange(0, 256), default=None,
+              help="Job threads inside each web process [env JOBQUEUE_EMBEDDED_WORKERS, default 2]")
+@click.option("--dev", is_flag=True, help="Development mode: localhost only, a generated admin login")
+@click.option("--demo", is_flag=True, help="Enqueue demo jobs first")
+@tasks_option
+@url_option
+@click.pass_context
+def serve(ctx: click.Context, host: str, port: int, web_workers: int | None, embedded_workers: int | None,
+          dev: bool, demo: bool, tasks: str | None, database_url: str | None) -> None:
+    """Run the dashboard under gunicorn with embedded workers and the reaper."""
+    import ipaddress
+    import secrets
+
+    from ..web.config import ConfigError, load_settings
+
+    env = os.environ
+    url = database_url or ctx.obj.get("database_url")
+    if url:
+        env["JOBQUEUE_DATABASE_URL"] = url
+    if tasks:
+        env["JOBQUEUE_TASKS"] = tasks
+    if web_workers is not None:
+        env["JOBQUEUE_WEB_WORKERS"] = str(web_workers)
+    if embedded_workers is not None:
+        env["JOBQUEUE_EMBEDDED_WORKERS"] = str(embedded_workers)
+    if dev:
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = host == "localhost"
+        if not loopback:
+            _fail(EXIT_BAD_INPUT, "--dev serves localhost only; bind 127.0.0.1 or configure JOBQUEUE_USERS")
+        env["JOBQUEUE_DEV"] = "1"
+        env.setdefault("JOBQUEUE_SECRET_KEY", secrets.token_hex(32))
+        if not env.get("JOBQUEUE_USERS"):
+            # One password for every gunicorn worker process.
+            env.setdefault("JOBQUEUE_DEV_PASSWORD", secrets.token_urlsafe(12))
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        _fail(EXIT_BAD_INPUT, str(exc))
+    load_task_modules(tasks)
+    engine = _engine(ctx, url, pool_size=2)
+    init_db(engine)
+    if demo:
+        _enqueue_demo(engine, 12)
+    env["JOBQUEUE_BIND"] = f"{host}:{port}"
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"jobqueue dashboard: http://{shown}:{port}/", err=True)
+    if settings.dev_password:
+        click.echo(f"login: admin / {settings.dev_password}   (development mode, localhost only)", err=True)
+    else:
+        click.echo(f"login: one of {', '.join(sorted(settings.users))} (from JOBQUEUE_USERS)", err=True)
+    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "web", "gunicorn_conf.py")
+    os.execvp(sys.executable, [sys.executable, "-m", "gunicorn", "-c", conf])
+
+
+def _enqueue_demo(engine, jobs: int) -> None:
     specs = []
     for i in range(jobs):
         kind = i % 4
         if kind == 0:
             specs.append({"task": "export_orders", "task_key": f"demo-export-{i}", "payload": {"rows": 5}})
         elif kind == 1:
-            specs.append({"task": "sleep", "task_key": f"demo-sleep-{i}", "payload": {"seconds": 0.2}})
+            specs.append({"task": "sleep", "task_key": f"demo-sleep-{i}", "payload": {"seconds": 2}})
         elif kind == 2:
             specs.append({"task": "noop", "task_key": f"demo-noop-{i}"})
         else:
-            specs.append({"task": "fail", "task_key": f"demo-fail-{i}", "max_attempts": 2})
+            specs.append({"task": "fail", "task_key": f"demo-fail-{i}", "max_attempts": 2,
+                          "payload": {"message": "demo failure: requeue me from the dashboard"}})
     with engine.connect() as conn:
         results = repository.enqueue_many(conn, specs)
     click.echo(f"enqueued {sum(not r.duplicate for r in results)} demo jobs "
-               f"({sum(r.duplicate for r in results)} already known)")
-    Worker(engine, WorkerConfig(concurrency=4, burst=True, lease_seconds=30)).run()
-    ctx.invoke(stats, as_json=False, database_url=database_url)
+               f"({sum(r.duplicate for r in results)} already known)", err=True)
 
 
 def run() -> None:

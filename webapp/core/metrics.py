@@ -25,3 +25,27 @@ DUPLICATE_RESULTS = Counter("jobqueue_duplicate_results", "Results recorded agai
 TRANSIENT_RETRIES = Counter("jobqueue_transient_retries", "Transactions retried after a deadlock, lock-wait timeout or lost connection", ["kind", "operation"])
 SQL_ERRORS = Counter("jobqueue_sql_errors", "Database errors seen by the worker loop", ["operation"])
 OPERATOR_ACTIONS = Counter("jobqueue_operator_actions", "Operator requeue and fail actions", ["action", "outcome"])
+
+# The per-minute activity each process writes to `worker_stats` (see repository.heartbeat),
+# read from the counters above so that nothing is counted twice by hand.
+_STAT_SOURCES = {
+    "completed": (COMPLETED, {}), "failed": (FAILED, {}), "retried": (RETRIED, {}),
+    "reclaimed": (RECLAIMED, {}), "lease_lost": (LEASES_LOST, {}), "claims": (CLAIMS, {}),
+    "claimed": (CLAIMED, {}), "empty_idle": (EMPTY_CLAIMS, {"kind": "idle"}),
+    "empty_contended": (EMPTY_CLAIMS, {"kind": "contended"}),
+    "empty_waiting": (EMPTY_CLAIMS, {"kind": "waiting_on_leases"}), "skipped": (SKIPPED, {}),
+    "sql_errors": (SQL_ERRORS, {}),
+}
+
+
+def stat_totals() -> dict[str, int]:
+    """This process's running totals of the activity columns."""
+    out = {}
+    for column, (metric, match) in _STAT_SOURCES.items():
+        total = 0.0
+        for family in metric.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total") and all(sample.labels.get(k) == v for k, v in match.items()):
+                    total += sample.value
+        out[column] = int(total)
+    return out

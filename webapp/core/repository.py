@@ -34,7 +34,8 @@ from .errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, Validat
 from .logs import event
 from .models import (ClaimedJob, EmptyClaim, EmptyClaimReport, Enqueued, Job, Lease, Outcome,
                      Status)
-from .schema import job_attempt, job_queue, job_result
+from .schema import (STAT_COLUMNS, audit_log, job_attempt, job_queue, job_result, worker_process,
+                     worker_stats)
 from .tasks import TASKS, Registry
 from .validation import NewJob, new_job
 
@@ -588,8 +589,14 @@ def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor:
 
 
 def _operator_action(conn: Connection, fn, action: str, job_id: int, actor: str) -> ActionResult:
+    def _do(c: Connection) -> ActionResult:
+        result = fn(c)
+        if result.changed:
+            _audit(c, actor, action, job_id=job_id, before=result.before.value, after=result.after.value)
+        return result
+
     try:
-        result = transaction(conn, fn, what=action)
+        result = transaction(conn, _do, what=action)
     except JobBusy:
         metrics.OPERATOR_ACTIONS.labels(action=action, outcome="busy").inc()
         event(log, logging.INFO, "operator_busy", action=action, job_id=job_id, actor=actor)
@@ -635,3 +642,300 @@ def count_by_status(conn: Connection) -> list[tuple[str, str, int]]:
     rows = transaction(conn, lambda c: c.execute(
         sa.select(jq.queue, jq.status, sa.func.count()).group_by(jq.status, jq.queue)).all(), what="stats")
     return sorted((queue, str(status), n) for queue, status, n in rows)
+
+
+# --- the audit log -------------------------------------------------------------------------------
+
+def _audit(c: Connection, actor: str, action: str, *, job_id: int | None = None, selection: str | None = None,
+           before: str | None = None, after: str | None = None, count: int = 1, detail: str | None = None) -> None:
+    c.execute(sa.insert(audit_log).values(at=db_now(), actor=actor[:100], action=action, job_id=job_id,
+                                          selection=selection, before_status=before, after_status=after,
+                                          count=count, detail=_short(detail)))
+
+
+def list_audit(conn: Connection, *, before_id: int | None = None, job_id: int | None = None,
+               limit: int = 50) -> list[dict[str, Any]]:
+    """Newest first, keyset-paged by id."""
+    stmt = sa.select(audit_log).order_by(audit_log.c.id.desc()).limit(limit)
+    if before_id is not None:
+        stmt = stmt.where(audit_log.c.id < before_id)
+    if job_id is not None:
+        stmt = stmt.where(audit_log.c.job_id == job_id)
+    return [dict(r._mapping) for r in transaction(conn, lambda c: c.execute(stmt).all(), what="list_audit")]
+
+
+# --- bulk operator actions -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JobFilter:
+    """The dashboard's job filters; every field optional. `key_prefix` matches task_key prefixes
+    (an index range on uk_task_key, never a scan)."""
+
+    status: Status | None = None
+    queue: str | None = None
+    task: str | None = None
+    key_prefix: str | None = None
+
+    def where(self) -> list[Any]:
+        clauses = []
+        if self.status is not None:
+            clauses.append(jq.status == Status(self.status).value)
+        if self.queue:
+            clauses.append(jq.queue == self.queue)
+        if self.task:
+            clauses.append(jq.task_name == self.task)
+        if self.key_prefix:
+            escaped = self.key_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            clauses.append(jq.task_key.like(escaped + "%", escape="\\"))
+        return clauses
+
+    def describe(self) -> str:
+        parts = [f"{k}={v}" for k, v in (("status", self.status and Status(self.status).value), ("queue", self.queue),
+                                          ("task", self.task), ("key_prefix", self.key_prefix)) if v]
+        return "filter: " + (" ".join(parts) if parts else "all jobs")
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    changed: int            # jobs moved to the new status
+    busy: int               # held by another transaction this instant (skipped, not waited on)
+    skipped: int            # in a state the action does not apply to
+    last_id: int | None     # where to continue (filter mode, newest-first order)
+    finished: bool
+
+
+BULK_ELIGIBLE = {
+    "requeue": (Status.FAILED, Status.SCHEDULED, Status.RUNNING),
+    "fail": (Status.READY, Status.SCHEDULED, Status.RUNNING),
+}
+
+
+def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int] | None = None,
+                job_filter: JobFilter | None = None, after_id: int | None = None, reason: str | None = None,
+                force: bool = False, batch_size: int = 500, deadline: float | None = None) -> BulkResult:
+    """Requeue or fail many jobs: the given ids, or every job matching a filter (newest first).
+
+    Each batch is its own short transaction that locks its rows with SKIP LOCKED, so a bulk action
+    over 100,000 jobs never holds many locks at once and never waits on a worker's claim: rows held
+    this instant are counted as busy and left alone. Running jobs whose lease is still valid are
+    skipped unless `force`. Stops at `deadline` (time.monotonic()) and reports where to continue.
+    """
+    import time as _time
+
+    if action not in BULK_ELIGIBLE:
+        raise ValueError(f"unknown bulk action {action!r}")
+    if (ids is None) == (job_filter is None):
+        raise ValueError("give either ids or a filter")
+    eligible = [s.value for s in BULK_ELIGIBLE[action]]
+    reason = _short(reason or f"failed by {actor}")
+    selection = (f"ids: {','.join(map(str, ids[:50]))}{'...' if len(ids) > 50 else ''}" if ids is not None
+                 else job_filter.describe())
+    changed = busy = skipped = 0
+    cursor = after_id
+    pending = list(ids) if ids is not None else None
+
+    while True:
+        if pending is not None:
+            batch, pending = pending[:batch_size], pending[batch_size:]
+            batch_ids = [int(i) for i in batch]
+        else:
+            page = sa.select(jq.id).where(*job_filter.where()).order_by(jq.id.desc()).limit(batch_size)
+            if cursor is not None:
+                page = page.where(jq.id < cursor)
+            batch_ids = transaction(conn, lambda c: c.execute(page).scalars().all(), what="bulk_page")
+        if not batch_ids:
+            return BulkResult(changed, busy, skipped, cursor, True)
+
+        def _do(c: Connection) -> tuple[int, int, int]:
+            seen = c.execute(sa.select(jq.id, jq.status).where(jq.id.in_(batch_ids))).all()
+            wanted = [r.id for r in seen if r.status in eligible]
+            locked = c.execute(sa.select(jq.id, jq.status, (jq.lease_until > db_now()).label("lease_valid"))
+                               .where(jq.id.in_(wanted), jq.status.in_(eligible))
+                               .with_for_update(skip_locked=True)).all() if wanted else []
+            targets = [r for r in locked if not (r.status == Status.RUNNING.value and r.lease_valid and not force)]
+            n_busy = len(wanted) - len(locked)
+            n_skipped = len(batch_ids) - len(wanted) + (len(locked) - len(targets))
+            if not targets:
+                return 0, n_busy, n_skipped
+            target_ids = [r.id for r in targets]
+            running = [r.id for r in targets if r.status == Status.RUNNING.value]
+            if running:
+                _record_attempts(c, jq.id.in_(running), "requeued" if action == "requeue" else "failed_by_operator",
+                                 f"{action} by {actor} (bulk) while running")
+            guard = sa.and_(jq.id.in_(target_ids), jq.status.in_(eligible))
+            if action == "requeue":
+                n = c.execute(sa.update(job_queue).where(guard).values(
+                    status=Status.READY.value, run_at=db_now(), lease_owner=None, lease_until=None, finished_at=None,
+                    max_attempts=sa.case((jq.attempts + 1 > jq.max_attempts, jq.attempts + 1), else_=jq.max_attempts),
+                    updated_at=db_now())).rowcount
+            else:
+                n = c.execute(sa.update(job_queue).where(guard).values(
+                    status=Status.FAILED.value, lease_until=None, finished_at=db_now(), last_error=reason,
+                    updated_at=db_now())).rowcount
+            before = ",".join(sorted({r.status for r in targets}))
+            _audit(c, actor, f"bulk_{action}", selection=selection, before=before,
+                   after=Status.READY.value if action == "requeue" else Status.FAILED.value, count=n,
+                   detail=f"ids {min(target_ids)}..{max(target_ids)}")
+            return n, n_busy, n_skipped
+
+        n, n_busy, n_skipped = transaction(conn, _do, what=f"bulk_{action}")
+        changed, busy, skipped = changed + n, busy + n_busy, skipped + n_skipped
+        cursor = min(batch_ids)
+        metrics.OPERATOR_ACTIONS.labels(action=f"bulk_{action}", outcome="ok").inc(n)
+        if (pending is not None and not pending) or (pending is None and len(batch_ids) < batch_size):
+            break
+        if deadline is not None and _time.monotonic() > deadline:
+            event(log, logging.INFO, f"operator_bulk_{action}", actor=actor, selection=selection, changed=changed,
+                  busy=busy, skipped=skipped, finished=False)
+            if changed and action == "requeue":
+                wakeup.notify()
+            return BulkResult(changed, busy, skipped, cursor, False)
+    event(log, logging.INFO, f"operator_bulk_{action}", actor=actor, selection=selection, changed=changed,
+          busy=busy, skipped=skipped, finished=True)
+    if changed and action == "requeue":
+        wakeup.notify()
+    return BulkResult(changed, busy, skipped, cursor, True)
+
+
+# --- worker processes: registration, heartbeats, per-minute activity ------------------------------
+
+def _upsert(c: Connection, table: sa.Table, keys: Sequence[str], values: dict[str, Any],
+            update: dict[str, Any]) -> None:
+    """INSERT, or on a key clash UPDATE `update` (column -> expression over the existing row and
+    the `new` row, given as a function)."""
+    if c.dialect.name in ("mysql", "mariadb"):
+        from sqlalchemy.dialects.mysql import insert as mysql_insert
+        stmt = mysql_insert(table).values(**values)
+        c.execute(stmt.on_duplicate_key_update({k: fn(stmt.inserted) for k, fn in update.items()}))
+    else:
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+        stmt = sqlite_insert(table).values(**values)
+        c.execute(stmt.on_conflict_do_update(index_elements=list(keys),
+                                             set_={k: fn(stmt.excluded) for k, fn in update.items()}))
+
+
+def register_process(conn: Connection, *, process_id: str, host: str, pid: int, kind: str, concurrency: int,
+                     queues: str) -> None:
+    values = dict(id=process_id, host=host[:255], pid=pid, kind=kind, concurrency=concurrency, queues=queues[:1000],
+                  started_at=db_now(), last_heartbeat=db_now(), stopped_at=None, jobs_in_hand=0, processed=0)
+    transaction(conn, lambda c: _upsert(c, worker_process, ["id"], values, {
+        k: (lambda new, k=k: getattr(new, k)) for k in values if k != "id"}), what="register_process")
+
+
+def heartbeat(conn: Connection, process_id: str, *, jobs_in_hand: int, processed: int, minute: datetime,
+              stats: Mapping[str, int]) -> None:
+    """Mark the process alive and add its activity counts since the last heartbeat to its row for
+    `minute` (each process writes only its own rows: no contention between processes)."""
+    stats = {k: int(v) for k, v in stats.items() if v}
+
+    def _do(c: Connection) -> None:
+        c.execute(sa.update(worker_process).where(worker_process.c.id == process_id).values(
+            last_heartbeat=db_now(), jobs_in_hand=jobs_in_hand, processed=processed, stopped_at=None))
+        if stats:
+            _upsert(c, worker_stats, ["minute", "process_id"], {"minute": minute, "process_id": process_id, **stats},
+                    {k: (lambda new, k=k: worker_stats.c[k] + getattr(new, k)) for k in stats})
+
+    transaction(conn, _do, what="heartbeat")
+
+
+def mark_stopped(conn: Connection, process_id: str) -> None:
+    transaction(conn, lambda c: c.execute(sa.update(worker_process).where(worker_process.c.id == process_id)
+                                          .values(stopped_at=db_now(), jobs_in_hand=0)), what="mark_stopped")
+
+
+def list_processes(conn: Connection, *, limit: int = 200) -> tuple[list[dict[str, Any]], datetime]:
+    """Worker processes, most recently heard from first, and the database's now."""
+    def _do(c: Connection):
+        rows = c.execute(sa.select(worker_process).order_by(worker_process.c.last_heartbeat.desc()).limit(limit)).all()
+        return [dict(r._mapping) for r in rows], _dt(c.execute(sa.select(db_now())).scalar())
+    return transaction(conn, _do, what="list_processes")
+
+
+def activity(conn: Connection, since: datetime) -> list[dict[str, Any]]:
+    """Per-minute sums of every process's activity since `since` (a few rows per minute)."""
+    cols = [sa.func.sum(worker_stats.c[k]).label(k) for k in STAT_COLUMNS]
+    stmt = (sa.select(worker_stats.c.minute, *cols).where(worker_stats.c.minute >= since)
+            .group_by(worker_stats.c.minute).order_by(worker_stats.c.minute))
+    rows = transaction(conn, lambda c: c.execute(stmt).all(), what="activity")
+    return [{**{k: int(v or 0) for k, v in r._mapping.items() if k != "minute"}, "minute": _dt(r.minute)} for r in rows]
+
+
+def prune_history(conn: Connection, *, stats_older_than: datetime, processes_silent_since: datetime) -> int:
+    """Drop per-minute activity and dead process rows past their retention."""
+    def _do(c: Connection) -> int:
+        n = c.execute(sa.delete(worker_stats).where(worker_stats.c.minute < stats_older_than)).rowcount
+        n += c.execute(sa.delete(worker_process).where(worker_process.c.last_heartbeat < processes_silent_since)).rowcount
+        return n
+    return transaction(conn, _do, what="prune_history")
+
+
+# --- dashboard reads (all bounded: no OFFSET, no full-table COUNT) -------------------------------
+
+@dataclass(frozen=True)
+class QueueSummary:
+    queue: str
+    counts: dict[str, int]
+    capped: frozenset[str]           # statuses whose count reached the cap ("N+")
+    oldest_ready: datetime | None
+
+
+def queue_summaries(conn: Connection, *, cap: int = 100_000, oldest_window: int = 5000
+                    ) -> tuple[list[QueueSummary], datetime]:
+    """Counts by status for each queue, each capped at `cap` rows read, and the oldest ready job's
+    run_at per queue. Cost is bounded by the caps, not by the table size."""
+    def _do(c: Connection):
+        # (status, queue) pairs: a loose scan of ix_ready_pick's prefix, not a read of every row.
+        pairs = c.execute(sa.select(jq.status, jq.queue).group_by(jq.status, jq.queue)).all()
+        counts: dict[str, dict[str, int]] = {}
+        if pairs:
+            parts = [sa.select(sa.literal(status).label("status"), sa.literal(queue).label("queue"),
+                               sa.select(sa.func.count()).select_from(
+                                   sa.select(sa.literal(1)).where(jq.status == status, jq.queue == queue)
+                                   .limit(cap + 1).subquery()).scalar_subquery().label("n"))
+                     for status, queue in pairs]
+            for status, queue, n in c.execute(sa.union_all(*parts)).all():
+                counts.setdefault(queue, {})[str(status)] = int(n)
+        window = (sa.select(jq.queue, jq.run_at).where(jq.status == Status.READY.value)
+                  .order_by(jq.run_at).limit(oldest_window).subquery())
+        oldest = dict(c.execute(sa.select(window.c.queue, sa.func.min(window.c.run_at)).group_by(window.c.queue)).all())
+        now = _dt(c.execute(sa.select(db_now())).scalar())
+        return counts, oldest, now
+
+    counts, oldest, now = transaction(conn, _do, what="queue_summaries")
+    out = []
+    for queue in sorted(counts):
+        by_status = {s.value: min(counts[queue].get(s.value, 0), cap) for s in Status}
+        capped = frozenset(s for s, n in counts[queue].items() if n > cap)
+        out.append(QueueSummary(queue, by_status, capped, _dt(oldest.get(queue))))
+    return out, now
+
+
+def running_jobs(conn: Connection, *, limit: int = 50) -> list[Job]:
+    """Running jobs, soonest lease expiry first."""
+    stmt = sa.select(job_queue).where(jq.status == Status.RUNNING.value).order_by(jq.lease_until).limit(limit)
+    return [_job(r) for r in transaction(conn, lambda c: c.execute(stmt).all(), what="running_jobs")]
+
+
+def list_jobs(conn: Connection, job_filter: JobFilter | None = None, *, before_id: int | None = None,
+              limit: int = 50) -> list[Job]:
+    """A page of jobs, newest first, continuing below `before_id` (keyset paging: the cost of a
+    deep page is the cost of the first)."""
+    stmt = sa.select(job_queue).order_by(jq.id.desc()).limit(limit)
+    if job_filter is not None:
+        stmt = stmt.where(*job_filter.where())
+    if before_id is not None:
+        stmt = stmt.where(jq.id < before_id)
+    return [_job(r) for r in transaction(conn, lambda c: c.execute(stmt).all(), what="list_jobs")]
+
+
+def distinct_values(conn: Connection) -> tuple[list[str], list[str]]:
+    """Known queue and task names, for the filter menus (loose index scans)."""
+    def _do(c: Connection):
+        queues = c.execute(sa.select(jq.queue).group_by(jq.status, jq.queue)).scalars().all()
+        tasks = c.execute(sa.select(jq.task_name).group_by(jq.task_name)).scalars().all()
+        return sorted(set(queues)), sorted(set(tasks))
+    return transaction(conn, _do, what="distinct_values")
+
+
+def database_now(conn: Connection) -> datetime:
+    return _dt(transaction(conn, lambda c: c.execute(sa.select(db_now())).scalar(), what="now"))

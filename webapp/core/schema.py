@@ -5,7 +5,9 @@ Indexes, and which statement each one serves:
   ORDER BY priority, id`) reads it in order with no filesort, and done rows sit under another
   `status` prefix, so the claim does not slow down as they pile up. Counts per status and queue
   are index-only.
-- `ix_due (status, run_at)`: promoting due `scheduled` jobs, the oldest ready job's age.
+- `ix_due (status, run_at, queue)`: promoting due `scheduled` jobs; the oldest ready job's age
+  per queue, index-only.
+- `ix_task (task_name, id)`: the dashboard's task filter, newest first.
 - `uk_task_key`: idempotent enqueue.
 """
 
@@ -47,7 +49,8 @@ job_queue = sa.Table(
     sa.Column("finished_at", Timestamp, nullable=True),
     sa.UniqueConstraint("task_key", name="uk_task_key"),
     sa.Index("ix_ready_pick", "status", "queue", "priority", "id"),
-    sa.Index("ix_due", "status", "run_at"),
+    sa.Index("ix_due", "status", "run_at", "queue"),
+    sa.Index("ix_task", "task_name", "id"),
 )
 
 # One downstream result per task_key: a replayed task_key records nothing new.
@@ -79,4 +82,53 @@ job_attempt = sa.Table(
     sa.Column("outcome", sa.String(20), nullable=False),
     sa.Column("error", sa.Text(), nullable=True),
     sa.Index("ix_attempt_job", "job_id", "attempt"),
+)
+
+# One row per worker process (standalone or embedded in a web process), kept fresh by its
+# heartbeat. Rows whose heartbeat stopped show which processes died without a clean stop.
+worker_process = sa.Table(
+    "worker_process",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),        # host:pid[:name], the lease-owner prefix
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("pid", sa.Integer(), nullable=False),
+    sa.Column("kind", sa.String(20), nullable=False),         # worker | embedded
+    sa.Column("concurrency", sa.Integer(), nullable=False),
+    sa.Column("queues", sa.String(1000), nullable=False),
+    sa.Column("started_at", Timestamp, nullable=False),
+    sa.Column("last_heartbeat", Timestamp, nullable=False),
+    sa.Column("stopped_at", Timestamp, nullable=True),
+    sa.Column("jobs_in_hand", sa.Integer(), nullable=False),
+    sa.Column("processed", sa.BigInteger(), nullable=False),
+    sa.Index("ix_worker_heartbeat", "last_heartbeat"),
+)
+
+# What each process did per minute: the overview's throughput chart and activity panels read
+# these few rows instead of scanning job_queue. Each process writes only its own rows, so the
+# flush never contends with another process.
+STAT_COLUMNS = ("completed", "failed", "retried", "reclaimed", "lease_lost", "claims", "claimed",
+                "empty_idle", "empty_contended", "empty_waiting", "skipped", "sql_errors")
+worker_stats = sa.Table(
+    "worker_stats",
+    metadata,
+    sa.Column("minute", Timestamp, primary_key=True),
+    sa.Column("process_id", sa.String(64), primary_key=True),
+    *[sa.Column(name, sa.Integer(), nullable=False, server_default="0") for name in STAT_COLUMNS],
+)
+
+# Every operator action: who, when, what (one job or a filter), status before and after.
+audit_log = sa.Table(
+    "audit_log",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("at", Timestamp, nullable=False),
+    sa.Column("actor", sa.String(100), nullable=False),
+    sa.Column("action", sa.String(20), nullable=False),
+    sa.Column("job_id", sa.BigInteger(), nullable=True),
+    sa.Column("selection", sa.Text(), nullable=True),     # for bulk actions: the ids or the filter
+    sa.Column("before_status", sa.String(20), nullable=True),
+    sa.Column("after_status", sa.String(20), nullable=True),
+    sa.Column("count", sa.Integer(), nullable=False),
+    sa.Column("detail", sa.Text(), nullable=True),
+    sa.Index("ix_audit_job", "job_id"),
 )

@@ -25,6 +25,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -34,6 +35,7 @@ from .backoff import IdleBackoff, retry_delay
 from .errors import PermanentError, TransientDatabaseError, UnsupportedDatabase
 from .logs import RateLimited, event
 from .models import ClaimedJob, EmptyClaim, EmptyClaimReport, Lease, Outcome
+from .reaper import Reaper
 from .tasks import TASKS, JobContext, LeaseLostError, Registry
 
 log = logging.getLogger("jobqueue.worker")
@@ -61,6 +63,9 @@ class WorkerConfig:
     promote_interval: float = 1.0
     queue_refresh_seconds: float = 1.0
     finish_retry_seconds: float | None = None    # how long to keep retrying a completion write
+    reap_in_loop: bool = True                    # off when a scheduler runs the reaper (embedded mode)
+    heartbeat_seconds: float = 5.0
+    kind: str = "worker"                         # how the dashboard lists this process: worker | embedded
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -87,6 +92,7 @@ class Worker:
         self.config = config or WorkerConfig()
         self.registry = registry
         self.id = process_id(self.config.name)
+        self.reaper = Reaper(engine, name=self.id)
         self._stop = threading.Event()
         self._wake = wakeup.subscribe()
         self._slots = threading.Condition()
@@ -129,7 +135,7 @@ class Worker:
                 if delay is None:
                     break
                 if delay > 0:
-                    self._sleep(delay)
+                    self.wait_for_wake(delay)
         finally:
             self.shutdown()
         return 0
@@ -143,6 +149,7 @@ class Worker:
             self._slots.notify_all()
 
     def start_threads(self) -> None:
+        self._register()
         for slot in range(1, self.config.concurrency + 1):
             t = threading.Thread(target=self._slot_loop, name=f"jobqueue-slot-{slot}", daemon=True)
             t.start()
@@ -172,6 +179,12 @@ class Worker:
                 self._sql_error("release", exc)
         for _ in range(self.config.concurrency):
             self._inbox.put(None)
+        try:
+            self.heartbeat()
+            with self.engine.connect() as conn:
+                repository.mark_stopped(conn, self.id)
+        except DB_ERRORS as exc:
+            self._sql_error("heartbeat", exc)
         event(log, logging.INFO, "worker_stopped", worker=self.id, processed=self.processed,
               released=len(left))
 
@@ -193,6 +206,8 @@ class Worker:
     def run_once(self) -> float | None:
         """One turn of the loop. Returns seconds to sleep before the next turn, or None when a
         burst worker has nothing left to do."""
+        if self._stop.is_set():
+            return None
         self._maintenance()
         free = self._free_slots()
         if not free:
@@ -223,6 +238,11 @@ class Worker:
             event(log, logging.INFO, report.kind.value, worker=self.id, skipped=report.skipped or None,
                   next_lease_expiry=report.next_lease_expiry, next_scheduled=report.next_scheduled,
                   repeats=suppressed or None)
+        if report.next_scheduled is not None and report.db_now is not None and report.next_scheduled <= report.db_now:
+            # A retry or delayed job is due but still `scheduled`: promote it now rather than
+            # spinning on empty claims until the next maintenance pass.
+            if self._promote(force=True):
+                return 0
         if self.config.burst and report.kind is not EmptyClaim.CONTENDED:
             if self._promote(force=True):
                 return 0
@@ -233,19 +253,30 @@ class Worker:
         return self._backoff.next(report)
 
     def _claim(self, free: list[int]) -> list[ClaimedJob]:
-        queues = self._queues_for_claim()
-        if not queues:
-            return []
         with self.engine.connect() as conn:
-            return repository.claim(conn, [self.slot_id(s) for s in free], len(free), queues,
-                                    lease_seconds=self.config.lease_seconds)
+            refreshed = self._refresh_queues(conn)
+            owners = [self.slot_id(s) for s in free]
+            claimed = repository.claim(conn, owners, len(free), self._rotated(), lease_seconds=self.config.lease_seconds)
+            if not claimed and not refreshed and self._refresh_queues(conn, force=True):
+                # The cached list of queues with ready jobs was stale: try the fresh one before
+                # calling this an empty claim.
+                claimed = repository.claim(conn, owners, len(free), self._rotated(),
+                                           lease_seconds=self.config.lease_seconds)
+            return claimed
 
-    def _queues_for_claim(self) -> list[str]:
+    def _refresh_queues(self, conn, force: bool = False) -> bool:
+        """For a worker on every queue: which queues have ready jobs (cached for a second, a loose
+        index scan). True when the list was read now."""
+        if self.config.queues is not None:
+            return False
+        if not force and time.monotonic() - self._queues_at <= self.config.queue_refresh_seconds:
+            return False
+        self._known_queues = repository.ready_queues(conn)
+        self._queues_at = time.monotonic()
+        return True
+
+    def _rotated(self) -> list[str]:
         """The queues to claim from, rotated each turn so that no queue starves the others."""
-        if self.config.queues is None and time.monotonic() - self._queues_at > self.config.queue_refresh_seconds:
-            with self.engine.connect() as conn:
-                self._known_queues = repository.ready_queues(conn)
-            self._queues_at = time.monotonic()
         queues = self._known_queues
         if len(queues) > 1:
             self._rr = (self._rr + 1) % len(queues)
@@ -254,14 +285,11 @@ class Worker:
 
     def _maintenance(self) -> None:
         now = time.monotonic()
-        if now - self._last_reap >= self.config.reap_interval:
+        if self.config.reap_in_loop and now - self._last_reap >= self.config.reap_interval:
             self._last_reap = now
             try:
-                with self.engine.connect() as conn:
-                    result = repository.reap(conn)
+                result = self.reaper.reap()
                 if result.reclaimed or result.failed:
-                    event(log, logging.WARNING, "reaped", worker=self.id, reclaimed=result.reclaimed,
-                          failed=result.failed)
                     self._queues_at = 0.0
             except DB_ERRORS as exc:
                 self._sql_error("reap", exc)
@@ -273,8 +301,7 @@ class Worker:
             return 0
         self._last_promote = now
         try:
-            with self.engine.connect() as conn:
-                n = repository.promote_due(conn)
+            n = self.reaper.promote()
             if n:
                 self._queues_at = 0.0
             return n
@@ -282,12 +309,15 @@ class Worker:
             self._sql_error("promote", exc)
             return 0
 
-    def _sleep(self, seconds: float) -> None:
-        self._wake.wait(seconds)
-        if self._wake.is_set():
-            self._wake.clear()
-            self._queues_at = 0.0  # something was enqueued: maybe into a queue we have not seen
-            self._backoff.reset()
+    def wait_for_wake(self, seconds: float) -> bool:
+        """Sleep up to `seconds`, less if a job is enqueued in this process or a slot frees up.
+        True when woken early."""
+        if not self._wake.wait(seconds):
+            return False
+        self._wake.clear()
+        self._queues_at = 0.0  # something was enqueued: maybe into a queue we have not seen
+        self._backoff.reset()
+        return True
 
     def _sql_error(self, operation: str, exc: BaseException) -> None:
         metrics.SQL_ERRORS.labels(operation=operation).inc()
@@ -398,9 +428,44 @@ class Worker:
     # --- leases ----------------------------------------------------------------------------------
 
     def _renew_loop(self) -> None:
-        interval = self.config.lease_seconds / 3
-        while not self._stop.wait(interval):
-            self.renew_now()
+        renew_every = self.config.lease_seconds / 3
+        beat_every = self.config.heartbeat_seconds
+        next_renew = next_beat = time.monotonic()
+        while not self._stop.wait(max(0.05, min(next_renew, next_beat) - time.monotonic())):
+            now = time.monotonic()
+            if now >= next_renew:
+                next_renew = now + renew_every
+                self.renew_now()
+            if now >= next_beat:
+                next_beat = now + beat_every
+                try:
+                    self.heartbeat()
+                except DB_ERRORS as exc:
+                    self._sql_error("heartbeat", exc)
+
+    def _register(self) -> None:
+        self._stats_sent = metrics.stat_totals()
+        try:
+            with self.engine.connect() as conn:
+                repository.register_process(
+                    conn, process_id=self.id, host=socket.gethostname(), pid=os.getpid(), kind=self.config.kind,
+                    concurrency=self.config.concurrency,
+                    queues=",".join(self.config.queues) if self.config.queues else "*")
+        except DB_ERRORS as exc:
+            self._sql_error("heartbeat", exc)
+
+    def heartbeat(self) -> None:
+        """Tell the dashboard this process is alive, and flush its activity counts."""
+        totals = metrics.stat_totals()
+        sent = getattr(self, "_stats_sent", {})
+        deltas = {k: v - sent.get(k, 0) for k, v in totals.items()}
+        minute = datetime.now(timezone.utc).replace(tzinfo=None, second=0, microsecond=0)
+        with self._slots:
+            in_hand = len(self._in_hand)
+        with self.engine.connect() as conn:
+            repository.heartbeat(conn, self.id, jobs_in_hand=in_hand, processed=self.processed, minute=minute,
+                                 stats=deltas)
+        self._stats_sent = totals
 
     def renew_now(self) -> None:
         with self._slots:

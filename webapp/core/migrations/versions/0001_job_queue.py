@@ -47,8 +47,9 @@ def upgrade() -> None:
     )
     # Serves the claim's WHERE status='ready' AND queue=? ORDER BY priority, id with no filesort.
     op.create_index("ix_ready_pick", "job_queue", ["status", "queue", "priority", "id"])
-    # Serves promotion of due scheduled jobs and the oldest ready job's age.
-    op.create_index("ix_due", "job_queue", ["status", "run_at"])
+    # Serves promotion of due scheduled jobs, and (covering, with queue) the oldest ready job's
+    # age per queue without touching the rows.
+    op.create_index("ix_due", "job_queue", ["status", "run_at", "queue"])
 
     op.create_table(
         "job_result",

@@ -1,0 +1,93 @@
+"""A real browser (Debian's Chromium, driven by Playwright) against the real app under gunicorn:
+log in, find a failed job, requeue it, and watch its row turn ready and then done as an embedded
+worker runs it. Screenshots land in test-artifacts/."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.test_gunicorn import server_env
+from tests.support.procs import REPO, GunicornServer, wait_until
+from tests.web.conftest import ADMIN_PASSWORD
+from webapp.core import repository
+from webapp.core.db import create_engine
+from webapp.core.models import Status
+
+pytestmark = pytest.mark.slow
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Chromium is missing: scripts/test installs Debian's chromium package")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        yield b
+        b.close()
+
+
+def test_requeue_a_failed_job_and_watch_it_finish(mysql_url, tmp_path, browser):
+    from playwright.sync_api import expect
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    engine = create_engine(mysql_url)
+    server = GunicornServer(mysql_url, tmp_path, web_workers=1, embedded_workers=2, extra_env=server_env(mysql_url))
+    try:
+        with engine.connect() as conn:
+            job_id = repository.enqueue(conn, "fail_first_attempt", "nightly-report", {"day": "2026-11-29"}).id
+            wait_until(lambda: repository.get_job(conn, job_id).status is Status.FAILED, timeout=20,
+                       message="the job to fail")
+            repository.enqueue_many(conn, [{"task": "noop", "task_key": f"ok-{i}"} for i in range(5)])
+
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(server.base + "/")
+        expect(page).to_have_url(re.compile(r"/login"))
+        page.fill("input[name=username]", "alice")
+        page.fill("input[name=password]", ADMIN_PASSWORD)
+        page.click("button[type=submit]")
+        expect(page.locator("#queue-table")).to_be_visible()
+
+        page.click("text=Jobs")
+        page.select_option("select[name=status]", "failed")
+        row = page.locator(f"#job-{job_id}")
+        expect(row.locator(".badge")).to_have_text("failed")
+        expect(row.locator("td.error")).to_contain_text("first attempt fails <b>on purpose</b>")  # escaped, shown as text
+
+        page.once("dialog", lambda dialog: dialog.accept())
+        row.locator("button", has_text="Requeue").click()
+        expect(page.locator("#flash")).to_contain_text(f"Job {job_id} requeued")
+        # The row updates itself: ready (or already running), then done once a worker ran it.
+        expect(row.locator(".badge")).to_have_text(re.compile("ready|running|done"))
+        expect(row.locator(".badge")).to_have_text("done", timeout=20_000)
+        expect(row.locator("td.num")).to_have_text("2/2")
+
+        page.goto(server.base + f"/jobs/{job_id}")
+        expect(page.locator("#attempts")).to_contain_text("fail")
+        expect(page.locator("#job-summary .badge")).to_have_text("done")
+
+        page.goto(server.base + "/audit")
+        expect(page.locator("main")).to_contain_text("web:alice")
+
+        page.goto(server.base + "/")
+        expect(page.locator("#running-table")).to_be_visible()
+        page.wait_for_timeout(3500)  # one polling round: the panel swaps itself without errors
+        page.screenshot(path=str(ARTIFACTS / "overview.png"), full_page=True)
+        assert not errors, errors
+    finally:
+        assert server.stop() == 0
+        engine.dispose()
+    with engine.connect() as conn:
+        job = repository.get_job(conn, job_id)
+    assert job.status is Status.DONE and job.attempts == 2

@@ -1,0 +1,212 @@
+"""Closed by default: login, roles, CSRF, headers, throttling; and the JSON API's contract."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from tests.web.conftest import (ADMIN_PASSWORD, ADMIN_TOKEN, VIEWER_TOKEN, api, app_config, csrf_token, login,
+                                post)
+from webapp import create_app
+from webapp.core import repository
+from webapp.core.models import Status
+from webapp.core.schema import job_queue
+from webapp.web.config import ConfigError
+
+PAGES = ["/", "/overview/panels", "/jobs", "/jobs/1", "/jobs/1/row", "/jobs/1/summary", "/workers", "/audit"]
+
+
+def count_jobs(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.count()).select_from(job_queue)).scalar()
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_pages_refuse_anonymous_requests(app, path):
+    c = app.test_client()
+    response = c.get(path)
+    assert response.status_code == 302 and response.headers["Location"].startswith("/login")
+    polled = c.get(path, headers={"HX-Request": "true"})
+    assert polled.status_code == 401 and polled.headers["HX-Redirect"].startswith("/login")
+
+
+@pytest.mark.parametrize("method, path", [("POST", "/jobs/1/requeue"), ("POST", "/jobs/1/fail"), ("POST", "/jobs/bulk"),
+                                          ("GET", "/api/jobs/1"), ("GET", "/api/stats"), ("POST", "/api/jobs"),
+                                          ("POST", "/api/jobs/1/requeue"), ("POST", "/api/jobs/1/fail")])
+def test_actions_and_api_refuse_anonymous_requests(app, method, path):
+    c = app.test_client()
+    token = csrf_token(c)
+    response = c.open(path, method=method, headers={"X-CSRFToken": token})
+    assert response.status_code in (302, 401)
+    if path.startswith("/api/"):
+        assert response.status_code == 401 and response.get_json()["error"]
+
+
+def test_api_ignores_session_cookies(client):
+    # A logged-in browser session is no credential for the API (that is what keeps it CSRF-safe).
+    assert client.get("/api/stats").status_code == 401
+
+
+def test_login_logout_and_safe_redirects(app):
+    c = app.test_client()
+    assert login(c, "alice", "wrong").status_code == 401
+    assert login(c, "nobody", "wrong").status_code == 401
+    token = csrf_token(c)
+    ok = c.post("/login?next=//evil.example/x", data={"username": "alice", "password": ADMIN_PASSWORD,
+                                                       "csrf_token": token})
+    assert ok.status_code == 302 and ok.headers["Location"] == "/"
+    cookie = ok.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Secure" in cookie
+    assert c.get("/").status_code == 200
+    assert c.get("/logout").status_code == 405
+    c.post("/logout", data={"csrf_token": csrf_token(c)})
+    assert c.get("/").status_code == 302
+
+
+def test_login_attempts_are_throttled(app):
+    c = app.test_client()
+    for _ in range(5):
+        assert login(c, "alice", "nope").status_code == 401
+    throttled = login(c, "alice", ADMIN_PASSWORD)
+    assert throttled.status_code == 429 and int(throttled.headers["Retry-After"]) > 0
+
+
+def test_posts_without_csrf_token_are_refused(client, engine):
+    with engine.connect() as conn:
+        job_id = repository.enqueue(conn, "noop", "k").id
+    refused = client.post(f"/jobs/{job_id}/fail", data={"confirm": "yes"}, headers={"HX-Request": "true"})
+    assert refused.status_code == 400 and "security token" in refused.get_data(as_text=True)
+    wrong = client.post(f"/jobs/{job_id}/fail", data={"confirm": "yes"}, headers={"X-CSRFToken": "forged"})
+    assert wrong.status_code == 400
+    anon = client.application.test_client()
+    assert anon.post("/login", data={"username": "alice", "password": ADMIN_PASSWORD}).status_code == 400
+    with engine.connect() as conn:
+        assert repository.get_job(conn, job_id).status is Status.READY
+
+
+def test_security_headers(client):
+    response = client.get("/")
+    csp = response.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "frame-ancestors 'none'" in csp
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert response.headers["X-Frame-Options"] == "DENY"
+    html = response.get_data(as_text=True)
+    assert "<script>" not in html and "onclick" not in html  # no inline script for the CSP to block
+    assert '/static/htmx.min.js' in html
+    with client.get("/static/htmx.min.js") as static:
+        assert static.status_code == 200
+
+
+def test_no_users_configured_refuses_to_start(mysql_url):
+    with pytest.raises(ConfigError, match="no users configured"):
+        create_app({"DATABASE_URL": mysql_url, "SECRET_KEY": "x"})
+    with pytest.raises(ConfigError, match="JOBQUEUE_SECRET_KEY"):
+        create_app({"DATABASE_URL": mysql_url, "USERS": "a:admin:hash"})
+
+
+def test_dev_mode_serves_localhost_only(mysql_url):
+    app = create_app({"DATABASE_URL": mysql_url, "DEV": "1", "DEV_PASSWORD": "dev-pass-123", "EMBEDDED_WORKERS": 0})
+    assert app.config["SESSION_COOKIE_SECURE"] is False
+    remote = app.test_client()
+    assert remote.get("/login", environ_base={"REMOTE_ADDR": "10.1.2.3"}).status_code == 403
+    local = app.test_client()
+    assert login(local, "admin", "dev-pass-123").status_code == 302
+    app.extensions["jobqueue"].engine.dispose()
+
+
+def test_database_down_gives_a_clear_page_and_health(mysql_url):
+    app = create_app(app_config("mysql+pymysql://root@127.0.0.1:1/none"))
+    c = app.test_client()
+    assert login(c).status_code == 302
+    for path in ("/", "/jobs"):
+        response = c.get(path)
+        text = response.get_data(as_text=True)
+        assert response.status_code == 503 and "database is unavailable" in text and "Traceback" not in text
+    assert api(c, "GET", "/api/stats").get_json() == {
+        "error": "The database is unavailable or busy right now; try again in a moment."}
+    health = c.get("/healthz")
+    assert health.status_code == 503 and health.get_json()["status"] == "error"
+
+
+# --- the JSON API --------------------------------------------------------------------------------
+
+def test_api_enqueue_contract(client, engine):
+    created = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "api-1", "payload": {"a": 1},
+                                                      "queue": "mail", "priority": 2, "max_attempts": 3})
+    assert created.status_code == 201
+    body = created.get_json()
+    assert body == {"id": body["id"], "task_key": "api-1", "duplicate": False, "status": "ready"}
+    again = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "api-1"})
+    assert again.status_code == 200 and again.get_json() == {**body, "duplicate": True}
+    delayed = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "api-2", "delay": 60})
+    assert delayed.status_code == 201 and delayed.get_json()["status"] == "scheduled"
+    job = api(client, "GET", f"/api/jobs/{body['id']}").get_json()
+    assert job["queue"] == "mail" and job["priority"] == 2 and job["max_attempts"] == 3 and job["payload"] == {"a": 1}
+    assert job["created_at"].endswith("Z") and job["result"] is None and job["attempt_history"] == []
+
+
+@pytest.mark.parametrize("body, content_type, status", [
+    ("{not json", "application/json", 400),
+    ("[1, 2]", "application/json", 400),
+    ('"text"', "application/json", 400),
+    ("task=noop", "application/x-www-form-urlencoded", 400),
+    (json.dumps({"task": "noop"}), "application/json", 422),
+    (json.dumps({"task": "nope", "task_key": "k"}), "application/json", 422),
+    (json.dumps({"task": "noop", "task_key": ""}), "application/json", 422),
+    (json.dumps({"task": "noop", "task_key": "k" * 81}), "application/json", 422),
+    (json.dumps({"task": "noop", "task_key": "a\u0007b"}), "application/json", 422),
+    (json.dumps({"task": "noop", "task_key": "k", "payload": [1]}), "application/json", 422),
+    (json.dumps({"task": "noop", "task_key": "k", "priority": "high"}), "application/json", 422),
+    (json.dumps({"task": "noop", "task_key": "k", "delay": "soon"}), "application/json", 422),
+    (json.dumps({"task": "noop", "task_key": "k", "max_attempts": 1.5}), "application/json", 422),
+    (json.dumps({"task": "noop", "task_key": "k", "surprise": 1}), "application/json", 422),
+    (json.dumps({"task": "noop", "task_key": "k", "payload": {"x": "y" * 70000}}), "application/json", 413),
+    (json.dumps({"task": "noop", "task_key": "k", "payload": {"x": "y" * 200000}}), "application/json", 413),
+])
+def test_api_rejects_bad_input_and_writes_nothing(client, engine, body, content_type, status):
+    response = api(client, "POST", "/api/jobs", data=body, content_type=content_type)
+    assert response.status_code == status, response.get_data(as_text=True)
+    assert response.get_json()["error"]
+    assert count_jobs(engine) == 0
+
+
+def test_api_operator_actions(client, engine):
+    with engine.connect() as conn:
+        job_id = repository.enqueue(conn, "noop", "k").id
+        (c,) = repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=300)
+    held = api(client, "POST", f"/api/jobs/{job_id}/requeue")
+    assert held.status_code == 409 and held.get_json()["needs"] == "force"
+    forced = api(client, "POST", f"/api/jobs/{job_id}/requeue", json={"force": True})
+    assert forced.get_json() == {"id": job_id, "before": "running", "after": "ready", "changed": True}
+    failed = api(client, "POST", f"/api/jobs/{job_id}/fail", json={"reason": "nope"})
+    assert failed.status_code == 200 and failed.get_json()["after"] == "failed"
+    assert api(client, "POST", f"/api/jobs/{job_id}/fail").status_code == 409
+    assert api(client, "POST", "/api/jobs/999999/requeue").status_code == 404
+    assert api(client, "GET", "/api/jobs/999999").status_code == 404
+    assert api(client, "POST", f"/api/jobs/{job_id}/fail", json={"reason": 5}).status_code == 422
+    assert api(client, "POST", f"/api/jobs/{job_id}/requeue", token=VIEWER_TOKEN).status_code == 403
+    assert api(client, "POST", f"/api/jobs/{job_id}/requeue", token="x" * 30).status_code == 401
+    holder = engine.connect()
+    holder.begin()
+    holder.execute(sa.text("SELECT id FROM job_queue WHERE id = :id FOR UPDATE"), {"id": job_id})
+    try:
+        busy = api(client, "POST", f"/api/jobs/{job_id}/requeue")
+        assert busy.status_code == 423 and busy.headers["Retry-After"] == "1"
+    finally:
+        holder.rollback()
+        holder.close()
+
+
+def test_api_stats_for_a_viewer_token(client, engine):
+    with engine.connect() as conn:
+        repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(3)])
+    stats = api(client, "GET", "/api/stats", token=VIEWER_TOKEN).get_json()
+    assert stats["totals"]["ready"] == 3 and stats["queues"]["default"]["ready"] == 3
+    assert stats["queues"]["default"]["oldest_ready_age_seconds"] >= 0
+    assert api(client, "POST", "/api/jobs", token=VIEWER_TOKEN, json={"task": "noop", "task_key": "v"}).status_code == 403
+
+
+def test_api_uses_same_admin_token_for_writes(client):
+    assert api(client, "POST", "/api/jobs", token=ADMIN_TOKEN, json={"task": "noop", "task_key": "w"}).status_code == 201

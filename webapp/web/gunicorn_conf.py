@@ -1,0 +1,44 @@
+"""gunicorn settings for the dashboard with embedded workers.
+
+    gunicorn -c webapp/web/gunicorn_conf.py
+
+Nothing queue-related starts in the master. Each worker process builds the app after the fork
+(or, with --preload, drops the connections it inherited) and starts its embedded workers and
+reaper in post_worker_init; on its way out (SIGTERM, max-requests, shutdown) it stops them,
+which releases unfinished jobs back to ready.
+"""
+
+import os
+
+wsgi_app = "webapp:create_app()"
+bind = os.environ.get("JOBQUEUE_BIND", "127.0.0.1:8000")
+workers = int(os.environ.get("JOBQUEUE_WEB_WORKERS", "2"))
+worker_class = "gthread"
+threads = int(os.environ.get("JOBQUEUE_WEB_THREADS", "4"))
+timeout = 60
+graceful_timeout = 30   # longer than the embedded workers' 20 s grace, so they can release jobs
+accesslog = os.environ.get("JOBQUEUE_ACCESS_LOG") or None
+
+
+def _runtime(app):
+    ext = getattr(app, "extensions", {}).get("jobqueue") if app is not None else None
+    return ext.runtime if ext is not None else None
+
+
+def post_fork(server, worker):
+    # With --preload the app (and its connection pool) was built in the master.
+    runtime = _runtime(getattr(worker.app, "callable", None))
+    if runtime is not None:
+        runtime.after_fork()
+
+
+def post_worker_init(worker):
+    runtime = _runtime(getattr(worker, "wsgi", None))
+    if runtime is not None:
+        runtime.start()
+
+
+def worker_exit(server, worker):
+    runtime = _runtime(getattr(worker, "wsgi", None))
+    if runtime is not None:
+        runtime.stop()
