@@ -98,7 +98,9 @@ def limited_user(mysql_url):
     user = f"jqt_{uuid.uuid4().hex[:10]}"
     password = uuid.uuid4().hex
     admin = create_engine(mysql_url)
-    tables = ["job_queue", "job_result", "job_attempt", "jobqueue_schema_version"]
+    with admin.connect() as conn:
+        tables = conn.exec_driver_sql("SELECT table_name FROM information_schema.tables "
+                                      "WHERE table_schema = DATABASE()").scalars().all()
 
     def grant():
         with admin.connect() as conn:
