@@ -19,6 +19,8 @@ from webapp.core.db import create_engine
 from webapp.core.migrate import init_db
 from webapp.core.tasks import load_task_modules
 
+from tests.support.throwaway_mariadb import ThrowawayMariaDB
+
 MYSQL_SERVER = os.environ.get("JOBQUEUE_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306")
 
 load_task_modules(["tests.support.tasks"])
@@ -80,3 +82,23 @@ def export_dir(tmp_path, monkeypatch):
     path = tmp_path / "exports"
     monkeypatch.setenv("JOBQUEUE_EXPORT_DIR", str(path))
     return path
+
+
+@pytest.fixture
+def throwaway_mariadb(tmp_path):
+    """Start private mariadbd servers with the settings a test needs; all are stopped at teardown,
+    pass or fail.
+
+        server = throwaway_mariadb("--read-only")
+        url = server.create_database("jq")
+    """
+    servers: list[ThrowawayMariaDB] = []
+
+    def start(*extra_args: str) -> ThrowawayMariaDB:
+        server = ThrowawayMariaDB(tmp_path / f"mariadb-{len(servers)}", *extra_args)
+        servers.append(server)   # before start(): a server that fails halfway is still cleaned up
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.cleanup()

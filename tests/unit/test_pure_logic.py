@@ -12,7 +12,8 @@ from webapp.core.backoff import IdleBackoff, retry_delay
 from webapp.core.errors import UnsupportedDatabase
 from webapp.core.logs import RateLimited, event
 from webapp.core.models import EmptyClaim, EmptyClaimReport
-from webapp.core.preflight import check_version, parse_version
+from webapp.core.doctor import Verdict, check_server, clock_verdict
+from webapp.core.preflight import BinlogSettings, binlog_refusal, check_version, parse_version, writable_refusal
 from webapp.core.db import resolve_url
 
 
@@ -59,6 +60,43 @@ def test_server_versions(text, flavour, version, ok):
     else:
         with pytest.raises(UnsupportedDatabase, match="SKIP LOCKED"):
             check_version(info)
+
+
+def test_old_server_is_a_doctor_problem_with_the_same_reason_a_worker_gives():
+    old = parse_version("10.5.23-MariaDB")
+    check = check_server(old)
+    assert check.verdict is Verdict.PROBLEM and "MariaDB 10.6" in check.detail and check.advice
+    with pytest.raises(UnsupportedDatabase) as refused:
+        check_version(old)
+    assert str(refused.value) == check.detail
+    assert check_server(parse_version("8.0.1")).verdict is Verdict.OK
+
+
+@pytest.mark.parametrize("log_bin, session, server, refused", [
+    (True, "STATEMENT", "STATEMENT", True),
+    (True, "ROW", "STATEMENT", True),       # new sessions would log statements
+    (True, "MIXED", "MIXED", False),
+    (True, "ROW", "ROW", False),
+    (False, "STATEMENT", "STATEMENT", False),  # nothing is logged (doctor: warning)
+])
+def test_statement_binlogs_are_refused_only_while_logging(log_bin, session, server, refused):
+    reason = binlog_refusal(BinlogSettings(log_bin, session, server))
+    assert (reason is not None) == refused
+    if refused:
+        assert "statement-based" in reason
+
+
+def test_any_read_only_flag_means_a_replica():
+    assert writable_refusal({"read_only": False, "innodb_read_only": False}) is None
+    assert "super_read_only is ON" in writable_refusal({"read_only": False, "super_read_only": True})
+
+
+@pytest.mark.parametrize("skew, verdict", [
+    (0.0, Verdict.OK), (1.9, Verdict.OK), (-2.5, Verdict.WARNING), (14.9, Verdict.WARNING),
+    (15.1, Verdict.PROBLEM), (-600, Verdict.PROBLEM),
+])
+def test_clock_thresholds(skew, verdict):
+    assert clock_verdict(skew) is verdict
 
 
 def test_log_lines_are_greppable_key_values(caplog):

@@ -1,8 +1,9 @@
 """The `jobqueue` command.
 
-Exit codes: 0 ok; 1 unexpected or database error; 2 bad input; 3 the job's state does not allow
-the action (or the server cannot run the queue safely); 4 no such job; 75 the job is locked by
-another transaction right now (try again).
+Exit codes: 0 ok; 1 unexpected or database error (including an unreachable database); 2 bad
+input; 3 the job's state does not allow the action, or the server cannot run the queue safely
+(a worker refusing to start, `doctor` finding a problem; warnings alone exit 0); 4 no such job;
+75 the job is locked by another transaction right now (try again).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import click
 from sqlalchemy.exc import SQLAlchemyError
 
+from . import doctor as doctor_mod
 from . import repository
 from .db import create_engine
 from .errors import (InvalidState, JobBusy, JobNotFound, LeaseStillValid, TransientDatabaseError,
@@ -207,6 +209,29 @@ def stats(ctx: click.Context, as_json: bool, database_url: str | None) -> None:
     for queue in sorted(queues):
         click.echo(f"{queue:<20}" + "".join(f"{queues[queue][c]:>11}" for c in columns))
     click.echo(f"{'(all)':<20}" + "".join(f"{totals[c]:>11}" for c in columns))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of {name, verdict, detail, advice}")
+@click.option("--queue", default="default", show_default=True, help="Queue whose claim plan is EXPLAINed")
+@url_option
+@click.pass_context
+def doctor(ctx: click.Context, as_json: bool, queue: str, database_url: str | None) -> None:
+    """Check the database can run the queue safely; exit 3 when there is a problem."""
+    engine = _engine(ctx, database_url, pool_size=1)
+    try:
+        checks = doctor_mod.run_checks(engine, queue=queue)
+    finally:
+        engine.dispose()
+    if as_json:
+        click.echo(json.dumps([c.as_dict() for c in checks]))
+    else:
+        for c in checks:
+            click.echo(f"{c.verdict.value:<8} {c.name}: {c.detail}")
+            if c.advice and c.verdict is not doctor_mod.Verdict.OK:
+                click.echo(f"{'':<8} -> {c.advice}")
+    if doctor_mod.has_problem(checks):
+        sys.exit(EXIT_STATE)
 
 
 @main.command()

@@ -47,6 +47,9 @@ def init_db(engine: Engine) -> tuple[str | None, str]:
         preflight.check_version(info)
         if is_mysql(conn):
             preflight.check_writable(conn)
+            # Refuse before the first DDL: under statement-based binlogs the DDL goes through but
+            # the version row cannot be written (error 1665), leaving a schema init-db cannot finish.
+            preflight.check_binlog(conn)
             got = conn.exec_driver_sql(f"SELECT GET_LOCK('{LOCK_NAME}', 120)").scalar()
             if got != 1:
                 raise UnsupportedDatabase("timed out waiting for another init-db to finish")

@@ -3,7 +3,13 @@
 SKIP LOCKED exists from MySQL 8.0.1 and MariaDB 10.6; older servers reject the syntax or (worse,
 through some proxies) ignore it. Row locks exist only in InnoDB: on MyISAM, FOR UPDATE locks
 nothing and two workers can take the same job. A read-only server is a replica: claims there
-would fail or, on a replica that accepts writes, diverge from the primary.
+would fail or, on a replica that accepts writes, diverge from the primary. Statement-based binary
+logs replay SKIP LOCKED and NOWAIT statements on replicas against rows locked differently there,
+so the server flags them unsafe; at our READ COMMITTED InnoDB refuses to log them at all (error
+1665), so every claim would fail.
+
+`jobqueue doctor` (doctor.py) reports the same facts with more around them; the checks a worker
+must pass before its first claim live here.
 """
 
 from __future__ import annotations
@@ -60,47 +66,121 @@ def server_info(conn: Connection) -> ServerInfo:
     return parse_version(conn.exec_driver_sql("SELECT VERSION()").scalar())
 
 
-def check_version(info: ServerInfo) -> None:
+# Each rule is a function of facts already read, returning why the queue must not run here (or
+# None), so that workers (check_*: raise) and `jobqueue doctor` (a "problem" verdict) refuse for
+# exactly the same reasons.
+
+def version_refusal(info: ServerInfo) -> str | None:
     if info.flavour == "sqlite" or info.supports_skip_locked:
-        return
+        return None
     need = "MariaDB 10.6" if info.flavour == "mariadb" else "MySQL 8.0.1"
-    raise UnsupportedDatabase(
-        f"{info.flavour} {'.'.join(map(str, info.version))} does not support SELECT ... FOR UPDATE SKIP LOCKED; "
-        f"the queue needs {need} or newer")
+    return (f"{info.flavour} {'.'.join(map(str, info.version))} does not support SELECT ... FOR UPDATE SKIP LOCKED; "
+            f"the queue needs {need} or newer")
+
+
+def check_version(info: ServerInfo) -> None:
+    _refuse(version_refusal(info))
+
+
+@dataclass(frozen=True)
+class TableStatus:
+    engine: str
+    approx_rows: int | None      # InnoDB's estimate, as the optimizer sees it
+
+
+def table_status(conn: Connection) -> dict[str, TableStatus]:
+    """The queue tables that exist in the current database, with engine and estimated size."""
+    rows = conn.execute(sa.text(
+        "SELECT TABLE_NAME, ENGINE, TABLE_ROWS FROM information_schema.TABLES "
+        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN :names"
+    ).bindparams(sa.bindparam("names", expanding=True)), {"names": list(QUEUE_TABLES)}).all()
+    return {name: TableStatus(engine or "", None if n is None else int(n)) for name, engine, n in rows}
 
 
 def table_engines(conn: Connection) -> dict[str, str]:
-    rows = conn.execute(sa.text(
-        "SELECT TABLE_NAME, ENGINE FROM information_schema.TABLES "
-        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN :names"
-    ).bindparams(sa.bindparam("names", expanding=True)), {"names": list(QUEUE_TABLES)}).all()
-    return {name: engine or "" for name, engine in rows}
+    return {name: status.engine for name, status in table_status(conn).items()}
+
+
+def engine_refusal(engines: dict[str, str]) -> str | None:
+    wrong = {t: e for t, e in engines.items() if e.lower() != "innodb"}
+    if not wrong:
+        return None
+    listed = ", ".join(f"{t} is {e or 'unknown'}" for t, e in sorted(wrong.items()))
+    return (f"queue tables must use InnoDB, which has the row locks SKIP LOCKED relies on ({listed}); "
+            "convert with ALTER TABLE ... ENGINE=InnoDB")
 
 
 def check_engines(conn: Connection) -> None:
-    wrong = {t: e for t, e in table_engines(conn).items() if e.lower() != "innodb"}
-    if wrong:
-        listed = ", ".join(f"{t} is {e or 'unknown'}" for t, e in sorted(wrong.items()))
-        raise UnsupportedDatabase(
-            f"queue tables must use InnoDB, which has the row locks SKIP LOCKED relies on ({listed}); "
-            "convert with ALTER TABLE ... ENGINE=InnoDB")
+    _refuse(engine_refusal(table_engines(conn)))
+
+
+def variable(conn: Connection, name: str, scope: str = "SESSION") -> str | None:
+    """A server variable as this connection sees it (SESSION) or as new sessions start (GLOBAL);
+    None when the server has no such variable (MySQL and MariaDB name some differently)."""
+    assert scope in ("SESSION", "GLOBAL")
+    row = conn.execute(sa.text(f"SHOW {scope} VARIABLES LIKE :name"), {"name": name}).first()
+    return None if row is None else str(row[1])
+
+
+def is_on(value: str | None) -> bool:
+    return value is not None and value.upper() in ("ON", "1")
 
 
 def read_only_flags(conn: Connection) -> dict[str, bool]:
     flags = {}
     for name in ("read_only", "super_read_only", "innodb_read_only", "transaction_read_only", "tx_read_only"):
-        row = conn.execute(sa.text("SHOW VARIABLES LIKE :name"), {"name": name}).first()
-        if row is not None:
-            flags[name] = str(row[1]).upper() in ("ON", "1")
+        value = variable(conn, name)
+        if value is not None:
+            flags[name] = is_on(value)
     return flags
 
 
-def check_writable(conn: Connection) -> None:
-    on = [name for name, value in read_only_flags(conn).items() if value]
-    if on:
-        raise UnsupportedDatabase(
-            f"the server is read-only ({', '.join(on)} is ON): this looks like a replica; point the queue at the "
+def writable_refusal(flags: dict[str, bool]) -> str | None:
+    on = [name for name, value in flags.items() if value]
+    if not on:
+        return None
+    return (f"the server is read-only ({', '.join(on)} is ON): this looks like a replica; point the queue at the "
             "writable primary, claims are never attempted on a replica")
+
+
+def check_writable(conn: Connection) -> None:
+    # Read the variables, never try a write: an account with SUPER (or READ_ONLY ADMIN) writes
+    # happily to a read-only replica, which is exactly the divergence we refuse.
+    _refuse(writable_refusal(read_only_flags(conn)))
+
+
+@dataclass(frozen=True)
+class BinlogSettings:
+    log_bin: bool
+    format: str            # this session's binlog_format: STATEMENT, MIXED or ROW
+    global_format: str     # what new sessions start with
+
+    @property
+    def statement_based(self) -> bool:
+        return "STATEMENT" in (self.format.upper(), self.global_format.upper())
+
+
+def binlog_settings(conn: Connection) -> BinlogSettings:
+    return BinlogSettings(log_bin=is_on(variable(conn, "log_bin")),
+                          format=(variable(conn, "binlog_format") or "").upper(),
+                          global_format=(variable(conn, "binlog_format", "GLOBAL") or "").upper())
+
+
+def binlog_refusal(binlog: BinlogSettings) -> str | None:
+    if not (binlog.log_bin and binlog.statement_based):
+        return None
+    return ("the server writes statement-based binary logs (binlog_format=STATEMENT, log_bin=ON): SKIP LOCKED "
+            "and NOWAIT are unsafe for statement-based replication, and at READ COMMITTED InnoDB refuses to "
+            "log the queue's writes at all (error 1665); set binlog_format=ROW (or MIXED) on the server")
+
+
+def check_binlog(conn: Connection) -> None:
+    _refuse(binlog_refusal(binlog_settings(conn)))
+
+
+def _refuse(reason: str | None) -> None:
+    if reason is not None:
+        raise UnsupportedDatabase(reason)
 
 
 def require_supported(engine: Engine) -> ServerInfo:
@@ -111,6 +191,7 @@ def require_supported(engine: Engine) -> ServerInfo:
             return info
         check_version(info)
         check_writable(conn)
+        check_binlog(conn)
         check_engines(conn)
         conn.rollback()
     return info
