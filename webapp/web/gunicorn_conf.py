@@ -11,7 +11,8 @@ which releases unfinished jobs back to ready.
 import os
 
 wsgi_app = "webapp:create_app()"
-bind = os.environ.get("JOBQUEUE_BIND", "127.0.0.1:8000")
+# JOBQUEUE_BIND wins; a platform's PORT (Procfile deploys) binds every interface on that port.
+bind = os.environ.get("JOBQUEUE_BIND") or (f"0.0.0.0:{os.environ['PORT']}" if os.environ.get("PORT") else "127.0.0.1:8000")
 workers = int(os.environ.get("JOBQUEUE_WEB_WORKERS", "2"))
 worker_class = "gthread"
 threads = int(os.environ.get("JOBQUEUE_WEB_THREADS", "4"))
