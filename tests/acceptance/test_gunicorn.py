@@ -42,7 +42,7 @@ def test_two_gunicorn_workers_with_embedded_workers_process_each_job_once(mysql_
     try:
         for i in range(200):
             body = api_post(server.base, "/api/jobs", {"task": "slow_noop", "task_key": f"g-{i}",
-                                                        "payload": {"seconds": 0.01}})
+                                                        "payload": {"seconds": 0.05}})
             assert body["duplicate"] is False
         with engine.connect() as conn:
             wait_until(lambda: repository.count_by_status(conn) == [("default", "done", 200)], timeout=60,

@@ -120,14 +120,20 @@ def enqueue(ctx: click.Context, task: str, task_key: str, payload: str, queue: s
 @click.option("--idle-cap-seconds", type=click.FloatRange(0.05, 300), default=2.0, show_default=True,
               help="Longest sleep between claims when idle")
 @click.option("--burst", is_flag=True, help="Exit when nothing is ready for this worker and it holds nothing")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              help="Serve this process's Prometheus metrics on 127.0.0.1:PORT/metrics")
 @tasks_option
 @url_option
 @click.pass_context
 def worker(ctx: click.Context, concurrency: int, queues: str | None, name: str | None, lease_seconds: float,
-           grace_seconds: float, idle_cap_seconds: float, burst: bool, tasks: str | None,
+           grace_seconds: float, idle_cap_seconds: float, burst: bool, metrics_port: int | None, tasks: str | None,
            database_url: str | None) -> None:
     """Run a worker process with N threads."""
     load_task_modules(tasks)
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=os.environ.get("JOBQUEUE_METRICS_ADDR", "127.0.0.1"))
     queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     config = WorkerConfig(concurrency=concurrency, queues=queue_list, name=name, lease_seconds=lease_seconds,
                           grace_seconds=grace_seconds, idle_cap_seconds=idle_cap_seconds, burst=burst)

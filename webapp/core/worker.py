@@ -105,6 +105,7 @@ class Worker:
         self._last_reap = self._last_promote = self._queues_at = 0.0
         self._known_queues: list[str] = list(self.config.queues or [])
         self._rr = 0
+        self._queue_label = ",".join(self.config.queues) if self.config.queues else "*"
         self.processed = 0
         self.last_empty: EmptyClaimReport | None = None
 
@@ -230,7 +231,7 @@ class Worker:
             self._sql_error("classify", exc)
             return self._backoff.next(None)
         self.last_empty = report
-        metrics.EMPTY_CLAIMS.labels(kind=report.kind.value).inc()
+        metrics.EMPTY_CLAIMS.labels(kind=report.kind.value, queues=self._queue_label).inc()
         if report.kind is EmptyClaim.CONTENDED:
             metrics.SKIPPED.inc(report.skipped)
         suppressed = self._idle_log.allow(report.kind)

@@ -20,7 +20,7 @@ from ..core.db import create_engine
 from ..core.errors import TransientDatabaseError
 from ..core.tasks import load_task_modules
 from ..core.validation import max_payload_bytes
-from . import api, auth, dashboard
+from . import api, auth, dashboard, health
 from .config import SETTING_KEYS, ConfigError, load_settings
 from .runtime import Runtime
 from .state import QueueExtension, extension
@@ -71,6 +71,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     csrf = CSRFProtect(app)
     csrf.exempt(api.bp)
     app.register_blueprint(auth.bp)
+    app.register_blueprint(health.bp)
     app.register_blueprint(dashboard.bp)
     app.register_blueprint(api.bp)
 

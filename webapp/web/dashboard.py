@@ -15,6 +15,7 @@ from ..core.errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid
 from ..core.models import Status
 from ..core.repository import JobFilter
 from .auth import admin_required, login_required
+from .health import health_summary
 from .state import db
 
 bp = Blueprint("dashboard", __name__)
@@ -24,6 +25,11 @@ CHART_MINUTES = 15
 ALIVE_SECONDS = 20          # a process whose heartbeat is older than this is shown as silent
 BULK_TIME_BUDGET = 10.0     # seconds of work per bulk request; the page continues where it stopped
 MAX_FILTER_CHARS = 100
+# Small per-minute charts on the overview: empty claims by kind, skips, reclaims, lost leases, errors.
+ACTIVITY_CHARTS = {"empty_idle": "empty claims: idle", "empty_contended": "empty claims: contended",
+                   "empty_waiting": "empty claims: waiting on leases", "skipped": "ready rows skipped (locked)",
+                   "reclaimed": "reclaimed by the reaper", "lease_lost": "leases lost", "retried": "retries",
+                   "sql_errors": "SQL errors"}
 
 
 def is_htmx() -> bool:
@@ -73,6 +79,11 @@ def overview():
     return render_template("dashboard/overview.html", **overview_context())
 
 
+@bp.app_template_global()
+def activity_labels() -> dict[str, str]:
+    return ACTIVITY_CHARTS
+
+
 @bp.get("/overview/panels")
 @login_required
 def overview_panels():
@@ -90,29 +101,31 @@ def overview_context() -> dict[str, Any]:
     totals = {s.value: sum(q.counts[s.value] for q in summaries) for s in Status}
     return {
         "summaries": summaries, "totals": totals, "now": now, "running": running,
-        "chart": throughput_chart(minutes, since), "activity": sum_activity(minutes),
+        "chart": bar_chart(minutes, since, ("completed", "failed")), "activity": sum_activity(minutes),
+        "activity_charts": {k: bar_chart(minutes, since, (k,), height=30) for k in ACTIVITY_CHARTS},
+        "health": health_summary(),
         "processes": [dict(p, state=process_state(p, now)) for p in processes],
         "audit": audit, "statuses": [s.value for s in Status],
     }
 
 
-def throughput_chart(minutes: list[dict[str, Any]], since: datetime) -> dict[str, Any]:
-    """Bars for finished and failed jobs per minute, as SVG geometry (no script on the page)."""
+def bar_chart(minutes: list[dict[str, Any]], since: datetime, keys: tuple[str, ...], height: int = 60) -> dict[str, Any]:
+    """Per-minute bars of `keys` stacked bottom-up, as SVG geometry (no script on the page)."""
     by_minute = {m["minute"]: m for m in minutes}
     slots = [since + timedelta(minutes=i) for i in range(CHART_MINUTES)]
-    series = [(slot, by_minute.get(slot, {}).get("completed", 0), by_minute.get(slot, {}).get("failed", 0))
-              for slot in slots]
-    peak = max([done + failed for _, done, failed in series] + [1])
-    height, bar = 60, 14
+    values = [[by_minute.get(slot, {}).get(k, 0) for k in keys] for slot in slots]
+    peak = max([sum(v) for v in values] + [1])
+    bar = 14
     bars = []
-    for i, (slot, done, failed) in enumerate(series):
-        h_done = round(height * done / peak, 1)
-        h_failed = round(height * failed / peak, 1)
-        bars.append({"x": i * (bar + 4), "width": bar, "done": done, "failed": failed, "minute": slot,
-                     "y_done": height - h_done, "h_done": h_done, "y_failed": height - h_done - h_failed,
-                     "h_failed": h_failed})
+    for i, (slot, vals) in enumerate(zip(slots, values)):
+        y, parts = float(height), []
+        for key, value in zip(keys, vals):
+            h = round(height * value / peak, 1)
+            y -= h
+            parts.append({"key": key, "value": value, "y": round(y, 1), "h": h})
+        bars.append({"x": i * (bar + 4), "width": bar, "minute": slot, "parts": parts})
     return {"bars": bars, "peak": peak, "height": height, "width": CHART_MINUTES * (bar + 4),
-            "total_done": sum(d for _, d, _ in series), "total_failed": sum(f for _, _, f in series)}
+            "totals": {k: sum(v[j] for v in values) for j, k in enumerate(keys)}}
 
 
 def sum_activity(minutes: list[dict[str, Any]]) -> dict[str, int]:

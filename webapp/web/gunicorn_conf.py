@@ -9,6 +9,15 @@ which releases unfinished jobs back to ready.
 """
 
 import os
+import shutil
+import tempfile
+
+# Prometheus multiprocess mode: each worker process writes its counters to files here and
+# /metrics adds them up. Set before any worker imports prometheus_client (workers build the app
+# after the fork), emptied when the master starts.
+_OWN_METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+if _OWN_METRICS_DIR:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="jobqueue-metrics-")
 
 wsgi_app = "webapp:create_app()"
 # JOBQUEUE_BIND wins; a platform's PORT (Procfile deploys) binds every interface on that port.
@@ -24,6 +33,24 @@ accesslog = os.environ.get("JOBQUEUE_ACCESS_LOG") or None
 def _runtime(app):
     ext = getattr(app, "extensions", {}).get("jobqueue") if app is not None else None
     return ext.runtime if ext is not None else None
+
+
+def on_starting(server):
+    folder = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    os.makedirs(folder, exist_ok=True)
+    for name in os.listdir(folder):
+        os.unlink(os.path.join(folder, name))
+
+
+def on_exit(server):
+    if _OWN_METRICS_DIR:
+        shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+
+
+def child_exit(server, worker):
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
 
 
 def post_fork(server, worker):
