@@ -73,9 +73,10 @@ def is_mysql(engine_or_conn: Engine | Connection) -> bool:
     return engine_or_conn.dialect.name in ("mysql", "mariadb")
 
 
-def create_engine(url: str | None = None, *, pool_size: int = 10,
-                  lock_wait_seconds: int = DEFAULT_LOCK_WAIT_SECONDS) -> Engine:
+def create_engine(url: str | None = None, *, pool_size: int = 10, lock_wait_seconds: int | None = None) -> Engine:
     url = resolve_url(url)
+    if lock_wait_seconds is None:
+        lock_wait_seconds = int(os.environ.get("JOBQUEUE_LOCK_WAIT_SECONDS", DEFAULT_LOCK_WAIT_SECONDS))
     backend = make_url(url).get_backend_name()
     if backend in ("mysql", "mariadb"):
         return sa.create_engine(
@@ -222,8 +223,10 @@ def transaction(conn: Connection, fn: Callable[[Connection], T], *, what: str,
             if kind is None:
                 raise
             metrics.TRANSIENT_RETRIES.labels(kind=kind, operation=what).inc()
-            if attempt == attempts:
-                raise TransientDatabaseError(f"{what}: {kind} persisted after {attempts} attempts: {exc.orig}") from exc
+            # A deadlock is resolved at once and worth retrying; each lock-wait timeout already
+            # cost a full innodb_lock_wait_timeout, so give up on the second.
+            if attempt == attempts or (kind == "lock_timeout" and attempt >= 2):
+                raise TransientDatabaseError(f"{what}: {kind} persisted after {attempt} attempts: {exc.orig}") from exc
             delay = base_delay * (2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
             log.warning("event=db_retry operation=%s kind=%s attempt=%d delay_ms=%.0f error=%r",
                         what, kind, attempt, delay * 1000, str(exc.orig)[:200])

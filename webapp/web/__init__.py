@@ -89,6 +89,17 @@ def create_app(test_config: dict | None = None) -> Flask:
                 return render_template("error.html", code=403,
                                        message="Development mode serves localhost only."), 403
 
+    @app.before_request
+    def _refuse_writes_on_an_unsafe_server():
+        if request.method == "POST" and request.endpoint not in ("auth.login", "auth.logout"):
+            reason = extension().write_refusal()
+            if reason:
+                log.error("event=write_refused path=%s reason=%r", request.path, reason)
+                message = f"This database does not take queue writes: {reason}"
+                if _wants_json():
+                    return jsonify({"error": message}), 503
+                return render_template("error.html", code=503, message=message), 503
+
     _register_headers(app)
     _register_errors(app)
     _register_filters(app)

@@ -16,7 +16,8 @@ from datetime import datetime, timedelta, timezone
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.engine import Engine
 
-from ..core import repository
+from ..core import preflight, repository
+from ..core.errors import UnsupportedDatabase
 from ..core.logs import event
 from ..core.reaper import Reaper
 from ..core.worker import DB_ERRORS, Worker, WorkerConfig
@@ -39,6 +40,8 @@ class Runtime:
         self._lock = threading.Lock()
         self._last_prune = 0.0
         self._next_poll_at = 0.0
+        self._checked = False
+        self.refused: str | None = None
 
     @property
     def started(self) -> bool:
@@ -69,9 +72,27 @@ class Runtime:
             self.scheduler = scheduler
         event(log, logging.INFO, "embedded_started", workers=n, reap_every=f"{reap_every:g}")
 
+    def _verified(self) -> bool:
+        """Claim and reap only on a server that passed preflight (as a standalone worker does
+        before its first claim): never on a replica, with statement binlogs or on MyISAM."""
+        if self._checked:
+            return self.refused is None
+        try:
+            preflight.require_supported(self.engine)
+        except UnsupportedDatabase as exc:
+            self.refused = str(exc)
+            event(log, logging.ERROR, "worker_refused", worker="embedded", reason=self.refused)
+        except DB_ERRORS as exc:
+            event(log, logging.ERROR, "sql_error", operation="preflight", error=f"{type(exc).__name__}: {exc}"[:300])
+            return False  # try again next round
+        self._checked = True
+        return self.refused is None
+
     def _poll(self) -> None:
         """One slice of the worker loop: claim while there is work and free slots, and sleep on
         the wake-up event (enqueue in this process, a slot finishing) when there is not."""
+        if not self._verified():
+            return
         worker = self.worker
         deadline = time.monotonic() + POLL_SECONDS * 0.95
         while worker is not None and time.monotonic() < deadline:
@@ -85,6 +106,8 @@ class Runtime:
             self._next_poll_at = time.monotonic() + delay
 
     def _reap(self) -> None:
+        if not self._verified():
+            return
         try:
             self.reaper.run_once()
             if time.monotonic() - self._last_prune > 3600:

@@ -1,0 +1,177 @@
+"""Hostile and malformed input, generated as well as hand-written, and database faults as the web
+app sees them: every answer is a clear 4xx/5xx, nothing is written, nothing leaks a traceback."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.web.conftest import api, app_config, login, post
+from webapp import create_app
+from webapp.core import repository
+from webapp.core.db import create_engine
+from webapp.core.migrate import init_db
+from webapp.core.schema import job_queue
+
+FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=100)
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4) |
+                           st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=12)
+field_values = (json_values | st.sampled_from(["noop", "sleep", "fail", "export_orders", "", "a" * 81,
+                                               "bad\x00key", "<script>", "' OR 1=1 --", "default", "mail"]))
+bodies = st.dictionaries(
+    st.sampled_from(["task", "task_key", "payload", "queue", "priority", "delay", "max_attempts", "extra"]),
+    field_values, max_size=8)
+
+
+def rows(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.count()).select_from(job_queue)).scalar()
+
+
+@FUZZ
+@given(body=bodies)
+def test_api_enqueue_fuzz(client, engine, body):
+    before = rows(engine)
+    response = api(client, "POST", "/api/jobs", json=body)
+    assert response.status_code in (200, 201, 400, 413, 422), response.get_data(as_text=True)
+    data = response.get_json()
+    if response.status_code == 201:
+        assert rows(engine) == before + 1
+        with engine.connect() as conn:
+            job = repository.get_job(conn, data["id"])
+        assert job.task_key == body["task_key"] and job.task_name == body["task"]
+        assert job.payload == (body.get("payload") or {})
+    else:
+        assert rows(engine) == before
+        if response.status_code != 200:
+            assert isinstance(data["error"], str) and data["error"]
+
+
+@FUZZ
+@given(raw=st.binary(max_size=300))
+def test_api_enqueue_garbage_bytes(client, engine, raw):
+    before = rows(engine)
+    response = api(client, "POST", "/api/jobs", data=raw, content_type="application/json")
+    assert response.status_code in (201, 200, 400, 422)
+    if response.status_code >= 400:
+        assert rows(engine) == before and response.get_json()["error"]
+
+
+@FUZZ
+@given(params=st.dictionaries(st.sampled_from(["status", "queue", "task", "key", "before", "junk"]),
+                              st.text(max_size=120), max_size=5))
+def test_jobs_page_filters_fuzz(client, params):
+    response = client.get("/jobs", query_string=params)
+    assert response.status_code in (200, 400)
+    assert "Traceback" not in response.get_data(as_text=True)
+
+
+@FUZZ
+@given(path_id=st.text(max_size=30), form=st.dictionaries(st.sampled_from(["confirm", "force", "reason", "view", "ids",
+                                                                             "action", "scope", "after", "status"]),
+                                                            st.text(max_size=50), max_size=6))
+def test_action_posts_fuzz(client, engine, path_id, form):
+    before = rows(engine)
+    for path in (f"/jobs/{path_id}/requeue", f"/jobs/{path_id}/fail", "/jobs/bulk"):
+        response = post(client, path, form)
+        assert response.status_code in (200, 302, 400, 404, 405), (path, response.status_code)
+        assert "Traceback" not in response.get_data(as_text=True)
+    assert rows(engine) == before
+
+
+def test_huge_query_strings_and_bodies(client, engine):
+    assert client.get("/jobs", query_string={"key": "k" * 20000}).status_code == 400
+    assert client.get("/jobs?" + "&".join(f"x{i}=1" for i in range(2000))).status_code == 200
+    huge = api(client, "POST", "/api/jobs", data=b"{" + b" " * (2 * 1024 * 1024) + b"}", content_type="application/json")
+    assert huge.status_code == 413 and rows(engine) == 0
+
+
+def test_control_characters_in_task_key(client, engine):
+    for key in ("a\nb", "a\tb", "\x1b[31m", "a\u202eb\x7f"):
+        response = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": key})
+        assert response.status_code == 422 and response.get_json()["field"] == "task_key"
+    assert rows(engine) == 0
+
+
+def test_lock_wait_timeout_is_a_clear_503_and_writes_nothing(mysql_url, monkeypatch):
+    monkeypatch.setenv("JOBQUEUE_LOCK_WAIT_SECONDS", "1")
+    app = create_app(app_config(mysql_url))
+    client = app.test_client()
+    engine = app.extensions["jobqueue"].engine
+    # Another transaction inserted this task_key and has not committed: our INSERT waits on the
+    # unique key, times out, retries once, and gives up.
+    holder = engine.connect()
+    holder.begin()
+    holder.execute(sa.insert(job_queue).values(
+        task_key="contested", task_name="noop", queue="default", priority=0, payload={}, status="ready",
+        run_at=sa.func.utc_timestamp(), attempts=0, max_attempts=5, created_at=sa.func.utc_timestamp(),
+        updated_at=sa.func.utc_timestamp()))
+    try:
+        response = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "contested"})
+        assert response.status_code == 503
+        assert response.get_json() == {"error": "The database is unavailable or busy right now; try again in a moment."}
+    finally:
+        holder.rollback()
+        holder.close()
+    assert rows(engine) == 0
+    assert api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "contested"}).status_code == 201
+    engine.dispose()
+
+
+def test_read_only_replica_refuses_writes_and_reports_it(throwaway_mariadb):
+    server = throwaway_mariadb()
+    url = server.create_database("jq")
+    engine = create_engine(url)
+    init_db(engine)
+    with engine.connect() as conn:
+        repository.enqueue(conn, "noop", "before-failover")
+    engine.dispose()
+    server.restart("--read-only")
+
+    app = create_app(app_config(url))
+    client = app.test_client()
+    assert login(client).status_code == 302
+    assert client.get("/jobs").status_code == 200  # reading a replica is fine
+    refused = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "after"})
+    assert refused.status_code == 503 and "read-only" in refused.get_json()["error"]
+    health = api(client, "GET", "/api/health")
+    assert health.status_code == 503 and health.get_json()["status"] == "problem"
+    assert any(c["name"] == "primary" and c["verdict"] == "problem" for c in health.get_json()["checks"])
+    page = client.get("/health").get_data(as_text=True)
+    assert "read-only" in page and "problem" in page
+    runtime = app.extensions["jobqueue"].runtime
+    assert runtime._verified() is False and "read-only" in runtime.refused
+    with app.extensions["jobqueue"].engine.connect() as conn:
+        assert [j.task_key for j in repository.list_jobs(conn)] == ["before-failover"]
+    app.extensions["jobqueue"].engine.dispose()
+
+
+def test_concurrent_duplicate_enqueues_write_one_row(client, engine):
+    codes = []
+
+    def send():
+        codes.append(api(client.application.test_client(), "POST", "/api/jobs",
+                         json={"task": "noop", "task_key": "race"}).status_code)
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(codes) == [200] * 7 + [201]
+    assert rows(engine) == 1
+
+
+def test_json_error_bodies_everywhere_under_api(client):
+    for method, path in (("GET", "/api/jobs/abc"), ("GET", "/api/nope"), ("PUT", "/api/jobs"),
+                         ("DELETE", "/api/jobs/1")):
+        response = api(client, method, path)
+        assert response.status_code in (404, 405)
+        assert json.loads(response.get_data(as_text=True))["error"]
