@@ -214,11 +214,14 @@ def test_reap_in_batches(engine):
 
 def test_release_returns_job_with_attempts(engine):
     with engine.connect() as conn:
-        add(conn, 1)
+        add(conn, 1, max_attempts=1)
         (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
         assert repository.release(conn, c.lease) is Outcome.OK
         job = repository.get_job(conn, c.job.id)
-        assert job.status is Status.READY and job.attempts == 1
+        # Interrupted on its last attempt by a shutdown: one more is allowed, attempts kept.
+        assert job.status is Status.READY and job.attempts == 1 and job.max_attempts == 2
+        (again,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        assert again.lease.attempt == 2 <= again.job.max_attempts
 
 
 def test_operator_requeue_and_fail(engine):

@@ -353,10 +353,16 @@ def fail(conn: Connection, lease: Lease, error: str) -> Outcome:
                                           "last_error": _short(error)}, error)
 
 
+def _one_more_attempt():
+    """max_attempts raised, if needed, so that attempts + 1 still fits (attempts never go back)."""
+    return sa.case((jq.attempts + 1 > jq.max_attempts, jq.attempts + 1), else_=jq.max_attempts)
+
+
 def release(conn: Connection, lease: Lease, reason: str = "worker shutting down") -> Outcome:
-    """running -> ready without waiting for the lease to expire; attempts are kept."""
+    """running -> ready without waiting for the lease to expire; attempts are kept. A shutdown
+    is not the job's fault: if this was its last attempt, it gets one more."""
     return _finish(conn, lease, "release", {"status": Status.READY.value, "run_at": db_now(),
-                                             "lease_owner": None}, reason)
+                                             "lease_owner": None, "max_attempts": _one_more_attempt()}, reason)
 
 
 def _finish(conn: Connection, lease: Lease, operation: str, values: dict[str, Any], error: str | None) -> Outcome:
@@ -559,7 +565,7 @@ def requeue_job(conn: Connection, job_id: int, *, force: bool = False, actor: st
             _record_attempts(c, jq.id == job_id, "requeued", f"requeued by {actor} while running")
         c.execute(sa.update(job_queue).where(jq.id == job_id).values(
             status=Status.READY.value, run_at=db_now(), lease_owner=None, lease_until=None, finished_at=None,
-            max_attempts=sa.case((jq.attempts + 1 > jq.max_attempts, jq.attempts + 1), else_=jq.max_attempts),
+            max_attempts=_one_more_attempt(),
             updated_at=db_now()))
         return ActionResult(job_id, before, Status.READY, True)
 
@@ -766,7 +772,7 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
             if action == "requeue":
                 n = c.execute(sa.update(job_queue).where(guard).values(
                     status=Status.READY.value, run_at=db_now(), lease_owner=None, lease_until=None, finished_at=None,
-                    max_attempts=sa.case((jq.attempts + 1 > jq.max_attempts, jq.attempts + 1), else_=jq.max_attempts),
+                    max_attempts=_one_more_attempt(),
                     updated_at=db_now())).rowcount
             else:
                 n = c.execute(sa.update(job_queue).where(guard).values(
