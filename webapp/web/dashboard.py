@@ -181,24 +181,23 @@ def job_detail(job_id: int):
 @login_required
 def job_row(job_id: int):
     """One row of the jobs table; it polls itself while the job is in motion."""
-    with db() as conn:
-        job = repository.get_job(conn, job_id)
-        now = repository.database_now(conn)
-    if job is None:
-        abort(404, description=f"job {job_id} not found")
-    return render_template("dashboard/_job_row.html", job=job, now=now)
+    return _job_partial(job_id, "dashboard/_job_row.html")
 
 
 @bp.get("/jobs/<int:job_id>/summary")
 @login_required
 def job_summary(job_id: int):
     """The detail page's status and actions panel; it polls itself while the job is in motion."""
+    return _job_partial(job_id, "dashboard/_job_actions.html")
+
+
+def _job_partial(job_id: int, template: str):
     with db() as conn:
         job = repository.get_job(conn, job_id)
         now = repository.database_now(conn)
     if job is None:
         abort(404, description=f"job {job_id} not found")
-    return render_template("dashboard/_job_actions.html", job=job, now=now)
+    return render_template(template, job=job, now=now)
 
 
 def current_attempt(job, attempts: list[dict[str, Any]]) -> dict[str, Any] | None:
