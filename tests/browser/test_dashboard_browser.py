@@ -80,10 +80,30 @@ def test_requeue_a_failed_job_and_watch_it_finish(mysql_url, tmp_path, browser):
         page.goto(server.base + "/audit")
         expect(page.locator("main")).to_contain_text("web:alice")
 
+        polls: list[str] = []
+        page.on("request", lambda r: polls.append(r.url) if "/overview/panels" in r.url else None)
         page.goto(server.base + "/")
         expect(page.locator("#running-table")).to_be_visible()
         page.wait_for_timeout(3500)  # one polling round: the panel swaps itself without errors
+        assert len(polls) >= 1
         page.screenshot(path=str(ARTIFACTS / "overview.png"), full_page=True)
+
+        # A hidden tab stops polling; showing it again refreshes at once.
+        page.evaluate("""() => {
+            Object.defineProperty(document, "hidden", {configurable: true, get: () => true});
+            Object.defineProperty(document, "visibilityState", {configurable: true, get: () => "hidden"});
+            document.dispatchEvent(new Event("visibilitychange"));
+        }""")
+        polls.clear()
+        page.wait_for_timeout(7000)
+        assert polls == [], "polled while the tab was hidden"
+        page.evaluate("""() => {
+            Object.defineProperty(document, "hidden", {configurable: true, get: () => false});
+            Object.defineProperty(document, "visibilityState", {configurable: true, get: () => "visible"});
+            document.dispatchEvent(new Event("visibilitychange"));
+        }""")
+        page.wait_for_timeout(800)
+        assert len(polls) >= 1, "no refresh when the tab came back"
         assert not errors, errors
     finally:
         assert server.stop() == 0
