@@ -85,6 +85,10 @@ def create_engine(url: str | None = None, *, pool_size: int = 10, lock_wait_seco
             pool_size=pool_size,
             max_overflow=pool_size,
             pool_recycle=1800,
+            # Every use ends its own transaction (db.transaction commits or rolls back; closing a
+            # Connection with one open rolls it back), so the pool's extra ROLLBACK on check-in
+            # would be a wasted round trip on every claim and completion.
+            pool_reset_on_return=None,
             connect_args={
                 "charset": "utf8mb4",
                 "connect_timeout": 10,

@@ -170,16 +170,20 @@ def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *
 
 # --- claim ---------------------------------------------------------------------------------------
 
+# WHERE status = 'ready' AND queue = ? ORDER BY priority, id is exactly the order of
+# ix_ready_pick, so InnoDB walks the index from the first claimable row and stops after `limit`
+# rows it could lock: no filesort, and rows other workers hold are skipped, not waited for.
+# Built once: the claim is the hot path.
+_PICK = (sa.select(*_CLAIM_COLUMNS)
+         .where(jq.status == Status.READY.value, jq.queue == sa.bindparam("queue"))
+         .order_by(jq.priority, jq.id)
+         .limit(sa.bindparam("limit", type_=sa.Integer))
+         .with_for_update(skip_locked=True))
+
+
 def _pick(queue: str, limit: int) -> sa.Select:
-    # WHERE status = 'ready' AND queue = ? ORDER BY priority, id is exactly the order of
-    # ix_ready_pick, so InnoDB walks the index from the first claimable row and stops after
-    # `limit` rows it could lock: no filesort, and rows other workers hold are skipped, not
-    # waited for.
-    return (sa.select(*_CLAIM_COLUMNS)
-            .where(jq.status == Status.READY.value, jq.queue == queue)
-            .order_by(jq.priority, jq.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True))
+    """The claim's SELECT with its values inlined (for EXPLAIN)."""
+    return _PICK.params(queue=queue, limit=limit)
 
 
 def claim(conn: Connection, worker_id: str | Sequence[str], limit: int, queues: Sequence[str], *,
@@ -199,7 +203,7 @@ def claim(conn: Connection, worker_id: str | Sequence[str], limit: int, queues: 
     def _do(c: Connection) -> list[ClaimedJob]:
         picked: list[Row] = []
         for queue in queues:
-            picked.extend(c.execute(_pick(queue, limit - len(picked))).all())
+            picked.extend(c.execute(_PICK, {"queue": queue, "limit": limit - len(picked)}).all())
             if len(picked) >= limit:
                 break
         if not picked:
@@ -338,7 +342,42 @@ def renew_leases(conn: Connection, leases: Sequence[Lease], lease_seconds: float
 
 def complete(conn: Connection, lease: Lease) -> Outcome:
     """running -> done, only for the holder of this lease."""
-    return _finish(conn, lease, "complete", {"status": Status.DONE.value, "finished_at": db_now()}, None)
+    return complete_many(conn, [lease])[lease.job_id]
+
+
+def complete_many(conn: Connection, leases: Sequence[Lease]) -> dict[int, Outcome]:
+    """running -> done for every lease still held: one fenced UPDATE and one COMMIT for the lot.
+
+    Each row is fenced on its own (id, lease_owner, attempts), so a lost lease in the batch
+    changes nothing for that job and nothing for the others. When fewer rows changed than asked,
+    one read tells which jobs are now done under our lease (ours, including a retried COMMIT
+    that had landed) and which were lost.
+    """
+    if not leases:
+        return {}
+    ids = [lease.job_id for lease in leases]
+
+    def _do(c: Connection) -> dict[int, Outcome]:
+        fence = sa.or_(*[sa.and_(jq.id == lease.job_id, jq.lease_owner == lease.owner, jq.attempts == lease.attempt)
+                         for lease in leases])
+        n = c.execute(sa.update(job_queue).where(jq.id.in_(ids), jq.status == Status.RUNNING.value, fence)
+                      .values(status=Status.DONE.value, finished_at=db_now(), lease_until=None,
+                              updated_at=db_now())).rowcount
+        if n == len(leases):
+            return {job_id: Outcome.OK for job_id in ids}
+        now = {r.id: r for r in c.execute(sa.select(jq.id, jq.status, jq.lease_owner, jq.attempts)
+                                          .where(jq.id.in_(ids))).all()}
+        return {lease.job_id: Outcome.OK if (r := now.get(lease.job_id)) is not None and r.status == Status.DONE.value
+                and r.lease_owner == lease.owner and r.attempts == lease.attempt else Outcome.LEASE_LOST
+                for lease in leases}
+
+    outcomes = transaction(conn, _do, what="complete")
+    lost = [lease for lease in leases if outcomes[lease.job_id] is Outcome.LEASE_LOST]
+    if lost:
+        with conn.begin():
+            for lease in lost:
+                _lease_lost(conn, lease, "complete")
+    return outcomes
 
 
 def retry(conn: Connection, lease: Lease, error: str, delay_seconds: float) -> Outcome:
@@ -366,15 +405,12 @@ def release(conn: Connection, lease: Lease, reason: str = "worker shutting down"
 
 
 def _finish(conn: Connection, lease: Lease, operation: str, values: dict[str, Any], error: str | None) -> Outcome:
+    """retry, fail or release under the fence, keeping the attempt in job_attempt."""
     def _do(c: Connection) -> Outcome:
-        if operation != "complete":
-            _record_attempts(c, _fenced(lease), operation, error)
+        _record_attempts(c, _fenced(lease), operation, error)
         n = c.execute(sa.update(job_queue).where(_fenced(lease))
                       .values(lease_until=None, updated_at=db_now(), **values)).rowcount
         if n == 1:
-            return Outcome.OK
-        if operation == "complete" and _already_done_by(c, lease):
-            # Our COMMIT landed but the connection dropped before we heard; the retry sees it.
             return Outcome.OK
         raise _Rollback(Outcome.LEASE_LOST)
 
@@ -389,12 +425,6 @@ def _finish(conn: Connection, lease: Lease, operation: str, values: dict[str, An
 class _Rollback(Exception):
     def __init__(self, outcome: Outcome):
         self.outcome = outcome
-
-
-def _already_done_by(c: Connection, lease: Lease) -> bool:
-    row = c.execute(sa.select(jq.status, jq.lease_owner, jq.attempts).where(jq.id == lease.job_id)).first()
-    return bool(row and row.status == Status.DONE.value and row.lease_owner == lease.owner
-                and row.attempts == lease.attempt)
 
 
 def record_result(conn: Connection, lease: Lease, task_key: str, result: Any) -> bool:

@@ -5,10 +5,13 @@ One worker process runs N handler threads ("slots"). Its loop reads like this:
     while not stopping:
         maintenance()            # promote due retries/delayed jobs, reap expired leases
         claim up to <idle slots> jobs in one short transaction
-        hand each job to an idle slot; the slot runs the handler and completes/retries/fails
+        hand each job to an idle slot; the slot runs the handler, then retries/fails it itself
+            or hands it to the completer
         nothing claimed? ask why (idle / contended / waiting on leases) and back off accordingly
 
-A separate thread renews the leases of every job in hand. On SIGTERM the loop stops claiming,
+The completer thread marks finished jobs done in batches (one fenced UPDATE and one COMMIT for
+whatever finished meanwhile) and only then frees their slots. The renewer thread renews the
+leases of every job in hand and sends the process heartbeat. On SIGTERM the loop stops claiming,
 running jobs get `grace_seconds` to finish, and whatever is still running is released back to
 `ready` with its attempt count kept.
 """
@@ -41,6 +44,7 @@ from .tasks import TASKS, JobContext, LeaseLostError, Registry
 log = logging.getLogger("jobqueue.worker")
 
 DB_ERRORS = (DBAPIError, SQLAlchemyError, TransientDatabaseError)
+COMPLETE_BATCH = 100
 
 
 def process_id(name: str | None = None) -> str:
@@ -84,6 +88,8 @@ class _InHand:
     slot: int
     ctx: JobContext
     lost: threading.Event = field(default_factory=threading.Event)
+    duration: float = 0.0
+    finishing: bool = False   # its final write is under way: no more renewals
 
 
 class Worker:
@@ -99,6 +105,8 @@ class Worker:
         self._free: list[int] = list(range(1, self.config.concurrency + 1))
         self._in_hand: dict[int, _InHand] = {}
         self._inbox: queue_mod.Queue[_InHand | None] = queue_mod.Queue()
+        self._completions: queue_mod.Queue[_InHand | None] = queue_mod.Queue()
+        self._renew_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._backoff = IdleBackoff(cap=self.config.idle_cap_seconds)
         self._idle_log = RateLimited(60.0)
@@ -155,9 +163,10 @@ class Worker:
             t = threading.Thread(target=self._slot_loop, name=f"jobqueue-slot-{slot}", daemon=True)
             t.start()
             self._threads.append(t)
-        renewer = threading.Thread(target=self._renew_loop, name="jobqueue-renewer", daemon=True)
-        renewer.start()
-        self._threads.append(renewer)
+        for target, name in ((self._renew_loop, "jobqueue-renewer"), (self._complete_loop, "jobqueue-completer")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
 
     def shutdown(self) -> None:
         """Stop claiming, give running jobs the grace period, release what is left."""
@@ -180,6 +189,7 @@ class Worker:
                 self._sql_error("release", exc)
         for _ in range(self.config.concurrency):
             self._inbox.put(None)
+        self._completions.put(None)
         try:
             self.heartbeat()
             with self.engine.connect() as conn:
@@ -350,24 +360,36 @@ class Worker:
             item = self._inbox.get()
             if item is None:
                 return
+            handed_over = False
             try:
-                self._execute(item)
+                handed_over = self._execute(item)
             finally:
-                with self._slots:
-                    self._in_hand.pop(item.claimed.job.id, None)
-                    self._free.append(item.slot)
-                    self._slots.notify_all()
-                self.processed += 1
-                self._wake.set()
+                if not handed_over:
+                    self._release_slots([item])
 
-    def _execute(self, item: _InHand) -> None:
+    def _release_slots(self, items: list[_InHand]) -> None:
+        with self._slots:
+            for item in items:
+                self._in_hand.pop(item.claimed.job.id, None)
+                self._free.append(item.slot)
+            self._slots.notify_all()
+        self.processed += len(items)
+        self._wake.set()
+
+    def _execute(self, item: _InHand) -> bool:
+        """Run the handler. True when the job went to the completer (which frees its slot)."""
         job, lease = item.claimed.job, item.claimed.lease
         spec = self.registry.get(job.task_name)
         started = time.monotonic()
         try:
-            if spec is None:
-                raise LookupError(f"no handler for task {job.task_name!r} in worker {self.id}")
-            spec.handler(job.payload, item.ctx)
+            try:
+                if spec is None:
+                    raise LookupError(f"no handler for task {job.task_name!r} in worker {self.id}")
+                spec.handler(job.payload, item.ctx)
+            finally:
+                # A renewal racing the final write would find the job finished and cry "lost".
+                with self._renew_lock:
+                    item.finishing = True
         except PermanentError as exc:
             self._finish(item, "fail", _describe(exc))
         except LeaseLostError:
@@ -381,39 +403,77 @@ class Worker:
                 cap = spec.retry_cap_seconds if spec else 3600.0
                 self._finish(item, "retry", _describe(exc), retry_delay(lease.attempt, base, cap))
         else:
-            self._finish(item, "complete", None, duration=time.monotonic() - started)
+            item.duration = time.monotonic() - started
+            self._completions.put(item)
+            return True
+        return False
 
-    def _finish(self, item: _InHand, operation: str, error: str | None, delay: float = 0.0,
-                duration: float | None = None) -> None:
-        job, lease = item.claimed.job, item.claimed.lease
+    def _complete_loop(self) -> None:
+        """Completes finished jobs in batches: whatever finished while the previous batch was
+        being written goes in the next one, so under load one COMMIT serves many jobs and when
+        idle a job is completed at once."""
+        while True:
+            item = self._completions.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < COMPLETE_BATCH:
+                try:
+                    more = self._completions.get_nowait()
+                except queue_mod.Empty:
+                    break
+                if more is None:
+                    self._completions.put(None)
+                    break
+                batch.append(more)
+            try:
+                self._complete(batch)
+            finally:
+                self._release_slots(batch)
+
+    def _complete(self, batch: list[_InHand]) -> None:
+        outcomes = self._write_with_retries("complete", batch, lambda conn: repository.complete_many(
+            conn, [i.claimed.lease for i in batch]))
+        if outcomes is None:
+            return
+        for item in batch:
+            job, lease = item.claimed.job, item.claimed.lease
+            if outcomes[job.id] is Outcome.OK:
+                metrics.COMPLETED.labels(queue=job.queue).inc()
+                event(log, logging.INFO, "complete", job_id=job.id, task_key=job.task_key, attempt=lease.attempt,
+                      worker=lease.owner, seconds=f"{item.duration:.3f}")
+
+    def _write_with_retries(self, operation: str, items: list[_InHand], write):
+        """A finishing write survives a database outage up to finish_retry_seconds; after that the
+        jobs are given up and their leases left to expire (the reaper hands them on)."""
         deadline = time.monotonic() + self.config.finish_retry_seconds
         pause = 0.2
         while True:
             try:
                 with self.engine.connect() as conn:
-                    if operation == "complete":
-                        outcome = repository.complete(conn, lease)
-                    elif operation == "retry":
-                        outcome = repository.retry(conn, lease, error or "", delay)
-                    else:
-                        outcome = repository.fail(conn, lease, error or "")
-                break
+                    return write(conn)
             except DB_ERRORS as exc:
                 self._sql_error(operation, exc)
-                if time.monotonic() > deadline or item.lost.is_set():
-                    # Give the job up: its lease expires and the reaper hands it to someone else.
-                    event(log, logging.ERROR, "finish_abandoned", job_id=job.id, task_key=job.task_key,
-                          attempt=lease.attempt, worker=lease.owner, operation=operation)
-                    return
+                if time.monotonic() > deadline or all(i.lost.is_set() for i in items):
+                    for item in items:
+                        event(log, logging.ERROR, "finish_abandoned", job_id=item.claimed.job.id,
+                              task_key=item.claimed.job.task_key, attempt=item.claimed.lease.attempt,
+                              worker=item.claimed.lease.owner, operation=operation)
+                    return None
                 time.sleep(pause)
                 pause = min(pause * 2, 2.0)
-        if outcome is Outcome.LEASE_LOST:
-            return  # logged and counted by the repository
-        if operation == "complete":
-            metrics.COMPLETED.labels(queue=job.queue).inc()
-            event(log, logging.INFO, "complete", job_id=job.id, task_key=job.task_key, attempt=lease.attempt,
-                  worker=lease.owner, seconds=f"{duration:.3f}" if duration is not None else None)
-        elif operation == "retry":
+
+    def _finish(self, item: _InHand, operation: str, error: str | None, delay: float = 0.0) -> None:
+        """retry or fail one job under its lease."""
+        job, lease = item.claimed.job, item.claimed.lease
+        if operation == "retry":
+            outcome = self._write_with_retries(operation, [item], lambda conn: repository.retry(
+                conn, lease, error or "", delay))
+        else:
+            outcome = self._write_with_retries(operation, [item], lambda conn: repository.fail(conn, lease, error or ""))
+        if outcome is None or outcome is Outcome.LEASE_LOST:
+            return  # abandoned, or lost (logged and counted by the repository)
+        if operation == "retry":
             metrics.RETRIED.labels(queue=job.queue).inc()
             event(log, logging.WARNING, "retry", job_id=job.id, task_key=job.task_key, attempt=lease.attempt,
                   max_attempts=job.max_attempts, worker=lease.owner, delay=f"{delay:.2f}", error=_first_line(error))
@@ -469,16 +529,18 @@ class Worker:
         self._stats_sent = totals
 
     def renew_now(self) -> None:
-        with self._slots:
-            items = [i for i in self._in_hand.values() if not i.lost.is_set()]
-        if not items:
-            return
-        try:
-            with self.engine.connect() as conn:
-                outcomes = repository.renew_leases(conn, [i.claimed.lease for i in items], self.config.lease_seconds)
-        except DB_ERRORS as exc:
-            self._sql_error("renew", exc)
-            return
+        with self._renew_lock:
+            with self._slots:
+                items = [i for i in self._in_hand.values() if not i.lost.is_set() and not i.finishing]
+            if not items:
+                return
+            try:
+                with self.engine.connect() as conn:
+                    outcomes = repository.renew_leases(conn, [i.claimed.lease for i in items],
+                                                       self.config.lease_seconds)
+            except DB_ERRORS as exc:
+                self._sql_error("renew", exc)
+                return
         for item in items:
             if outcomes.get(item.claimed.job.id) is Outcome.LEASE_LOST:
                 item.lost.set()
