@@ -71,7 +71,7 @@ FAULT_KINDS = ("sigkill_worker", "sigterm_worker", "sigstop_worker", "kill_conne
 class Plan:
     jobs: int = 10_000
     cli_jobs: int = 250
-    fault_seconds: float = 150.0
+    fault_seconds: float = 240.0
     workers: int = 3
     concurrency: int = 4
     web_workers: int = 2
@@ -85,6 +85,7 @@ class Plan:
     conn_kills_each: tuple[int, int] = (1, 3)
     restart_at: float = 0.45                 # fraction of the fault window
     restart_down_seconds: float = 1.5
+    crash_db: bool = False                   # SIGKILL the server instead of a clean stop
     holds: int = 3
     hold_rows: int = 5
     hold_seconds: float = 5.0
@@ -93,7 +94,7 @@ class Plan:
     replays: int = 5
     replay_api_keys: int = 40
     replay_cli_keys: int = 2
-    drain_timeout: float = 300.0
+    drain_timeout: float = 600.0
 
     @classmethod
     def quick(cls) -> Plan:
@@ -237,7 +238,10 @@ class Soak:
         self.specs: dict[str, Spec] = {}
         self.payloads: dict[str, tuple[dict, float]] = {}
         self.acked: dict[str, int] = {}
-        self.ack_duplicates_first_try = 0     # a fresh key came back duplicate (an earlier try committed)
+        # Fresh keys whose acknowledgement said duplicate: true: an earlier try had committed and
+        # its answer was lost (a 503, a killed gunicorn worker: after a client retry), or the
+        # server's own retry after a COMMIT whose OK never arrived (in one request).
+        self.fresh_duplicates: Counter = Counter()
         self.enqueue_retries = Counter()
         self.enqueue_gave_up: list[str] = []
         self.enqueue_rejected: list[str] = []
@@ -415,7 +419,8 @@ class Soak:
             if outcome == "ok":
                 self.acked[spec.task_key] = int(answer["id"])
                 if answer.get("duplicate"):
-                    self.ack_duplicates_first_try += 1
+                    self.fresh_duplicates["after a client retry" if answer.get("_tries", 1) > 1
+                                          else "in one request"] += 1
             elif outcome == "rejected":
                 self.enqueue_rejected.append(f"{spec.task_key} via {spec.via}: {answer}")
             else:
@@ -566,8 +571,8 @@ class Soak:
 
     def fault_sigstop_worker(self, later) -> None:
         choices = self.live_workers(started=True)
-        if len(choices) < 2:
-            raise NotNow("fewer than 2 live workers; not stopping one")
+        if not choices:
+            raise NotNow("no started worker to stop")
         victim = self.rng.choice(choices)
         victim.signal(signal.SIGSTOP)
         victim.stopped = True
@@ -611,8 +616,12 @@ class Soak:
 
     def fault_db_restart(self, later) -> None:
         started = time.monotonic()
-        self.note("database: stopping (SIGTERM)")
-        self.server.stop()
+        if self.plan.crash_db:
+            self.note("database: crashing it (SIGKILL; InnoDB recovers on start)")
+            self.server.kill()
+        else:
+            self.note("database: stopping (SIGTERM)")
+            self.server.stop()
         time.sleep(self.plan.restart_down_seconds)
         self.server.start()
         self.restart_outage = time.monotonic() - started
@@ -732,11 +741,11 @@ class Soak:
                     getattr(self, f"fault_{kind}")(later)
                     self.faults[kind] += 1
             except NotNow as exc:
-                if fn < 10:
+                if fn < 15:
                     seq += 1
                     heapq.heappush(heap, (time.monotonic() + 1.0, seq, kind, fn + 1))
                     continue
-                self.fault_errors.append(f"{kind}: {exc} (10 tries)")
+                self.fault_errors.append(f"{kind}: {exc} (15 tries)")
                 self.note(f"{kind} not injected: {exc}")
             except Exception as exc:   # a fault that could not be injected is reported, not fatal
                 self.fault_errors.append(f"{kind}: {type(exc).__name__}: {exc}")
@@ -931,6 +940,7 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
         "replayed_keys": soak.replayed,
         "fault_errors": soak.fault_errors,
         "restart_outage_seconds": round(soak.restart_outage, 2),
+        "db_crash": plan.crash_db,
         "lost": findings.get("lost"),
         "duplicate_results": findings.get("duplicate_results"),
         "duplicate_executions": findings.get("duplicate_executions"),
@@ -953,7 +963,7 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
         "exit_codes": codes,
         "load_average_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)],
         "enqueue_retries": dict(soak.enqueue_retries),
-        "ack_duplicate_on_first_answer": soak.ack_duplicates_first_try,
+        "fresh_keys_acknowledged_as_duplicate": dict(soak.fresh_duplicates),
         "log_events": dict(soak.log_counts()),
         "violations": findings.violations(),
         "examples": {k: v for k, v in findings.examples.items() if k in findings.violations()},
@@ -1008,7 +1018,8 @@ def table(n: dict) -> str:
         ("jobs enqueued", f"{n['jobs']} ({n['jobs_api']} via HTTP API, {n['jobs_cli']} via CLI), {n['acked']} acknowledged"),
         ("jobs by kind (final status)", kinds),
         ("faults injected", f"{faults}; {n['connections_killed']} connections killed, "
-                            f"{n['replayed_keys']} task_keys replayed, database outage {n['restart_outage_seconds']} s"),
+                            f"{n['replayed_keys']} task_keys replayed, database {'crash' if n['db_crash'] else 'restart'} "
+                            f"outage {n['restart_outage_seconds']} s"),
         ("**lost** (must be 0)", str(n["lost"])),
         ("**duplicate results** (must be 0)", str(n["duplicate_results"])),
         ("duplicate executions", f"{n['duplicate_executions']} task_keys ({n['extra_executions']} extra runs of "
@@ -1048,9 +1059,10 @@ Set-up: a throwaway mariadbd; {plan.workers} `jobqueue worker --concurrency {pla
 {plan.embedded_workers} embedded workers each; faults for {plan.fault_seconds:g} s on a seeded
 schedule, then a drain. See README, "Soak", for what each check means.
 
-Enqueue retries (same task_key): {json.dumps(n['enqueue_retries'], sort_keys=True)}; fresh keys
-whose first successful answer was `duplicate: true` (an earlier try had committed):
-{n['ack_duplicate_on_first_answer']}. Log events across all processes:
+Enqueue retries (same task_key): {json.dumps(n['enqueue_retries'], sort_keys=True)}. Fresh keys
+acknowledged with `duplicate: true` because an earlier try had committed but its answer was lost
+(the job exists once either way): {json.dumps(n['fresh_keys_acknowledged_as_duplicate'], sort_keys=True)}.
+Log events across all processes:
 {json.dumps(n['log_events'], sort_keys=True)}. Exit codes: {json.dumps(n['exit_codes'], sort_keys=True)}.
 Faults that could not be injected when due: {len(n['fault_errors'])}{(': ' + '; '.join(n['fault_errors'][:5])) if n['fault_errors'] else ''}.
 """
@@ -1062,6 +1074,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None, help="fault schedule and job mix (default: random)")
     parser.add_argument("--fault-seconds", type=float, default=None)
+    parser.add_argument("--db-crash", action="store_true",
+                        help="restart the database by SIGKILL (crash recovery) instead of a clean stop")
     parser.add_argument("--out", default=None,
                         help="markdown report (default docs/soak.md; with --quick, none)")
     parser.add_argument("--workdir", default=None, help="logs and results.json (default test-artifacts/soak-<time>)")
@@ -1073,6 +1087,7 @@ def main(argv: list[str] | None = None) -> int:
         plan.cli_jobs = min(plan.cli_jobs, max(1, args.jobs // 10))
     if args.fault_seconds is not None:
         plan.fault_seconds = args.fault_seconds
+    plan.crash_db = args.db_crash
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     workdir = Path(args.workdir or REPO / "test-artifacts" / f"soak-{stamp}")
