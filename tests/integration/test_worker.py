@@ -7,8 +7,10 @@ import signal
 import threading
 import time
 
+import pymysql
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.exc import OperationalError
 
 from tests.support.procs import WorkerProcess, wait_until
 from webapp.core import repository
@@ -165,3 +167,68 @@ def test_sigterm_releases_running_job_and_exits_zero(mysql_url, mysql_engine, tm
     back = job(mysql_engine, res.id)
     assert back.status is Status.READY and back.attempts == 1
     assert "event=released" in w.log()
+
+
+def _lost_connection() -> OperationalError:
+    return OperationalError("SELECT 1", {}, pymysql.err.OperationalError(
+        2003, "Can't connect to MySQL server on '127.0.0.1' ([Errno 111] Connection refused)"))
+
+
+def test_record_result_rides_out_a_database_outage(engine, monkeypatch):
+    """Found by the soak: during a database restart, ctx.record_result() raised the lost
+    connection into the handler, so an attempt that had done its work counted as failed and ran
+    again (on its last attempt the job would have failed for good). Like a completion, the
+    result write is retried while the database is away; it is fenced and keyed by task_key, so
+    retrying cannot record it twice."""
+    real = repository.record_result
+    calls = []
+
+    def down_twice(conn, lease, task_key, result):
+        calls.append(lease.attempt)
+        if len(calls) <= 2:
+            raise _lost_connection()
+        return real(conn, lease, task_key, result)
+
+    monkeypatch.setattr(repository, "record_result", down_twice)
+    runs = []
+
+    def work(payload, ctx):
+        runs.append(ctx.attempt)
+        assert ctx.record_result({"ok": True}) is True
+
+    reg = registry_with(work=(work, {}))
+    with engine.connect() as conn:
+        res = repository.enqueue(conn, "work", "w1", max_attempts=1, registry=reg)
+    worker = Worker(engine, WorkerConfig(concurrency=1), registry=reg)
+    t = start(worker)
+    try:
+        wait_until(lambda: job(engine, res.id).status in (Status.DONE, Status.FAILED), timeout=15, message="finished")
+    finally:
+        worker.stop()
+        t.join(10)
+    done = job(engine, res.id)
+    assert (done.status, done.attempts, done.last_error) == (Status.DONE, 1, None)
+    assert runs == [1] and calls == [1, 1, 1]
+    with engine.connect() as conn:
+        assert repository.get_result(conn, "w1")["result"] == {"ok": True}
+
+
+def test_record_result_does_not_retry_a_result_the_database_refuses(engine):
+    """Only lost connections and lock trouble are waited out: a result that cannot be stored
+    fails the attempt at once."""
+    def bad(payload, ctx):
+        ctx.record_result({"not json": object()})
+
+    reg = registry_with(bad=(bad, {}))
+    with engine.connect() as conn:
+        res = repository.enqueue(conn, "bad", "b1", max_attempts=1, registry=reg)
+    worker = Worker(engine, WorkerConfig(concurrency=1), registry=reg)
+    t = start(worker)
+    started = time.monotonic()
+    try:
+        wait_until(lambda: job(engine, res.id).status is Status.FAILED, timeout=15, message="failed")
+    finally:
+        worker.stop()
+        t.join(10)
+    assert time.monotonic() - started < 4
+    assert "not JSON serializable" in job(engine, res.id).last_error

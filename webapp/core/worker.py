@@ -35,6 +35,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from . import metrics, preflight, repository, wakeup
 from .backoff import IdleBackoff, retry_delay
+from .db import transient_kind
 from .errors import PermanentError, TransientDatabaseError, UnsupportedDatabase
 from .logs import RateLimited, event
 from .models import ClaimedJob, EmptyClaim, EmptyClaimReport, Lease, Outcome
@@ -483,8 +484,24 @@ class Worker:
                   max_attempts=job.max_attempts, worker=lease.owner, error=_first_line(error))
 
     def _record_result(self, lease: Lease, task_key: str, result: object) -> bool:
-        with self.engine.connect() as conn:
-            return repository.record_result(conn, lease, task_key, result)
+        """ctx.record_result(): the handler's work is done, so a lost connection or a database
+        restart is waited out (as for a completion) rather than failing the attempt. Retrying is
+        safe: the write is fenced by the lease and keyed by task_key. Errors that are not about
+        reaching the database (a result it refuses) reach the handler at once."""
+        deadline = time.monotonic() + self.config.finish_retry_seconds
+        pause = 0.2
+        while True:
+            try:
+                with self.engine.connect() as conn:
+                    return repository.record_result(conn, lease, task_key, result)
+            except DB_ERRORS as exc:
+                transient = isinstance(exc, TransientDatabaseError) or (
+                    isinstance(exc, DBAPIError) and transient_kind(exc) is not None)
+                if not transient or time.monotonic() > deadline:
+                    raise
+                self._sql_error("record_result", exc)
+                time.sleep(pause)
+                pause = min(pause * 2, 2.0)
 
     # --- leases ----------------------------------------------------------------------------------
 

@@ -1,0 +1,233 @@
+"""The end-of-run checks, as pure functions over what the soak saw and what the tables hold.
+
+This is Jepsen's total-queue check adapted to a job queue: every task_key the queue acknowledged
+(HTTP 201/200, or `jobqueue enqueue` exiting 0) must come out `done` or `failed` with a reason.
+A missing or unfinished one is lost and fails the run. Executions of the same job by several
+workers are counted and explained (a killed or stopped worker, a database outage), not failed:
+at-least-once execution is the contract. Two results for one task_key, or the same attempt run
+twice, would break the contract and fail the run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+TERMINAL = ("done", "failed")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One job the soak tried to enqueue."""
+
+    task_key: str
+    kind: str                     # noop | sleep | flaky | doomed
+    via: str                      # api | cli
+    max_attempts: int
+
+
+@dataclass(frozen=True)
+class Row:
+    id: int
+    task_key: str
+    status: str
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One line of the execution log: a handler that did its work."""
+
+    task_key: str
+    attempt: int
+    worker: str
+    pid: int
+
+
+@dataclass
+class Observed:
+    specs: dict[str, Spec]                          # every task_key we tried to enqueue
+    acked: dict[str, int]                           # task_key -> id the queue acknowledged
+    rows: list[Row]                                 # job_queue at the end
+    results: list[tuple[str, int, int]]             # job_result: (task_key, job_id, attempt)
+    attempt_rows: list[tuple[int, int, str, str]]   # job_attempt: (job_id, attempt, outcome, error)
+    executions: list[Execution]
+    attempts_backwards: list[dict[str, Any]] = field(default_factory=list)   # from the monitor
+    terminal_regressions: list[dict[str, Any]] = field(default_factory=list)  # from the monitor
+    killed_pids: set[int] = field(default_factory=set)
+    stopped_pids: set[int] = field(default_factory=set)
+    terminated_pids: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Findings:
+    """Counts (and a few examples) for the report; `violations` decides the verdict."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[Any]] = field(default_factory=dict)
+    by_kind: dict[str, Counter] = field(default_factory=dict)
+    duplicate_causes: Counter = field(default_factory=Counter)
+    unexpected_failures: Counter = field(default_factory=Counter)   # reason (first line) -> n
+
+    # What must be zero for a pass, with how the report names it.
+    MUST_BE_ZERO = {
+        "lost": "acknowledged jobs not done/failed (lost)",
+        "extra_rows": "rows nobody enqueued (a replay made a job?)",
+        "duplicate_results": "task_keys with more than one result row",
+        "results_not_done": "result rows of jobs that are not done",
+        "done_without_result": "done jobs without a result row",
+        "doomed_not_failed": "doomed jobs not failed, or with a result",
+        "failed_without_error": "failed jobs without last_error",
+        "attempts_over_max": "jobs with attempts > max_attempts",
+        "attempts_backwards": "attempts that went backwards (monitor)",
+        "terminal_regressions": "done/failed jobs that changed status again (monitor)",
+        "double_claims": "the same attempt of a job executed twice",
+        "attempt_history_gaps": "jobs whose unsuccessful attempts are not all in job_attempt",
+        "executions_unknown": "executions of task_keys the table does not have",
+        "done_without_execution": "done jobs the execution log never saw succeed",
+    }
+
+    def add(self, name: str, example: Any = None, n: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + n
+        if example is not None and len(self.examples.setdefault(name, [])) < 5:
+            self.examples[name].append(example)
+
+    def get(self, name: str) -> int:
+        return self.counts.get(name, 0)
+
+    def violations(self) -> dict[str, int]:
+        return {name: self.get(name) for name in self.MUST_BE_ZERO if self.get(name)}
+
+
+def check(obs: Observed) -> Findings:
+    f = Findings()
+    for name in Findings.MUST_BE_ZERO:
+        f.counts.setdefault(name, 0)
+    by_key = {r.task_key: r for r in obs.rows}
+    by_id = {r.id: r for r in obs.rows}
+
+    # --- what goes in must come out --------------------------------------------------------------
+    for key, job_id in obs.acked.items():
+        row = by_key.get(key)
+        if row is None:
+            f.add("lost", f"{key}: acknowledged as id {job_id}, not in job_queue")
+        elif row.status not in TERMINAL:
+            f.add("lost", f"{key}: still {row.status} after the drain (attempts {row.attempts})")
+        elif row.id != job_id:
+            f.add("lost", f"{key}: acknowledged as id {job_id}, the table has id {row.id}")
+    f.counts["unacknowledged_in_table"] = sum(1 for k in obs.specs if k not in obs.acked and k in by_key)
+    f.counts["unacknowledged_missing"] = sum(1 for k in obs.specs if k not in obs.acked and k not in by_key)
+    for row in obs.rows:
+        if row.task_key not in obs.specs:
+            f.add("extra_rows", f"{row.task_key} (id {row.id}, {row.status})")
+
+    # --- statuses, reasons, attempts -------------------------------------------------------------
+    for row in obs.rows:
+        spec = obs.specs.get(row.task_key)
+        kind = spec.kind if spec else "?"
+        f.by_kind.setdefault(kind, Counter())[row.status] += 1
+        if row.status == "failed" and not (row.last_error or "").strip():
+            f.add("failed_without_error", f"{row.task_key} (id {row.id})")
+        if row.attempts > row.max_attempts:
+            f.add("attempts_over_max", f"{row.task_key}: attempts {row.attempts} > max {row.max_attempts}")
+        if spec and spec.kind == "doomed" and row.status != "failed":
+            f.add("doomed_not_failed", f"{row.task_key} is {row.status}")
+        if spec and spec.kind != "doomed" and row.status == "failed":
+            f.unexpected_failures[_first_line(row.last_error)] += 1
+        if spec and row.max_attempts > spec.max_attempts:
+            f.add("max_attempts_raised")  # a release on shutdown gave a last attempt one more
+    f.counts["failed_not_doomed"] = sum(f.unexpected_failures.values())
+
+    # --- results: one per done task_key, none for anything else ----------------------------------
+    results_per_key = Counter(key for key, _, _ in obs.results)
+    for key, n in results_per_key.items():
+        if n > 1:
+            f.add("duplicate_results", f"{key}: {n} result rows")
+        row = by_key.get(key)
+        if row is None or row.status != "done":
+            f.add("results_not_done", f"{key}: result row but job is {row.status if row else 'missing'}")
+        spec = obs.specs.get(key)
+        if spec and spec.kind == "doomed":
+            f.add("doomed_not_failed", f"{key} has a result")
+    for row in obs.rows:
+        if row.status == "done" and row.task_key not in results_per_key:
+            f.add("done_without_result", f"{row.task_key} (id {row.id})")
+
+    # --- attempts never lost: every attempt that did not succeed is in job_attempt ---------------
+    history: dict[int, list[tuple[int, str, str]]] = defaultdict(list)
+    for job_id, attempt, outcome, error in obs.attempt_rows:
+        history[job_id].append((attempt, outcome, error))
+    for row in obs.rows:
+        if row.status not in TERMINAL:
+            continue
+        expected = set(range(1, row.attempts + (0 if row.status == "done" else 1)))
+        seen = [a for a, _, _ in history.get(row.id, [])]
+        if sorted(seen) != sorted(expected):
+            f.add("attempt_history_gaps",
+                  f"{row.task_key}: {row.status} after {row.attempts} attempts, job_attempt has {sorted(seen)}")
+    f.counts["attempt_rows"] = len(obs.attempt_rows)
+
+    # --- executions: duplicates are counted and explained; the same attempt twice is a bug -------
+    per_key: dict[str, list[Execution]] = defaultdict(list)
+    for ex in obs.executions:
+        per_key[ex.task_key].append(ex)
+    pairs = Counter((ex.task_key, ex.attempt) for ex in obs.executions)
+    for (key, attempt), n in pairs.items():
+        if n > 1:
+            f.add("double_claims", f"{key} attempt {attempt} executed {n} times")
+    outcome_of = {(job_id, attempt): (outcome, error) for job_id, attempt, outcome, error in obs.attempt_rows}
+    duplicated_keys = extra = 0
+    for key, runs in per_key.items():
+        row = by_key.get(key)
+        if row is None:
+            f.add("executions_unknown", key)
+            continue
+        if len(runs) < 2:
+            continue
+        duplicated_keys += 1
+        extra += len(runs) - 1
+        # The run that completed the job is the last attempt; every other run was superseded.
+        for ex in runs:
+            if row.status == "done" and ex.attempt == row.attempts:
+                continue
+            f.duplicate_causes[_cause(ex, outcome_of.get((row.id, ex.attempt)), obs)] += 1
+    f.counts["duplicate_executions"] = duplicated_keys
+    f.counts["extra_executions"] = extra
+    f.counts["executions"] = len(obs.executions)
+    succeeded = {(ex.task_key, ex.attempt) for ex in obs.executions}
+    for row in obs.rows:
+        if row.status == "done" and (row.task_key, row.attempts) not in succeeded:
+            f.add("done_without_execution", f"{row.task_key} done at attempt {row.attempts}")
+
+    # --- the monitor's view while it ran ---------------------------------------------------------
+    for item in obs.attempts_backwards:
+        f.add("attempts_backwards", item)
+    for item in obs.terminal_regressions:
+        f.add("terminal_regressions", item)
+    return f
+
+
+def _cause(ex: Execution, attempt_row: tuple[str, str] | None, obs: Observed) -> str:
+    """Why a run did not count: its process was killed or stopped, or the database let it down."""
+    if ex.pid in obs.killed_pids:
+        return "process SIGKILLed"
+    if ex.pid in obs.stopped_pids:
+        return "process SIGSTOPped past its lease"
+    if ex.pid in obs.terminated_pids:
+        return "process SIGTERMed (job released)"
+    if attempt_row is None:
+        return "no attempt record"
+    outcome, error = attempt_row
+    first = _first_line(error)
+    if outcome == "lease_expired":
+        return "lease expired (completion could not reach the database)"
+    if outcome == "retry":
+        return f"retried: {first[:80]}"
+    return f"{outcome}: {first[:80]}"
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else "(no error)"

@@ -1,0 +1,1110 @@
+"""Fault-injection soak: enqueue thousands of jobs while killing, stopping and starving the
+processes that run them, then check that nothing was lost or recorded twice.
+
+    python -m soak.run                    # the full soak: 10,000 jobs, result in docs/soak.md
+    python -m soak.run --quick            # about a minute (the test suite runs this)
+    python -m soak.run --jobs 20000 --seed 7 --out /tmp/soak.md
+
+What runs, all against a private mariadbd this script starts (so it may kill its connections and
+restart it; the shared server is never touched):
+
+- 3 `jobqueue worker --concurrency 4 --lease-seconds 3` processes, and the dashboard under
+  gunicorn (2 web processes with 2 embedded workers each and the reaper);
+- enqueuers: most jobs through `POST /api/jobs`, a few hundred through `jobqueue enqueue`, both
+  retrying with the same task_key on 5xx, connection errors and exit code 1 (that is what
+  idempotent enqueue is for); the jobs are `soak` tasks (soak/tasks.py): noop, sleep, flaky
+  (fails 1-2 times, then succeeds), doomed (always fails; max_attempts 2);
+- a monitor that reads (id, attempts, status) of every row twice a second and records any
+  attempts that went backwards or a finished job that changed again;
+- a seeded, bounded fault schedule: SIGKILL a worker (and start a replacement), SIGSTOP a worker
+  for twice its lease then SIGCONT it, KILL CONNECTION random server connections, restart the
+  server once, hold ready rows in a paused SELECT ... FOR UPDATE, SIGKILL a gunicorn worker
+  (its master starts another), replay slices of known task_keys through both doors.
+
+Then the faults stop, the queue drains, every process gets SIGTERM (exit 0 expected), and
+soak/checks.py compares what was acknowledged with what the tables hold. One verdict line
+(SOAK PASS / SOAK FAIL), a table, the markdown report in --out; exit 0 on pass, 1 on fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import http.client
+import json
+import os
+import platform
+import queue as queue_mod
+import random
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pymysql
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from soak.checks import Execution, Observed, Row, Spec, check  # noqa: E402
+from tests.support.throwaway_mariadb import ThrowawayMariaDB  # noqa: E402
+
+DB_NAME = "soak"
+LEASE_SECONDS = 3
+FAULT_KINDS = ("sigkill_worker", "sigterm_worker", "sigstop_worker", "kill_connection", "db_restart", "hold_rows",
+               "sigkill_web_worker", "replay")
+
+
+# --- the plan --------------------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    jobs: int = 10_000
+    cli_jobs: int = 250
+    fault_seconds: float = 240.0
+    workers: int = 3
+    concurrency: int = 4
+    web_workers: int = 2
+    embedded_workers: int = 2
+    api_threads: int = 4
+    cli_threads: int = 2
+    kill_every: tuple[float, float] = (3.0, 6.0)
+    stops: int = 3
+    stop_seconds: float = 2 * LEASE_SECONDS
+    conn_kill_every: tuple[float, float] = (1.5, 4.0)
+    conn_kills_each: tuple[int, int] = (1, 3)
+    restart_at: float = 0.45                 # fraction of the fault window
+    restart_down_seconds: float = 1.5
+    crash_db: bool = False                   # SIGKILL the server instead of a clean stop
+    holds: int = 3
+    hold_rows: int = 5
+    hold_seconds: float = 5.0
+    web_kills: int = 2
+    graceful_restarts: int = 3
+    replays: int = 5
+    replay_api_keys: int = 40
+    replay_cli_keys: int = 2
+    drain_timeout: float = 600.0
+
+    @classmethod
+    def quick(cls) -> Plan:
+        return cls(jobs=1200, cli_jobs=30, fault_seconds=30.0, kill_every=(3.0, 5.0), stops=1,
+                   conn_kill_every=(2.0, 4.0), holds=2, web_kills=1, graceful_restarts=1, replays=2, replay_api_keys=20,
+                   replay_cli_keys=1, drain_timeout=60.0)
+
+
+def job_specs(plan: Plan, rng: random.Random) -> list[tuple[Spec, dict, float]]:
+    """(spec, payload, delay) for each job, the CLI ones spread evenly among the API ones."""
+    out = []
+    cli_every = max(1, plan.jobs // max(1, plan.cli_jobs)) if plan.cli_jobs else 0
+    for i in range(plan.jobs):
+        kind = rng.choices(("noop", "sleep", "flaky", "doomed"), weights=(40, 30, 20, 10))[0]
+        payload: dict = {"kind": kind}
+        if kind == "sleep":
+            # Mostly short; a few outlast the 1 s shutdown grace, so a SIGTERM releases them.
+            payload["seconds"] = round(rng.uniform(1.0, 2.5) if rng.random() < 0.05 else rng.uniform(0.01, 0.4), 3)
+        elif kind == "flaky":
+            payload["fail_times"] = rng.randint(1, 2)
+        max_attempts = 2 if kind == "doomed" else 4
+        delay = round(rng.uniform(0.2, 2.0), 2) if rng.random() < 0.05 else 0.0
+        via = "cli" if cli_every and i % cli_every == 0 and i // cli_every < plan.cli_jobs else "api"
+        out.append((Spec(f"soak-{i:06d}-{kind}", kind, via, max_attempts), payload, delay))
+    return out
+
+
+def fault_schedule(plan: Plan, rng: random.Random) -> list[tuple[float, str]]:
+    """(seconds into the fault window, fault kind), sorted: the same seed, the same schedule."""
+    window = plan.fault_seconds
+    events: list[tuple[float, str]] = []
+    t = rng.uniform(*plan.kill_every) / 2
+    while t < window:
+        events.append((t, "sigkill_worker"))
+        t += rng.uniform(*plan.kill_every)
+    t = rng.uniform(*plan.conn_kill_every)
+    while t < window:
+        events.append((t, "kill_connection"))
+        t += rng.uniform(*plan.conn_kill_every)
+    events.append((window * plan.restart_at, "db_restart"))
+    # Stops, holds and web kills land while the queue is busy, away from the restart and the end.
+    for kind, n in (("sigstop_worker", plan.stops), ("hold_rows", plan.holds), ("sigkill_web_worker", plan.web_kills),
+                    ("sigterm_worker", plan.graceful_restarts), ("replay", plan.replays)):
+        for j in range(n):
+            lo, hi = window * (0.05 + 0.8 * j / n), window * (0.05 + 0.8 * (j + 1) / n)
+            at = rng.uniform(lo, hi)
+            if abs(at - window * plan.restart_at) < 4:
+                at = (at + 5) if at >= window * plan.restart_at else (at - 5)
+            events.append((max(0.5, min(at, window - plan.stop_seconds - 1)), kind))
+    return sorted(events)
+
+
+# --- processes -----------------------------------------------------------------------------------
+
+class Proc:
+    def __init__(self, name: str, argv: list[str], env: dict, log_path: Path):
+        self.name = name
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        self.pid = self.proc.pid
+        self.fate = "running"          # running | killed | terminated | stopped-then-continued | exited
+        self.stopped = False
+        self.sigterm_sent = False
+        self._started = False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def started(self) -> bool:
+        """The worker logged worker_started: its signal handlers are in place."""
+        if not self._started:
+            with open(self.log_path, "rb") as f:
+                self._started = b"event=worker_started " in f.read()
+        return self._started
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def sigterm(self) -> None:
+        """One SIGTERM. A second one could land while the interpreter is finalising, after Python
+        has put the default handlers back, and kill a process that had already stopped cleanly."""
+        if self.alive() and not self.sigterm_sent:
+            self.sigterm_sent = True
+            if self.stopped:
+                self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+
+    def terminate(self, timeout: float) -> int | None:
+        self.sigterm()
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            return None
+        finally:
+            self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+class NotNow(Exception):
+    """A fault cannot be injected at this moment (say, every worker is still starting): try again
+    a second later, a few times."""
+
+
+def gunicorn_children(master_pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{master_pid}/task/{master_pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+# --- the soak ------------------------------------------------------------------------------------
+
+class Soak:
+    def __init__(self, plan: Plan, seed: int, workdir: Path, log=print):
+        self.plan = plan
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.workdir = workdir
+        self.say = log
+        self.logs = workdir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.exec_log = workdir / "executions.log"
+        self.exec_log.write_text("")
+        self.server = ThrowawayMariaDB(workdir / "mariadb")
+        self.url = ""
+        self.token = secrets.token_urlsafe(32)
+        self.env: dict[str, str] = {}
+        self.workers: list[Proc] = []
+        self.all_workers: list[Proc] = []
+        self.web: Proc | None = None
+        self.web_port = 0
+        self.worker_seq = 0
+        self.lock = threading.Lock()
+        # What the enqueuers learned.
+        self.specs: dict[str, Spec] = {}
+        self.payloads: dict[str, tuple[dict, float]] = {}
+        self.acked: dict[str, int] = {}
+        # Fresh keys whose acknowledgement said duplicate: true: an earlier try had committed and
+        # its answer was lost (a 503, a killed gunicorn worker: after a client retry), or the
+        # server's own retry after a COMMIT whose OK never arrived (in one request).
+        self.fresh_duplicates: Counter = Counter()
+        self.enqueue_retries = Counter()
+        self.enqueue_gave_up: list[str] = []
+        self.enqueue_rejected: list[str] = []
+        self.enqueue_done = threading.Event()
+        # What the faults did.
+        self.faults = Counter()
+        self.fault_errors: list[str] = []
+        self.fault_log: list[str] = []
+        self.killed_pids: set[int] = set()
+        self.stopped_pids: set[int] = set()
+        self.terminated_pids: set[int] = set()
+        self.replayed = 0
+        self.replay_mismatches: list[str] = []
+        self.held_touched: list[str] = []
+        self.unexpected_exits: list[str] = []
+        self.own_connection_ids: set[int] = set()
+        self.restart_outage = 0.0
+        # The monitor's view.
+        self.monitor_stop = threading.Event()
+        self.last_seen: dict[int, tuple[int, str]] = {}
+        self.attempts_backwards: list[dict] = []
+        self.terminal_regressions: list[dict] = []
+        self.monitor_samples = 0
+        self.status_counts: Counter = Counter()
+        self.t0 = 0.0
+        self.timeline: list[tuple[float, int]] = []   # (seconds since start, terminal jobs)
+
+    # --- set-up ----------------------------------------------------------------------------------
+
+    def start_database(self) -> None:
+        self.server.start()
+        self.url = self.server.create_database(DB_NAME)
+        out = subprocess.run([sys.executable, "-m", "webapp.core.cli", "--database-url", self.url, "init-db"],
+                             capture_output=True, text=True, env=self.base_env(), cwd=REPO, timeout=120)
+        if out.returncode != 0:
+            raise RuntimeError(f"init-db failed: {out.stdout}{out.stderr}")
+
+    def base_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONUNBUFFERED"] = "1"
+        env["JOBQUEUE_TASKS"] = "soak.tasks"
+        env["SOAK_EXEC_LOG"] = str(self.exec_log)
+        env.pop("JOBQUEUE_DATABASE_URL", None)
+        return env
+
+    def start_worker(self) -> Proc:
+        self.worker_seq += 1
+        name = f"w{self.worker_seq}"
+        p = Proc(name, [sys.executable, "-m", "webapp.core.cli", "--database-url", self.url, "worker",
+                        "--name", name, "--concurrency", str(self.plan.concurrency),
+                        "--lease-seconds", str(LEASE_SECONDS), "--grace-seconds", "1", "--tasks", "soak.tasks"],
+                 self.base_env(), self.logs / f"worker-{name}.log")
+        self.workers.append(p)
+        self.all_workers.append(p)
+        return p
+
+    def start_web(self) -> None:
+        from werkzeug.security import generate_password_hash
+
+        self.web_port = _free_port()
+        env = self.base_env()
+        env.update({
+            "JOBQUEUE_DATABASE_URL": self.url,
+            "JOBQUEUE_BIND": f"127.0.0.1:{self.web_port}",
+            "JOBQUEUE_WEB_WORKERS": str(self.plan.web_workers),
+            "JOBQUEUE_WEB_THREADS": "4",
+            "JOBQUEUE_EMBEDDED_WORKERS": str(self.plan.embedded_workers),
+            "JOBQUEUE_USERS": f"soak:admin:{generate_password_hash(secrets.token_urlsafe(16))}",
+            "JOBQUEUE_SECRET_KEY": secrets.token_hex(32),
+            "JOBQUEUE_API_TOKENS": f"soak:admin:{self.token}",
+            "JOBQUEUE_LEASE_SECONDS": str(LEASE_SECONDS),
+            "JOBQUEUE_GRACE_SECONDS": "1",
+        })
+        self.web = Proc("gunicorn", [sys.executable, "-m", "gunicorn", "-c", str(REPO / "webapp/web/gunicorn_conf.py")],
+                        env, self.logs / "gunicorn.log")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                status, _ = self._http("GET", "/healthz", None, timeout=2)
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            if not self.web.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"gunicorn did not come up:\n{self.web.log()[-3000:]}")
+            time.sleep(0.2)
+
+    # --- enqueue ---------------------------------------------------------------------------------
+
+    def _http(self, method: str, path: str, body: dict | None, timeout: float = 10,
+              conn: http.client.HTTPConnection | None = None) -> tuple[int, dict]:
+        own = conn is None
+        conn = conn or http.client.HTTPConnection("127.0.0.1", self.web_port, timeout=timeout)
+        try:
+            headers = {"Authorization": f"Bearer {self.token}"}
+            data = None
+            if body is not None:
+                data = json.dumps(body).encode()
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+            try:
+                parsed = json.loads(raw) if raw else {}
+            except ValueError:
+                parsed = {"raw": raw[:200].decode(errors="replace")}
+            return resp.status, parsed
+        finally:
+            if own:
+                conn.close()
+
+    def enqueue_api(self, spec: Spec, payload: dict, delay: float, conn_box: list, deadline_s: float = 180
+                    ) -> tuple[str, dict | None]:
+        """POST until the queue answers 200/201; the same task_key on every try. ('ok', body),
+        ('rejected', body) for a 4xx, ('gave_up', None)."""
+        body = {"task": "soak", "task_key": spec.task_key, "payload": payload, "max_attempts": spec.max_attempts}
+        if delay:
+            body["delay"] = delay
+        deadline = time.monotonic() + deadline_s
+        pause = 0.1
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                if conn_box[0] is None:
+                    conn_box[0] = http.client.HTTPConnection("127.0.0.1", self.web_port, timeout=15)
+                status, answer = self._http("POST", "/api/jobs", body, conn=conn_box[0])
+                if status in (200, 201):
+                    answer["_tries"] = tries
+                    return "ok", answer
+                if 400 <= status < 500:
+                    return "rejected", {"status": status, **answer}
+                self.enqueue_retries[f"api {status}"] += 1
+            except (OSError, http.client.HTTPException) as exc:
+                self.enqueue_retries[f"api {type(exc).__name__}"] += 1
+                if conn_box[0] is not None:
+                    conn_box[0].close()
+                conn_box[0] = None
+            if time.monotonic() > deadline:
+                return "gave_up", None
+            time.sleep(pause * random.uniform(0.5, 1.5))
+            pause = min(pause * 2, 2.0)
+
+    def enqueue_cli(self, spec: Spec, payload: dict, delay: float, deadline_s: float = 180) -> tuple[str, dict | None]:
+        argv = [sys.executable, "-m", "webapp.core.cli", "--database-url", self.url, "--log-level", "WARNING",
+                "enqueue", "soak", "--key", spec.task_key, "--payload", json.dumps(payload),
+                "--max-attempts", str(spec.max_attempts), "--tasks", "soak.tasks"]
+        if delay:
+            argv += ["--delay", str(delay)]
+        deadline = time.monotonic() + deadline_s
+        pause = 0.2
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                out = subprocess.run(argv, capture_output=True, text=True, env=self.base_env(), cwd=REPO, timeout=60)
+            except subprocess.TimeoutExpired:
+                self.enqueue_retries["cli timeout"] += 1
+            else:
+                if out.returncode == 0:
+                    answer = json.loads(out.stdout.strip().splitlines()[-1])
+                    answer["_tries"] = tries
+                    return "ok", answer
+                if out.returncode != 1:
+                    return "rejected", {"code": out.returncode, "stderr": out.stderr[-500:]}
+                self.enqueue_retries["cli exit 1"] += 1
+            if time.monotonic() > deadline:
+                return "gave_up", None
+            time.sleep(pause * random.uniform(0.5, 1.5))
+            pause = min(pause * 2, 2.0)
+
+    def _record_ack(self, spec: Spec, outcome: str, answer: dict | None) -> None:
+        with self.lock:
+            if outcome == "ok":
+                self.acked[spec.task_key] = int(answer["id"])
+                if answer.get("duplicate"):
+                    self.fresh_duplicates["after a client retry" if answer.get("_tries", 1) > 1
+                                          else "in one request"] += 1
+            elif outcome == "rejected":
+                self.enqueue_rejected.append(f"{spec.task_key} via {spec.via}: {answer}")
+            else:
+                self.enqueue_gave_up.append(f"{spec.task_key} via {spec.via}")
+
+    def run_enqueuers(self, jobs: list[tuple[Spec, dict, float]]) -> list[threading.Thread]:
+        api_q: queue_mod.Queue = queue_mod.Queue()
+        cli_q: queue_mod.Queue = queue_mod.Queue()
+        for item in jobs:
+            self.specs[item[0].task_key] = item[0]
+            self.payloads[item[0].task_key] = (item[1], item[2])
+            (cli_q if item[0].via == "cli" else api_q).put(item)
+
+        def api_loop():
+            box = [None]
+            while True:
+                try:
+                    spec, payload, delay = api_q.get_nowait()
+                except queue_mod.Empty:
+                    break
+                self._record_ack(spec, *self.enqueue_api(spec, payload, delay, box))
+            if box[0] is not None:
+                box[0].close()
+
+        def cli_loop():
+            while True:
+                try:
+                    spec, payload, delay = cli_q.get_nowait()
+                except queue_mod.Empty:
+                    break
+                self._record_ack(spec, *self.enqueue_cli(spec, payload, delay))
+
+        threads = [threading.Thread(target=_guarded(api_loop, self), name=f"api-{i}", daemon=True)
+                   for i in range(self.plan.api_threads)]
+        threads += [threading.Thread(target=_guarded(cli_loop, self), name=f"cli-{i}", daemon=True)
+                    for i in range(self.plan.cli_threads)]
+        for t in threads:
+            t.start()
+        return threads
+
+    # --- the monitor -----------------------------------------------------------------------------
+
+    def _connect(self, own: bool = True) -> pymysql.Connection:
+        conn = pymysql.connect(host="127.0.0.1", port=self.server.port, user="root", password="", database=DB_NAME,
+                               autocommit=True, connect_timeout=5, read_timeout=30, write_timeout=30)
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            cur.execute("SELECT CONNECTION_ID()")
+            if own:
+                with self.lock:
+                    self.own_connection_ids.add(cur.fetchone()[0])
+        return conn
+
+    def monitor(self) -> None:
+        """Every ~0.5 s: (id, attempts, status) of every row. Attempts must never go down, and a
+        done or failed job must stay so (nothing in the soak requeues)."""
+        conn = None
+        while not self.monitor_stop.is_set():
+            started = time.monotonic()
+            try:
+                if conn is None:
+                    conn = self._connect()
+                with conn.cursor() as cur:
+                    cur.execute("SELECT id, attempts, status FROM job_queue")
+                    rows = cur.fetchall()
+            except pymysql.MySQLError:
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:
+                        pass
+                conn = None
+                self.monitor_stop.wait(0.5)
+                continue
+            counts: Counter = Counter()
+            for job_id, attempts, status in rows:
+                counts[status] += 1
+                before = self.last_seen.get(job_id)
+                if before is not None:
+                    if attempts < before[0]:
+                        self.attempts_backwards.append({"id": job_id, "from": before[0], "to": attempts})
+                    if before[1] in ("done", "failed") and status != before[1]:
+                        self.terminal_regressions.append({"id": job_id, "from": before[1], "to": status})
+                self.last_seen[job_id] = (attempts, status)
+            self.monitor_samples += 1
+            self.status_counts = counts
+            self.timeline.append((time.monotonic() - self.t0, counts["done"] + counts["failed"]))
+            self.monitor_stop.wait(max(0.05, 0.5 - (time.monotonic() - started)))
+        if conn is not None:
+            conn.close()
+
+    # --- faults ----------------------------------------------------------------------------------
+
+    def note(self, text: str) -> None:
+        line = f"{time.monotonic() - self.t0:7.1f}s {text}"
+        self.fault_log.append(line)
+
+    def live_workers(self, started: bool = False) -> list[Proc]:
+        return [w for w in self.workers if w.alive() and not w.stopped and (w.started() or not started)]
+
+    def check_unexpected_exits(self) -> None:
+        for w in list(self.workers):
+            if not w.alive() and w.fate == "running":
+                w.fate = "exited"
+                self.unexpected_exits.append(f"worker {w.name} (pid {w.pid}) exited with {w.proc.returncode}")
+                self.workers.remove(w)
+                self.start_worker()
+        if self.web is not None and not self.web.alive() and self.web.fate == "running":
+            self.web.fate = "exited"
+            self.unexpected_exits.append(f"gunicorn exited with {self.web.proc.returncode}")
+
+    def fault_sigkill_worker(self, later) -> None:
+        choices = self.live_workers()
+        if not choices:
+            raise NotNow("no live worker to kill")
+        victim = self.rng.choice(choices)
+        victim.signal(signal.SIGKILL)
+        victim.proc.wait(10)
+        victim.fate = "killed"
+        self.killed_pids.add(victim.pid)
+        self.workers.remove(victim)
+        new = self.start_worker()
+        self.note(f"SIGKILL worker {victim.name} (pid {victim.pid}); started {new.name} (pid {new.pid})")
+
+    def fault_sigterm_worker(self, later) -> None:
+        """A deploy: SIGTERM one worker (it finishes or releases what it holds and exits 0) and
+        start its replacement at once."""
+        # A worker still importing has no SIGTERM handler yet (and holds nothing): it would just die.
+        choices = self.live_workers(started=True)
+        if not choices:
+            raise NotNow("no started worker to restart")
+        victim = self.rng.choice(choices)
+        victim.sigterm()
+        victim.fate = "terminated"
+        self.terminated_pids.add(victim.pid)
+        self.workers.remove(victim)
+        new = self.start_worker()
+        self.note(f"SIGTERM worker {victim.name} (pid {victim.pid}); started {new.name} (pid {new.pid})")
+
+        def check_exit():
+            code = victim.proc.poll()
+            if code != 0:
+                self.unexpected_exits.append(f"worker {victim.name} (pid {victim.pid}) after SIGTERM: "
+                                             f"{'still running' if code is None else f'exit {code}'}")
+            self.note(f"worker {victim.name} exited with {code} after SIGTERM")
+
+        later(10.0, check_exit)
+
+    def fault_sigstop_worker(self, later) -> None:
+        choices = self.live_workers(started=True)
+        if not choices:
+            raise NotNow("no started worker to stop")
+        victim = self.rng.choice(choices)
+        victim.signal(signal.SIGSTOP)
+        victim.stopped = True
+        self.stopped_pids.add(victim.pid)
+        self.note(f"SIGSTOP worker {victim.name} (pid {victim.pid}) for {self.plan.stop_seconds:g} s "
+                  f"(lease {LEASE_SECONDS} s)")
+
+        def resume():
+            victim.signal(signal.SIGCONT)
+            victim.stopped = False
+            victim.fate = "stopped-then-continued"
+            self.note(f"SIGCONT worker {victim.name} (pid {victim.pid})")
+
+        later(self.plan.stop_seconds, resume)
+
+    def fault_kill_connection(self, later) -> None:
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                with self.lock:
+                    own = set(self.own_connection_ids)
+                cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = %s AND COMMAND <> 'Daemon'",
+                            (DB_NAME,))
+                ids = [r[0] for r in cur.fetchall() if r[0] not in own]
+                if not ids:
+                    raise NotNow("no connection to kill")
+                n = min(len(ids), self.rng.randint(*self.plan.conn_kills_each))
+                killed = []
+                for cid in self.rng.sample(ids, n):
+                    try:
+                        cur.execute(f"KILL CONNECTION {int(cid)}")
+                        killed.append(cid)
+                    except pymysql.MySQLError:
+                        pass  # it went away by itself
+        finally:
+            conn.close()
+        if not killed:
+            raise NotNow("every chosen connection was already gone")
+        self.faults["connections_killed"] += len(killed)
+        self.note(f"KILL CONNECTION {', '.join(map(str, killed))} (of {len(ids)})")
+
+    def fault_db_restart(self, later) -> None:
+        started = time.monotonic()
+        if self.plan.crash_db:
+            self.note("database: crashing it (SIGKILL; InnoDB recovers on start)")
+            self.server.kill()
+        else:
+            self.note("database: stopping (SIGTERM)")
+            self.server.stop()
+        time.sleep(self.plan.restart_down_seconds)
+        self.server.start()
+        self.restart_outage = time.monotonic() - started
+        self.note(f"database: back on port {self.server.port} after {self.restart_outage:.1f} s")
+
+    def fault_hold_rows(self, later) -> None:
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("BEGIN")
+                cur.execute("SELECT id, attempts FROM job_queue WHERE status = 'ready' ORDER BY priority, id "
+                            f"LIMIT {int(self.plan.hold_rows)} FOR UPDATE SKIP LOCKED")
+                held = cur.fetchall()
+        except BaseException:
+            conn.close()
+            raise
+        if not held:
+            conn.close()
+            raise NotNow("no ready rows to hold")
+        self.note(f"holding {len(held)} ready rows {[r[0] for r in held]} in a paused transaction "
+                  f"for {self.plan.hold_seconds:g} s")
+
+        def release():
+            try:
+                check = self._connect()
+                try:
+                    with check.cursor() as cur:
+                        ids = ",".join(str(r[0]) for r in held)
+                        cur.execute(f"SELECT id, attempts, status FROM job_queue WHERE id IN ({ids})")
+                        now = {r[0]: (r[1], r[2]) for r in cur.fetchall()}
+                finally:
+                    check.close()
+                for job_id, attempts in held:
+                    if now.get(job_id) != (attempts, "ready"):
+                        self.held_touched.append(f"job {job_id}: held as ready/attempts {attempts}, "
+                                                 f"now {now.get(job_id)}")
+            except pymysql.MySQLError as exc:
+                self.fault_errors.append(f"hold check: {exc}")
+            try:
+                conn.rollback()
+            except pymysql.MySQLError:
+                pass  # the server restarted under it: the hold ended then
+            conn.close()
+            self.note(f"released {len(held)} held rows")
+
+        later(self.plan.hold_seconds, release)
+
+    def fault_sigkill_web_worker(self, later) -> None:
+        children = gunicorn_children(self.web.pid)
+        if not children:
+            raise NotNow("no gunicorn worker process found")
+        pid = self.rng.choice(children)
+        os.kill(pid, signal.SIGKILL)
+        self.killed_pids.add(pid)
+        self.note(f"SIGKILL gunicorn worker pid {pid} (the master starts another)")
+
+    def fault_replay(self, later) -> None:
+        with self.lock:
+            known = sorted(self.acked.items())
+        if len(known) < self.plan.replay_api_keys + self.plan.replay_cli_keys:
+            raise NotNow("too few acknowledged keys to replay yet")
+        sample = self.rng.sample(known, self.plan.replay_api_keys + self.plan.replay_cli_keys)
+
+        def replay():
+            box = [None]
+            for n, (key, job_id) in enumerate(sample):
+                spec = self.specs[key]
+                payload, delay = self.payloads[key]
+                if n < self.plan.replay_api_keys:
+                    outcome, answer = self.enqueue_api(spec, payload, delay, box)
+                else:
+                    outcome, answer = self.enqueue_cli(spec, payload, delay)
+                with self.lock:
+                    self.replayed += 1
+                    if outcome != "ok" or not answer.get("duplicate") or int(answer["id"]) != job_id:
+                        self.replay_mismatches.append(f"{key} (id {job_id}): {outcome} {answer}")
+            if box[0] is not None:
+                box[0].close()
+
+        t = threading.Thread(target=_guarded(replay, self), name="replay", daemon=True)
+        t.start()
+        self.replay_threads.append(t)
+        self.note(f"replaying {self.plan.replay_api_keys} task_keys via the API and {self.plan.replay_cli_keys} via the CLI")
+
+    def run_faults(self, schedule: list[tuple[float, str]]) -> None:
+        """Run the schedule in real time; durational faults (stops, holds) end from the same loop."""
+        self.replay_threads: list[threading.Thread] = []
+        start = time.monotonic()
+        heap: list[tuple[float, int, str, object]] = []
+        seq = 0
+        for at, kind in schedule:
+            heap.append((start + at, seq, kind, 0))
+            seq += 1
+        heapq.heapify(heap)
+
+        def later(seconds: float, fn) -> None:
+            nonlocal seq
+            seq += 1
+            heapq.heappush(heap, (time.monotonic() + seconds, seq, "end", fn))
+
+        last_progress = 0.0
+        while heap:
+            when, _, kind, fn = heap[0]
+            now = time.monotonic()
+            if now - last_progress >= 5:
+                last_progress = now
+                self.progress()
+            if when > now:
+                time.sleep(min(0.2, when - now))
+                self.check_unexpected_exits()
+                continue
+            heapq.heappop(heap)
+            try:
+                if kind == "end":
+                    fn()
+                else:
+                    getattr(self, f"fault_{kind}")(later)
+                    self.faults[kind] += 1
+            except NotNow as exc:
+                if fn < 15:
+                    seq += 1
+                    heapq.heappush(heap, (time.monotonic() + 1.0, seq, kind, fn + 1))
+                    continue
+                self.fault_errors.append(f"{kind}: {exc} (15 tries)")
+                self.note(f"{kind} not injected: {exc}")
+            except Exception as exc:   # a fault that could not be injected is reported, not fatal
+                self.fault_errors.append(f"{kind}: {type(exc).__name__}: {exc}")
+                self.note(f"{kind} not injected: {exc}")
+            self.check_unexpected_exits()
+
+    def progress(self) -> None:
+        c = self.status_counts
+        self.say(f"[{time.monotonic() - self.t0:6.1f}s] acked {len(self.acked)}/{len(self.specs)}  "
+                 + " ".join(f"{s} {c.get(s, 0)}" for s in ("ready", "scheduled", "running", "done", "failed"))
+                 + f"  faults {sum(v for k, v in self.faults.items() if k in FAULT_KINDS)}")
+
+    # --- drain and stop --------------------------------------------------------------------------
+
+    def drain(self) -> bool:
+        deadline = time.monotonic() + self.plan.drain_timeout
+        last_progress = 0.0
+        while time.monotonic() < deadline:
+            self.check_unexpected_exits()
+            if time.monotonic() - last_progress >= 5:
+                last_progress = time.monotonic()
+                self.progress()
+            try:
+                conn = self._connect()
+                try:
+                    with conn.cursor() as cur:
+                        cur.execute("SELECT COUNT(*) FROM job_queue WHERE status IN ('ready', 'running', 'scheduled')")
+                        open_jobs = cur.fetchone()[0]
+                finally:
+                    conn.close()
+            except pymysql.MySQLError:
+                open_jobs = -1
+            if open_jobs == 0 and self.enqueue_done.is_set():
+                return True
+            time.sleep(0.5)
+        return False
+
+    def stop_all(self) -> dict[str, int | None]:
+        codes: dict[str, int | None] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(w.started() for w in self.workers if w.alive()):
+            time.sleep(0.2)   # a replacement still importing has no SIGTERM handler yet
+        for w in self.workers:
+            w.sigterm()
+        for w in self.workers:
+            codes[f"worker {w.name}"] = w.terminate(30)
+            w.fate = "stopped" if w.fate == "running" else w.fate
+        for w in self.all_workers:
+            if not w._log.closed:
+                w._log.close()
+        if self.web is not None:
+            codes["gunicorn"] = self.web.terminate(60)
+        return codes
+
+    # --- reading the result ----------------------------------------------------------------------
+
+    def observe(self) -> Observed:
+        conn = self._connect(own=False)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT id, task_key, status, attempts, max_attempts, last_error FROM job_queue")
+                rows = [Row(*r) for r in cur.fetchall()]
+                cur.execute("SELECT task_key, job_id, attempt FROM job_result")
+                results = [tuple(r) for r in cur.fetchall()]
+                cur.execute("SELECT job_id, attempt, outcome, error FROM job_attempt")
+                attempt_rows = [(r[0], r[1], r[2], r[3] or "") for r in cur.fetchall()]
+        finally:
+            conn.close()
+        executions = []
+        for line in self.exec_log.read_text().splitlines():
+            key, attempt, worker, pid = line.split(" ")
+            executions.append(Execution(key, int(attempt), worker, int(pid)))
+        return Observed(specs=self.specs, acked=dict(self.acked), rows=rows, results=results,
+                        attempt_rows=attempt_rows, executions=executions,
+                        attempts_backwards=self.attempts_backwards, terminal_regressions=self.terminal_regressions,
+                        killed_pids=self.killed_pids, stopped_pids=self.stopped_pids,
+                        terminated_pids=self.terminated_pids)
+
+    def fenced_late_writes(self) -> int:
+        """lease_lost lines in the logs of workers that were stopped past their lease: writes the
+        fence refused after they woke up."""
+        n = 0
+        for w in self.all_workers:
+            if w.pid in self.stopped_pids:
+                n += len(re.findall(r"event=lease_lost ", w.log()))
+        return n
+
+    def log_counts(self) -> Counter:
+        counts: Counter = Counter()
+        paths = [w.log_path for w in self.all_workers] + ([self.web.log_path] if self.web else [])
+        for path in paths:
+            text = path.read_text(errors="replace")
+            for name in ("lease_lost", "reclaimed", "sql_error", "db_retry", "duplicate_result", "finish_abandoned",
+                         "handler_lease_lost", "released", "claim_mismatch"):
+                counts[name] += len(re.findall(rf"event={name} ", text))
+            counts["Traceback"] += text.count("Traceback (most recent call last)")
+        return counts
+
+
+def _guarded(fn, soak: Soak):
+    def run():
+        try:
+            fn()
+        except Exception:
+            soak.fault_errors.append(f"thread {threading.current_thread().name} crashed:\n{traceback.format_exc()}")
+    return run
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- the whole run ---------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    passed: bool
+    verdict: str
+    table: str
+    numbers: dict = field(default_factory=dict)
+
+
+def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
+    soak = Soak(plan, seed, workdir, log=say)
+    load_before = os.getloadavg()[0]
+    jobs = job_specs(plan, soak.rng)
+    schedule = fault_schedule(plan, soak.rng)
+    (workdir / "schedule.json").write_text(json.dumps([{"at": round(t, 2), "fault": k} for t, k in schedule], indent=1))
+    say(f"soak: {plan.jobs} jobs, seed {seed}, {len(schedule)} scheduled faults over {plan.fault_seconds:g} s; "
+        f"logs in {workdir}")
+    monitor = threading.Thread(target=soak.monitor, name="monitor", daemon=True)
+    codes: dict[str, int | None] = {}
+    drained = False
+    try:
+        soak.start_database()
+        for _ in range(plan.workers):
+            soak.start_worker()
+        soak.start_web()
+        soak.t0 = time.monotonic()
+        monitor.start()
+        enqueuers = soak.run_enqueuers(jobs)
+
+        def wait_enqueuers():
+            for t in enqueuers:
+                t.join()
+            soak.enqueue_done.set()
+            soak.enqueue_seconds = time.monotonic() - soak.t0
+
+        waiter = threading.Thread(target=wait_enqueuers, name="enqueue-waiter", daemon=True)
+        waiter.start()
+        fault_start = time.monotonic()
+        terminal_at_fault_start = sum(soak.status_counts.get(s, 0) for s in ("done", "failed"))
+        soak.run_faults(schedule)
+        fault_end = time.monotonic()
+        terminal_at_fault_end = sum(soak.status_counts.get(s, 0) for s in ("done", "failed"))
+        for t in soak.replay_threads:
+            t.join(120)
+        say(f"faults over after {fault_end - fault_start:.1f} s; draining")
+        waiter.join(plan.drain_timeout)
+        drained = soak.drain()
+        drain_end = time.monotonic()
+        codes = soak.stop_all()
+        soak.monitor_stop.set()
+        monitor.join(10)
+        obs = soak.observe()
+    finally:
+        soak.monitor_stop.set()
+        for w in soak.all_workers:
+            if w.alive():
+                w.proc.kill()
+        if soak.web is not None and soak.web.alive():
+            soak.web.proc.kill()
+        soak.server.cleanup()
+        shutil.rmtree(workdir / "mariadb" / "data", ignore_errors=True)
+
+    findings = check(obs)
+    finished = sum(1 for r in obs.rows if r.status in ("done", "failed"))
+    wall = drain_end - soak.t0
+    numbers = {
+        "seed": seed,
+        "jobs": plan.jobs,
+        "jobs_api": sum(1 for s in soak.specs.values() if s.via == "api"),
+        "jobs_cli": sum(1 for s in soak.specs.values() if s.via == "cli"),
+        "acked": len(soak.acked),
+        "by_kind": {k: dict(v) for k, v in sorted(findings.by_kind.items())},
+        "faults": {k: soak.faults.get(k, 0) for k in FAULT_KINDS},
+        "connections_killed": soak.faults.get("connections_killed", 0),
+        "replayed_keys": soak.replayed,
+        "fault_errors": soak.fault_errors,
+        "restart_outage_seconds": round(soak.restart_outage, 2),
+        "db_crash": plan.crash_db,
+        "lost": findings.get("lost"),
+        "duplicate_results": findings.get("duplicate_results"),
+        "duplicate_executions": findings.get("duplicate_executions"),
+        "extra_executions": findings.get("extra_executions"),
+        "duplicate_causes": dict(findings.duplicate_causes.most_common()),
+        "executions": findings.get("executions"),
+        "attempts_backwards": findings.get("attempts_backwards"),
+        "terminal_regressions": findings.get("terminal_regressions"),
+        "failed_not_doomed": findings.get("failed_not_doomed"),
+        "unexpected_failure_reasons": dict(findings.unexpected_failures.most_common(5)),
+        "max_attempts_raised": findings.get("max_attempts_raised"),
+        "fenced_late_writes": soak.fenced_late_writes(),
+        "monitor_samples": soak.monitor_samples,
+        "duration_seconds": round(wall, 1),
+        "fault_window_seconds": round(fault_end - fault_start, 1),
+        "enqueue_seconds": round(getattr(soak, "enqueue_seconds", float("nan")), 1),
+        "throughput_under_faults": round((terminal_at_fault_end - terminal_at_fault_start)
+                                         / max(1e-9, fault_end - fault_start), 1),
+        "throughput_overall": round(finished / max(1e-9, wall), 1),
+        "exit_codes": codes,
+        "load_average_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+        "enqueue_retries": dict(soak.enqueue_retries),
+        "fresh_keys_acknowledged_as_duplicate": dict(soak.fresh_duplicates),
+        "log_events": dict(soak.log_counts()),
+        "violations": findings.violations(),
+        "examples": {k: v for k, v in findings.examples.items() if k in findings.violations()},
+    }
+    problems = dict(findings.violations())
+    if not drained:
+        problems["drain_timed_out"] = 1
+    if soak.enqueue_gave_up:
+        problems["enqueue_gave_up"] = len(soak.enqueue_gave_up)
+    if soak.enqueue_rejected:
+        problems["enqueue_rejected"] = len(soak.enqueue_rejected)
+    if soak.replay_mismatches:
+        problems["replay_mismatches"] = len(soak.replay_mismatches)
+    if soak.held_touched:
+        problems["held_rows_touched"] = len(soak.held_touched)
+    if soak.unexpected_exits:
+        problems["unexpected_exits"] = len(soak.unexpected_exits)
+    bad_codes = {k: v for k, v in codes.items() if v != 0}
+    if bad_codes:
+        problems["nonzero_exit_codes"] = len(bad_codes)
+    missing = [k for k in FAULT_KINDS if soak.faults.get(k, 0) == 0 and any(kind == k for _, kind in schedule)]
+    if missing:
+        problems["faults_not_injected"] = len(missing)
+    crashed = [e for e in soak.fault_errors if "crashed" in e]
+    if crashed:
+        problems["harness_thread_crashed"] = len(crashed)
+    numbers["problems"] = problems
+    numbers["details"] = {
+        "enqueue_gave_up": soak.enqueue_gave_up[:10], "enqueue_rejected": soak.enqueue_rejected[:10],
+        "replay_mismatches": soak.replay_mismatches[:10], "held_rows_touched": soak.held_touched[:10],
+        "unexpected_exits": soak.unexpected_exits, "nonzero_exit_codes": bad_codes, "faults_not_injected": missing,
+    }
+    passed = not problems
+    verdict = (f"SOAK {'PASS' if passed else 'FAIL'}: {plan.jobs} jobs, "
+               f"{sum(numbers['faults'].values())} faults, {numbers['lost']} lost, "
+               f"{numbers['duplicate_results']} duplicate results, {numbers['duplicate_executions']} duplicate "
+               f"executions, {numbers['throughput_under_faults']} jobs/s under faults"
+               + ("" if passed else f"; problems: {', '.join(f'{k}={v}' for k, v in problems.items())}"))
+    (workdir / "results.json").write_text(json.dumps({"verdict": verdict, "passed": passed, **numbers},
+                                                     indent=1, default=str))
+    (workdir / "faults.log").write_text("\n".join(soak.fault_log) + "\n")
+    return Outcome(passed, verdict, table(numbers), numbers)
+
+
+def table(n: dict) -> str:
+    kinds = ", ".join(f"{k} {sum(v.values())} ({'/'.join(f'{s} {c}' for s, c in sorted(v.items()))})"
+                      for k, v in n["by_kind"].items())
+    faults = ", ".join(f"{k} {v}" for k, v in n["faults"].items())
+    causes = "; ".join(f"{k}: {v}" for k, v in n["duplicate_causes"].items()) or "none"
+    codes = ", ".join(f"{k} {v}" for k, v in n["exit_codes"].items())
+    rows = [
+        ("jobs enqueued", f"{n['jobs']} ({n['jobs_api']} via HTTP API, {n['jobs_cli']} via CLI), {n['acked']} acknowledged"),
+        ("jobs by kind (final status)", kinds),
+        ("faults injected", f"{faults}; {n['connections_killed']} connections killed, "
+                            f"{n['replayed_keys']} task_keys replayed, database {'crash' if n['db_crash'] else 'restart'} "
+                            f"outage {n['restart_outage_seconds']} s"),
+        ("**lost** (must be 0)", str(n["lost"])),
+        ("**duplicate results** (must be 0)", str(n["duplicate_results"])),
+        ("duplicate executions", f"{n['duplicate_executions']} task_keys ({n['extra_executions']} extra runs of "
+                                 f"{n['executions']}); superseded runs by cause: {causes}"),
+        ("late writes refused by the fence (stopped workers)", str(n["fenced_late_writes"])),
+        ("attempts went backwards (must be 0)", f"{n['attempts_backwards']} in {n['monitor_samples']} samples"),
+        ("other invariants (must be 0)", ", ".join(f"{k} {v}" for k, v in n["violations"].items()) or "all 0"),
+        ("failed but not doomed", f"{n['failed_not_doomed']}"
+                                  + (f" ({'; '.join(f'{k[:60]}: {v}' for k, v in n['unexpected_failure_reasons'].items())})"
+                                     if n["unexpected_failure_reasons"] else "")),
+        ("throughput", f"{n['throughput_under_faults']} jobs/s under faults ({n['fault_window_seconds']} s window), "
+                       f"{n['throughput_overall']} jobs/s overall"),
+        ("duration", f"{n['duration_seconds']} s (enqueue {n['enqueue_seconds']} s)"),
+        ("exit codes after SIGTERM", codes),
+        ("problems", ", ".join(f"{k}={v}" for k, v in n["problems"].items()) or "none"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    return "\n".join([f"| {'measure':<{width}} | value |", f"|{'-' * (width + 2)}|-------|"]
+                     + [f"| {a:<{width}} | {b} |" for a, b in rows])
+
+
+def markdown(outcome: Outcome, command: str, plan: Plan) -> str:
+    n = outcome.numbers
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"""# Soak: last result
+
+`{command}` on {when} ({platform.machine()}, {os.cpu_count()} cores shared with other work: load
+average {n['load_average_1min'][0]} at the start, {n['load_average_1min'][1]} at the end; Python
+{platform.python_version()}, MariaDB from `{os.environ.get('JOBQUEUE_TEST_MARIADBD', '/usr/sbin/mariadbd')}`), seed {n['seed']}.
+
+**{outcome.verdict}**
+
+{outcome.table}
+
+Set-up: a throwaway mariadbd; {plan.workers} `jobqueue worker --concurrency {plan.concurrency}
+--lease-seconds {LEASE_SECONDS}` processes and gunicorn with {plan.web_workers} web processes of
+{plan.embedded_workers} embedded workers each; faults for {plan.fault_seconds:g} s on a seeded
+schedule, then a drain. See README, "Soak", for what each check means.
+
+Enqueue retries (same task_key): {json.dumps(n['enqueue_retries'], sort_keys=True)}. Fresh keys
+acknowledged with `duplicate: true` because an earlier try had committed but its answer was lost
+(the job exists once either way): {json.dumps(n['fresh_keys_acknowledged_as_duplicate'], sort_keys=True)}.
+Log events across all processes:
+{json.dumps(n['log_events'], sort_keys=True)}. Exit codes: {json.dumps(n['exit_codes'], sort_keys=True)}.
+Faults that could not be injected when due: {len(n['fault_errors'])}{(': ' + '; '.join(n['fault_errors'][:5])) if n['fault_errors'] else ''}.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m soak.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="about a minute: 1,200 jobs, 30 s of faults")
+    parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=None, help="fault schedule and job mix (default: random)")
+    parser.add_argument("--fault-seconds", type=float, default=None)
+    parser.add_argument("--db-crash", action="store_true",
+                        help="restart the database by SIGKILL (crash recovery) instead of a clean stop")
+    parser.add_argument("--out", default=None,
+                        help="markdown report (default docs/soak.md; with --quick, none)")
+    parser.add_argument("--workdir", default=None, help="logs and results.json (default test-artifacts/soak-<time>)")
+    args = parser.parse_args(argv)
+
+    plan = Plan.quick() if args.quick else Plan()
+    if args.jobs is not None:
+        plan.jobs = args.jobs
+        plan.cli_jobs = min(plan.cli_jobs, max(1, args.jobs // 10))
+    if args.fault_seconds is not None:
+        plan.fault_seconds = args.fault_seconds
+    plan.crash_db = args.db_crash
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    workdir = Path(args.workdir or REPO / "test-artifacts" / f"soak-{stamp}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = args.out if args.out is not None else (None if args.quick else str(REPO / "docs" / "soak.md"))
+
+    outcome = run(plan, seed, workdir, say=lambda s: print(s, flush=True))
+    print(outcome.verdict)
+    print(outcome.table)
+    if out:
+        given = list(argv if argv is not None else sys.argv[1:])
+        command = " ".join(["python -m soak.run", *given] + ([] if "--seed" in given else ["--seed", str(seed)]))
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(markdown(outcome, command, plan))
+        print(f"report written to {out}")
+    return 0 if outcome.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The soak's end-of-run checks (soak/checks.py) on small made-up runs: each invariant, when
+broken, is caught and named, and a clean run with killed workers passes."""
+
+from __future__ import annotations
+
+from soak.checks import Execution, Observed, Row, Spec, check
+
+
+def clean_run() -> Observed:
+    """Three jobs: a noop done at once, a flaky one done on attempt 2 whose first successful run
+    was by a worker that got SIGKILLed, and a doomed one failed after 2 attempts."""
+    specs = {
+        "k-noop": Spec("k-noop", "noop", "api", 4),
+        "k-flaky": Spec("k-flaky", "flaky", "cli", 4),
+        "k-doomed": Spec("k-doomed", "doomed", "api", 2),
+    }
+    rows = [
+        Row(1, "k-noop", "done", 1, 4, None),
+        Row(2, "k-flaky", "done", 3, 4, "SoakFailure: flaky"),
+        Row(3, "k-doomed", "failed", 2, 2, "SoakFailure: doomed"),
+    ]
+    return Observed(
+        specs=specs,
+        acked={"k-noop": 1, "k-flaky": 2, "k-doomed": 3},
+        rows=rows,
+        results=[("k-noop", 1, 1), ("k-flaky", 2, 2)],
+        attempt_rows=[(2, 1, "retry", "SoakFailure: flaky"), (2, 2, "lease_expired", "lease expired; held by w1"),
+                      (3, 1, "retry", "SoakFailure: doomed"), (3, 2, "fail", "SoakFailure: doomed")],
+        executions=[Execution("k-noop", 1, "h:10:w1:1", 10), Execution("k-flaky", 2, "h:11:w2:1", 11),
+                    Execution("k-flaky", 3, "h:12:w3:2", 12)],
+        killed_pids={11},
+    )
+
+
+def test_a_clean_run_passes_and_explains_its_duplicate_execution():
+    f = check(clean_run())
+    assert f.violations() == {}
+    assert f.get("duplicate_executions") == 1 and f.get("extra_executions") == 1
+    assert dict(f.duplicate_causes) == {"process SIGKILLed": 1}
+    assert f.get("failed_not_doomed") == 0
+    assert dict(f.by_kind["doomed"]) == {"failed": 1}
+
+
+def test_a_missing_or_unfinished_job_is_lost():
+    obs = clean_run()
+    obs.rows = [r for r in obs.rows if r.task_key != "k-noop"]
+    obs.results = [r for r in obs.results if r[0] != "k-noop"]
+    obs.executions = [e for e in obs.executions if e.task_key != "k-noop"]
+    f = check(obs)
+    assert f.violations() == {"lost": 1}
+    assert "not in job_queue" in f.examples["lost"][0]
+
+    obs = clean_run()
+    obs.rows[0] = Row(1, "k-noop", "running", 1, 4, None)
+    obs.results = [r for r in obs.results if r[0] != "k-noop"]
+    f = check(obs)
+    assert f.get("lost") == 1 and "still running" in f.examples["lost"][0]
+
+
+def test_two_results_for_one_task_key_and_a_result_for_a_doomed_job():
+    obs = clean_run()
+    obs.results.append(("k-noop", 1, 1))
+    obs.results.append(("k-doomed", 3, 2))
+    f = check(obs)
+    assert f.get("duplicate_results") == 1
+    assert f.get("results_not_done") == 1 and f.get("doomed_not_failed") == 1
+
+
+def test_the_same_attempt_executed_twice_is_a_double_claim():
+    obs = clean_run()
+    obs.executions.append(Execution("k-noop", 1, "h:13:w4:1", 13))
+    f = check(obs)
+    assert f.get("double_claims") == 1
+
+
+def test_attempts_beyond_max_missing_history_and_failures_without_a_reason():
+    obs = clean_run()
+    obs.rows[2] = Row(3, "k-doomed", "failed", 3, 2, "")
+    f = check(obs)
+    assert f.get("attempts_over_max") == 1
+    assert f.get("failed_without_error") == 1
+    assert f.get("attempt_history_gaps") == 1      # attempt 3 has no job_attempt row
+
+
+def test_rows_nobody_enqueued_and_the_monitors_findings():
+    obs = clean_run()
+    obs.rows.append(Row(4, "k-noop-replayed", "done", 1, 4, None))
+    obs.attempts_backwards = [{"id": 2, "from": 2, "to": 1}]
+    obs.terminal_regressions = [{"id": 1, "from": "done", "to": "ready"}]
+    f = check(obs)
+    assert f.get("extra_rows") == 1
+    assert f.get("attempts_backwards") == 1 and f.get("terminal_regressions") == 1
