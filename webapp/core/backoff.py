@@ -19,27 +19,33 @@ def retry_delay(attempt: int, base: float = 1.0, cap: float = 3600.0, rng: rando
 class IdleBackoff:
     """Sleep lengths for a worker whose claims come back empty, by the reason they were empty.
 
-    - contended: others hold the ready rows for a moment; come back soon.
+    - contended: others hold the ready rows for a moment; come back soon (20 ms), and less
+      eagerly (doubling up to `contended_cap`) while the same rows stay held.
     - idle: nothing to do; double the wait each time (with jitter) up to `cap`.
     - waiting on leases: nothing ready until a lease expires; sleep until about then (capped).
     A delayed job or retry that comes due earlier shortens any of these.
     """
 
     def __init__(self, minimum: float = 0.05, cap: float = 2.0, contended: float = 0.02,
-                 rng: random.Random | None = None):
+                 contended_cap: float = 0.5, rng: random.Random | None = None):
         self.minimum = minimum
         self.cap = cap
         self.contended = contended
+        self.contended_cap = min(contended_cap, cap)
         self.rng = rng or random.Random()
         self._idle = 0.0
+        self._contended = 0.0
 
     def reset(self) -> None:
         self._idle = 0.0
+        self._contended = 0.0
 
     def next(self, report: EmptyClaimReport | None) -> float:
         """Seconds to sleep after this empty claim (None: an error, treated like idle)."""
         if report is not None and report.kind is EmptyClaim.CONTENDED:
-            return self.contended * self.rng.uniform(0.5, 1.5)
+            self._contended = self.contended if self._contended == 0 else min(self.contended_cap, self._contended * 2)
+            return self._contended * self.rng.uniform(0.5, 1.5)
+        self._contended = 0.0
         self._idle = self.minimum if self._idle == 0 else min(self.cap, self._idle * 2)
         delay = self._idle * self.rng.uniform(0.75, 1.0)
         if report is None or report.db_now is None:
