@@ -85,7 +85,7 @@ def test_handler_errors_retry_with_backoff_then_fail(engine):
 
     with engine.connect() as conn:
         res = repository.enqueue(conn, "boom", "b1", max_attempts=3, registry=registry_with(boom=(boom, {})))
-    worker = Worker(engine, WorkerConfig(concurrency=1, promote_interval=0.05),
+    worker = Worker(engine, WorkerConfig(concurrency=1),
                     registry=registry_with(boom=(boom, {"retry_base_seconds": 0.05})))
     t = start(worker)
     try:

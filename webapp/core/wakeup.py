@@ -7,13 +7,23 @@ from __future__ import annotations
 import threading
 import weakref
 
-_listeners: "weakref.WeakSet[threading.Event]" = weakref.WeakSet()
+
+class Wake(threading.Event):
+    """An Event that also remembers whether new work was announced (as opposed to the worker's
+    own reasons to wake up, such as a slot coming free)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.new_work = False
+
+
+_listeners: "weakref.WeakSet[Wake]" = weakref.WeakSet()
 _lock = threading.Lock()
 
 
-def subscribe() -> threading.Event:
-    """An Event that is set on every notify(); keep a reference for as long as you listen."""
-    ev = threading.Event()
+def subscribe() -> Wake:
+    """A Wake that is set on every notify(); keep a reference for as long as you listen."""
+    ev = Wake()
     with _lock:
         _listeners.add(ev)
     return ev
@@ -23,4 +33,5 @@ def notify() -> None:
     with _lock:
         listeners = list(_listeners)
     for ev in listeners:
+        ev.new_work = True
         ev.set()

@@ -30,10 +30,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+import pymysql
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from . import metrics, preflight, repository, wakeup
+from .db import is_mysql
 from .backoff import IdleBackoff, retry_delay
 from .db import transient_kind
 from .errors import PermanentError, TransientDatabaseError, UnsupportedDatabase
@@ -44,8 +46,9 @@ from .tasks import TASKS, JobContext, LeaseLostError, Registry
 
 log = logging.getLogger("jobqueue.worker")
 
-DB_ERRORS = (DBAPIError, SQLAlchemyError, TransientDatabaseError)
+DB_ERRORS = (DBAPIError, SQLAlchemyError, TransientDatabaseError, pymysql.err.Error)
 COMPLETE_BATCH = 100
+SWEEP_SECONDS = 60.0   # an idle worker's reaper sweep, besides the ones its reads trigger
 
 
 def process_id(name: str | None = None) -> str:
@@ -65,11 +68,10 @@ class WorkerConfig:
     grace_seconds: float = 30.0
     idle_cap_seconds: float = 2.0
     reap_interval: float | None = None           # default: a quarter of the lease, 1..15 s
-    promote_interval: float = 1.0
     queue_refresh_seconds: float = 1.0
     finish_retry_seconds: float | None = None    # how long to keep retrying a completion write
     reap_in_loop: bool = True                    # off when a scheduler runs the reaper (embedded mode)
-    heartbeat_seconds: float = 5.0
+    heartbeat_seconds: float = 10.0
     kind: str = "worker"                         # how the dashboard lists this process: worker | embedded
 
     def __post_init__(self) -> None:
@@ -111,7 +113,11 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._backoff = IdleBackoff(cap=self.config.idle_cap_seconds)
         self._idle_log = RateLimited(60.0)
-        self._last_reap = self._last_promote = self._queues_at = 0.0
+        self._error_log = RateLimited(5.0)
+        self._last_reap = self._queues_at = 0.0
+        self._probe_first = False   # after an idle empty claim: read first, claim only if worth it
+        self._busy = False          # claimed since the last sweep
+        self._probe = _IdleProbe(engine, self.config.queues) if is_mysql(engine) else None
         self._known_queues: list[str] = list(self.config.queues or [])
         self._rr = 0
         self._queue_label = ",".join(self.config.queues) if self.config.queues else "*"
@@ -191,6 +197,8 @@ class Worker:
         for _ in range(self.config.concurrency):
             self._inbox.put(None)
         self._completions.put(None)
+        if self._probe is not None:
+            self._probe.close()
         try:
             self.heartbeat()
             with self.engine.connect() as conn:
@@ -224,24 +232,62 @@ class Worker:
         free = self._free_slots()
         if not free:
             return 0.05  # all slots busy; a finishing slot wakes us
+        if self._probe_first:
+            # Idle: one plain read says whether a claim could find anything, so an idle worker
+            # sends about one statement per turn instead of a claim transaction and a read.
+            report = self._classify(probe=True)
+            if report is None:
+                return self._backoff.next(None)
+            if not self._act_on(report):
+                return self._settle(report)
         try:
             claimed = self._claim(free)
         except DB_ERRORS as exc:
             self._sql_error("claim", exc)
             return self._backoff.next(None)
         if claimed:
+            self._probe_first = False
+            self._busy = True
             self._backoff.reset()
             self._idle_log.reset()
             for item in claimed:
                 self._dispatch(item)
             return 0
+        report = self._classify(probe=False)
+        if report is None:
+            return self._backoff.next(None)
+        if self._act_on(report):
+            return 0
+        return self._settle(report)
+
+    def _classify(self, probe: bool) -> EmptyClaimReport | None:
         try:
+            if probe and self._probe is not None:
+                return self._probe.read()
             with self.engine.connect() as conn:
-                report = repository.classify_empty(conn, self.config.queues)
+                return repository.classify_empty(conn, self.config.queues)
         except DB_ERRORS as exc:
             self._sql_error("classify", exc)
-            return self._backoff.next(None)
+            return None
+
+    def _act_on(self, report: EmptyClaimReport) -> bool:
+        """Promote due retries and reap expired leases the read revealed. True when a claim is
+        worth trying now."""
+        now = report.db_now
+        acted = False
+        if now is not None and report.next_lease_expiry is not None and report.next_lease_expiry <= now \
+                and self.config.reap_in_loop:
+            acted = self._reap() > 0
+        if now is not None and report.next_scheduled is not None and report.next_scheduled <= now:
+            acted = self._promote() > 0 or acted
+        if acted:
+            self._queues_at = 0.0
+        return acted or (self._probe_first and report.kind is EmptyClaim.CONTENDED)
+
+    def _settle(self, report: EmptyClaimReport) -> float | None:
+        """Count and log an empty claim, then say how long to sleep (None: a burst worker is done)."""
         self.last_empty = report
+        self._probe_first = report.kind is not EmptyClaim.CONTENDED
         metrics.EMPTY_CLAIMS.labels(kind=report.kind.value, queues=self._queue_label).inc()
         if report.kind is EmptyClaim.CONTENDED:
             metrics.SKIPPED.inc(report.skipped)
@@ -250,14 +296,7 @@ class Worker:
             event(log, logging.INFO, report.kind.value, worker=self.id, skipped=report.skipped or None,
                   next_lease_expiry=report.next_lease_expiry, next_scheduled=report.next_scheduled,
                   repeats=suppressed or None)
-        if report.next_scheduled is not None and report.db_now is not None and report.next_scheduled <= report.db_now:
-            # A retry or delayed job is due but still `scheduled`: promote it now rather than
-            # spinning on empty claims until the next maintenance pass.
-            if self._promote(force=True):
-                return 0
         if self.config.burst and report.kind is not EmptyClaim.CONTENDED:
-            if self._promote(force=True):
-                return 0
             with self._slots:
                 if not self._in_hand:
                     return None
@@ -296,27 +335,29 @@ class Worker:
         return queues
 
     def _maintenance(self) -> None:
-        now = time.monotonic()
-        if self.config.reap_in_loop and now - self._last_reap >= self.config.reap_interval:
-            self._last_reap = now
-            try:
-                result = self.reaper.reap()
-                if result.reclaimed or result.failed:
-                    self._queues_at = 0.0
-            except DB_ERRORS as exc:
-                self._sql_error("reap", exc)
-        self._promote()
-
-    def _promote(self, force: bool = False) -> int:
-        now = time.monotonic()
-        if not force and now - self._last_promote < self.config.promote_interval:
-            return 0
-        self._last_promote = now
-        try:
-            n = self.reaper.promote()
-            if n:
+        """The reaper's sweep (expired leases back to ready, due retries promoted): every
+        reap_interval while this worker has been busy, at least every SWEEP_SECONDS when idle.
+        An idle worker's read also triggers it as soon as it sees an expiry or a due job."""
+        if not self.config.reap_in_loop:
+            return
+        since = time.monotonic() - self._last_reap
+        if (self._busy and since >= self.config.reap_interval) or since >= SWEEP_SECONDS:
+            self._busy = False
+            if self._reap() + self._promote():
                 self._queues_at = 0.0
-            return n
+
+    def _reap(self) -> int:
+        self._last_reap = time.monotonic()
+        try:
+            result = self.reaper.reap()
+            return result.reclaimed + result.failed
+        except DB_ERRORS as exc:
+            self._sql_error("reap", exc)
+            return 0
+
+    def _promote(self) -> int:
+        try:
+            return self.reaper.promote()
         except DB_ERRORS as exc:
             self._sql_error("promote", exc)
             return 0
@@ -327,14 +368,23 @@ class Worker:
         if not self._wake.wait(seconds):
             return False
         self._wake.clear()
-        self._queues_at = 0.0  # something was enqueued: maybe into a queue we have not seen
-        self._backoff.reset()
+        if self._wake.new_work:
+            # Something was enqueued in this process: maybe into a queue we have not seen.
+            self._wake.new_work = False
+            self._queues_at = 0.0
+            self._probe_first = False
+            self._backoff.reset()
         return True
 
     def _sql_error(self, operation: str, exc: BaseException) -> None:
         metrics.SQL_ERRORS.labels(operation=operation).inc()
-        event(log, logging.ERROR, "sql_error", worker=self.id, operation=operation,
-              error=f"{type(exc).__name__}: {str(getattr(exc, 'orig', None) or exc)[:300]}")
+        # Every error is counted; during an outage the log gets one line per operation every
+        # few seconds, with how many were held back.
+        suppressed = self._error_log.allow(operation)
+        if suppressed is not None:
+            event(log, logging.ERROR, "sql_error", worker=self.id, operation=operation,
+                  error=f"{type(exc).__name__}: {str(getattr(exc, 'orig', None) or exc)[:300]}",
+                  repeats=suppressed or None)
 
     # --- slots ---------------------------------------------------------------------------------
 
@@ -574,3 +624,36 @@ def _describe(exc: BaseException) -> str:
 
 def _first_line(text: str | None) -> str | None:
     return text.splitlines()[0][:300] if text else None
+
+
+class _IdleProbe:
+    """The idle worker's read (repository.classify_statement) on a connection of its own in
+    autocommit mode: one statement per idle turn, no COMMIT, no ROLLBACK. The SQL is compiled once
+    with this worker's queues inlined. The connection is never returned to the pool (it would
+    carry autocommit to the next user); it is dropped on any error and made anew next time."""
+
+    def __init__(self, engine: Engine, queues: Sequence[str] | None):
+        self.engine = engine
+        self.sql = str(repository.classify_statement(queues).compile(
+            dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
+        self._conn = None
+
+    def read(self) -> EmptyClaimReport:
+        if self._conn is None:
+            self._conn = self.engine.raw_connection()
+            self._conn.dbapi_connection.autocommit(True)
+        try:
+            cursor = self._conn.dbapi_connection.cursor()
+            try:
+                cursor.execute(self.sql)
+                return repository.classify_row(cursor.fetchone())
+            finally:
+                cursor.close()
+        except Exception:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.invalidate()
