@@ -50,12 +50,15 @@ VARIANTS = {
 }
 
 
-def run_one(variant: str, holder: bool, jobs: int, log_dir) -> dict[str, Any]:
+def run_one(variant: str, holder: bool, jobs: int, log_dir, plain_cap: float = PLAIN_CAP_S) -> dict[str, Any]:
     with common.mysql_db("ct") as url:
         common.enqueue_noops(url, jobs)
         hold = Holder(url) if holder else None
         try:
-            run = common.ProcRun(VARIANTS[variant](url))
+            cmds = VARIANTS[variant](url)
+            if variant.startswith("raw plain"):
+                cmds = [[*c[:-1], str(plain_cap)] for c in cmds]   # the --max-seconds value
+            run = common.ProcRun(cmds)
             run.start(log_dir)
             target = jobs - (HELD if holder else 0)
             deadline = time.monotonic() + max(120.0, jobs / 50)
@@ -66,7 +69,7 @@ def run_one(variant: str, holder: bool, jobs: int, log_dir) -> dict[str, Any]:
                     break
                 if holder:
                     done = common.count_status(url).get("done", 0)
-                    plain_over = variant.startswith("raw plain") and time.perf_counter() - run.t_gate > PLAIN_CAP_S + 7
+                    plain_over = variant.startswith("raw plain") and time.perf_counter() - run.t_gate > plain_cap + 7
                     if done >= target or plain_over:
                         # A burst worker keeps retrying contended rows; stop it (SIGTERM: graceful).
                         stopped_early = True
@@ -84,7 +87,7 @@ def run_one(variant: str, holder: bool, jobs: int, log_dir) -> dict[str, Any]:
     rate = win.jobs_per_s if win.done > 1 else 0.0
     if variant.startswith("raw plain") and holder:
         # The window of finished jobs is meaningless when (almost) none finish: count over the run.
-        rate = win.done / min(elapsed, PLAIN_CAP_S + 7)
+        rate = win.done / min(elapsed, plain_cap + 7)
     return {"variant": variant, "holder": holder, "done": win.done, "expected": target, "jobs_per_s": rate,
             "window_s": win.seconds, "elapsed_s": elapsed, "stopped": stopped_early}
 
@@ -98,7 +101,7 @@ def run(ctx) -> dict[str, Any]:
             if r >= rounds_plain:
                 continue
             for holder in ((False, True) if r % 2 == 0 else (True, False)):
-                res = run_one(v, holder, ctx.jobs, ctx.log_dir)
+                res = run_one(v, holder, ctx.jobs, ctx.log_dir, plain_cap=6.0 if ctx.quick else PLAIN_CAP_S)
                 samples[v][holder].append(res)
                 log(f"contention round {r + 1} {v} holder={holder}: {res['jobs_per_s']:.0f} jobs/s "
                     f"({res['done']} done)")
@@ -111,4 +114,4 @@ def run(ctx) -> dict[str, Any]:
                   "runs_no_holder": [round(x) for x in free], "runs_holder": [round(x) for x in held],
                   "done_holder": [s["done"] for s in samples[v][True]]}
     return {"jobs": ctx.jobs, "held": HELD, "rounds": ctx.rounds, "variants": out, "target": 0.95,
-            "plain_cap_s": PLAIN_CAP_S}
+            "plain_cap_s": 6.0 if ctx.quick else PLAIN_CAP_S}

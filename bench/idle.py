@@ -250,7 +250,7 @@ def _latency(from_call: list[float], from_commit: list[float]) -> dict[str, Any]
 
 
 def run(ctx) -> dict[str, Any]:
-    settle, window = (3.0, 3.0) if ctx.quick else (10.0, 20.0)
+    settle, window = (3.0, 3.0) if ctx.quick else (8.0, 15.0)
     configs = [(1, []), (1, ["--queues", "default"]), (3, [])] if not ctx.quick else [(1, [])]
     costs = []
     with throwaway_mariadb() as (server, port):
