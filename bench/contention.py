@@ -95,9 +95,10 @@ def run_one(variant: str, holder: bool, jobs: int, log_dir, plain_cap: float = P
 def run(ctx) -> dict[str, Any]:
     variants = list(VARIANTS)
     samples: dict[str, dict[bool, list[dict]]] = {v: {False: [], True: []} for v in variants}
-    for r in range(ctx.rounds):
+    rounds = ctx.contention_rounds
+    for r in range(rounds):
         for v in variants:
-            rounds_plain = 1 if v.startswith("raw plain") else ctx.rounds
+            rounds_plain = 1 if v.startswith("raw plain") else rounds
             if r >= rounds_plain:
                 continue
             for holder in ((False, True) if r % 2 == 0 else (True, False)):
@@ -113,5 +114,5 @@ def run(ctx) -> dict[str, Any]:
                   "ratio": common.median([h / f for h, f in zip(held, free)]) if free and held else float("nan"),
                   "runs_no_holder": [round(x) for x in free], "runs_holder": [round(x) for x in held],
                   "done_holder": [s["done"] for s in samples[v][True]]}
-    return {"jobs": ctx.jobs, "held": HELD, "rounds": ctx.rounds, "variants": out, "target": 0.95,
+    return {"jobs": ctx.jobs, "held": HELD, "rounds": rounds, "variants": out, "target": 0.95,
             "plain_cap_s": 6.0 if ctx.quick else PLAIN_CAP_S}

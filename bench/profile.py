@@ -26,7 +26,9 @@ from typing import Any
 from bench import common
 from bench.common import log
 
-FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
+# "func (file:line)"; the file may itself hold parentheses ("<sqlalchemy generated _generative()
+# wrapper ...>"), function names hold no spaces.
+FRAME = re.compile(r"^(?P<func>\S+) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
 LAYERS = [
     ("PyMySQL", ("pymysql/",)),
     ("SQLAlchemy", ("sqlalchemy/", "<sqlalchemy")),
@@ -63,8 +65,9 @@ def record(jobs: int, log_dir: Path, out: Path, flags: list[str], fmt: str, rate
     return {"jobs_per_s": win.jobs_per_s, "window_s": win.seconds, "rate": rate}
 
 
-def parse_raw(path: Path) -> list[tuple[str, list[tuple[str, str]], int]]:
-    """py-spy raw output: 'thread (tid): name;frame;frame count' -> (thread name, frames, count)."""
+def parse_raw(path: Path) -> list[tuple[str, list[tuple[str, str, str]], int]]:
+    """py-spy raw output: 'thread (tid): name;frame;frame count' -> (thread name, frames, count);
+    a frame is (function, file, line)."""
     out = []
     for line in path.read_text().splitlines():
         if not line.strip():
@@ -77,17 +80,17 @@ def parse_raw(path: Path) -> list[tuple[str, list[tuple[str, str]], int]]:
         frames = []
         for fr in parts[1:]:
             fm = FRAME.match(fr)
-            frames.append((fm.group("func"), fm.group("file")) if fm else (fr, ""))
+            frames.append((fm.group("func"), fm.group("file"), fm.group("line") or "") if fm else (fr, "", ""))
         out.append((name, frames, int(count)))
     return out
 
 
 def _at_gate(frames) -> bool:
-    return any("bench/gate" in f for _, f in frames)
+    return any("bench/gate" in f for _, f, _ in frames)
 
 
 def layer_of(frames) -> str:
-    for func, file in reversed(frames):          # innermost first
+    for func, file, _ in reversed(frames):       # innermost first
         for name, keys in LAYERS:
             if any(file.startswith(k) or k in file for k in keys):
                 return name
@@ -108,12 +111,37 @@ def state_of(frames) -> str:
     """Without native frames a thread blocked in C shows its innermost Python frame: a socket read
     is SocketIO.readinto (socket.py), a lock/Event/Condition/queue wait is Condition.wait or
     Lock.acquire under threading.py / queue.py."""
-    func, file = frames[-1] if frames else ("", "")
+    func, file, _ = frames[-1] if frames else ("", "", "")
     if file.startswith("socket.py") and "readinto" in func:
         return "waiting for MariaDB (socket read)"
     if file.startswith(("threading.py", "queue.py")):
         return "idle (Event/Condition/queue wait)"
     return "runnable (running Python or waiting for the GIL)"
+
+
+def our_call(frames) -> str:
+    """What the innermost frame of our code was calling when the sample was taken."""
+    idx = max((i for i, (_, f, _) in enumerate(frames) if f.startswith("webapp/core/")), default=None)
+    if idx is None:
+        return "no frame of ours (thread start-up)"
+    if idx == len(frames) - 1:
+        return "our own Python"
+    func, file, _ = frames[idx + 1]
+    if file == "<string>":       # dataclass-generated __init__ of our models
+        return "our own Python"
+    if file.startswith("sqlalchemy/sql/") or file.startswith("<sqlalchemy"):
+        return "building SQLAlchemy Core statements"
+    if file.startswith(("sqlalchemy/engine/", "sqlalchemy/pool/", "sqlalchemy/")):
+        return "executing via SQLAlchemy (engine, results, commit, pool; PyMySQL under it)"
+    if file.startswith("pymysql/"):
+        return "PyMySQL called directly"
+    if file.startswith("prometheus_client/"):
+        return "prometheus_client (metrics)"
+    if file.startswith("logging/"):
+        return "logging"
+    if file.startswith(("threading.py", "queue.py")):
+        return "thread hand-off (Condition/Event/queue)"
+    return f"other ({file.split('/')[0]})"
 
 
 def analyse_gil(path: Path, window_s: float, rate: int) -> dict[str, Any]:
@@ -126,18 +154,25 @@ def analyse_gil(path: Path, window_s: float, rate: int) -> dict[str, Any]:
     selfs = collections.Counter()
     ours_incl = collections.Counter()
     sa_incl = collections.Counter()
+    calls = collections.Counter()
+    repo_lines = collections.Counter()
     for thread, frames, c in stacks:
         layers[layer_of(frames)] += c
+        calls[our_call(frames)] += c
+        for func, file, line in frames:
+            if file.startswith("webapp/core/repository.py") and "<locals>" in func:
+                repo_lines[f"{func} (repository.py:{line})"] += c
+                break
         if frames:
-            func, file = frames[-1]
+            func, file, _ = frames[-1]
             selfs[f"{func} ({file})"] += c
         seen = set()
-        for func, file in frames:
+        for func, file, _ in frames:
             key = f"{func} ({file})"
             if file.startswith("webapp/core/") and key not in seen:
                 ours_incl[key] += c
                 seen.add(key)
-        for func, file in frames:
+        for func, file, _ in frames:
             if file.startswith("sqlalchemy/") or file.startswith("<sqlalchemy"):
                 sa_incl[_sa_area(file)] += c
                 break
@@ -145,6 +180,8 @@ def analyse_gil(path: Path, window_s: float, rate: int) -> dict[str, Any]:
         "samples": total, "samples_without_python_frames": empty,
         "gil_busy_share": total / (window_s * rate) if window_s else float("nan"),
         "layers": {k: v / total for k, v in layers.most_common()},
+        "our_calls": {k: v / total for k, v in calls.most_common()},
+        "repository_lines": [(k, v / total) for k, v in repo_lines.most_common(12)],
         "top_self": [(k, v / total) for k, v in selfs.most_common(15)],
         "top_ours_inclusive": [(k, v / total) for k, v in ours_incl.most_common(15)],
         "sqlalchemy_entry_areas": {k: v / total for k, v in sa_incl.most_common(8)},

@@ -42,6 +42,14 @@ def verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("**PASS**" if ok else "**FAIL**")
 
 
+def _fmt(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return "/".join(_fmt(x) for x in v)
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return str(v)
+
+
 def table(head: list[str], rows: list[list[Any]]) -> str:
     out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
@@ -101,7 +109,7 @@ def _plot_throughput(r: dict, path: Path) -> None:
         ax.annotate(f"{p['ratio']:.2f}x", (x, max(p["ours_jobs_per_s"], p["raw_jobs_per_s"])), ha="center",
                     va="bottom", fontsize=8)
     ax.set_xticks(list(xs))
-    ax.set_xticklabels([p["point"].replace(", ", "\n") for p in pts], fontsize=7)
+    ax.set_xticklabels([p["point"].replace(" processes x ", " proc x ").replace(", ", "\n") for p in pts], fontsize=7)
     ax.set_ylabel("jobs/s (median)")
     ax.set_title(f"Worker vs raw loop, {r['jobs']} no-op jobs on MariaDB")
     ax.legend()
@@ -418,6 +426,8 @@ def _plot_memory(r: dict, path: Path) -> None:
 def _profile(r: dict) -> str:
     g, i = r["gil"], r["idle"]
     layer_rows = [[k, pct(v)] for k, v in g["layers"].items()]
+    split_rows = [[k, pct(v)] for k, v in g.get("our_calls", {}).items()]
+    line_rows = [[f"`{k}`", pct(v)] for k, v in g.get("repository_lines", [])[:10]]
     self_rows = [[f"`{k}`", pct(v)] for k, v in g["top_self"][:12]]
     incl_rows = [[f"`{k}`", pct(v)] for k, v in g["top_ours_inclusive"][:12]]
     state_rows = []
@@ -437,6 +447,12 @@ def _profile(r: dict) -> str:
         "processing window. Attributed to the innermost frame that belongs to a layer (so `json` called by "
         "SQLAlchemy counts as SQLAlchemy, a socket call made by PyMySQL as PyMySQL):",
         table(["layer", "share of GIL-held samples"], layer_rows),
+        "The same samples by what our innermost frame was doing: building SQLAlchemy Core statements "
+        "(`select()/update()/where()/in_()/case()/values()`, done again on every call), executing them "
+        "(SQLAlchemy engine: cache lookup, parameter processing, result objects, commit, pool; PyMySQL under "
+        "it), or other calls:",
+        table(["our call", "share of GIL-held samples"], split_rows),
+        table(["repository.py line (inclusive, GIL held)", "share"], line_rows),
         table(["top functions by own time (GIL held)", "share"], self_rows),
         table(["our functions, inclusive (GIL held)", "share"], incl_rows),
         "**What each thread does** (`--idle`, every thread at every sample; a thread blocked in C shows its "
@@ -503,7 +519,7 @@ def render(results: dict, out_dir: Path, command: str) -> Path:
         "of other worktrees run on it, on the same MariaDB), so absolute numbers drift from minute to minute. Every "
         "comparison is therefore a ratio of runs made side by side in the same run, alternating, and every figure "
         "is a median over rounds. The conditions of each scenario are noted under its heading.",
-        "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items() if k not in ("packages",)) + ". Packages: "
+        "Machine: " + ", ".join(f"{k} {_fmt(v)}" for k, v in info.items() if k not in ("packages",)) + ". Packages: "
         + ", ".join(f"{k} {v}" for k, v in info.get("packages", {}).items()) + ".",
         f"## Targets\n\n{passed} pass, {failed} fail.\n\n{summary}",
     ]

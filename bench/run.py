@@ -39,6 +39,7 @@ class Context:
     log_dir: Path
     jobs: int = 5000
     rounds: int = 3
+    contention_rounds: int = 5     # the holder/no-holder ratio is close to 1: more pairs
     claim_sizes: list[int] = field(default_factory=lambda: [0, 100_000, 1_000_000])
     memory_jobs: int = 100_000
     wake_trials: int = 25
@@ -52,7 +53,7 @@ class Context:
         log_dir.mkdir(parents=True, exist_ok=True)
         if not quick:
             return cls(False, out_dir, log_dir)
-        return cls(True, out_dir, log_dir, jobs=500, rounds=1, claim_sizes=[0, 20_000], memory_jobs=3000,
+        return cls(True, out_dir, log_dir, jobs=500, rounds=1, contention_rounds=1, claim_sizes=[0, 20_000], memory_jobs=3000,
                    wake_trials=3, wake_idle=(0.5, 1.5), best_candidates=[(2, 4)])
 
 
