@@ -111,6 +111,10 @@ def mysql_db(label: str) -> Iterator[str]:
 
 
 def drop_leftovers() -> None:
+    """After an interrupted run: stop our subprocesses still running, drop our databases."""
+    for run in list(_live_runs):
+        with contextlib.suppress(Exception):
+            run.stop(signal.SIGTERM, timeout=10)
     for name in list(_created_mysql):
         with contextlib.suppress(Exception):
             drop_mysql_db(mysql_url(name))
@@ -247,7 +251,10 @@ def mariadbd_pid() -> int | None:
     return _mariadbd_pid if _mariadbd_pid and _mariadbd_pid > 0 else None
 
 
-@dataclass
+_live_runs: set["ProcRun"] = set()
+
+
+@dataclass(eq=False)
 class ProcRun:
     """Processes started together behind a start gate; CPU counted from the gate to their exit."""
 
@@ -269,6 +276,7 @@ class ProcRun:
         self._tmp = tempfile.mkdtemp(prefix="gate-", dir=log_dir)
         self.gate = Gate(self._tmp)
         env = child_env(**self.env, **self.gate.env)
+        _live_runs.add(self)
         for i, cmd in enumerate(self.cmds):
             path = log_dir / f"proc-{os.getpid()}-{time.monotonic_ns()}-{i}.log"
             self.logs.append(path)
@@ -327,6 +335,7 @@ class ProcRun:
         self._finish()
 
     def _finish(self) -> None:
+        _live_runs.discard(self)
         self.t_end = time.perf_counter()
         pid = mariadbd_pid()
         if pid:

@@ -20,6 +20,7 @@ import importlib
 import json
 import os
 import shlex
+import signal
 import sys
 import time
 import traceback
@@ -77,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     results["_machine"] = common.machine_info()
     results["_run"] = {"mode": "quick" if a.quick else "full", "command": command.strip(),
                        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    # Stop cleanly on SIGTERM, and on SIGINT even when started in the background (where SIGINT
+    # is inherited as ignored): the finally below stops our workers and drops our databases.
+    def _interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     log(f"bench run {common.RUN_TAG}: {', '.join(s for s in ORDER if s in only)} -> {out_dir} (logs {ctx.log_dir})")
     failed = []
     try:
