@@ -100,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
                 failed.append(name)
                 res = {"error": f"{type(exc).__name__}: {str(exc)[:2000]}"}
-            res["_meta"] = {"started": time.strftime("%H:%M:%S", time.localtime(t0)),
+            res["_meta"] = {"command": command.strip(), "run": common.RUN_TAG,
+                            "date": time.strftime("%Y-%m-%d", time.localtime(t0)),
+                            "started": time.strftime("%H:%M:%S", time.localtime(t0)),
                             "finished": time.strftime("%H:%M:%S"), "seconds": time.time() - t0,
                             "loadavg_start": load["loadavg"], "loadavg_end": os.getloadavg(),
                             "busy_at_start": load.get("busy_processes", [])}
