@@ -172,6 +172,35 @@ def statements_per_job(server: str, port: int, kind: str, jobs: int, log_dir: Pa
             "mean_claim_batch": win.mean_batch}
 
 
+def statements_per_enqueued_job(server: str, port: int, jobs: int) -> dict[str, Any]:
+    """Statements the server receives per job enqueued with enqueue_many (batches of 1,000)."""
+    name = "spj_enqueue"
+    admin = pymysql.connect(host="127.0.0.1", port=port, user="root", autocommit=True)
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+        url = f"{server}/{name}"
+        eng = create_engine(url, pool_size=1)
+        init_db(eng)
+        with eng.connect() as conn:   # connect (and its set-up queries) before counting
+            conn.exec_driver_sql("SELECT 1").all()
+            conn.rollback()
+            before = _status(admin)
+            for lo in range(0, jobs, 1000):
+                repository.enqueue_many(conn, [{"task": "noop", "task_key": f"e{i}"}
+                                               for i in range(lo, min(jobs, lo + 1000))])
+            after = _status(admin)
+        eng.dispose()
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE `{name}`")
+    finally:
+        admin.close()
+    delta = {k: after[k] - before[k] for k in COUNTERS if k not in ("Com_show_status", "Connections")}
+    delta["Questions"] -= 1
+    return {"kind": "enqueue_many", "jobs": jobs, "per_job": {k: v / jobs for k, v in delta.items()},
+            "mean_claim_batch": float("nan")}
+
+
 # --- wake-up latency ----------------------------------------------------------------------------------
 
 def wake_in_process(url: str, trials: int, idle: tuple[float, float]) -> dict[str, Any]:
@@ -263,6 +292,9 @@ def run(ctx) -> dict[str, Any]:
             res = statements_per_job(server, port, kind, ctx.jobs // 2 if not ctx.quick else ctx.jobs, ctx.log_dir)
             per_job.append(res)
             log(f"statements per job, {kind}: {res['per_job']['Questions']:.2f}")
+        res = statements_per_enqueued_job(server, port, 2000 if not ctx.quick else 500)
+        per_job.append(res)
+        log(f"statements per enqueued job (enqueue_many): {res['per_job']['Questions']:.3f}")
     trials = ctx.wake_trials
     idle = ctx.wake_idle
     with common.mysql_db("wake") as url:

@@ -338,7 +338,9 @@ def _idle(r: dict, plots: Path, targets: list) -> str:
     spj_rows = []
     for s in r.get("statements_per_job", []):
         p = s["per_job"]
-        spj_rows.append(["jobqueue worker, 4 threads" if s["kind"] == "ours" else "raw loop, 4 threads, claim 1",
+        label = {"ours": "processing: jobqueue worker, 4 threads", "raw": "processing: raw loop, 4 threads, claim 1",
+                 "enqueue_many": "enqueue: repository.enqueue_many, batches of 1,000"}.get(s["kind"], s["kind"])
+        spj_rows.append([label,
                          n2(p["Questions"]), n2(p["Com_select"]), n2(p["Com_update"]), n2(p["Com_commit"]),
                          n2(p["Com_rollback"]), n2(p["Com_insert"]), n2(s["mean_claim_batch"])])
     wi, wc, wf = r["wake_in_process"], r["wake_cross_process"], r["wake_cross_process_cap_0_5"]
@@ -360,8 +362,9 @@ def _idle(r: dict, plots: Path, targets: list) -> str:
         "--concurrency 4`):",
         table(["processes", "options", "statements/s", "SELECT", "UPDATE", "COMMIT", "ROLLBACK",
                "new connections in window", "<= 1/s"], rows),
-        "**Statements per processed job** on the same private server (burst run, everything the server received "
-        "divided by the jobs):",
+        "**Statements per job** on the same private server: everything the server received divided by the jobs, "
+        "for a burst run over them and for enqueueing them (a multi-row INSERT would make INSERT per job "
+        "about 0.001):",
         table(["", "statements/job", "SELECT", "UPDATE", "COMMIT", "ROLLBACK", "INSERT", "mean claim batch"], spj_rows),
         f"**Wake-up latency**: after the worker idled {lo:.0f}-{hi:.0f} s (random), one job enqueued with "
         "`repository.enqueue`; time from the enqueue call (and from its return, i.e. the commit) to the handler "
