@@ -1,18 +1,259 @@
-"""6. Dashboard (issue item 6) -- TODO: not implemented yet.
+"""6. Dashboard at scale: page latency with 1,000,000 rows in job_queue, and a bulk requeue of
+100,000 failed jobs with a worker running beside it.
 
-This is the hook for it: `python -m bench.run --only dashboard` runs `run(ctx)`, and the report
-has a section for whatever it returns (bench/report.py, `_dashboard`). When the dashboard's
-measurements are written, replace the body of `run` with them and return a dict like the other
-scenarios (see bench/throughput.py); keep `TODO = False` then so the report renders the results.
+The table is filled the way a long-lived install looks: mostly `done` rows (two queues, two
+task names), a few thousand `failed`, `ready` and `running`, a backlog of audit entries,
+worker processes and 15 minutes of per-minute activity. Loading uses multi-row
+`INSERT ... SELECT` from MariaDB's sequence engine.
+
+Pages are fetched over HTTP from the real app under gunicorn (1 process, no embedded workers),
+signed in, each page in turn, `rounds` times after a warm-up; p50/p95 per page. Target: p95 <
+150 ms for every page, whatever the table size.
+
+Bulk requeue: 100,000 rows set to `failed`, then `repository.bulk_action("requeue", filter
+status=failed)` (what the dashboard's "every job matching the filter" runs, in batches of 500,
+each its own transaction). Meanwhile a `jobqueue worker --concurrency 4 --queues bench` works
+through no-op jobs in another queue; its throughput during the bulk is compared with the same
+worker alone for the same length of time, measured just before.
 """
 
 from __future__ import annotations
 
+import http.cookiejar
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
 from typing import Any
 
-TODO = True
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+from werkzeug.security import generate_password_hash
+
+from bench import common
+from bench.common import log
+from webapp.core import repository
+from webapp.core.db import create_engine
+from webapp.core.repository import JobFilter
+from webapp.core.models import Status
+
+PASSWORD = "bench-password-1"
+TARGET_P95_MS = 150.0
+
+
+def load(url: str, rows: int, failed: int = 3000, ready: int = 2000, running: int = 200) -> float:
+    """Fill job_queue (and the dashboard's side tables); returns seconds."""
+    engine = sa.create_engine(url, poolclass=NullPool)
+    t0 = time.perf_counter()
+    with engine.begin() as conn:
+        step = 200_000
+        for lo in range(1, rows + 1, step):
+            hi = min(rows, lo + step - 1)
+            conn.exec_driver_sql(
+                "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, lease_owner, "
+                "attempts, max_attempts, started_at, created_at, updated_at, finished_at) "
+                "SELECT CONCAT('done-', seq), IF(MOD(seq, 10) = 0, 'export_orders', 'noop'), IF(MOD(seq, 5) = 0, 'mail', 'default'), "
+                "0, '{\"order\": 1}', 'done', UTC_TIMESTAMP(6) - INTERVAL seq SECOND, CONCAT('host-a:100:', MOD(seq, 8)), "
+                "1, 5, UTC_TIMESTAMP(6) - INTERVAL seq SECOND, UTC_TIMESTAMP(6) - INTERVAL seq SECOND, "
+                f"UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM seq_{lo}_to_{hi}")
+        conn.exec_driver_sql(
+            "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
+            "max_attempts, created_at, updated_at, finished_at, last_error) "
+            "SELECT CONCAT('failed-', seq), 'export_orders', 'default', 0, '{}', 'failed', UTC_TIMESTAMP(6), 5, 5, "
+            f"UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 'RuntimeError: upstream said 503' FROM seq_1_to_{failed}")
+        conn.exec_driver_sql(
+            "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
+            "max_attempts, created_at, updated_at) "
+            "SELECT CONCAT('ready-', seq), 'noop', IF(MOD(seq, 2) = 0, 'mail', 'default'), 0, '{}', 'ready', "
+            f"UTC_TIMESTAMP(6) - INTERVAL seq SECOND, 0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM seq_1_to_{ready}")
+        conn.exec_driver_sql(
+            "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, lease_owner, "
+            "lease_until, attempts, max_attempts, started_at, created_at, updated_at) "
+            "SELECT CONCAT('running-', seq), 'noop', 'default', 0, '{}', 'running', UTC_TIMESTAMP(6), "
+            "CONCAT('host-b:200:', seq), UTC_TIMESTAMP(6) + INTERVAL 60 SECOND, 1, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), "
+            f"UTC_TIMESTAMP(6) FROM seq_1_to_{running}")
+        conn.exec_driver_sql(
+            "INSERT INTO audit_log (at, actor, action, job_id, before_status, after_status, count) "
+            "SELECT UTC_TIMESTAMP(6) - INTERVAL seq MINUTE, 'web:alice', 'requeue', seq, 'failed', 'ready', 1 "
+            "FROM seq_1_to_5000")
+        for p in range(4):
+            conn.exec_driver_sql(
+                "INSERT INTO worker_process (id, host, pid, kind, concurrency, queues, started_at, last_heartbeat, "
+                f"jobs_in_hand, processed) VALUES ('host-{p}:{100 + p}', 'host-{p}', {100 + p}, 'worker', 8, '*', "
+                "UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 2, 250000)")
+            conn.exec_driver_sql(
+                "INSERT INTO worker_stats (minute, process_id, completed, failed, claims, claimed) "
+                "SELECT DATE_FORMAT(UTC_TIMESTAMP() - INTERVAL seq MINUTE, '%%Y-%%m-%%d %%H:%%i:00'), "
+                f"'host-{p}:{100 + p}', 3000, 12, 800, 3000 FROM seq_0_to_14")
+        conn.exec_driver_sql("ANALYZE TABLE job_queue")
+    engine.dispose()
+    return time.perf_counter() - t0
+
+
+class Gunicorn:
+    """The app under gunicorn with our config file, on a free port, until stop()."""
+
+    def __init__(self, url: str, env: dict[str, str]):
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = common.child_env(JOBQUEUE_DATABASE_URL=url, JOBQUEUE_BIND=f"127.0.0.1:{self.port}", **env)
+
+    def start(self, log_dir) -> None:
+        self.log = open(log_dir / f"gunicorn-{self.port}.log", "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(common.REPO / "webapp/web/gunicorn_conf.py")],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=common.REPO)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(self.base + "/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("gunicorn did not come up")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+        self.log.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Client:
+    """A signed-in browser, minus the browser."""
+
+    def __init__(self, base: str):
+        self.base = base
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+
+    def get(self, path: str) -> tuple[int, str]:
+        with self.opener.open(self.base + path, timeout=30) as r:
+            return r.status, r.read().decode()
+
+    def login(self) -> None:
+        _, page = self.get("/login")
+        token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+        data = urllib.parse.urlencode({"username": "bench", "password": PASSWORD, "csrf_token": token}).encode()
+        with self.opener.open(self.base + "/login", data=data, timeout=30) as r:
+            assert r.status == 200 and "/login" not in r.url, "login failed"
+
+
+def time_pages(client: Client, pages: dict[str, str], rounds: int) -> dict[str, dict[str, Any]]:
+    samples: dict[str, list[float]] = {name: [] for name in pages}
+    for _ in range(3):                              # warm-up: pools, caches, the doctor's minute cache
+        for path in pages.values():
+            client.get(path)
+    for _ in range(rounds):
+        for name, path in pages.items():
+            t0 = time.perf_counter()
+            status, body = client.get(path)
+            samples[name].append((time.perf_counter() - t0) * 1000)
+            assert status == 200 and len(body) > 500, (name, status)
+    return {name: {"path": pages[name], "p50_ms": common.median(xs), "p95_ms": common.percentile(xs, 95),
+                   "max_ms": max(xs), "n": len(xs), "pass": common.percentile(xs, 95) < TARGET_P95_MS}
+            for name, xs in samples.items()}
+
+
+def worker_rate(url: str, ctx, seconds: float, during=None) -> tuple[float, Any]:
+    """Jobs/s of a 4-thread worker on queue `bench` over `seconds` (after 1 s of warm-up), while
+    `during()` runs (its result is returned too)."""
+    engine = sa.create_engine(url, poolclass=NullPool)
+
+    def done() -> int:
+        with engine.connect() as conn:
+            return conn.exec_driver_sql("SELECT COUNT(*) FROM job_queue WHERE queue = 'bench' AND status = 'done'").scalar()
+
+    run = common.ProcRun([common.worker_cmd(url, 4, "--queues", "bench", burst=False)])
+    run.start(ctx.log_dir)
+    result = None
+    try:
+        time.sleep(1.5)
+        d0, t0 = done(), time.perf_counter()
+        if during is not None:
+            result = during()
+        else:
+            time.sleep(seconds)
+        d1, t1 = done(), time.perf_counter()
+    finally:
+        run.stop()
+        engine.dispose()
+    return (d1 - d0) / (t1 - t0), (result, t1 - t0)
 
 
 def run(ctx) -> dict[str, Any]:
-    # TODO(issue item 6): measure the dashboard (page render times under load, etc.).
-    return {"todo": True, "note": "issue item 6 (dashboard) is not measured yet; bench/dashboard.py is the hook"}
+    rows = 50_000 if ctx.quick else 1_000_000
+    bulk_rows = 5_000 if ctx.quick else 100_000
+    rounds = 10 if ctx.quick else 40
+    with common.mysql_db("dash") as url:
+        load_s = load(url, rows)
+        log(f"dashboard: loaded {rows:,} finished rows (+ failed/ready/running) in {load_s:.0f}s")
+        engine = create_engine(url)
+        with engine.connect() as conn:
+            total = conn.execute(sa.select(sa.func.count()).select_from(repository.job_queue)).scalar()
+            some_job = repository.get_job_by_key(conn, f"done-{rows // 2}")
+            plan = repository.explain_claim(conn, "default", 8)
+        env = {"JOBQUEUE_USERS": f"bench:admin:{generate_password_hash(PASSWORD)}", "JOBQUEUE_SECRET_KEY": "bench",
+               "JOBQUEUE_EMBEDDED_WORKERS": "0", "JOBQUEUE_SECURE_COOKIES": "0", "JOBQUEUE_WEB_WORKERS": "1",
+               "JOBQUEUE_LOG_LEVEL": "WARNING"}
+        server = Gunicorn(url, env)
+        server.start(ctx.log_dir)
+        try:
+            client = Client(server.base)
+            client.login()
+            pages = {
+                "overview": "/",
+                "overview (the 3 s poll)": "/overview/panels",
+                "jobs: first page": "/jobs",
+                "jobs: a page deep in the keyset": f"/jobs?before={some_job.id}",
+                "jobs: filtered status=failed": "/jobs?status=failed",
+                "jobs: filtered queue=mail task=export_orders": "/jobs?queue=mail&task=export_orders",
+                "jobs: task_key prefix": f"/jobs?key=done-{rows // 3}",
+                "job detail": f"/jobs/{some_job.id}",
+                "workers": "/workers",
+                "audit log": "/audit",
+            }
+            page_results = time_pages(client, pages, rounds)
+        finally:
+            server.stop()
+        for name, r in page_results.items():
+            log(f"dashboard: {name}: p50 {r['p50_ms']:.1f} ms, p95 {r['p95_ms']:.1f} ms")
+
+        # Bulk requeue beside a working worker.
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"UPDATE job_queue SET status = 'failed', last_error = 'bench' "
+                                 f"WHERE status = 'done' AND id <= {bulk_rows}")
+            conn.exec_driver_sql("UPDATE job_queue SET status = 'done' WHERE task_key LIKE 'failed-%%'")
+        common.enqueue_noops(url, 40_000 if not ctx.quick else 8_000, prefix="w")
+        with engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE job_queue SET queue = 'bench' WHERE task_key LIKE 'w%%'")
+
+        def bulk():
+            with engine.connect() as conn:
+                t0 = time.perf_counter()
+                res = repository.bulk_action(conn, "requeue", actor="bench", job_filter=JobFilter(status=Status.FAILED))
+                return res, time.perf_counter() - t0
+
+        alone, _ = worker_rate(url, ctx, 6 if ctx.quick else 10)
+        during, ((bulk_res, bulk_s), window) = worker_rate(url, ctx, 0, during=bulk)
+        engine.dispose()
+    log(f"dashboard: bulk requeue of {bulk_res.changed:,} jobs in {bulk_s:.1f}s; worker {alone:.0f} -> {during:.0f} jobs/s")
+    return {
+        "rows": total, "load_s": load_s, "rounds": rounds, "pages": page_results,
+        "claim_plan": plan,
+        "bulk": {"jobs": bulk_res.changed, "busy": bulk_res.busy, "skipped": bulk_res.skipped, "seconds": bulk_s,
+                 "jobs_per_s": bulk_res.changed / bulk_s if bulk_s else None},
+        "worker_alone_jobs_per_s": alone, "worker_during_bulk_jobs_per_s": during,
+        "worker_ratio": common.ratio(during, alone),
+        "pass": all(r["pass"] for r in page_results.values()),
+    }

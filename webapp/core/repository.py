@@ -19,12 +19,14 @@ one row must change. A worker that lost its lease changes nothing.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
+import pymysql
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -47,8 +49,9 @@ MAX_ERROR_CHARS = 4000
 REAP_BATCH = 500
 PROMOTE_BATCH = 1000
 
-_CLAIM_COLUMNS = (jq.id, jq.task_key, jq.task_name, jq.queue, jq.priority, jq.payload, jq.attempts,
-                  jq.max_attempts)
+# What a claim reads: every column the handler and the fence need, and no more (each column's
+# metadata is parsed again on every result set). The queue is the one the claim asked for.
+_CLAIM_COLUMNS = (jq.id, jq.task_key, jq.task_name, jq.priority, jq.payload, jq.attempts, jq.max_attempts)
 
 
 def _job(row: Row | Mapping[str, Any]) -> Job:
@@ -180,6 +183,46 @@ def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *
     return results
 
 
+# --- the hot path's executor ---------------------------------------------------------------------
+
+@dataclass
+class _Result:
+    rows: list[tuple]
+    rowcount: int
+
+
+_compiled: dict[tuple[str, Any], tuple[str, dict[str, Any]]] = {}
+
+
+def _hot(c: Connection, stmt: sa.Executable, params: dict[str, Any]) -> _Result:
+    """Run one of the claim/complete statements. On MySQL the statement is compiled once to SQL
+    text and sent on the DBAPI cursor: SQLAlchemy's per-execution work (cache key, parameter
+    processing, result objects) was about 40 us of CPU per statement, a third of the worker's
+    CPU per job. Errors are wrapped as SQLAlchemy's own (and a lost connection invalidated), so
+    db.transaction retries them as usual. Elsewhere (SQLite) it is a plain execute."""
+    if c.dialect.name not in ("mysql", "mariadb"):
+        result = c.execute(stmt, params)
+        return _Result([tuple(r) for r in result.all()] if result.returns_rows else [], result.rowcount)
+    key = (c.dialect.name, stmt)
+    if key not in _compiled:
+        compiled = stmt.compile(dialect=c.dialect)
+        _compiled[key] = (compiled.string, dict(compiled.params))
+    sql, defaults = _compiled[key]
+    dbapi_conn = c.connection.dbapi_connection
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute(sql, {**defaults, **params})
+        return _Result(list(cursor.fetchall()) if cursor.description else [], cursor.rowcount)
+    except pymysql.err.Error as exc:
+        lost = c.dialect.is_disconnect(exc, dbapi_conn, cursor)
+        if lost:
+            c.invalidate(exc)
+        raise sa.exc.DBAPIError.instance(sql, params, exc, pymysql.err.Error, connection_invalidated=lost,
+                                         dialect=c.dialect) from exc
+    finally:
+        cursor.close()
+
+
 # --- claim ---------------------------------------------------------------------------------------
 
 # WHERE status = 'ready' AND queue = ? ORDER BY priority, id is exactly the order of
@@ -191,6 +234,23 @@ _PICK = (sa.select(*_CLAIM_COLUMNS)
          .order_by(jq.priority, jq.id)
          .limit(sa.bindparam("limit", type_=sa.Integer))
          .with_for_update(skip_locked=True))
+
+
+class _Picked(NamedTuple):
+    id: int
+    task_key: str
+    task_name: str
+    priority: int
+    payload: dict[str, Any]
+    attempts: int
+    max_attempts: int
+    queue: str
+
+    @classmethod
+    def of(cls, row: tuple, queue: str) -> "_Picked":
+        # The DBAPI cursor hands back the JSON column as text.
+        payload = row[4]
+        return cls(*row[:4], json.loads(payload) if isinstance(payload, (str, bytes)) else payload, *row[5:7], queue)
 
 
 @functools.lru_cache(maxsize=512)
@@ -228,10 +288,11 @@ def claim(conn: Connection, worker_id: str | Sequence[str], limit: int, queues: 
     lease_us = int(round(lease_seconds * 1_000_000))
 
     def _do(c: Connection) -> list[ClaimedJob]:
-        picked: list[Row] = []
+        picked: list[_Picked] = []
         for queue in queues:
             metrics.CLAIMS.labels(queue=queue).inc()
-            picked.extend(c.execute(_PICK, {"queue": queue, "limit": limit - len(picked)}).all())
+            rows = _hot(c, _PICK, {"queue": queue, "limit": limit - len(picked)}).rows
+            picked.extend(_Picked.of(row, queue) for row in rows)
             if len(picked) >= limit:
                 break
         if not picked:
@@ -242,7 +303,7 @@ def claim(conn: Connection, worker_id: str | Sequence[str], limit: int, queues: 
         for i, job_id in enumerate(ids):
             params[f"id_{i}"] = job_id
             params[f"owner_{i}"] = owner_of[job_id]
-        taken = c.execute(_take(len(ids)), params).rowcount
+        taken = _hot(c, _take(len(ids)), params).rowcount
         if taken != len(ids):
             # We hold these rows' locks, so this should not happen; if it does, trust only the
             # rows that now carry our lease.
@@ -406,7 +467,7 @@ def complete_many(conn: Connection, leases: Sequence[Lease]) -> dict[int, Outcom
         params[f"id_{i}"], params[f"owner_{i}"], params[f"attempt_{i}"] = lease.job_id, lease.owner, lease.attempt
 
     def _do(c: Connection) -> dict[int, Outcome]:
-        n = c.execute(_mark_done(len(leases)), params).rowcount
+        n = _hot(c, _mark_done(len(leases)), params).rowcount
         if n == len(leases):
             return {job_id: Outcome.OK for job_id in ids}
         now = {r.id: r for r in c.execute(sa.select(jq.id, jq.status, jq.lease_owner, jq.attempts)
