@@ -5,8 +5,8 @@
                                          # writes build/bench-quick/ unless --out is given
     python -m bench.run --only throughput,peers   # some scenarios; merged into the existing results
 
-Scenarios: throughput (1), peers (2), claim_cost (3), contention (4), idle (5), dashboard (6, a
-TODO stub), memory (7), profile (py-spy of our worker). Servers: MariaDB at $BENCH_MYSQL
+Scenarios: throughput (1), peers (2), claim_cost (3), contention (4), idle (5), dashboard (6),
+memory (7), profile (py-spy of our worker). Servers: MariaDB at $BENCH_MYSQL
 (default mysql+pymysql://root@127.0.0.1:3306), PostgreSQL at $BENCH_PG
 (postgresql://postgres@127.0.0.1:5432), Redis at $BENCH_REDIS (redis://127.0.0.1:6379/0). Every
 database and key it creates is named after this run ("jqb<hex>_...") and dropped again; no server
@@ -46,7 +46,7 @@ class Context:
     wake_trials: int = 25
     wake_idle: tuple[float, float] = (2.0, 4.0)
     # Our multi-process candidates for "best configuration" in the peers comparison.
-    best_candidates: list[tuple[int, int]] = field(default_factory=lambda: [(2, 8), (4, 4), (4, 8)])
+    best_candidates: list[tuple[int, int]] = field(default_factory=lambda: [(2, 8), (1, 32), (2, 16), (2, 32)])
 
     @classmethod
     def make(cls, quick: bool, out_dir: Path) -> "Context":

@@ -71,7 +71,7 @@ class WorkerConfig:
     queue_refresh_seconds: float = 1.0
     finish_retry_seconds: float | None = None    # how long to keep retrying a completion write
     reap_in_loop: bool = True                    # off when a scheduler runs the reaper (embedded mode)
-    heartbeat_seconds: float = 10.0
+    heartbeat_seconds: float = 15.0
     kind: str = "worker"                         # how the dashboard lists this process: worker | embedded
 
     def __post_init__(self) -> None:
@@ -93,6 +93,7 @@ class _InHand:
     lost: threading.Event = field(default_factory=threading.Event)
     duration: float = 0.0
     finishing: bool = False   # its final write is under way: no more renewals
+    slot_freed: bool = False  # its slot took new work before the completion was written
 
 
 class Worker:
@@ -419,12 +420,27 @@ class Worker:
                     self._release_slots([item])
 
     def _release_slots(self, items: list[_InHand]) -> None:
+        """These jobs are finished: out of our hands, and their slots (if still taken) free."""
         with self._slots:
             for item in items:
                 self._in_hand.pop(item.claimed.job.id, None)
-                self._free.append(item.slot)
+                if not item.slot_freed:
+                    item.slot_freed = True
+                    self._free.append(item.slot)
             self._slots.notify_all()
         self.processed += len(items)
+        self._wake.set()
+
+    def _free_slot_early(self, item: _InHand) -> None:
+        """The handler is done and the job waits for the completer: let the slot take new work
+        while the completion is written, so the next claim overlaps the last COMMIT. Only while
+        the completer keeps up (at most `concurrency` jobs waiting), so a slow database slows
+        claiming down instead of piling up finished jobs."""
+        if self._completions.qsize() > self.config.concurrency:
+            return
+        with self._slots:
+            item.slot_freed = True
+            self._free.append(item.slot)
         self._wake.set()
 
     def _execute(self, item: _InHand) -> bool:
@@ -456,6 +472,7 @@ class Worker:
         else:
             item.duration = time.monotonic() - started
             self._completions.put(item)
+            self._free_slot_early(item)
             return True
         return False
 

@@ -22,7 +22,7 @@ bp = Blueprint("dashboard", __name__)
 
 PAGE_SIZE = 50
 CHART_MINUTES = 15
-ALIVE_SECONDS = 35          # a process whose heartbeat (every 10 s) is older than this is shown as silent
+ALIVE_SECONDS = 45          # a process whose heartbeat (every 15 s) is older than this is shown as silent
 BULK_TIME_BUDGET = 10.0     # seconds of work per bulk request; the page continues where it stopped
 MAX_FILTER_CHARS = 100
 # Small per-minute charts on the overview: empty claims by kind, skips, reclaims, lost leases, errors.
