@@ -21,10 +21,6 @@ from __future__ import annotations
 
 import http.cookiejar
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -36,6 +32,7 @@ from werkzeug.security import generate_password_hash
 
 from bench import common
 from bench.common import log
+from tests.support.procs import GunicornServer
 from webapp.core import repository
 from webapp.core.db import create_engine
 from webapp.core.repository import JobFilter
@@ -92,42 +89,6 @@ def load(url: str, rows: int, failed: int = 3000, ready: int = 2000, running: in
         conn.exec_driver_sql("ANALYZE TABLE job_queue")
     engine.dispose()
     return time.perf_counter() - t0
-
-
-class Gunicorn:
-    """The app under gunicorn with our config file, on a free port, until stop()."""
-
-    def __init__(self, url: str, env: dict[str, str]):
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.env = common.child_env(JOBQUEUE_DATABASE_URL=url, JOBQUEUE_BIND=f"127.0.0.1:{self.port}", **env)
-
-    def start(self, log_dir) -> None:
-        self.log = open(log_dir / f"gunicorn-{self.port}.log", "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(common.REPO / "webapp/web/gunicorn_conf.py")],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=common.REPO)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(self.base + "/healthz", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("gunicorn did not come up")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(60)
-        self.log.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Client:
@@ -204,10 +165,8 @@ def run(ctx) -> dict[str, Any]:
             some_job = repository.get_job_by_key(conn, f"done-{rows // 2}")
             plan = repository.explain_claim(conn, "default", 8)
         env = {"JOBQUEUE_USERS": f"bench:admin:{generate_password_hash(PASSWORD)}", "JOBQUEUE_SECRET_KEY": "bench",
-               "JOBQUEUE_EMBEDDED_WORKERS": "0", "JOBQUEUE_SECURE_COOKIES": "0", "JOBQUEUE_WEB_WORKERS": "1",
-               "JOBQUEUE_LOG_LEVEL": "WARNING"}
-        server = Gunicorn(url, env)
-        server.start(ctx.log_dir)
+               "JOBQUEUE_SECURE_COOKIES": "0", "JOBQUEUE_LOG_LEVEL": "WARNING"}
+        server = GunicornServer(url, ctx.log_dir, web_workers=1, embedded_workers=0, extra_env=env)
         try:
             client = Client(server.base)
             client.login()
