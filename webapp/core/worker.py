@@ -511,9 +511,10 @@ class Worker:
                 event(log, logging.INFO, "complete", job_id=job.id, task_key=job.task_key, attempt=lease.attempt,
                       worker=lease.owner, seconds=f"{item.duration:.3f}")
 
-    def _write_with_retries(self, operation: str, items: list[_InHand], write):
-        """A finishing write survives a database outage up to finish_retry_seconds; after that the
-        jobs are given up and their leases left to expire (the reaper hands them on)."""
+    def _retrying(self, operation: str, write, *, retry_if=lambda exc: True, give_up=lambda: False):
+        """`write(conn)`, with database errors that `retry_if` accepts retried (doubling pauses,
+        0.2 s to 2 s) for up to finish_retry_seconds or until `give_up()`; then the last error is
+        raised. A job's last writes wait out a restart instead of losing work to a blip."""
         deadline = time.monotonic() + self.config.finish_retry_seconds
         pause = 0.2
         while True:
@@ -521,15 +522,24 @@ class Worker:
                 with self.engine.connect() as conn:
                     return write(conn)
             except DB_ERRORS as exc:
+                if not retry_if(exc) or time.monotonic() > deadline or give_up():
+                    raise
                 self._sql_error(operation, exc)
-                if time.monotonic() > deadline or all(i.lost.is_set() for i in items):
-                    for item in items:
-                        event(log, logging.ERROR, "finish_abandoned", job_id=item.claimed.job.id,
-                              task_key=item.claimed.job.task_key, attempt=item.claimed.lease.attempt,
-                              worker=item.claimed.lease.owner, operation=operation)
-                    return None
                 time.sleep(pause)
                 pause = min(pause * 2, 2.0)
+
+    def _write_with_retries(self, operation: str, items: list[_InHand], write):
+        """A finishing write; if the database stays away, the jobs are given up and their leases
+        left to expire (the reaper hands them on)."""
+        try:
+            return self._retrying(operation, write, give_up=lambda: all(i.lost.is_set() for i in items))
+        except DB_ERRORS as exc:
+            self._sql_error(operation, exc)
+            for item in items:
+                event(log, logging.ERROR, "finish_abandoned", job_id=item.claimed.job.id,
+                      task_key=item.claimed.job.task_key, attempt=item.claimed.lease.attempt,
+                      worker=item.claimed.lease.owner, operation=operation)
+            return None
 
     def _finish(self, item: _InHand, operation: str, error: str | None, delay: float = 0.0) -> None:
         """retry or fail one job under its lease."""
@@ -555,20 +565,8 @@ class Worker:
         restart is waited out (as for a completion) rather than failing the attempt. Retrying is
         safe: the write is fenced by the lease and keyed by task_key. Errors that are not about
         reaching the database (a result it refuses) reach the handler at once."""
-        deadline = time.monotonic() + self.config.finish_retry_seconds
-        pause = 0.2
-        while True:
-            try:
-                with self.engine.connect() as conn:
-                    return repository.record_result(conn, lease, task_key, result)
-            except DB_ERRORS as exc:
-                transient = isinstance(exc, TransientDatabaseError) or (
-                    isinstance(exc, DBAPIError) and transient_kind(exc) is not None)
-                if not transient or time.monotonic() > deadline:
-                    raise
-                self._sql_error("record_result", exc)
-                time.sleep(pause)
-                pause = min(pause * 2, 2.0)
+        return self._retrying("record_result", lambda conn: repository.record_result(conn, lease, task_key, result),
+                              retry_if=_reachability)
 
     # --- leases ----------------------------------------------------------------------------------
 
@@ -632,6 +630,11 @@ class Worker:
     def in_hand(self) -> list[ClaimedJob]:
         with self._slots:
             return [i.claimed for i in self._in_hand.values()]
+
+
+def _reachability(exc: BaseException) -> bool:
+    """A lost connection, a deadlock or a lock-wait timeout: worth waiting out."""
+    return isinstance(exc, TransientDatabaseError) or (isinstance(exc, DBAPIError) and transient_kind(exc) is not None)
 
 
 def _describe(exc: BaseException) -> str:
