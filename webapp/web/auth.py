@@ -112,7 +112,7 @@ def token_required(admin: bool = False):
     def decorate(view):
         @functools.wraps(view)
         def wrapped(*args, **kwargs):
-            token = _bearer_token()
+            token = bearer_token()
             if token is None:
                 return _api_error(401, "missing bearer token", {"WWW-Authenticate": "Bearer"})
             if admin and not token.role == "admin":
@@ -125,7 +125,7 @@ def token_required(admin: bool = False):
     return decorate
 
 
-def _bearer_token() -> ApiToken | None:
+def bearer_token() -> ApiToken | None:
     header = request.headers.get("Authorization", "")
     if not header.startswith("Bearer "):
         return None

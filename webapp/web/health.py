@@ -15,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..core import doctor, metrics
 from ..core.errors import TransientDatabaseError
-from .auth import _bearer_token, current_user, login_required
+from .auth import bearer_token, current_user, login_required
 from .state import extension
 
 bp = Blueprint("health", __name__)
@@ -53,7 +53,7 @@ def health_summary() -> dict[str, Any]:
 
 
 def _viewer_or_token() -> bool:
-    if _bearer_token() is not None:
+    if bearer_token() is not None:
         return True
     user = current_user()
     if user is not None:
