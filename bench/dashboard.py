@@ -32,7 +32,7 @@ from werkzeug.security import generate_password_hash
 
 from bench import common
 from bench.common import log
-from tests.support.procs import GunicornServer
+from testkit.procs import GunicornServer
 from webapp.core import repository
 from webapp.core.db import create_engine
 from webapp.core.repository import JobFilter

@@ -52,12 +52,10 @@ from pathlib import Path
 
 import pymysql
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from soak.checks import Execution, Observed, Row, Spec, check
+from testkit.throwaway_mariadb import ThrowawayMariaDB
 
-from soak.checks import Execution, Observed, Row, Spec, check  # noqa: E402
-from tests.support.throwaway_mariadb import ThrowawayMariaDB  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DB_NAME = "soak"
 LEASE_SECONDS = 3

@@ -19,11 +19,11 @@ from webapp.core.db import create_engine
 from webapp.core.migrate import init_db
 from webapp.core.tasks import load_task_modules
 
-from tests.support.throwaway_mariadb import ThrowawayMariaDB
+from testkit.throwaway_mariadb import ThrowawayMariaDB
 
 MYSQL_SERVER = os.environ.get("JOBQUEUE_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306")
 
-load_task_modules(["tests.support.tasks"])
+load_task_modules(["testkit.tasks"])
 
 
 def _admin():

@@ -12,7 +12,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from tests.support.procs import WorkerProcess, claimed_ids, cli_env, jobqueue, wait_until
+from testkit.procs import WorkerProcess, claimed_ids, cli_env, jobqueue, wait_until
 from webapp.core import repository
 from webapp.core.db import create_engine
 from webapp.core.models import Lease, Outcome, Status
@@ -201,9 +201,9 @@ def test_crash_recovery_after_sigkill(mysql_url, mysql_engine, tmp_path):
 def test_duplicate_messages_give_one_result(mysql_url, mysql_engine, tmp_path):
     export_dir = tmp_path / "exports"
     env = cli_env(JOBQUEUE_EXPORT_DIR=str(export_dir))
-    first = jobqueue(mysql_url, "enqueue", "export_then_hang", "--tasks", "tests.support.tasks",
+    first = jobqueue(mysql_url, "enqueue", "export_then_hang", "--tasks", "testkit.tasks",
                      "--key", "orders-2026-11", "--payload", '{"rows": 4}', env=env)
-    replay = jobqueue(mysql_url, "enqueue", "export_then_hang", "--tasks", "tests.support.tasks",
+    replay = jobqueue(mysql_url, "enqueue", "export_then_hang", "--tasks", "testkit.tasks",
                       "--key", "orders-2026-11", "--payload", '{"rows": 4}', env=env)
     assert first.returncode == replay.returncode == 0, (first.stderr, replay.stderr)
     first, replay_out = json.loads(first.stdout), json.loads(replay.stdout)

@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 import sqlalchemy as sa
 
-from tests.support.procs import GunicornServer, wait_until
-from tests.web.conftest import ADMIN_TOKEN, app_config
+from testkit.procs import GunicornServer, wait_until
+from testkit.web import api_post, server_env
 from webapp.core import repository
 from webapp.core.db import create_engine
 from webapp.core.models import Status
@@ -20,20 +20,6 @@ from webapp.core.schema import job_queue, worker_process
 
 pytestmark = pytest.mark.slow
 jq = job_queue.c
-
-
-def server_env(url: str) -> dict:
-    cfg = app_config(url)
-    return {"JOBQUEUE_USERS": cfg["USERS"], "JOBQUEUE_SECRET_KEY": "s3cret-for-tests",
-            "JOBQUEUE_API_TOKENS": cfg["API_TOKENS"], "JOBQUEUE_LEASE_SECONDS": "10",
-            "JOBQUEUE_GRACE_SECONDS": "1"}
-
-
-def api_post(base: str, path: str, body: dict) -> dict:
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN_TOKEN}"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
 
 
 def test_two_gunicorn_workers_with_embedded_workers_process_each_job_once(mysql_url, tmp_path):

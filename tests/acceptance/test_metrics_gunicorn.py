@@ -9,9 +9,9 @@ import urllib.request
 
 import pytest
 
-from tests.acceptance.test_gunicorn import api_post, server_env
-from tests.support.procs import GunicornServer, wait_until
-from tests.web.conftest import VIEWER_TOKEN
+from testkit.web import api_post, server_env
+from testkit.procs import GunicornServer, wait_until
+from testkit.web import VIEWER_TOKEN
 from webapp.core import repository
 from webapp.core.db import create_engine
 

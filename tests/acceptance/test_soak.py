@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from soak.run import FAULT_KINDS
-from tests.support.procs import REPO, cli_env
+from testkit.procs import REPO, cli_env
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.test_gunicorn import server_env
-from tests.support.procs import REPO, GunicornServer, wait_until
-from tests.web.conftest import ADMIN_PASSWORD
+from testkit.web import server_env
+from testkit.procs import REPO, GunicornServer, wait_until
+from testkit.web import ADMIN_PASSWORD
 from webapp.core import repository
 from webapp.core.db import create_engine
 from webapp.core.models import Status

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tests.support.procs import jobqueue
+from testkit.procs import jobqueue
 from webapp.core import repository
 from webapp.core.cli import main
 

@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from tests.support.procs import WorkerProcess, jobqueue
-from tests.support.throwaway_mariadb import ThrowawayMariaDB, free_port
+from testkit.procs import WorkerProcess, jobqueue
+from testkit.throwaway_mariadb import ThrowawayMariaDB, free_port
 from webapp.core import doctor, preflight
 from webapp.core.db import create_engine
 from webapp.core.doctor import Verdict

@@ -12,7 +12,7 @@ from webapp.core import metrics, repository
 from webapp.core.models import EmptyClaim
 from webapp.core.worker import Worker, WorkerConfig
 
-from tests.integration.test_mysql_locking import hold_rows
+from testkit.locks import hold_rows
 
 
 def empty(kind: str, queues: str = "default") -> float:

@@ -9,24 +9,13 @@ import time
 import pytest
 import sqlalchemy as sa
 
+from testkit.locks import hold_rows
 from webapp.core import db, migrate, preflight, repository
 from webapp.core.errors import JobBusy, UnsupportedDatabase
 from webapp.core.models import EmptyClaim, Status
 from webapp.core.schema import job_queue
 
 jq = job_queue.c
-
-
-def hold_rows(engine, ids):
-    """A second transaction holding FOR UPDATE on `ids`, not committing (the paused transaction)."""
-    conn = engine.connect()
-    conn.begin()
-    # FORCE INDEX: on a table this small the optimizer would rather scan the whole table, and a
-    # locking scan locks every row it reads, not only the matching ones.
-    got = conn.execute(sa.text("SELECT id FROM job_queue FORCE INDEX (PRIMARY) WHERE id IN :ids FOR UPDATE")
-                       .bindparams(sa.bindparam("ids", expanding=True)), {"ids": list(ids)}).scalars().all()
-    assert sorted(got) == sorted(ids)
-    return conn
 
 
 def test_claim_skips_rows_held_by_a_paused_transaction_without_waiting(mysql_engine):

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 
-from tests.support.procs import WorkerProcess, wait_until
+from testkit.procs import WorkerProcess, wait_until
 from webapp.core import repository
 from webapp.core.builtin_tasks import noop
 from webapp.core.models import Status

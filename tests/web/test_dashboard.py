@@ -7,7 +7,7 @@ import re
 import pytest
 import sqlalchemy as sa
 
-from tests.web.conftest import post
+from testkit.web import post
 from webapp.core import repository
 from webapp.core.models import Status
 from webapp.core.schema import audit_log, job_queue

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.web.conftest import api, app_config, login, post
+from testkit.web import api, app_config, login, post
 from webapp import create_app
 from webapp.core import repository
 from webapp.core.db import create_engine

@@ -7,7 +7,7 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from tests.web.conftest import (ADMIN_PASSWORD, ADMIN_TOKEN, VIEWER_TOKEN, api, app_config, csrf_token, login,
+from testkit.web import (ADMIN_PASSWORD, ADMIN_TOKEN, VIEWER_TOKEN, api, app_config, csrf_token, login,
                                 post)
 from webapp import create_app
 from webapp.core import repository

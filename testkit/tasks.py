@@ -1,4 +1,4 @@
-"""Tasks the acceptance tests run inside real worker processes (--tasks tests.support.tasks)."""
+"""Tasks the acceptance tests run inside real worker processes (--tasks testkit.tasks)."""
 
 from __future__ import annotations
 

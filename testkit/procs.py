@@ -35,7 +35,7 @@ class WorkerProcess:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "webapp.core.cli", "--database-url", url, "worker", "--name", name,
-             "--tasks", "tests.support.tasks", *args],
+             "--tasks", "testkit.tasks", *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env or cli_env(), cwd=REPO)
 
     def log(self) -> str:
@@ -113,7 +113,7 @@ class GunicornServer:
         self._log = open(self.log_path, "w")
         env = cli_env(JOBQUEUE_DATABASE_URL=url, JOBQUEUE_BIND=f"127.0.0.1:{self.port}",
                       JOBQUEUE_WEB_WORKERS=str(web_workers), JOBQUEUE_EMBEDDED_WORKERS=str(embedded_workers),
-                      JOBQUEUE_TASKS="tests.support.tasks", **(extra_env or {}))
+                      JOBQUEUE_TASKS="testkit.tasks", **(extra_env or {}))
         self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(REPO / "webapp/web/gunicorn_conf.py")],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         deadline = time.monotonic() + 30

@@ -1,0 +1,6 @@
+"""Test helpers shared by the test suite, the soak and the benchmarks: throwaway MariaDB servers,
+real worker and gunicorn processes, the tasks they run, and the test users and tokens.
+
+A package of the project (installed with it), so everything imports it by name; nothing patches
+`sys.path`.
+"""
