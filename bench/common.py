@@ -28,7 +28,7 @@ from bench.gate import Gate
 from webapp.core import repository
 from webapp.core.db import create_engine
 from webapp.core.migrate import init_db
-from webapp.core.tasks import load_task_modules
+from webapp.core.task_modules import load_task_modules
 
 REPO = Path(__file__).resolve().parents[1]
 MYSQL_SERVER = os.environ.get("BENCH_MYSQL", "mysql+pymysql://root@127.0.0.1:3306")
@@ -215,7 +215,7 @@ def child_env(**extra: str) -> dict[str, str]:
 def jobqueue_cmd() -> list[str]:
     """The installed `jobqueue` console script next to this interpreter (what operators run)."""
     script = Path(sys.executable).with_name("jobqueue")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "webapp.core.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "webapp.cli"]
 
 
 def worker_cmd(url: str, concurrency: int, *extra: str, burst: bool = True, tasks: str = "bench.gate_tasks") -> list[str]:

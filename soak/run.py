@@ -272,7 +272,7 @@ class Soak:
     def start_database(self) -> None:
         self.server.start()
         self.url = self.server.create_database(DB_NAME)
-        out = subprocess.run([sys.executable, "-m", "webapp.core.cli", "--database-url", self.url, "init-db"],
+        out = subprocess.run([sys.executable, "-m", "webapp.cli", "--database-url", self.url, "init-db"],
                              capture_output=True, text=True, env=self.base_env(), cwd=REPO, timeout=120)
         if out.returncode != 0:
             raise RuntimeError(f"init-db failed: {out.stdout}{out.stderr}")
@@ -289,7 +289,7 @@ class Soak:
     def start_worker(self) -> Proc:
         self.worker_seq += 1
         name = f"w{self.worker_seq}"
-        p = Proc(name, [sys.executable, "-m", "webapp.core.cli", "--database-url", self.url, "worker",
+        p = Proc(name, [sys.executable, "-m", "webapp.cli", "--database-url", self.url, "worker",
                         "--name", name, "--concurrency", str(self.plan.concurrency),
                         "--lease-seconds", str(LEASE_SECONDS), "--grace-seconds", "1", "--tasks", "soak.tasks"],
                  self.base_env(), self.logs / f"worker-{name}.log")
@@ -385,7 +385,7 @@ class Soak:
             pause = min(pause * 2, 2.0)
 
     def enqueue_cli(self, spec: Spec, payload: dict, delay: float, deadline_s: float = 180) -> tuple[str, dict | None]:
-        argv = [sys.executable, "-m", "webapp.core.cli", "--database-url", self.url, "--log-level", "WARNING",
+        argv = [sys.executable, "-m", "webapp.cli", "--database-url", self.url, "--log-level", "WARNING",
                 "enqueue", "soak", "--key", spec.task_key, "--payload", json.dumps(payload),
                 "--max-attempts", str(spec.max_attempts), "--tasks", "soak.tasks"]
         if delay:

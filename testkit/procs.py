@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def cli_env(**extra: str) -> dict[str, str]:
@@ -24,19 +24,24 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 def jobqueue(url: str, *args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run one `jobqueue` command to completion."""
-    return subprocess.run([sys.executable, "-m", "webapp.core.cli", "--database-url", url, *args],
+    return subprocess.run([sys.executable, "-m", "webapp.cli", "--database-url", url, *args],
                           capture_output=True, text=True, env=env or cli_env(), cwd=REPO, timeout=timeout)
 
 
 class WorkerProcess:
+    """`jobqueue worker` for real, logging at DEBUG so that its claims (one DEBUG line each) can be
+    read back."""
+
     def __init__(self, url: str, log_dir: Path, name: str, *args: str, env: dict | None = None):
         self.name = name
+        env = env or cli_env()
+        env.setdefault("JOBQUEUE_LOG_LEVEL", "DEBUG")
         self.log_path = log_dir / f"worker-{name}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "webapp.core.cli", "--database-url", url, "worker", "--name", name,
+            [sys.executable, "-m", "webapp.cli", "--database-url", url, "worker", "--name", name,
              "--tasks", "testkit.tasks", *args],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env or cli_env(), cwd=REPO)
+            stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
     def log(self) -> str:
         return self.log_path.read_text()
@@ -111,9 +116,10 @@ class GunicornServer:
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / "gunicorn.log"
         self._log = open(self.log_path, "w")
-        env = cli_env(JOBQUEUE_DATABASE_URL=url, JOBQUEUE_BIND=f"127.0.0.1:{self.port}",
+        env = cli_env(JOBQUEUE_DATABASE_URL=url, JOBQUEUE_BIND=f"127.0.0.1:{self.port}", JOBQUEUE_LOG_LEVEL="DEBUG",
                       JOBQUEUE_WEB_WORKERS=str(web_workers), JOBQUEUE_EMBEDDED_WORKERS=str(embedded_workers),
-                      JOBQUEUE_TASKS="testkit.tasks", **(extra_env or {}))
+                      JOBQUEUE_TASKS="testkit.tasks")
+        env.update(extra_env or {})
         self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(REPO / "webapp/web/gunicorn_conf.py")],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         deadline = time.monotonic() + 30

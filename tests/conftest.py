@@ -17,7 +17,7 @@ from sqlalchemy.pool import NullPool
 
 from webapp.core.db import create_engine
 from webapp.core.migrate import init_db
-from webapp.core.tasks import load_task_modules
+from webapp.core.task_modules import load_task_modules
 
 from testkit.throwaway_mariadb import ThrowawayMariaDB
 
@@ -102,3 +102,14 @@ def throwaway_mariadb(tmp_path):
     yield start
     for server in servers:
         server.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def _process_settings():
+    """An app or a CLI command installs the process's settings (settings.use), and a one-shot
+    command turns metrics off; each test starts from the environment again, metrics on."""
+    yield
+    from webapp.core import metrics, settings
+
+    settings.use(None)
+    metrics.on()

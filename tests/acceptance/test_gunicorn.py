@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-import urllib.request
 from collections import Counter
 
 import pytest

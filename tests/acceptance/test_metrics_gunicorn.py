@@ -43,6 +43,7 @@ def test_metrics_from_two_gunicorn_workers(mysql_url, tmp_path):
         with pytest.raises(urllib.error.HTTPError) as refused:
             scrape(server.base, token=None)
         assert refused.value.code == 401
+        refused.value.close()
         # Jobs slow enough that the process taking the API calls cannot run them all alone.
         for i in range(60):
             api_post(server.base, "/api/jobs", {"task": "slow_noop", "task_key": f"m-{i}", "payload": {"seconds": 0.2}})

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from webapp.core import repository
 from webapp.core.errors import InvalidState, JobNotFound, LeaseStillValid, ValidationError, PayloadTooLarge
 from webapp.core.models import EmptyClaim, Lease, Outcome, Status
-from webapp.core.schema import job_attempt, job_queue, job_result
+from webapp.core.schema import job_queue, job_result
 from webapp.core.tasks import LeaseLostError
 
 

@@ -8,7 +8,6 @@ import threading
 import time
 
 import pymysql
-import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 
-import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

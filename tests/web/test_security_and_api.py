@@ -7,8 +7,7 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from testkit.web import (ADMIN_PASSWORD, ADMIN_TOKEN, VIEWER_TOKEN, api, app_config, csrf_token, login,
-                                post)
+from testkit.web import (ADMIN_PASSWORD, ADMIN_TOKEN, VIEWER_TOKEN, api, app_config, csrf_token, login)
 from webapp import create_app
 from webapp.core import repository
 from webapp.core.models import Status

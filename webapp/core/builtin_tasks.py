@@ -7,14 +7,12 @@ import hashlib
 import io
 import os
 import tempfile
-import time
 import urllib.parse
 from typing import Any
 
-from .errors import PermanentError
+from .errors import LeaseLostError, PermanentError
+from .settings import current
 from .tasks import JobContext, task
-
-ENV_EXPORT_DIR = "JOBQUEUE_EXPORT_DIR"
 
 
 @task("noop")
@@ -24,11 +22,13 @@ def noop(payload: dict[str, Any], ctx: JobContext) -> None:
 
 @task("sleep")
 def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
-    """Sleeps `{"seconds": x}` (0..3600), like a slow export or transcode would."""
+    """Sleeps `{"seconds": x}` (0..3600), like a slow export or transcode would, and stops early
+    when its lease is lost (an operator failed, requeued or cancelled it, or it was reaped)."""
     seconds = payload.get("seconds", 1)
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 3600:
         raise PermanentError("sleep needs {\"seconds\": a number in 0..3600}")
-    time.sleep(seconds)
+    if ctx.lease_lost.wait(seconds):
+        raise LeaseLostError(f"job {ctx.job_id} attempt {ctx.attempt}: lease lost after sleeping part of {seconds} s")
 
 
 @task("fail", max_attempts=3)
@@ -38,7 +38,16 @@ def fail(payload: dict[str, Any], ctx: JobContext) -> None:
 
 
 def export_dir() -> str:
-    return os.environ.get(ENV_EXPORT_DIR) or os.path.join(os.getcwd(), "instance", "exports")
+    return current().export_dir or os.path.join(os.getcwd(), "instance", "exports")
+
+
+def csv_cell(value: Any) -> Any:
+    """A cell that a spreadsheet will not run as a formula: text starting with =, +, -, @, a tab
+    or a carriage return gets a leading apostrophe (OWASP's advice on CSV injection). Numbers
+    stay numbers."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
 
 
 def export_path(task_key: str) -> str:
@@ -67,8 +76,10 @@ def export_orders(payload: dict[str, Any], ctx: JobContext) -> None:
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(["order_id", "amount"])
-    for order in orders:
-        writer.writerow([order.get("id"), order.get("amount")])
+    for n, order in enumerate(orders):
+        if n % 1000 == 0 and ctx.lease_lost.is_set():
+            raise LeaseLostError(f"job {ctx.job_id} attempt {ctx.attempt}: lease lost while exporting")
+        writer.writerow([csv_cell(order.get("id")), csv_cell(order.get("amount"))])
     data = buf.getvalue().encode("utf-8")
 
     path = export_path(ctx.task_key)
@@ -85,4 +96,5 @@ def export_orders(payload: dict[str, Any], ctx: JobContext) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    ctx.record_result({"file": path, "rows": len(orders), "sha256": hashlib.sha256(data).hexdigest()})
+    # The file relative to the export folder: where the server keeps it is not the client's business.
+    ctx.record_result({"file": os.path.basename(path), "rows": len(orders), "sha256": hashlib.sha256(data).hexdigest()})

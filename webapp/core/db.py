@@ -1,4 +1,5 @@
-"""Engines, the database clock, and transactions that survive deadlocks and lost connections.
+"""Engines, the database clock, which server is the primary, and transactions that survive
+deadlocks and lost connections.
 
 Two kinds of server are supported:
 - MySQL >= 8.0.1 / MariaDB >= 10.6 through PyMySQL: the production path, with row locks and
@@ -9,78 +10,325 @@ Two kinds of server are supported:
 
 All timestamps that matter for leases come from the database clock, so hosts with skewed clocks
 still agree on when a lease expires.
+
+Where writes go. A setting may name several candidate servers ("A B C"): every new connection
+goes to the first one that answers and is writable (not read_only / super_read_only /
+innodb_read_only, not a replica, not on statement binlogs), as libpq's
+target_session_attrs=read-write does. A pooled connection is checked again when it is checked out
+after PRIMARY_CHECK_SECONDS, so a primary demoted under running processes is noticed within that
+time, and with several candidates the pool moves on to the new primary by itself. When no
+candidate is writable, connections still go to one that answers, marked not writable: reads (the
+dashboard) keep working, and every write path refuses with NotPrimary before it sends anything
+(`require_primary`). The claim itself re-reads the flags in its own locking SELECT (see
+repository.claim), so not even a claim sent between two checks can land on a demoted server.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
 import sqlite3
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
-from . import metrics
-from .errors import TransientDatabaseError
+from . import retry
+from .errors import NotPrimary, TransientDatabaseError
 from .schema import Timestamp
+from .settings import Settings, current
 
 log = logging.getLogger("jobqueue.db")
 
 T = TypeVar("T")
 
-ENV_URL = "JOBQUEUE_DATABASE_URL"
-ENV_INSTANCE = "JOBQUEUE_INSTANCE_PATH"
 DEFAULT_LOCK_WAIT_SECONDS = 5
+PRIMARY_CHECK_SECONDS = 5.0
 
 # MySQL / MariaDB error codes we act on.
 ER_LOCK_WAIT_TIMEOUT = 1205   # also MariaDB's answer to NOWAIT on a locked row
 ER_LOCK_DEADLOCK = 1213
 ER_LOCK_NOWAIT = 3572         # MySQL 8.0's answer to NOWAIT on a locked row
+ER_GR_ROLLBACK = 3101         # MySQL group replication rolled the transaction back: retry like a deadlock
 ER_CONNECTION_KILLED = 1927   # MariaDB
+ER_CLIENT_INTERACTION_TIMEOUT = 4031   # MySQL 8.0.24+: the server closed an idle connection
 ER_SERVER_SHUTDOWN = 1053
+ER_READ_ONLY = 1290           # --read-only (ER_OPTION_PREVENTS_STATEMENT)
+ER_READ_ONLY_TRANSACTION = 1792
+ER_INNODB_READ_ONLY = 1836    # innodb_read_only (MySQL) / read-only mode
+ER_STATEMENT_TIMEOUT = (1969, 3024)   # MariaDB max_statement_time, MySQL MAX_EXECUTION_TIME
 CR_CONNECTION_ERRORS = {2002, 2003, 2006, 2013, 2055}
+NOT_PRIMARY_ERRORS = {ER_READ_ONLY, ER_READ_ONLY_TRANSACTION, ER_INNODB_READ_ONLY}
 
 
-def default_sqlite_path() -> str:
-    folder = os.environ.get(ENV_INSTANCE) or os.path.join(os.getcwd(), "instance")
+def default_sqlite_path(settings: Settings | None = None) -> str:
+    folder = (settings or current()).instance_path or os.path.join(os.getcwd(), "instance")
     return os.path.join(folder, "jobqueue.sqlite3")
 
 
-def resolve_url(url: str | None = None) -> str:
-    """The database URL from the argument, then JOBQUEUE_DATABASE_URL, then embedded SQLite."""
-    url = url or os.environ.get(ENV_URL)
-    if not url:
-        path = default_sqlite_path()
+def resolve_urls(url: str | Sequence[str] | None = None, settings: Settings | None = None) -> list[str]:
+    """Candidate URLs from the argument (one URL, or several separated by spaces), then the
+    settings, then embedded SQLite. `mysql://` means PyMySQL, the driver we ship and test."""
+    if isinstance(url, str):
+        urls = url.split()
+    elif url:
+        urls = list(url)
+    else:
+        urls = list((settings or current()).database_urls)
+    if not urls:
+        path = default_sqlite_path(settings)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        return f"sqlite:///{path}"
-    # Operators write mysql://; PyMySQL is the driver we ship and test.
-    for bare in ("mysql", "mariadb"):
-        if url.startswith(bare + "://"):
-            return f"{bare}+pymysql://" + url[len(bare) + 3:]
-    return url
+        return [f"sqlite:///{path}"]
+    out = []
+    for one in urls:
+        for bare in ("mysql", "mariadb"):
+            if one.startswith(bare + "://"):
+                one = f"{bare}+pymysql://" + one[len(bare) + 3:]
+        out.append(one)
+    backends = {make_url(u).get_backend_name() for u in out}
+    if len(out) > 1 and backends - {"mysql", "mariadb"}:
+        raise ValueError("several database URLs are candidate MySQL/MariaDB primaries; SQLite takes one URL")
+    return out
+
+
+def resolve_url(url: str | None = None) -> str:
+    return resolve_urls(url)[0]
 
 
 def is_mysql(engine_or_conn: Engine | Connection) -> bool:
     return engine_or_conn.dialect.name in ("mysql", "mariadb")
 
 
-def create_engine(url: str | None = None, *, pool_size: int = 10, lock_wait_seconds: int | None = None) -> Engine:
-    url = resolve_url(url)
+# --- which server is the primary ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ServerRole:
+    """What a connection's server said about itself when last checked."""
+
+    address: str                    # host:port
+    refusal: str | None             # why it must not take writes (None: a writable primary)
+    checked_at: float               # time.monotonic()
+
+    @property
+    def writable(self) -> bool:
+        return self.refusal is None
+
+
+def _is_mariadb(dbapi_conn) -> bool:
+    return "mariadb" in (dbapi_conn.get_server_info() or "").lower()
+
+
+def server_refusal(dbapi_conn) -> str | None:
+    """Why this server must not take queue writes right now, or None. One SELECT of server
+    variables (plus the replica status on a new connection); never a write."""
+    mariadb = _is_mariadb(dbapi_conn)
+    flags = ["read_only", "innodb_read_only"] + ([] if mariadb else ["super_read_only"])
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute("SELECT " + ", ".join(f"@@global.{f}" for f in flags) + ", @@session.binlog_format, @@global.log_bin")
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    on = [name for name, value in zip(flags, row) if str(value).upper() in ("1", "ON")]
+    if on:
+        return f"the server is read-only ({', '.join(on)} is ON): a replica or a demoted primary"
+    binlog_format, log_bin = str(row[-2] or "").upper(), str(row[-1]).upper() in ("1", "ON")
+    if log_bin and binlog_format == "STATEMENT":
+        return "the server writes statement-based binary logs (binlog_format=STATEMENT): SKIP LOCKED is unsafe there"
+    return None
+
+
+def replica_refusal(dbapi_conn) -> str | None:
+    """A server that replicates from another is not the primary, read_only or not. Needs the
+    REPLICATION CLIENT privilege (or SLAVE MONITOR on MariaDB); without it the check is skipped
+    (read_only is what replicas set anyway)."""
+    statement = "SHOW SLAVE STATUS" if _is_mariadb(dbapi_conn) else "SHOW REPLICA STATUS"
+    cursor = dbapi_conn.cursor()
+    try:
+        try:
+            cursor.execute(statement)
+        except Exception as exc:   # a missing privilege (1227) or an older MySQL: skip this check
+            if _code(exc) in CR_CONNECTION_ERRORS:
+                raise
+            return None
+        rows = cursor.fetchall()
+        names = [d[0] for d in cursor.description or ()]
+    finally:
+        cursor.close()
+    for row in rows:
+        status = dict(zip(names, row))
+        source = status.get("Master_Host") or status.get("Source_Host")
+        running = status.get("Slave_SQL_Running") or status.get("Replica_SQL_Running")
+        if source and running == "Yes":
+            return f"the server is a replica of {source} (its replication threads are running)"
+    return None
+
+
+def _code(exc: BaseException) -> int | None:
+    args = getattr(exc, "args", None)
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+class Candidates:
+    """The candidate primaries of one engine, and which one last answered as writable."""
+
+    def __init__(self, urls: Sequence[str], connect_args: dict):
+        self.urls = [make_url(u) for u in urls]
+        self.connect_args = connect_args
+        self._preferred = 0
+        self._lock = threading.Lock()
+
+    def address(self, i: int) -> str:
+        return f"{self.urls[i].host or 'localhost'}:{self.urls[i].port or 3306}"
+
+    def connect(self):
+        """A PyMySQL connection to the writable primary, or (none writable) to one that answers,
+        with its ServerRole attached as `conn._jobqueue_role`."""
+        import pymysql
+
+        with self._lock:
+            order = list(range(self._preferred, len(self.urls))) + list(range(self._preferred))
+        fallback = None
+        errors = []
+        for i in order:
+            u = self.urls[i]
+            try:
+                conn = pymysql.connect(host=u.host or "localhost", port=u.port or 3306, user=u.username,
+                                       password=u.password or "", database=u.database, **self.connect_args,
+                                       **dict(u.query))
+            except pymysql.err.Error as exc:
+                errors.append(f"{self.address(i)}: {exc}")
+                continue
+            except RuntimeError as exc:
+                # PyMySQL raises RuntimeError when an auth plugin needs a missing package
+                # (caching_sha2_password without `cryptography`): a database error, not a crash.
+                errors.append(f"{self.address(i)}: {exc}")
+                continue
+            try:
+                refusal = server_refusal(conn) or (replica_refusal(conn) if len(self.urls) > 1 else None)
+            except pymysql.err.Error as exc:
+                conn.close()
+                errors.append(f"{self.address(i)}: {exc}")
+                continue
+            conn._jobqueue_role = ServerRole(self.address(i), refusal, time.monotonic())
+            if refusal is None:
+                if fallback is not None:
+                    fallback.close()
+                with self._lock:
+                    if self._preferred != i:
+                        log.warning("event=primary_found address=%s", self.address(i))
+                    self._preferred = i
+                return conn
+            if fallback is None:
+                fallback = conn
+            else:
+                conn.close()
+            errors.append(f"{self.address(i)}: {refusal}")
+        if fallback is not None:
+            return fallback
+        raise pymysql.err.OperationalError(2003, "no database server answered: " + "; ".join(errors))
+
+
+def _watch_roles(engine: Engine, candidates: Candidates) -> None:
+    """Re-check a pooled connection's server at checkout once PRIMARY_CHECK_SECONDS have passed.
+    A connection to a server that stopped being writable is dropped when another candidate may
+    be the primary now, so the pool reconnects through Candidates.connect."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, record) -> None:
+        record.info["role"] = getattr(dbapi_conn, "_jobqueue_role", None)
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn, record, proxy) -> None:
+        role: ServerRole | None = record.info.get("role")
+        if role is not None and time.monotonic() - role.checked_at < PRIMARY_CHECK_SECONDS:
+            return
+        try:
+            refusal = server_refusal(dbapi_conn)
+        except Exception as exc:
+            raise DisconnectionError(f"primary check failed: {exc}") from exc
+        address = role.address if role else "?"
+        if refusal is not None and len(candidates.urls) > 1:
+            raise DisconnectionError(f"{address} is no longer writable: {refusal}")
+        if (role is None or role.writable) and refusal is not None:
+            log.error("event=not_primary address=%s reason=%r", address, refusal)
+        elif role is not None and not role.writable and refusal is None:
+            log.warning("event=primary_writable_again address=%s", address)
+        record.info["role"] = ServerRole(address, refusal, time.monotonic())
+
+
+def role_of(conn: Connection) -> ServerRole | None:
+    """The server role of this connection as last checked (None on SQLite)."""
+    if not is_mysql(conn) or conn.invalidated:
+        return None
+    return conn.connection.info.get("role")
+
+
+def require_primary(conn: Connection) -> None:
+    """Raise NotPrimary unless this connection's server was writable when last checked (at most
+    PRIMARY_CHECK_SECONDS ago). Costs nothing: the check rode on the connection's checkout."""
+    role = role_of(conn)
+    if role is not None and not role.writable:
+        raise NotPrimary(f"{role.address}: {role.refusal}; nothing was written")
+
+
+def mark_not_primary(conn: Connection, reason: str) -> None:
+    """A write was refused as read-only: remember it, so the next checkout checks again and
+    writes are refused at once meanwhile."""
+    if is_mysql(conn) and not conn.invalidated:
+        role = conn.connection.info.get("role")
+        conn.connection.info["role"] = ServerRole(role.address if role else "?", reason, 0.0)
+
+
+# --- engines -------------------------------------------------------------------------------------
+
+def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10,
+                  lock_wait_seconds: int | None = None, statement_timeout_seconds: float | None = None,
+                  settings: Settings | None = None) -> Engine:
+    """An engine for the queue. `url` is one URL or several candidate primaries (default: the
+    settings). `statement_timeout_seconds` bounds every statement and metadata-lock wait (web
+    requests use it, so a table held by LOCK TABLES answers 503 quickly instead of tying up a
+    thread); workers leave it off, since their statements are short by construction."""
+    settings = settings or current()
+    urls = resolve_urls(url, settings)
     if lock_wait_seconds is None:
-        lock_wait_seconds = int(os.environ.get("JOBQUEUE_LOCK_WAIT_SECONDS", DEFAULT_LOCK_WAIT_SECONDS))
-    backend = make_url(url).get_backend_name()
+        lock_wait_seconds = settings.lock_wait_seconds
+    backend = make_url(urls[0]).get_backend_name()
     if backend in ("mysql", "mariadb"):
-        return sa.create_engine(
-            url,
+        # Our own row-lock waits (fenced completions, operator actions) give up in seconds, not
+        # the server's default 50 s; claims never wait at all.
+        init = [f"innodb_lock_wait_timeout = {int(lock_wait_seconds)}"]
+        connect_args = {"charset": "utf8mb4", "connect_timeout": 5, "read_timeout": 60, "write_timeout": 60}
+        if statement_timeout_seconds:
+            init.append(f"lock_wait_timeout = {max(1, int(statement_timeout_seconds))}")
+            # A statement the server stops answers within the limit; read_timeout is the client's
+            # own backstop for a server that does not answer at all.
+            connect_args["read_timeout"] = max(5, int(statement_timeout_seconds * 3))
+        candidates = Candidates(urls, connect_args)
+        timeout_sql = _statement_timeout_sql(statement_timeout_seconds)
+
+        def connect():
+            conn = candidates.connect()
+            cursor = conn.cursor()
+            try:
+                sets = init + ([timeout_sql(_is_mariadb(conn))] if timeout_sql else [])
+                cursor.execute("SET SESSION " + ", ".join(sets))
+            finally:
+                cursor.close()
+            return conn
+
+        engine = sa.create_engine(
+            urls[0],
+            creator=connect,
             isolation_level="READ COMMITTED",
             pool_size=pool_size,
             max_overflow=pool_size,
@@ -89,31 +337,44 @@ def create_engine(url: str | None = None, *, pool_size: int = 10, lock_wait_seco
             # Connection with one open rolls it back), so the pool's extra ROLLBACK on check-in
             # would be a wasted round trip on every claim and completion.
             pool_reset_on_return=None,
-            connect_args={
-                "charset": "utf8mb4",
-                "connect_timeout": 10,
-                # Our own row-lock waits (fenced completions, operator actions) give up in
-                # seconds, not the server's default 50 s; claims never wait at all.
-                "init_command": f"SET SESSION innodb_lock_wait_timeout = {int(lock_wait_seconds)}",
-            },
         )
+        engine.candidates = candidates
+        _watch_roles(engine, candidates)
+        return engine
     if backend == "sqlite":
-        in_memory = make_url(url).database in (None, "", ":memory:")
+        if len(urls) > 1:
+            raise ValueError("SQLite takes one database URL")
+        in_memory = make_url(urls[0]).database in (None, "", ":memory:")
         engine = sa.create_engine(
-            url, connect_args={"timeout": 30, "check_same_thread": False},
+            urls[0], connect_args={"timeout": 30, "check_same_thread": False},
             **({} if in_memory else {"pool_size": pool_size, "max_overflow": pool_size}),
         )
         _configure_sqlite(engine)
         return engine
-    raise ValueError(f"unsupported database URL {url!r}: use mysql+pymysql://, mariadb+pymysql:// or sqlite:///")
+    raise ValueError(f"unsupported database URL {urls[0]!r}: use mysql+pymysql://, mariadb+pymysql:// or sqlite:///")
+
+
+def _statement_timeout_sql(seconds: float | None) -> Callable[[bool], str] | None:
+    if not seconds:
+        return None
+    # MariaDB bounds every statement; MySQL's MAX_EXECUTION_TIME bounds read-only SELECTs (the
+    # write paths are bounded by the lock waits above).
+    return lambda mariadb: (f"max_statement_time = {seconds:g}" if mariadb
+                            else f"max_execution_time = {int(seconds * 1000)}")
+
+
+# SQLite has no clock of its own that we can shift, so the database clock is this function; a
+# test may replace `sqlite_clock` to move time (the lease state machine's Hypothesis test does).
+def sqlite_clock() -> float:
+    return time.time()
 
 
 def _sqlite_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    return datetime.fromtimestamp(sqlite_clock(), timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
 def _sqlite_now_plus(microseconds: int) -> str:
-    ts = datetime.now(timezone.utc).timestamp() + microseconds / 1e6
+    ts = sqlite_clock() + microseconds / 1e6
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
@@ -127,8 +388,8 @@ def _configure_sqlite(engine: Engine) -> None:
         dbapi_conn.execute("PRAGMA journal_mode=WAL")
         dbapi_conn.execute("PRAGMA synchronous=NORMAL")
         dbapi_conn.execute("PRAGMA busy_timeout=30000")
-        dbapi_conn.create_function("jq_now", 0, _sqlite_now)
-        dbapi_conn.create_function("jq_now_plus", 1, _sqlite_now_plus)
+        dbapi_conn.create_function("jq_now", 0, lambda: _sqlite_now())
+        dbapi_conn.create_function("jq_now_plus", 1, lambda us: _sqlite_now_plus(us))
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
@@ -182,57 +443,73 @@ def _db_after_sqlite(element, compiler, **kw):
 # --- transactions --------------------------------------------------------------------------------
 
 def error_code(exc: BaseException) -> int | None:
-    orig = getattr(exc, "orig", None)
-    args = getattr(orig, "args", None)
-    if args and isinstance(args[0], int):
-        return args[0]
-    return None
+    return _code(getattr(exc, "orig", None))
 
 
-def transient_kind(exc: DBAPIError) -> str | None:
+def transient_kind(exc: BaseException) -> str | None:
     """'deadlock', 'lock_timeout' or 'disconnect' for errors worth retrying, else None."""
+    if not isinstance(exc, DBAPIError):
+        return None
     if exc.connection_invalidated:
         return "disconnect"
     code = error_code(exc)
-    if code == ER_LOCK_DEADLOCK:
+    if code in (ER_LOCK_DEADLOCK, ER_GR_ROLLBACK):
         return "deadlock"
     if code == ER_LOCK_WAIT_TIMEOUT:
         return "lock_timeout"
-    if code in CR_CONNECTION_ERRORS or code in (ER_CONNECTION_KILLED, ER_SERVER_SHUTDOWN):
+    if code in CR_CONNECTION_ERRORS or code in (ER_CONNECTION_KILLED, ER_SERVER_SHUTDOWN, ER_CLIENT_INTERACTION_TIMEOUT):
         return "disconnect"
     if isinstance(exc.orig, sqlite3.OperationalError) and "locked" in str(exc.orig):
         return "lock_timeout"
     return None
 
 
+def is_not_primary(exc: BaseException) -> bool:
+    return isinstance(exc, NotPrimary) or (isinstance(exc, DBAPIError) and error_code(exc) in NOT_PRIMARY_ERRORS)
+
+
+# A deadlock is resolved at once and worth retrying; each lock-wait timeout already cost a full
+# innodb_lock_wait_timeout, so give up on the second.
+TRANSACTION = retry.RetryPolicy(attempts=6, first_delay=0.01, max_delay=0.5, attempts_by_kind={"lock_timeout": 2})
+
+
 def transaction(conn: Connection, fn: Callable[[Connection], T], *, what: str,
-                attempts: int = 6, base_delay: float = 0.01) -> T:
+                policy: retry.RetryPolicy = TRANSACTION) -> T:
     """Run `fn(conn)` in its own short transaction; retry deadlocks, lock-wait timeouts and lost
     connections with jittered exponential backoff.
 
     InnoDB resolves a deadlock by rolling back one transaction, and a connection can drop between
     two statements; both are normal for a queue under load. They are counted and retried, and
-    only when they persist does the caller see TransientDatabaseError.
+    only when they persist does the caller see TransientDatabaseError. A server that refuses
+    writes as read-only raises NotPrimary (not retried here: a failover takes seconds).
     """
     if conn.in_transaction():
         # The caller owns the transaction (say, an enqueue next to its own business rows); it
         # also owns commit and retry.
         return fn(conn)
-    for attempt in range(1, attempts + 1):
+
+    def once() -> T:
         try:
             with conn.begin():
                 return fn(conn)
         except DBAPIError as exc:
-            kind = transient_kind(exc)
-            if kind is None:
-                raise
-            metrics.TRANSIENT_RETRIES.labels(kind=kind, operation=what).inc()
-            # A deadlock is resolved at once and worth retrying; each lock-wait timeout already
-            # cost a full innodb_lock_wait_timeout, so give up on the second.
-            if attempt == attempts or (kind == "lock_timeout" and attempt >= 2):
-                raise TransientDatabaseError(f"{what}: {kind} persisted after {attempt} attempts: {exc.orig}") from exc
-            delay = base_delay * (2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
-            log.warning("event=db_retry operation=%s kind=%s attempt=%d delay_ms=%.0f error=%r",
-                        what, kind, attempt, delay * 1000, str(exc.orig)[:200])
-            time.sleep(delay)
-    raise AssertionError("unreachable")
+            if error_code(exc) in NOT_PRIMARY_ERRORS:
+                mark_not_primary(conn, f"refused a write as read-only: {exc.orig}")
+                raise NotPrimary(f"{what}: the server refused the write as read-only ({exc.orig})") from exc
+            raise
+
+    def on_retry(kind: str, attempt: int, delay: float, exc: BaseException) -> None:
+        from . import metrics
+
+        metrics.TRANSIENT_RETRIES.labels(kind=kind, operation=what).inc()
+        log.warning("event=db_retry operation=%s kind=%s attempt=%d delay_ms=%.0f error=%r",
+                    what, kind, attempt, delay * 1000, str(getattr(exc, "orig", exc))[:200])
+
+    try:
+        return retry.call(once, policy, transient_kind, on_retry=on_retry)
+    except retry.RetriesExhausted as exc:
+        from . import metrics
+
+        metrics.TRANSIENT_RETRIES.labels(kind=exc.kind, operation=what).inc()
+        raise TransientDatabaseError(f"{what}: {exc.kind} persisted after {exc.attempts} attempts: "
+                                     f"{getattr(exc.last, 'orig', exc.last)}") from exc.last

@@ -1,12 +1,31 @@
-"""Errors that callers are expected to tell apart."""
+"""Errors that callers are expected to tell apart, and the one answer each gets everywhere.
+
+Every error the queue raises on purpose says how the command line exits (`exit_code`) and how the
+HTTP API answers (`http_status`), so the CLI, the JSON API and the dashboard map it the same way
+(`answer_for`). Exit codes: 0 ok; 1 database unreachable or unexpected; 2 bad input (nothing
+written); 3 the job's state does not allow it, or the server cannot run the queue safely; 4 no
+such job; 75 busy right now, try again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_STATE, EXIT_NOT_FOUND, EXIT_BUSY = 0, 1, 2, 3, 4, 75
 
 
 class JobQueueError(Exception):
     """Base class for errors raised by the queue core."""
 
+    exit_code = EXIT_ERROR
+    http_status = 500
+
 
 class ValidationError(JobQueueError, ValueError):
     """Bad input: nothing was written."""
+
+    exit_code = EXIT_BAD_INPUT
+    http_status = 422
 
     def __init__(self, message: str, field: str | None = None):
         super().__init__(message)
@@ -16,17 +35,34 @@ class ValidationError(JobQueueError, ValueError):
 class PayloadTooLarge(ValidationError):
     """The payload exceeds the configured size limit."""
 
+    http_status = 413
+
 
 class UnsupportedDatabase(JobQueueError):
     """The server cannot give the guarantees the queue depends on (version, engine, replica)."""
 
+    exit_code = EXIT_STATE
+    http_status = 503
+
+
+class NotPrimary(UnsupportedDatabase):
+    """The server is read-only or a replica right now (demoted, failing over, misrouted). Nothing
+    was claimed or written; a process keeps trying and resumes when a writable primary answers."""
+
+    exit_code = EXIT_BUSY
+    http_status = 503
+
 
 class JobNotFound(JobQueueError):
-    pass
+    exit_code = EXIT_NOT_FOUND
+    http_status = 404
 
 
 class InvalidState(JobQueueError):
     """The job is not in a state that allows the requested operator action."""
+
+    exit_code = EXIT_STATE
+    http_status = 409
 
     def __init__(self, message: str, status: str | None = None):
         super().__init__(message)
@@ -40,10 +76,42 @@ class LeaseStillValid(InvalidState):
 class JobBusy(JobQueueError):
     """Another transaction holds the job's row right now (NOWAIT refused); try again."""
 
+    exit_code = EXIT_BUSY
+    http_status = 423
+
 
 class TransientDatabaseError(JobQueueError):
     """Deadlocks, lock-wait timeouts or lost connections that outlasted our retries."""
 
+    exit_code = EXIT_ERROR
+    http_status = 503
+
 
 class PermanentError(Exception):
     """Raise from a handler to fail the job at once, without retries."""
+
+
+class LeaseLostError(Exception):
+    """This attempt's lease is gone (expired and reaped, or taken by an operator): its writes are
+    refused and its handler should stop."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    exit_code: int
+    http_status: int
+    message: str
+    extra: dict
+
+
+def answer_for(exc: JobQueueError) -> Answer:
+    """How the CLI, the API and the dashboard report `exc`: the same code and words everywhere."""
+    extra: dict = {}
+    message = str(exc)
+    if isinstance(exc, ValidationError) and exc.field:
+        extra["field"] = exc.field
+    if isinstance(exc, InvalidState):
+        extra["status"] = exc.status
+    if isinstance(exc, LeaseStillValid):
+        extra["needs"] = "force"
+    return Answer(exc.exit_code, exc.http_status, message, extra)

@@ -1,58 +1,150 @@
-"""Counters for what the queue does, in the Prometheus client's types, and their exposition.
+"""Counters and histograms for what the queue does, in the Prometheus client's types, and their
+exposition.
 
-Every label set is small and fixed (queue names, outcome kinds), never a job id or task_key.
+Every label set is small and fixed (queue names, task names, outcome kinds), never a job id or
+task_key.
 
 Under gunicorn every web process counts for itself: prometheus_client's multiprocess mode
 (PROMETHEUS_MULTIPROC_DIR, set up by webapp/web/gunicorn_conf.py) keeps each process's values in
-a file and /metrics adds them up. A standalone `jobqueue worker --metrics-port N` serves its own.
-Queue depth and the oldest ready job's age are read from the database at scrape time, so they
-are right however many processes and hosts there are.
+a file and /metrics adds them up (histograms too: their buckets are counters). A standalone
+`jobqueue worker --metrics-port N` serves its own. The web's /metrics adds queue depth and the
+oldest ready job's age, read from the database at scrape time (webapp.web.health), so they are
+right however many processes and hosts there are.
+
+The metrics are made on first use, so a one-shot command (`jobqueue enqueue`) does not pay for
+importing prometheus_client; such commands call `off()`, after which every metric is a no-op.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+# Buckets that suit a 5 ms no-op job and a 10-minute export alike (seconds).
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+                    600.0, 1800.0, 3600.0)
+# A claim transaction: a fraction of a millisecond when quiet, seconds when the server struggles.
+CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
-CLAIMS = Counter("jobqueue_claims", "Claim transactions attempted", ["queue"])
-CLAIMED = Counter("jobqueue_jobs_claimed", "Jobs taken by claims", ["queue"])
-EMPTY_CLAIMS = Counter("jobqueue_empty_claims", "Claims that returned nothing, by cause", ["kind", "queues"])
-SKIPPED = Counter("jobqueue_rows_skipped", "Ready rows skipped because another transaction held them")
-COMPLETED = Counter("jobqueue_jobs_completed", "Jobs finished successfully", ["queue"])
-RETRIED = Counter("jobqueue_jobs_retried", "Handler errors scheduled for another attempt", ["queue"])
-FAILED = Counter("jobqueue_jobs_failed", "Jobs failed for good", ["queue"])
-RENEWALS = Counter("jobqueue_lease_renewals", "Leases renewed")
-LEASES_LOST = Counter("jobqueue_leases_lost", "Fenced writes refused because the lease was gone", ["operation"])
-RECLAIMED = Counter("jobqueue_jobs_reclaimed", "Expired leases returned by the reaper", ["to_status"])
-RELEASED = Counter("jobqueue_jobs_released", "Jobs handed back to ready on shutdown")
-PROMOTED = Counter("jobqueue_jobs_promoted", "Delayed jobs and retries made ready")
-ENQUEUED = Counter("jobqueue_jobs_enqueued", "Jobs accepted", ["queue"])
-DUPLICATE_ENQUEUES = Counter("jobqueue_duplicate_enqueues", "Enqueues of a known task_key (nothing written)")
-DUPLICATE_RESULTS = Counter("jobqueue_duplicate_results", "Results recorded again for a known task_key (nothing written)")
-TRANSIENT_RETRIES = Counter("jobqueue_transient_retries", "Transactions retried after a deadlock, lock-wait timeout or lost connection", ["kind", "operation"])
-SQL_ERRORS = Counter("jobqueue_sql_errors", "Database errors seen by the worker loop", ["operation"])
-OPERATOR_ACTIONS = Counter("jobqueue_operator_actions", "Operator requeue and fail actions", ["action", "outcome"])
+_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "CLAIMS": ("jobqueue_claims", "Claim transactions attempted", ("queue",)),
+    "CLAIMED": ("jobqueue_jobs_claimed", "Jobs taken by claims", ("queue",)),
+    "EMPTY_CLAIMS": ("jobqueue_empty_claims", "Claims that returned nothing, by cause", ("kind", "queues")),
+    "PROBES": ("jobqueue_idle_probes", "Reads an idle worker made instead of a claim, by what they found",
+               ("kind", "queues")),
+    "SKIPPED": ("jobqueue_rows_skipped", "Ready rows a claim passed by because another transaction held them", ()),
+    "COMPLETED": ("jobqueue_jobs_completed", "Jobs finished successfully", ("queue",)),
+    "RETRIED": ("jobqueue_jobs_retried", "Handler errors scheduled for another attempt", ("queue",)),
+    "FAILED": ("jobqueue_jobs_failed", "Jobs failed for good", ("queue",)),
+    "RENEWALS": ("jobqueue_lease_renewals", "Leases renewed", ()),
+    "LEASES_LOST": ("jobqueue_leases_lost", "Leases a worker lost (fence refused a write, or its local deadline passed)",
+                    ("operation",)),
+    "RECLAIMED": ("jobqueue_jobs_reclaimed", "Expired leases returned by the reaper", ("to_status",)),
+    "RELEASED": ("jobqueue_jobs_released", "Jobs handed back to ready on shutdown", ()),
+    "PROMOTED": ("jobqueue_jobs_promoted", "Delayed jobs and retries made ready", ()),
+    "ENQUEUED": ("jobqueue_jobs_enqueued", "Jobs accepted", ("queue",)),
+    "DUPLICATE_ENQUEUES": ("jobqueue_duplicate_enqueues", "Enqueues of a known task_key (nothing written)", ()),
+    "DUPLICATE_RESULTS": ("jobqueue_duplicate_results", "Results recorded again for a known task_key (nothing written)", ()),
+    "TRANSIENT_RETRIES": ("jobqueue_transient_retries",
+                          "Transactions retried after a deadlock, lock-wait timeout or lost connection",
+                          ("kind", "operation")),
+    "SQL_ERRORS": ("jobqueue_sql_errors", "Database errors seen by the worker loop", ("operation",)),
+    "NOT_PRIMARY": ("jobqueue_not_primary", "Claims and writes refused because the server was not a writable primary",
+                    ("operation",)),
+    "OPERATOR_ACTIONS": ("jobqueue_operator_actions", "Operator requeue and fail actions", ("action", "outcome")),
+}
+
+_HISTOGRAMS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
+    "ATTEMPT_SECONDS": ("jobqueue_attempt_duration_seconds", "Run time of attempts, from handler start to its end",
+                        ("task", "outcome"), DURATION_BUCKETS),
+    "START_DELAY_SECONDS": ("jobqueue_start_delay_seconds", "Wait from a job's run_at to its claim",
+                            ("queue",), DURATION_BUCKETS),
+    "CLAIM_SECONDS": ("jobqueue_claim_duration_seconds", "Claim transactions, from BEGIN to COMMIT", (), CLAIM_BUCKETS),
+}
+
+_made: dict[str, Any] = {}
+_lock = threading.Lock()
+_enabled = True
+
+
+class _Null:
+    """What every metric is after off(): accepts the same calls and does nothing."""
+
+    def labels(self, *args: Any, **kwargs: Any) -> _Null:
+        return self
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def observe(self, amount: float) -> None:
+        pass
+
+    def collect(self) -> list:
+        return []
+
+
+_NULL = _Null()
+
+
+def off() -> None:
+    """This process serves no metrics (a one-shot command): make every metric a no-op."""
+    global _enabled
+    _enabled = False
+
+
+def on() -> None:
+    """Undo off() (a test that ran a one-shot command in-process)."""
+    global _enabled
+    _enabled = True
+
+
+def __getattr__(name: str) -> Any:
+    if name == "REGISTRY":
+        from prometheus_client import REGISTRY
+
+        return REGISTRY
+    if name not in _COUNTERS and name not in _HISTOGRAMS:
+        raise AttributeError(name)
+    if not _enabled:
+        return _NULL
+    with _lock:
+        if name not in _made:
+            from prometheus_client import Counter, Histogram
+
+            if name in _COUNTERS:
+                metric, doc, labels = _COUNTERS[name]
+                _made[name] = Counter(metric, doc, list(labels))
+            else:
+                metric, doc, labels, buckets = _HISTOGRAMS[name]
+                _made[name] = Histogram(metric, doc, list(labels), buckets=buckets)
+        return _made[name]
+
+
+def make_all() -> None:
+    """Create every metric now, so that a scrape lists them (with zero values) from the start."""
+    for name in (*_COUNTERS, *_HISTOGRAMS):
+        __getattr__(name)
+
 
 # The per-minute activity each process writes to `worker_stats` (see repository.heartbeat),
 # read from the counters above so that nothing is counted twice by hand.
 _STAT_SOURCES = {
-    "completed": (COMPLETED, {}), "failed": (FAILED, {}), "retried": (RETRIED, {}),
-    "reclaimed": (RECLAIMED, {}), "lease_lost": (LEASES_LOST, {}), "claims": (CLAIMS, {}),
-    "claimed": (CLAIMED, {}), "empty_idle": (EMPTY_CLAIMS, {"kind": "idle"}),
-    "empty_contended": (EMPTY_CLAIMS, {"kind": "contended"}),
-    "empty_waiting": (EMPTY_CLAIMS, {"kind": "waiting_on_leases"}), "skipped": (SKIPPED, {}),
-    "sql_errors": (SQL_ERRORS, {}),
+    "completed": ("COMPLETED", {}), "failed": ("FAILED", {}), "retried": ("RETRIED", {}),
+    "reclaimed": ("RECLAIMED", {}), "lease_lost": ("LEASES_LOST", {}), "claims": ("CLAIMS", {}),
+    "claimed": ("CLAIMED", {}), "empty_idle": ("EMPTY_CLAIMS", {"kind": "idle"}),
+    "empty_contended": ("EMPTY_CLAIMS", {"kind": "contended"}),
+    "empty_waiting": ("EMPTY_CLAIMS", {"kind": "waiting_on_leases"}), "skipped": ("SKIPPED", {}),
+    "sql_errors": ("SQL_ERRORS", {}),
 }
 
 
 def stat_totals() -> dict[str, int]:
     """This process's running totals of the activity columns."""
     out = {}
-    for column, (metric, match) in _STAT_SOURCES.items():
+    for column, (name, match) in _STAT_SOURCES.items():
         total = 0.0
-        for family in metric.collect():
+        for family in __getattr__(name).collect():
             for sample in family.samples:
                 if sample.name.endswith("_total") and all(sample.labels.get(k) == v for k, v in match.items()):
                     total += sample.value
@@ -60,33 +152,12 @@ def stat_totals() -> dict[str, int]:
     return out
 
 
-class QueueCollector:
-    """Gauges read from the database when scraped: jobs by queue and status (capped counts, see
-    repository.queue_summaries) and the oldest ready job's age per queue."""
+def exposition(*collectors) -> bytes:
+    """The Prometheus text format: this process's metrics (or every gunicorn worker's, in
+    multiprocess mode), plus what `collectors` yield (the web's queue gauges)."""
+    from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
-    def __init__(self, engine):
-        self.engine = engine
-
-    def collect(self):
-        from . import repository
-
-        with self.engine.connect() as conn:
-            summaries, now = repository.queue_summaries(conn)
-        jobs = GaugeMetricFamily("jobqueue_queue_jobs", "Jobs by queue and status (capped at 100,000 per pair)",
-                                 labels=["queue", "status"])
-        oldest = GaugeMetricFamily("jobqueue_queue_oldest_ready_age_seconds",
-                                   "How long the oldest ready job of each queue has waited", labels=["queue"])
-        for q in summaries:
-            for status, n in q.counts.items():
-                jobs.add_metric([q.queue, status], n)
-            oldest.add_metric([q.queue], (now - q.oldest_ready).total_seconds() if q.oldest_ready else 0.0)
-        yield jobs
-        yield oldest
-
-
-def exposition(engine=None) -> bytes:
-    """The Prometheus text format: this process's counters (or every gunicorn worker's, in
-    multiprocess mode), plus the queue gauges when an engine is given."""
+    make_all()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
@@ -95,8 +166,9 @@ def exposition(engine=None) -> bytes:
         out = generate_latest(registry)
     else:
         out = generate_latest(REGISTRY)
-    if engine is not None:
-        gauges = CollectorRegistry()
-        gauges.register(QueueCollector(engine))
-        out += generate_latest(gauges)
+    if collectors:
+        extra = CollectorRegistry()
+        for collector in collectors:
+            extra.register(collector)
+        out += generate_latest(extra)
     return out

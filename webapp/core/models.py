@@ -64,6 +64,21 @@ class Lease:
 class ClaimedJob:
     job: Job
     lease: Lease
+    claimed_at: datetime | None = None      # the database's now at the claim (for start delays)
+
+
+@dataclass(frozen=True)
+class ClaimCycle:
+    """One claim transaction: the jobs it took and, when it also completed finished jobs in the
+    same COMMIT, what became of each of them."""
+
+    claimed: list[ClaimedJob]
+    completed: dict[tuple[int, int], Outcome]    # (job_id, attempt) -> OK, LEASE_LOST or BUSY
+    losses: list[LeaseLoss]
+    skipped: int                                 # ready rows passed by: held by other transactions
+    queues: list[str]                            # queues whose pick ran
+    asked: int                                   # how many jobs the claim asked for
+    report: EmptyClaimReport | None = None       # why it took fewer than it asked for
 
 
 @dataclass(frozen=True)
@@ -72,6 +87,19 @@ class Enqueued:
     task_key: str
     duplicate: bool
     status: Status | None = None
+    queue: str | None = None        # the job's queue, for a job this call wrote
+
+
+@dataclass(frozen=True)
+class LeaseLoss:
+    """A fenced write that changed nothing, and what the row said instead."""
+
+    lease: Lease
+    operation: str
+    task_key: str | None
+    now_status: str                 # "missing" when the row is gone
+    now_owner: str | None
+    now_attempt: int | None
 
 
 class EmptyClaim(str, enum.Enum):
@@ -96,3 +124,4 @@ class Outcome(str, enum.Enum):
 
     OK = "ok"
     LEASE_LOST = "lease_lost"
+    BUSY = "busy"                   # the row was held by another transaction this instant; try again

@@ -40,7 +40,7 @@ job_queue = sa.Table(
     sa.Column("run_at", Timestamp, nullable=False),
     sa.Column("lease_owner", sa.String(64), nullable=True),
     sa.Column("lease_until", Timestamp, nullable=True),
-    sa.Column("attempts", sa.Integer(), nullable=False),
+    sa.Column("attempts", sa.Integer(), nullable=False, server_default="0"),
     sa.Column("max_attempts", sa.Integer(), nullable=False),
     sa.Column("started_at", Timestamp, nullable=True),
     sa.Column("last_error", sa.Text(), nullable=True),
@@ -100,6 +100,7 @@ worker_process = sa.Table(
     sa.Column("stopped_at", Timestamp, nullable=True),
     sa.Column("jobs_in_hand", sa.Integer(), nullable=False),
     sa.Column("processed", sa.BigInteger(), nullable=False),
+    sa.Column("state", sa.Text(), nullable=True),             # JSON: claiming or not and why, what each slot holds
     sa.Index("ix_worker_heartbeat", "last_heartbeat"),
 )
 

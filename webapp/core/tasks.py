@@ -7,21 +7,21 @@
         ...                                   # runs after the claim committed, never inside it
         ctx.record_result({"invoice": n})     # at most one result per task_key
 
-Point workers at the module with `--tasks myapp.tasks` or `JOBQUEUE_TASKS=myapp.tasks`.
+Point workers at the module with `--tasks myapp.tasks` or `JOBQUEUE_TASKS=myapp.tasks`
+(`task_modules.load_task_modules` imports them, with the built-in tasks).
 """
 
 from __future__ import annotations
 
-import importlib
-import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import LeaseLostError
+
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 5
-ENV_TASKS = "JOBQUEUE_TASKS"
 
 Handler = Callable[[dict, "JobContext"], Any]
 
@@ -74,21 +74,6 @@ def task(name: str | None = None, *, queue: str = DEFAULT_QUEUE, max_attempts: i
     return decorate
 
 
-def load_task_modules(modules: str | Iterable[str] | None = None) -> list[str]:
-    """Import the built-in tasks and the user's task modules (comma-separated or a list)."""
-    importlib.import_module("webapp.core.builtin_tasks")
-    if modules is None:
-        modules = os.environ.get(ENV_TASKS, "")
-    if isinstance(modules, str):
-        modules = [m.strip() for m in modules.split(",")]
-    loaded = []
-    for module in modules:
-        if module:
-            importlib.import_module(module)
-            loaded.append(module)
-    return loaded
-
-
 @dataclass
 class JobContext:
     """What a handler knows about the attempt it is running."""
@@ -113,5 +98,5 @@ class JobContext:
         return self._record_result(result)
 
 
-class LeaseLostError(Exception):
-    """This attempt's lease is gone (expired and reaped, or taken by an operator)."""
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_QUEUE", "Handler", "JobContext", "LeaseLostError", "Registry", "TASKS",
+           "TaskSpec", "task"]

@@ -1,18 +1,19 @@
-"""Settings for the web process, from the environment (or a test's dict)."""
+"""The web process's settings: users, tokens and the session secret, parsed from the process's
+Settings (webapp.core.settings reads every JOBQUEUE_* variable)."""
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import secrets
 from dataclasses import dataclass, field
 
 from werkzeug.security import generate_password_hash
 
+from ..core.settings import SETTINGS, Settings, SettingsError
+
 ROLES = ("admin", "viewer")
 # Names of the JOBQUEUE_* settings (without the prefix); create_app(test_config) takes them too.
-SETTING_KEYS = frozenset({"DATABASE_URL", "SECRET_KEY", "USERS", "API_TOKENS", "DEV", "DEV_PASSWORD",
-                          "EMBEDDED_WORKERS", "EMBEDDED_QUEUES", "LEASE_SECONDS", "GRACE_SECONDS", "SECURE_COOKIES",
-                          "TASKS"})
+SETTING_KEYS = frozenset(s.name for s in SETTINGS)
 
 
 class ConfigError(RuntimeError):
@@ -39,6 +40,7 @@ class ApiToken:
 
 @dataclass(frozen=True)
 class WebSettings:
+    core: Settings
     database_url: str | None
     secret_key: str
     users: dict[str, User]
@@ -84,54 +86,49 @@ def parse_tokens(text: str) -> tuple[ApiToken, ...]:
     return tuple(tokens)
 
 
-def load_settings(overrides: dict | None = None) -> WebSettings:
-    o = dict(overrides or {})
-
-    def get(key: str, default: str | None = None) -> str | None:
-        if key in o:
-            value = o[key]
-            return None if value is None else str(value)
-        return os.environ.get("JOBQUEUE_" + key, default)
-
-    dev = (get("DEV", "0") or "0").lower() in ("1", "true", "yes", "on")
-    users = parse_users(get("USERS", "") or "")
+def load_settings(overrides: dict | None = None, *, settings: Settings | None = None) -> WebSettings:
+    """The web process's settings, from the process's Settings (the environment) with
+    `overrides` by JOBQUEUE_* name without the prefix (create_app's test_config)."""
+    o = {k: v for k, v in (overrides or {}).items() if k in SETTING_KEYS}
+    try:
+        base = settings or Settings.from_env()
+        if o:
+            base = Settings.from_env(**{**_as_overrides(base), **o})
+    except SettingsError as exc:
+        raise ConfigError(str(exc)) from None
+    users = parse_users(base.users or "")
     dev_password = None
     if not users:
-        if not dev:
+        if not base.dev:
             raise ConfigError(
                 "no users configured: the dashboard is closed by default. Set JOBQUEUE_USERS to "
                 "'name:admin:<hash>' (make a hash with `jobqueue hash-password`), or run "
                 "`jobqueue serve --dev` for a development server on localhost only.")
         # Development mode on localhost: one admin whose password is given (jobqueue serve
         # --dev passes the same one to every gunicorn worker) or made up and logged.
-        dev_password = get("DEV_PASSWORD") or secrets.token_urlsafe(12)
+        dev_password = base.dev_password or secrets.token_urlsafe(12)
         users = {"admin": User("admin", "admin", generate_password_hash(dev_password))}
-    secret = get("SECRET_KEY")
+    secret = base.secret_key
     if not secret:
-        if not dev:
+        if not base.dev:
             raise ConfigError("JOBQUEUE_SECRET_KEY is not set: sessions need a secret shared by every web "
                               "process (for example: python -c 'import secrets; print(secrets.token_hex(32))')")
         secret = secrets.token_hex(32)
-    queues = get("EMBEDDED_QUEUES")
-    try:
-        embedded = int(get("EMBEDDED_WORKERS", "2") or 0)
-        lease = float(get("LEASE_SECONDS", "60") or 60)
-        grace = float(get("GRACE_SECONDS", "20") or 20)
-    except ValueError as exc:
-        raise ConfigError(f"bad number in configuration: {exc}") from None
-    if embedded < 0 or embedded > 256:
-        raise ConfigError("JOBQUEUE_EMBEDDED_WORKERS must be 0..256")
-    secure_default = "0" if dev else "1"
     return WebSettings(
-        database_url=get("DATABASE_URL"),
+        core=base,
+        database_url=" ".join(base.database_urls) or None,
         secret_key=secret,
         users=users,
-        api_tokens=parse_tokens(get("API_TOKENS", "") or ""),
-        dev=dev,
-        embedded_workers=embedded,
-        embedded_queues=tuple(q.strip() for q in queues.split(",") if q.strip()) if queues else None,
-        lease_seconds=lease,
-        grace_seconds=grace,
-        secure_cookies=(get("SECURE_COOKIES", secure_default) or secure_default).lower() in ("1", "true", "yes", "on"),
+        api_tokens=parse_tokens(base.api_tokens or ""),
+        dev=base.dev,
+        embedded_workers=base.embedded_workers,
+        embedded_queues=base.embedded_queues,
+        lease_seconds=base.lease_seconds,
+        grace_seconds=base.grace_seconds,
+        secure_cookies=base.secure_cookies if base.secure_cookies is not None else not base.dev,
         dev_password=dev_password,
     )
+
+
+def _as_overrides(settings: Settings) -> dict:
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}

@@ -10,7 +10,11 @@ which releases unfinished jobs back to ready.
 
 import os
 import shutil
+import sys
 import tempfile
+import threading
+
+from webapp.core.settings import Settings
 
 # Prometheus multiprocess mode: each worker process writes its counters to files here and
 # /metrics adds them up. Set before any worker imports prometheus_client (workers build the app
@@ -19,15 +23,18 @@ _OWN_METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR" not in os.environ
 if _OWN_METRICS_DIR:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="jobqueue-metrics-")
 
+_settings = Settings.from_env()
+
 wsgi_app = "webapp:create_app()"
 # JOBQUEUE_BIND wins; a platform's PORT (Procfile deploys) binds every interface on that port.
-bind = os.environ.get("JOBQUEUE_BIND") or (f"0.0.0.0:{os.environ['PORT']}" if os.environ.get("PORT") else "127.0.0.1:8000")
-workers = int(os.environ.get("JOBQUEUE_WEB_WORKERS", "2"))
+bind = _settings.bind or (f"0.0.0.0:{_settings.port}" if _settings.port else "127.0.0.1:8000")
+workers = _settings.web_workers
 worker_class = "gthread"
-threads = int(os.environ.get("JOBQUEUE_WEB_THREADS", "4"))
+threads = _settings.web_threads
 timeout = 60
-graceful_timeout = 30   # longer than the embedded workers' 20 s grace, so they can release jobs
-accesslog = os.environ.get("JOBQUEUE_ACCESS_LOG") or None
+# Longer than the embedded workers' grace plus their last writes, so they can release jobs.
+graceful_timeout = max(30, int(_settings.grace_seconds) + 10)
+accesslog = _settings.access_log
 
 
 def _runtime(app):
@@ -40,6 +47,18 @@ def on_starting(server):
     os.makedirs(folder, exist_ok=True)
     for name in os.listdir(folder):
         os.unlink(os.path.join(folder, name))
+
+
+def when_ready(server):
+    # `jobqueue serve` wants the URL and the login to be the last thing a newcomer reads: after
+    # gunicorn's own lines and the workers' start-up lines.
+    banner = os.environ.get("JOBQUEUE_SERVE_BANNER")
+    if banner:
+        def show():
+            sys.stderr.write("\n" + banner + "\n\n")
+            sys.stderr.flush()
+
+        threading.Timer(1.5, show).start()
 
 
 def on_exit(server):

@@ -10,10 +10,10 @@ import threading
 import time
 from typing import Any
 
-from flask import Blueprint, Response, current_app, g, jsonify, render_template, request, session
+from flask import Blueprint, Response, current_app, g, jsonify, render_template, request
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..core import doctor, metrics
+from ..core import doctor, metrics, repository
 from ..core.errors import TransientDatabaseError
 from .auth import bearer_token, current_user, login_required
 from .state import extension
@@ -62,6 +62,17 @@ def _viewer_or_token() -> bool:
     return False
 
 
+@bp.get("/healthz")
+def healthz():
+    """For load balancers: no login, no details beyond ok / database unavailable."""
+    try:
+        with extension().engine.connect() as conn:
+            repository.database_now(conn)
+    except (SQLAlchemyError, TransientDatabaseError):
+        return jsonify({"status": "error", "error": "database unavailable"}), 503
+    return jsonify({"status": "ok", "embedded_workers": extension().runtime.started})
+
+
 @bp.get("/health")
 @login_required
 def page():
@@ -77,13 +88,40 @@ def api_health():
     return jsonify(result), (200 if result["status"] in ("ok", "warning") else 503)
 
 
+class QueueCollector:
+    """Gauges read from the database when scraped: jobs by queue and status (capped counts, see
+    repository.queue_summaries) and the oldest ready job's age per queue."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        with self.engine.connect() as conn:
+            summaries, now = repository.queue_summaries(conn)
+        jobs = GaugeMetricFamily("jobqueue_queue_jobs", "Jobs by queue and status (capped at 100,000 per pair)",
+                                 labels=["queue", "status"])
+        oldest = GaugeMetricFamily("jobqueue_queue_oldest_ready_age_seconds",
+                                   "How long the oldest ready job of each queue has waited", labels=["queue"])
+        for q in summaries:
+            for status, n in q.counts.items():
+                jobs.add_metric([q.queue, status], n)
+            oldest.add_metric([q.queue], (now - q.oldest_ready).total_seconds() if q.oldest_ready else 0.0)
+        yield jobs
+        yield oldest
+
+
 @bp.get("/metrics")
 def metrics_view():
     """Prometheus text format; a bearer token (any role) or a signed-in user."""
     if not _viewer_or_token():
         return jsonify({"error": "missing bearer token"}), 401
     try:
-        body = metrics.exposition(extension().engine)
+        body = metrics.exposition(QueueCollector(extension().engine))
     except (SQLAlchemyError, TransientDatabaseError):
-        body = metrics.exposition(None)  # the counters still tell what happened
-    return Response(body, mimetype="text/plain; version=0.0.4; charset=utf-8")
+        body = metrics.exposition()  # the counters still tell what happened
+    # Response's mimetype adds "; charset=utf-8" by itself: give the parameters once.
+    response = Response(body)
+    response.headers["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8"
+    return response

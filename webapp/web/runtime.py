@@ -1,9 +1,11 @@
 """Embedded workers and the reaper inside a web process, scheduled by APScheduler.
 
-Nothing starts at import or in a gunicorn master: `start()` is called in each worker process
-after the fork (see gunicorn_conf.py), and `stop()` on its way out, which releases unfinished
-jobs just as a standalone worker does on SIGTERM. Several web processes with embedded workers
-are safe: SKIP LOCKED arbitrates between them like between any workers.
+What the scheduler runs is the worker's own loop (one long job, `Worker.run`, the same loop a
+standalone `jobqueue worker` runs) and the reaper's pass on an interval. Nothing starts at import
+or in a gunicorn master: `start()` is called in each worker process after the fork (see
+gunicorn_conf.py), and `stop()` on its way out, which releases unfinished jobs just as a
+standalone worker does on SIGTERM. Several web processes with embedded workers are safe: SKIP
+LOCKED arbitrates between them like between any workers.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.engine import Engine
@@ -25,9 +27,7 @@ from .config import WebSettings
 
 log = logging.getLogger("jobqueue.web.runtime")
 
-POLL_SECONDS = 1.0          # the poll job's slice; it waits on wake-ups inside it
-STATS_RETENTION = timedelta(days=7)
-PROCESS_RETENTION = timedelta(days=1)
+PRUNE_EVERY_SECONDS = 3600
 
 
 class Runtime:
@@ -39,8 +39,6 @@ class Runtime:
         self.scheduler: BackgroundScheduler | None = None
         self._lock = threading.Lock()
         self._last_prune = 0.0
-        self._next_poll_at = 0.0
-        self._checked = False
         self.refused: str | None = None
 
     @property
@@ -61,10 +59,10 @@ class Runtime:
             if n > 0:
                 self.worker = Worker(self.engine, WorkerConfig(
                     concurrency=n, queues=self.settings.embedded_queues, lease_seconds=self.settings.lease_seconds,
-                    reap_in_loop=False, kind="embedded", name="web", grace_seconds=self.settings.grace_seconds))
-                self.worker.start_threads()
-                scheduler.add_job(self._poll, "interval", seconds=POLL_SECONDS, id="jobqueue-poll",
-                                  next_run_time=datetime.now(timezone.utc))
+                    reap_in_loop=False, kind="embedded", name="web", grace_seconds=self.settings.grace_seconds,
+                    # A web process outlives a failover: wait for a writable primary.
+                    refuse_read_only_at_start=False))
+                scheduler.add_job(self._run_worker, id="jobqueue-worker", next_run_time=datetime.now(timezone.utc))
             reap_every = min(15.0, max(1.0, self.settings.lease_seconds / 4))
             scheduler.add_job(self._reap, "interval", seconds=reap_every, id="jobqueue-reaper",
                               next_run_time=datetime.now(timezone.utc))
@@ -72,50 +70,36 @@ class Runtime:
             self.scheduler = scheduler
         event(log, logging.INFO, "embedded_started", workers=n, reap_every=f"{reap_every:g}")
 
+    def _run_worker(self) -> None:
+        code = self.worker.run()
+        if code:
+            self.refused = self.worker.state_detail
+
     def _verified(self) -> bool:
-        """Claim and reap only on a server that passed preflight (as a standalone worker does
-        before its first claim): never on a replica, with statement binlogs or on MyISAM."""
-        if self._checked:
-            return self.refused is None
+        """Reap only on a server that passes preflight (as a worker does before its first claim):
+        never on a replica, with statement binlogs or on MyISAM."""
         try:
             preflight.require_supported(self.engine)
         except UnsupportedDatabase as exc:
+            if self.refused != str(exc):
+                event(log, logging.ERROR, "reaper_refused", reason=str(exc))
             self.refused = str(exc)
-            event(log, logging.ERROR, "worker_refused", worker="embedded", reason=self.refused)
+            return False
         except DB_ERRORS as exc:
             event(log, logging.ERROR, "sql_error", operation="preflight", error=f"{type(exc).__name__}: {exc}"[:300])
-            return False  # try again next round
-        self._checked = True
-        return self.refused is None
-
-    def _poll(self) -> None:
-        """One slice of the worker loop: claim while there is work and free slots, and sleep on
-        the wake-up event (enqueue in this process, a slot finishing) when there is not."""
-        if not self._verified():
-            return
-        worker = self.worker
-        deadline = time.monotonic() + POLL_SECONDS * 0.95
-        while worker is not None and time.monotonic() < deadline:
-            # The backoff outlives the slice: an idle worker does not claim at every slice start.
-            wait = self._next_poll_at - time.monotonic()
-            if wait > 0 and not worker.wait_for_wake(min(wait, max(0.0, deadline - time.monotonic()))):
-                continue
-            delay = worker.run_once()
-            if delay is None:
-                return
-            self._next_poll_at = time.monotonic() + delay
+            return False
+        self.refused = None
+        return True
 
     def _reap(self) -> None:
         if not self._verified():
             return
         try:
             self.reaper.run_once()
-            if time.monotonic() - self._last_prune > 3600:
+            if time.monotonic() - self._last_prune > PRUNE_EVERY_SECONDS:
                 self._last_prune = time.monotonic()
-                now = datetime.now(timezone.utc).replace(tzinfo=None)
                 with self.engine.connect() as conn:
-                    repository.prune_history(conn, stats_older_than=now - STATS_RETENTION,
-                                             processes_silent_since=now - PROCESS_RETENTION)
+                    repository.prune_history(conn)
         except DB_ERRORS as exc:
             event(log, logging.ERROR, "sql_error", operation="reap", error=f"{type(exc).__name__}: {exc}"[:300])
 
@@ -126,7 +110,6 @@ class Runtime:
             return
         if self.worker is not None:
             self.worker.stop("web process stopping")
+        # Waits for the worker's loop to return: its shutdown releases what is still running.
         scheduler.shutdown(wait=True)
-        if self.worker is not None:
-            self.worker.shutdown()
         event(log, logging.INFO, "embedded_stopped")

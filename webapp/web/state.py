@@ -1,4 +1,5 @@
-"""The web process's handle on the queue: its engine, settings and embedded runtime."""
+"""The web process's handle on the queue: its settings, engines and embedded runtime (flaskr's
+db.py, for the queue): `init_app` sets them up, `db()` lends a request a connection."""
 
 from __future__ import annotations
 
@@ -6,25 +7,32 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
-from flask import current_app
+from flask import Flask, current_app
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..core import preflight
+from ..core import logs, preflight
+from ..core.db import create_engine
 from ..core.errors import TransientDatabaseError, UnsupportedDatabase
-
-from .auth import LoginThrottle
+from ..core.settings import use
+from ..core.task_modules import load_task_modules
 from .config import WebSettings
 from .runtime import Runtime
+
+# A request's statements and lock waits are bounded, so a table held by LOCK TABLES (or a
+# runaway query) answers 503 within seconds instead of tying up every web thread.
+REQUEST_STATEMENT_SECONDS = 5.0
+REQUEST_LOCK_WAIT_SECONDS = 2
 
 
 @dataclass
 class QueueExtension:
-    engine: Engine
+    engine: Engine                 # web requests: statements and lock waits bounded
     settings: WebSettings
-    runtime: Runtime
-    login_throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    runtime: Runtime               # embedded workers and the reaper, on an engine of their own
+    login_throttle: object = None
     _refusal: tuple[float, str | None] = (0.0, None)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -46,12 +54,27 @@ class QueueExtension:
         return reason
 
 
+def init_app(app: Flask, settings: WebSettings) -> None:
+    from .auth import LoginThrottle
+
+    logs.setup(settings.core.log_level)
+    use(settings.core)
+    load_task_modules(settings.core.task_modules)
+    engine = create_engine(settings.core.database_urls or None, pool_size=8, settings=settings.core,
+                           lock_wait_seconds=min(settings.core.lock_wait_seconds, REQUEST_LOCK_WAIT_SECONDS),
+                           statement_timeout_seconds=REQUEST_STATEMENT_SECONDS)
+    runtime_engine = create_engine(settings.core.database_urls or None, pool_size=max(4, settings.embedded_workers + 4),
+                                   settings=settings.core)
+    app.extensions["jobqueue"] = QueueExtension(engine, settings, Runtime(runtime_engine, settings),
+                                                login_throttle=LoginThrottle())
+
+
 def extension() -> QueueExtension:
     return current_app.extensions["jobqueue"]
 
 
 @contextmanager
-def db() -> Connection:
+def db() -> Iterator[Connection]:
     """A pooled connection for the length of a request's work; every statement on it goes
     through webapp.core.repository."""
     with extension().engine.connect() as conn:

@@ -1,0 +1,287 @@
+"""The repository: every SQL statement the queue runs, one module per concern, one function per
+verb. The worker loop, the reaper, the dashboard, the CLI and the HTTP API all come through here.
+
+    enqueue.py      enqueue, enqueue_many              (idempotent by task_key)
+    claim.py        claim, claim_cycle, classify_empty (the claim query; why a claim found nothing)
+    leases.py       renew, complete, retry, fail, release, record_result (fenced by the lease)
+    maintenance.py  reap, promote_due, prune_history   (what happens when a worker dies)
+    operator.py     requeue_job, fail_job, bulk_action, list_audit
+    processes.py    register_process, heartbeat, list_processes
+    reads.py        get_job, list_jobs, get_result, list_attempts, ...
+    stats.py        queue_summaries, count_by_status, activity
+
+Each function there takes the Connection it runs on and is just its transaction (see
+`db.transaction`, retried on deadlocks, lock-wait timeouts and lost connections); it returns what
+happened. This module is the thin layer above them: the same verbs, plus what the rest of the
+process should hear about them (metrics, one log line per event, wake-ups of idle workers).
+
+State machine of a row in `job_queue`:
+
+    enqueue ──> ready ──claim──> running ──complete──> done
+         │        ^                 │ │ └──fail──────> failed
+         v        │                 │ └──retry──> scheduled ──promote_due──> ready
+     scheduled ───┘                 └──reap (lease expired) / release ──> ready (or failed)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import event as sa_event
+from sqlalchemy.engine import Connection
+
+from .. import metrics, wakeup
+from ..errors import InvalidState, JobBusy, JobNotFound, LeaseLostError
+from ..logs import event
+from ..models import ClaimCycle, ClaimedJob, Enqueued, Lease, LeaseLoss, Outcome
+from ..tasks import TASKS, Registry
+from ..validation import NewJob
+from . import claim as _claim
+from . import enqueue as _enqueue
+from . import leases as _leases
+from . import maintenance as _maintenance
+from . import operator as _operator
+from .claim import (classify_empty, classify_row, classify_statement, explain_claim, flavour, pick_statement,
+                    read_only_flags, ready_queues)
+from .maintenance import PROMOTE_BATCH, REAP_BATCH, ReapResult, Reclaimed, prune_history
+from .operator import BULK_ELIGIBLE, ActionResult, BulkResult, JobFilter, list_audit
+from .processes import heartbeat, list_processes, mark_stopped, register_process
+from .reads import database_now, distinct_values, get_job, get_job_by_key, get_result, list_attempts, list_jobs, \
+    running_jobs
+from .stats import QueueSummary, activity, count_by_status, queue_summaries
+
+log = logging.getLogger("jobqueue.repository")
+
+
+# --- enqueue -------------------------------------------------------------------------------------
+
+def enqueue(conn: Connection, task_name: str, task_key: str, payload: dict | None = None, *,
+            queue: str | None = None, priority: int = 0, delay: float = 0,
+            max_attempts: int | None = None, registry: Registry = TASKS) -> Enqueued:
+    """Add one job. A known task_key writes nothing and returns the existing id, duplicate=True."""
+    result = _enqueue.enqueue(conn, task_name, task_key, payload, queue=queue, priority=priority, delay=delay,
+                              max_attempts=max_attempts, registry=registry)
+    _after_commit(conn, lambda: _report_enqueued([result]))
+    return result
+
+
+def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *,
+                 registry: Registry = TASKS) -> list[Enqueued]:
+    """Add many jobs in one transaction (multi-row INSERT); all validated before any is written."""
+    results = _enqueue.enqueue_many(conn, jobs, registry=registry)
+    _after_commit(conn, lambda: _report_enqueued(results))
+    return results
+
+
+def _after_commit(conn: Connection, report) -> None:
+    """Report now, or, inside the caller's own transaction, once it commits: a job that is
+    rolled back never woke anyone or was counted."""
+    if conn.in_transaction():
+        sa_event.listen(conn, "commit", lambda _conn: report(), once=True)
+    else:
+        report()
+
+
+def _report_enqueued(results: list[Enqueued]) -> None:
+    written = False
+    for res in results:
+        if res.duplicate:
+            metrics.DUPLICATE_ENQUEUES.inc()
+            event(log, logging.INFO, "duplicate_enqueue", job_id=res.id, task_key=res.task_key,
+                  detail="task_key already known; nothing written")
+        else:
+            written = True
+            metrics.ENQUEUED.labels(queue=res.queue).inc()
+    if written:
+        wakeup.notify()
+
+
+# --- claim ---------------------------------------------------------------------------------------
+
+def claim(conn: Connection, worker_id: str | Sequence[str], limit: int, queues: Sequence[str], *,
+          lease_seconds: float) -> list[ClaimedJob]:
+    """Take up to `limit` ready jobs from `queues` (in that order) in one short transaction;
+    `worker_id` is the lease owner, or one per slot. Only jobs the guarded UPDATE took come back."""
+    cycle = _claim.claim(conn, worker_id, limit, queues, lease_seconds=lease_seconds)
+    _report_cycle(cycle)
+    return cycle.claimed
+
+
+def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], *, lease_seconds: float,
+                completions: Sequence[Lease] = (), classify_queues: Sequence[str] | None = None,
+                refill: bool = True) -> ClaimCycle:
+    """Complete `completions` and claim for `owners` (and, with `refill`, the completed jobs'
+    slots) in one COMMIT."""
+    cycle = _claim.claim_cycle(conn, owners, queues, lease_seconds=lease_seconds, completions=completions,
+                               classify_queues=classify_queues, refill=refill)
+    _report_cycle(cycle)
+    return cycle
+
+
+def _report_cycle(cycle: ClaimCycle) -> None:
+    for queue in cycle.queues:
+        metrics.CLAIMS.labels(queue=queue).inc()
+    for item in cycle.claimed:
+        metrics.CLAIMED.labels(queue=item.job.queue).inc()
+    if cycle.skipped:
+        metrics.SKIPPED.inc(cycle.skipped)
+    _report_losses(cycle.losses)
+
+
+# --- fenced lease writes -------------------------------------------------------------------------
+
+def _report_losses(losses: Iterable[LeaseLoss]) -> None:
+    for loss in losses:
+        metrics.LEASES_LOST.labels(operation=loss.operation).inc()
+        event(log, logging.WARNING, "lease_lost", operation=loss.operation, job_id=loss.lease.job_id,
+              task_key=loss.task_key, attempt=loss.lease.attempt, worker=loss.lease.owner,
+              now_status=loss.now_status, now_owner=loss.now_owner, now_attempt=loss.now_attempt)
+
+
+def renew(conn: Connection, leases: Sequence[Lease], lease_seconds: float) -> dict[Lease, Outcome]:
+    """Extend each lease still held: OK, LEASE_LOST, or BUSY (held elsewhere this instant)."""
+    outcomes, losses = _leases.renew_leases(conn, leases, lease_seconds)
+    metrics.RENEWALS.inc(sum(1 for o in outcomes.values() if o is Outcome.OK))
+    _report_losses(losses)
+    return outcomes
+
+
+def renew_leases(conn: Connection, leases: Sequence[Lease], lease_seconds: float) -> dict[int, Outcome]:
+    """`renew`, keyed by job id."""
+    return {lease.job_id: outcome for lease, outcome in renew(conn, leases, lease_seconds).items()}
+
+
+def complete_many(conn: Connection, leases: Sequence[Lease]) -> dict[int, Outcome]:
+    """running -> done for every lease still held: one fenced UPDATE and one COMMIT for the lot."""
+    outcomes, losses = _leases.complete_many(conn, leases)
+    _report_losses(losses)
+    return {lease.job_id: outcome for lease, outcome in outcomes.items()}
+
+
+def complete(conn: Connection, lease: Lease) -> Outcome:
+    """running -> done, only for the holder of this lease."""
+    return complete_many(conn, [lease])[lease.job_id]
+
+
+def _finished(result: tuple[Outcome, LeaseLoss | None]) -> Outcome:
+    outcome, loss = result
+    if loss is not None:
+        _report_losses([loss])
+    return outcome
+
+
+def retry(conn: Connection, lease: Lease, error: str, delay_seconds: float, *, outcome: str = "retry") -> Outcome:
+    """running -> scheduled, to be promoted to ready after `delay_seconds` of backoff."""
+    return _finished(_leases.retry(conn, lease, error, delay_seconds, outcome=outcome))
+
+
+def fail(conn: Connection, lease: Lease, error: str, *, outcome: str = "fail") -> Outcome:
+    """running -> failed for good, with the error kept."""
+    return _finished(_leases.fail(conn, lease, error, outcome=outcome))
+
+
+def release(conn: Connection, lease: Lease, reason: str = "worker shutting down") -> Outcome:
+    """running -> ready without waiting for the lease to expire; attempts kept."""
+    return _finished(_leases.release(conn, lease, reason))
+
+
+def record_result(conn: Connection, lease: Lease, task_key: str, result: Any) -> bool:
+    """Store the downstream result of `task_key`, at most once, only while `lease` is held.
+    True when written, False for a duplicate; LeaseLostError when the lease is gone."""
+    try:
+        written = _leases.record_result(conn, lease, task_key, result)
+    except LeaseLostError as exc:
+        loss = exc.args[0] if exc.args and isinstance(exc.args[0], LeaseLoss) else None
+        if loss is not None:
+            _report_losses([loss])
+        raise LeaseLostError(f"job {lease.job_id} attempt {lease.attempt}: lease lost; result not recorded") from None
+    if not written:
+        metrics.DUPLICATE_RESULTS.inc()
+        event(log, logging.WARNING, "duplicate_result", job_id=lease.job_id, task_key=task_key,
+              attempt=lease.attempt, worker=lease.owner,
+              detail="result already recorded for this task_key; nothing written")
+    return written
+
+
+# --- maintenance ---------------------------------------------------------------------------------
+
+def reap(conn: Connection, *, batch_size: int = REAP_BATCH, max_batches: int = 100) -> ReapResult:
+    """Expired leases back to ready (or failed when attempts are used up); attempts kept."""
+    result = _maintenance.reap(conn, batch_size=batch_size, max_batches=max_batches)
+    for job in result.jobs:
+        event(log, logging.WARNING, "reclaimed", job_id=job.job_id, task_key=job.task_key, attempt=job.attempt,
+              worker=job.owner, to=job.to)
+    if result.reclaimed:
+        metrics.RECLAIMED.labels(to_status="ready").inc(result.reclaimed)
+        wakeup.notify()
+    if result.failed:
+        metrics.RECLAIMED.labels(to_status="failed").inc(result.failed)
+    return result
+
+
+def promote_due(conn: Connection, *, batch_size: int = PROMOTE_BATCH, max_batches: int = 20) -> int:
+    """scheduled -> ready for delayed jobs and retries whose time has come."""
+    n = _maintenance.promote_due(conn, batch_size=batch_size, max_batches=max_batches)
+    if n:
+        metrics.PROMOTED.inc(n)
+        wakeup.notify()
+    return n
+
+
+# --- operator actions ----------------------------------------------------------------------------
+
+def _operator_action(action: str, job_id: int, actor: str, run) -> ActionResult:
+    try:
+        result = run()
+    except JobBusy:
+        metrics.OPERATOR_ACTIONS.labels(action=action, outcome="busy").inc()
+        event(log, logging.INFO, "operator_busy", action=action, job_id=job_id, actor=actor)
+        raise
+    except (JobNotFound, InvalidState) as exc:
+        metrics.OPERATOR_ACTIONS.labels(action=action, outcome="refused").inc()
+        event(log, logging.INFO, "operator_refused", action=action, job_id=job_id, actor=actor, reason=str(exc))
+        raise
+    metrics.OPERATOR_ACTIONS.labels(action=action, outcome="ok" if result.changed else "noop").inc()
+    event(log, logging.INFO, "operator_" + action, job_id=job_id, actor=actor, before=result.before.value,
+          after=result.after.value, changed=result.changed)
+    if result.changed and result.after.value == "ready":
+        wakeup.notify()
+    return result
+
+
+def requeue_job(conn: Connection, job_id: int, *, force: bool = False, actor: str = "operator") -> ActionResult:
+    """Put a job back to ready now (NOWAIT); a running job with a valid lease needs `force`."""
+    return _operator_action("requeue", job_id, actor,
+                            lambda: _operator.requeue_job(conn, job_id, force=force, actor=actor))
+
+
+def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor: str = "operator") -> ActionResult:
+    """Mark a job failed now (NOWAIT), with the reason kept; a running job's lease is fenced."""
+    return _operator_action("fail", job_id, actor, lambda: _operator.fail_job(conn, job_id, reason, actor=actor))
+
+
+def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int] | None = None,
+                job_filter: JobFilter | None = None, after_id: int | None = None, reason: str | None = None,
+                force: bool = False, batch_size: int = 500, deadline: float | None = None) -> BulkResult:
+    """Requeue or fail many jobs in bounded SKIP LOCKED batches (see operator.bulk_action)."""
+    result = _operator.bulk_action(conn, action, actor=actor, ids=ids, job_filter=job_filter, after_id=after_id,
+                                   reason=reason, force=force, batch_size=batch_size, deadline=deadline)
+    metrics.OPERATOR_ACTIONS.labels(action=f"bulk_{action}", outcome="ok").inc(result.changed)
+    event(log, logging.INFO, f"operator_bulk_{action}", actor=actor, selection=result.selection,
+          changed=result.changed, busy=result.busy, skipped=result.skipped, finished=result.finished)
+    if result.changed and action == "requeue":
+        wakeup.notify()
+    return result
+
+
+__all__ = [
+    "ActionResult", "BULK_ELIGIBLE", "BulkResult", "JobFilter", "QueueSummary", "ReapResult", "Reclaimed",
+    "activity", "bulk_action", "claim", "claim_cycle", "classify_empty", "classify_row", "classify_statement",
+    "complete", "complete_many", "count_by_status", "database_now", "distinct_values", "enqueue", "enqueue_many",
+    "explain_claim", "fail", "fail_job", "flavour", "get_job", "get_job_by_key", "get_result", "heartbeat",
+    "list_attempts", "list_audit", "list_jobs", "list_processes", "mark_stopped", "pick_statement", "promote_due",
+    "prune_history", "queue_summaries", "read_only_flags", "ready_queues", "reap", "record_result", "register_process", "release",
+    "renew", "renew_leases", "requeue_job", "retry", "running_jobs",
+]

@@ -1,0 +1,234 @@
+"""Operator actions: requeue and fail one job (NOWAIT: an answer now, never a wait) or many
+(bounded batches with SKIP LOCKED), each recorded in the audit log in the same transaction."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Row
+from sqlalchemy.exc import DBAPIError
+
+from ..db import ER_LOCK_NOWAIT, ER_LOCK_WAIT_TIMEOUT, db_now, error_code, require_primary, transaction
+from ..errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid
+from ..models import Status
+from ..schema import audit_log, job_queue
+from .common import audit, jq, one_more_attempt, record_attempts, truncate_error
+
+AUDIT_IDS_SHOWN = 200
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    job_id: int
+    before: Status
+    after: Status
+    changed: bool
+
+
+def _lock_nowait(c: Connection, job_id: int) -> Row:
+    try:
+        row = c.execute(sa.select(jq.id, jq.status, jq.lease_owner, jq.lease_until, jq.attempts,
+                                  jq.task_key, (jq.lease_until > db_now()).label("lease_valid"))
+                        .where(jq.id == job_id).with_for_update(nowait=True)).first()
+    except DBAPIError as exc:
+        # MariaDB answers NOWAIT on a locked row with 1205, MySQL 8.0 with 3572.
+        if error_code(exc) in (ER_LOCK_WAIT_TIMEOUT, ER_LOCK_NOWAIT):
+            raise JobBusy(f"job {job_id} is locked by another transaction right now; try again") from None
+        raise
+    if row is None:
+        raise JobNotFound(f"job {job_id} not found")
+    return row
+
+
+def requeue_job(conn: Connection, job_id: int, *, force: bool = False, actor: str = "operator") -> ActionResult:
+    """Put a job back to ready now. `attempts` is kept; max_attempts grows if needed so that the
+    job gets at least one more try. A running job with a valid lease needs `force`, and then its
+    old lease is fenced: that worker's completion will change nothing."""
+
+    def act(c: Connection) -> ActionResult:
+        require_primary(c)
+        row = _lock_nowait(c, job_id)
+        before = Status(row.status)
+        if before is Status.DONE:
+            raise InvalidState(f"job {job_id} is done; a finished job is not requeued", before.value)
+        if before is Status.READY:
+            return ActionResult(job_id, before, before, False)
+        if before is Status.RUNNING:
+            if row.lease_valid and not force:
+                raise LeaseStillValid(f"job {job_id} is running and its lease (held by {row.lease_owner}) is still "
+                                      "valid; confirm to requeue it anyway", before.value)
+            record_attempts(c, jq.id == job_id, "requeued", f"requeued by {actor} while running")
+        c.execute(sa.update(job_queue).where(jq.id == job_id).values(
+            status=Status.READY.value, run_at=db_now(), lease_owner=None, lease_until=None, finished_at=None,
+            max_attempts=one_more_attempt(), updated_at=db_now()))
+        audit(c, actor, "requeue", job_id=job_id, before=before.value, after=Status.READY.value)
+        return ActionResult(job_id, before, Status.READY, True)
+
+    return transaction(conn, act, what="requeue")
+
+
+def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor: str = "operator") -> ActionResult:
+    """Mark a job failed now, with the reason kept. A running job's lease is fenced."""
+    reason = truncate_error(reason or f"failed by {actor}")
+
+    def act(c: Connection) -> ActionResult:
+        require_primary(c)
+        row = _lock_nowait(c, job_id)
+        before = Status(row.status)
+        if before in (Status.DONE, Status.FAILED):
+            raise InvalidState(f"job {job_id} is already {before.value}", before.value)
+        if before is Status.RUNNING:
+            record_attempts(c, jq.id == job_id, "failed_by_operator", reason)
+        c.execute(sa.update(job_queue).where(jq.id == job_id).values(
+            status=Status.FAILED.value, lease_until=None, finished_at=db_now(), last_error=reason,
+            updated_at=db_now()))
+        audit(c, actor, "fail", job_id=job_id, before=before.value, after=Status.FAILED.value, detail=reason)
+        return ActionResult(job_id, before, Status.FAILED, True)
+
+    return transaction(conn, act, what="fail")
+
+
+# --- bulk ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JobFilter:
+    """The dashboard's job filters; every field optional. `key_prefix` matches task_key prefixes
+    (an index range on uk_task_key, never a scan)."""
+
+    status: Status | None = None
+    queue: str | None = None
+    task: str | None = None
+    key_prefix: str | None = None
+
+    def where(self) -> list[Any]:
+        clauses = []
+        if self.status is not None:
+            clauses.append(jq.status == Status(self.status).value)
+        if self.queue:
+            clauses.append(jq.queue == self.queue)
+        if self.task:
+            clauses.append(jq.task_name == self.task)
+        if self.key_prefix:
+            escaped = self.key_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            clauses.append(jq.task_key.like(escaped + "%", escape="\\"))
+        return clauses
+
+    def describe(self) -> str:
+        parts = [f"{k}={v}" for k, v in (("status", self.status and Status(self.status).value), ("queue", self.queue),
+                                          ("task", self.task), ("key_prefix", self.key_prefix)) if v]
+        return "filter: " + (" ".join(parts) if parts else "all jobs")
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    changed: int            # jobs moved to the new status
+    busy: int               # held by another transaction this instant (skipped, not waited on)
+    skipped: int            # in a state the action does not apply to
+    last_id: int | None     # where to continue (filter mode, newest-first order)
+    finished: bool
+    action: str = ""
+    selection: str = ""
+
+
+BULK_ELIGIBLE = {
+    "requeue": (Status.FAILED, Status.SCHEDULED, Status.RUNNING),
+    "fail": (Status.READY, Status.SCHEDULED, Status.RUNNING),
+}
+
+
+def _ids_text(ids: Sequence[int]) -> str:
+    shown = ",".join(map(str, sorted(ids)[:AUDIT_IDS_SHOWN]))
+    return f"ids {shown}" + (f" and {len(ids) - AUDIT_IDS_SHOWN} more" if len(ids) > AUDIT_IDS_SHOWN else "")
+
+
+def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int] | None = None,
+                job_filter: JobFilter | None = None, after_id: int | None = None, reason: str | None = None,
+                force: bool = False, batch_size: int = 500, deadline: float | None = None) -> BulkResult:
+    """Requeue or fail many jobs: the given ids, or every job matching a filter (newest first).
+
+    Each batch is its own short transaction that locks its rows with SKIP LOCKED, so a bulk action
+    over 100,000 jobs never holds many locks at once and never waits on a worker's claim: rows held
+    this instant are counted as busy and left alone. Running jobs whose lease is still valid are
+    skipped unless `force`. Stops at `deadline` (time.monotonic()) and reports where to continue.
+    """
+    if action not in BULK_ELIGIBLE:
+        raise ValueError(f"unknown bulk action {action!r}")
+    if (ids is None) == (job_filter is None):
+        raise ValueError("give either ids or a filter")
+    eligible = [s.value for s in BULK_ELIGIBLE[action]]
+    reason = truncate_error(reason or f"failed by {actor}")
+    selection = (f"ids: {','.join(map(str, ids[:50]))}{'...' if len(ids) > 50 else ''}" if ids is not None
+                 else job_filter.describe())
+    changed = busy = skipped = 0
+    cursor = after_id
+    pending = list(ids) if ids is not None else None
+
+    def result(finished: bool) -> BulkResult:
+        return BulkResult(changed, busy, skipped, cursor, finished, action, selection)
+
+    while True:
+        if pending is not None:
+            batch, pending = pending[:batch_size], pending[batch_size:]
+            batch_ids = [int(i) for i in batch]
+        else:
+            page = sa.select(jq.id).where(*job_filter.where()).order_by(jq.id.desc()).limit(batch_size)
+            if cursor is not None:
+                page = page.where(jq.id < cursor)
+            batch_ids = transaction(conn, lambda c: c.execute(page).scalars().all(), what="bulk_page")
+        if not batch_ids:
+            return result(True)
+
+        def act(c: Connection) -> tuple[int, int, int]:
+            require_primary(c)
+            seen = c.execute(sa.select(jq.id, jq.status).where(jq.id.in_(batch_ids))).all()
+            wanted = [r.id for r in seen if r.status in eligible]
+            locked = c.execute(sa.select(jq.id, jq.status, (jq.lease_until > db_now()).label("lease_valid"))
+                               .where(jq.id.in_(wanted), jq.status.in_(eligible))
+                               .with_for_update(skip_locked=True)).all() if wanted else []
+            targets = [r for r in locked if not (r.status == Status.RUNNING.value and r.lease_valid and not force)]
+            n_busy = len(wanted) - len(locked)
+            n_skipped = len(batch_ids) - len(wanted) + (len(locked) - len(targets))
+            if not targets:
+                return 0, n_busy, n_skipped
+            target_ids = [r.id for r in targets]
+            running = [r.id for r in targets if r.status == Status.RUNNING.value]
+            if running:
+                record_attempts(c, jq.id.in_(running), "requeued" if action == "requeue" else "failed_by_operator",
+                                f"{action} by {actor} (bulk) while running")
+            guard = sa.and_(jq.id.in_(target_ids), jq.status.in_(eligible))
+            if action == "requeue":
+                n = c.execute(sa.update(job_queue).where(guard).values(
+                    status=Status.READY.value, run_at=db_now(), lease_owner=None, lease_until=None, finished_at=None,
+                    max_attempts=one_more_attempt(), updated_at=db_now())).rowcount
+            else:
+                n = c.execute(sa.update(job_queue).where(guard).values(
+                    status=Status.FAILED.value, lease_until=None, finished_at=db_now(), last_error=reason,
+                    updated_at=db_now())).rowcount
+            before = ",".join(sorted({r.status for r in targets}))
+            audit(c, actor, f"bulk_{action}", selection=selection, before=before,
+                  after=Status.READY.value if action == "requeue" else Status.FAILED.value, count=n,
+                  detail=_ids_text(target_ids) + (f"; reason: {reason}" if action == "fail" else ""))
+            return n, n_busy, n_skipped
+
+        n, n_busy, n_skipped = transaction(conn, act, what=f"bulk_{action}")
+        changed, busy, skipped = changed + n, busy + n_busy, skipped + n_skipped
+        cursor = min(batch_ids)
+        if (pending is not None and not pending) or (pending is None and len(batch_ids) < batch_size):
+            return result(True)
+        if deadline is not None and time.monotonic() > deadline:
+            return result(False)
+
+
+def list_audit(conn: Connection, *, before_id: int | None = None, job_id: int | None = None,
+               limit: int = 50) -> list[dict[str, Any]]:
+    """Newest first, keyset-paged by id."""
+    stmt = sa.select(audit_log).order_by(audit_log.c.id.desc()).limit(limit)
+    if before_id is not None:
+        stmt = stmt.where(audit_log.c.id < before_id)
+    if job_id is not None:
+        stmt = stmt.where(audit_log.c.job_id == job_id)
+    return [dict(r._mapping) for r in transaction(conn, lambda c: c.execute(stmt).all(), what="list_audit")]

@@ -1,0 +1,46 @@
+"""How a worker runs: its slots, queues, lease, and how it stops."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class WorkerConfig:
+    concurrency: int = 4                         # handler threads
+    queues: Sequence[str] | None = None          # None: every queue
+    name: str | None = None
+    lease_seconds: float = 60.0
+    burst: bool = False                          # exit when nothing is ready and nothing is held
+    grace_seconds: float = 30.0                  # on stop: how long running jobs may finish
+    idle_cap_seconds: float = 2.0                # longest sleep between claims when idle
+    prefetch: int = 0                            # jobs claimed ahead of a free thread (leased, renewed)
+    reap_interval: float | None = None           # default: a quarter of the lease, 1..15 s
+    queue_refresh_seconds: float = 1.0
+    finish_retry_seconds: float | None = None    # how long to keep retrying a job's last write
+    reap_in_loop: bool = True                    # off when a scheduler runs the reaper (embedded mode)
+    heartbeat_seconds: float = 15.0
+    kind: str = "worker"                         # how the dashboard lists this process: worker | embedded
+    refuse_read_only_at_start: bool = True       # a standalone worker on a replica exits 3 at once
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.prefetch < 0:
+            raise ValueError("prefetch must be 0 or more")
+        if self.lease_seconds < 1:
+            raise ValueError("lease must be at least 1 second")
+        if self.reap_interval is None:
+            self.reap_interval = min(15.0, max(1.0, self.lease_seconds / 4))
+        if self.finish_retry_seconds is None:
+            self.finish_retry_seconds = max(5.0, self.lease_seconds)
+
+    @property
+    def capacity(self) -> int:
+        """Leases held at most: one per thread, plus the prefetched ones."""
+        return self.concurrency + self.prefetch
+
+    @property
+    def renew_seconds(self) -> float:
+        return self.lease_seconds / 3

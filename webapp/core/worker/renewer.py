@@ -1,0 +1,111 @@
+"""The renewer thread: keeps every lease in hand alive until its final write, gives up on leases
+that are past their local deadline or their task's timeout, and sends the process heartbeat.
+
+It renews every third of the lease, and after a failed renewal again within a second, so that a
+blip does not eat two thirds of a lease. It runs until the worker's shutdown has written the
+last of its jobs, not until the stop signal: a job in its grace period is still renewed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from .. import metrics, repository
+from ..logs import event
+from .leases import LeaseState, Lost
+
+if TYPE_CHECKING:
+    from .loop import Worker
+
+log = logging.getLogger("jobqueue.worker")
+
+TICK_SECONDS = 0.25
+RETRY_AFTER_FAILURE_SECONDS = 1.0
+
+
+class Renewer:
+    def __init__(self, worker: Worker):
+        self.worker = worker
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jobqueue-renewer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        worker = self.worker
+        renew_every = worker.config.renew_seconds
+        next_renew = time.monotonic() + renew_every
+        next_beat = time.monotonic()
+        while not self._done.wait(min(TICK_SECONDS, renew_every / 4)):
+            now = time.monotonic()
+            self.give_up_overdue()
+            if now >= next_renew:
+                ok = self.renew()
+                next_renew = now + (renew_every if ok else min(renew_every, RETRY_AFTER_FAILURE_SECONDS))
+            if now >= next_beat:
+                next_beat = now + worker.config.heartbeat_seconds
+                try:
+                    worker.heartbeat()
+                except Exception as exc:
+                    worker._sql_error("heartbeat", exc)
+
+    def renew(self) -> bool:
+        """Renew every lease in hand now. False when the renewal failed (it is tried again soon)."""
+        worker = self.worker
+        items, sent_at = worker.keeper.begin_renewal()
+        if not items:
+            return True
+        outcomes = None
+        try:
+            with worker.engine.connect() as conn:
+                outcomes = repository.renew(conn, [h.lease for h in items], worker.config.lease_seconds)
+        except Exception as exc:   # every error: the deadline keeps running and says when to give up
+            worker._sql_error("renew", exc)
+        finally:
+            lost = worker.keeper.end_renewal(items, sent_at, outcomes)
+        for gone in lost:
+            self._lost(gone, counted=True)
+        return outcomes is not None
+
+    def give_up_overdue(self) -> None:
+        for gone in self.worker.keeper.overdue():
+            self._lost(gone)
+            if gone.reason == "timeout":
+                # The attempt counts as failed: retried by the usual backoff, or failed for good
+                # on its last attempt. Its handler may go on running; nothing it writes lands.
+                self._time_out(gone)
+
+    def _lost(self, gone: Lost, counted: bool = False) -> None:
+        held = gone.held
+        if not counted:   # the repository already counted and logged a renewal the fence refused
+            metrics.LEASES_LOST.labels(operation=gone.reason).inc()
+            event(log, logging.WARNING, "lease_lost", operation=gone.reason, job_id=held.lease.job_id,
+                  task_key=held.claimed.job.task_key, attempt=held.lease.attempt, worker=held.lease.owner,
+                  detail=gone.detail)
+
+    def _time_out(self, gone: Lost) -> None:
+        from ..backoff import retry_delay
+
+        worker, held = self.worker, gone.held
+        job, lease = held.claimed.job, held.lease
+        spec = worker.registry.get(job.task_name)
+        held.duration = time.monotonic() - (held.started_at or held.claimed_at)
+        error = f"timed out after {held.timeout:g} s"
+        if lease.attempt >= job.max_attempts:
+            worker.finish_attempt(held, "fail", error, outcome="timeout")
+        else:
+            delay = retry_delay(lease.attempt, spec.retry_base_seconds if spec else 1.0,
+                                spec.retry_cap_seconds if spec else 3600.0)
+            worker.finish_attempt(held, "retry", error, delay, outcome="timeout")
+
+
+__all__ = ["Renewer", "LeaseState"]

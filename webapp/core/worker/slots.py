@@ -1,0 +1,141 @@
+"""The threads that run handlers. Each takes a leased job from the inbox, runs its handler after
+the claim committed (never inside it), and says how the attempt ended:
+
+- it returned: the lease goes to FINISHING and the job to the claim loop, which completes it in
+  its next cycle (one COMMIT with the next claim); the thread takes the next job at once;
+- it raised: the thread itself schedules the retry (backoff) or fails the job, under the lease;
+- its lease was lost meanwhile (reaped, requeued, failed or cancelled by an operator, timed out,
+  or the local deadline passed): nothing is written; the lease is forgotten once the handler
+  returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as queue_mod
+import threading
+import time
+import traceback
+from typing import TYPE_CHECKING
+
+from .. import metrics
+from ..backoff import retry_delay
+from ..errors import LeaseLostError, PermanentError
+from ..logs import event
+from .leases import Held
+
+if TYPE_CHECKING:
+    from .loop import Worker
+
+log = logging.getLogger("jobqueue.worker")
+
+
+class Slots:
+    def __init__(self, worker: Worker, threads: int):
+        self.worker = worker
+        self.inbox: queue_mod.SimpleQueue[Held | None] = queue_mod.SimpleQueue()
+        self.threads = [threading.Thread(target=self._run, name=f"jobqueue-slot-{i + 1}", daemon=True)
+                        for i in range(threads)]
+        self._idle = threads
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def stop(self) -> None:
+        for _ in self.threads:
+            self.inbox.put(None)
+
+    def give(self, held: Held) -> None:
+        self.inbox.put(held)
+
+    @property
+    def idle(self) -> int:
+        """Threads waiting for a job (an estimate: it changes as you read it)."""
+        with self._lock:
+            return self._idle
+
+    def _run(self) -> None:
+        while True:
+            held = self.inbox.get()
+            if held is None:
+                return
+            with self._lock:
+                self._idle -= 1
+            try:
+                self.run_attempt(held)
+            except Exception as exc:   # never lose a thread to a bug of ours
+                event(log, logging.ERROR, "slot_error", job_id=held.lease.job_id, attempt=held.lease.attempt,
+                      error=f"{type(exc).__name__}: {exc}")
+                self.worker.forget(held)
+            finally:
+                with self._lock:
+                    self._idle += 1
+
+    def run_attempt(self, held: Held) -> None:
+        worker, keeper = self.worker, self.worker.keeper
+        job, lease = held.claimed.job, held.claimed.lease
+        if not keeper.start(held):
+            # Lost while it waited for a thread (an operator took it, or it was reaped): the
+            # handler never starts.
+            worker.forget(held)
+            return
+        spec = worker.registry.get(job.task_name)
+        started = time.monotonic()
+        try:
+            if spec is None:
+                raise LookupError(f"no handler for task {job.task_name!r} in worker {worker.id}")
+            spec.handler(job.payload, held.ctx)
+        except LeaseLostError:
+            self._ended(held, "lease_lost", started)
+            event(log, logging.WARNING, "handler_lease_lost", job_id=job.id, task_key=job.task_key,
+                  attempt=lease.attempt, worker=lease.owner, seconds=f"{time.monotonic() - started:.3f}")
+            worker.forget(held)
+            return
+        except PermanentError as exc:
+            if self._still_held(held, started):
+                worker.finish_attempt(held, "fail", describe(exc))
+            return
+        except Exception as exc:   # a handler's failure is the job's failure, never the worker's
+            if self._still_held(held, started):
+                if lease.attempt >= job.max_attempts:
+                    worker.finish_attempt(held, "fail", describe(exc))
+                else:
+                    base = spec.retry_base_seconds if spec else 1.0
+                    cap = spec.retry_cap_seconds if spec else 3600.0
+                    worker.finish_attempt(held, "retry", describe(exc), retry_delay(lease.attempt, base, cap))
+            return
+        held.duration = time.monotonic() - started
+        # A lease lost only by its local deadline (renewals failed; nobody said it is gone) may
+        # still be completed: the write is fenced, and lands only if nobody took the job.
+        if keeper.finishing(held) or held.lost_reason == "deadline":
+            worker.handler_succeeded(held)
+        else:
+            self._ended(held, "lease_lost", started)
+            event(log, logging.WARNING, "handler_finished_after_lease_lost", job_id=job.id, task_key=job.task_key,
+                  attempt=lease.attempt, worker=lease.owner, reason=held.lost_reason,
+                  seconds=f"{held.duration:.3f}")
+            worker.forget(held)
+
+    def _still_held(self, held: Held, started: float) -> bool:
+        held.duration = time.monotonic() - started
+        if self.worker.keeper.finishing(held) or held.lost_reason == "deadline":
+            return True
+        self._ended(held, "lease_lost", started)
+        self.worker.forget(held)
+        return False
+
+    @staticmethod
+    def _ended(held: Held, outcome: str, started: float) -> None:
+        metrics.ATTEMPT_SECONDS.labels(task=held.claimed.job.task_name, outcome=outcome).observe(
+            time.monotonic() - started)
+
+
+def describe(exc: BaseException) -> str:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8))
+    return f"{type(exc).__name__}: {exc}\n{tb}"
+
+
+def first_line(text: str | None) -> str | None:
+    return text.splitlines()[0][:300] if text else None

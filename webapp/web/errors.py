@@ -1,0 +1,62 @@
+"""How the web answers errors: JSON under /api/ (or when JSON is asked for), a page otherwise;
+the queue's own errors with the same code everywhere (webapp.core.errors.answer_for)."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, jsonify, render_template, request
+from flask_wtf.csrf import CSRFError
+from sqlalchemy.exc import SQLAlchemyError
+from werkzeug.exceptions import HTTPException
+
+from ..core.errors import JobQueueError, NotPrimary, TransientDatabaseError, answer_for
+from .config import ConfigError
+from .security import wants_json
+
+log = logging.getLogger("jobqueue.web")
+
+BUSY_MESSAGE = "The database is unavailable or busy right now; try again in a moment."
+
+
+def page(code: int, message: str, headers: dict | None = None, **extra):
+    if wants_json():
+        response = jsonify({"error": message, **extra})
+    else:
+        response = render_template("error.html", code=code, message=message)
+    return response, code, headers or {}
+
+
+def init_app(app: Flask) -> None:
+    @app.errorhandler(CSRFError)
+    def _csrf(exc):
+        log.warning("event=csrf_refused path=%s reason=%r", request.path, exc.description)
+        return page(400, f"The form's security token is missing or stale ({exc.description}). Reload the page.")
+
+    @app.errorhandler(HTTPException)
+    def _http(exc: HTTPException):
+        if exc.code and exc.code >= 500:
+            log.error("event=http_error code=%s path=%s", exc.code, request.path)
+        elif exc.code not in (401, 404):
+            log.info("event=http_refused code=%s path=%s reason=%r", exc.code, request.path, exc.description)
+        return page(exc.code or 500, exc.description or exc.name)
+
+    @app.errorhandler(NotPrimary)
+    def _not_primary(exc):
+        log.error("event=write_refused path=%s reason=%r", request.path, str(exc)[:300])
+        return page(503, f"This database does not take queue writes right now: {exc}", {"Retry-After": "5"})
+
+    @app.errorhandler(SQLAlchemyError)
+    @app.errorhandler(TransientDatabaseError)
+    def _database(exc):
+        log.error("event=sql_error path=%s error=%r", request.path, f"{type(exc).__name__}: {exc}"[:300])
+        return page(503, BUSY_MESSAGE, {"Retry-After": "2"})
+
+    @app.errorhandler(JobQueueError)
+    def _queue_error(exc):
+        answer = answer_for(exc)
+        return page(answer.http_status, answer.message, **answer.extra)
+
+    @app.errorhandler(ConfigError)
+    def _config(exc):
+        return page(500, str(exc))

@@ -1,0 +1,64 @@
+"""Headers on every answer, development mode's localhost-only rule, and refusing queue writes on
+a server that cannot take them."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+from flask import Flask, jsonify, render_template, request
+from flask_wtf.csrf import CSRFProtect
+
+from .state import extension
+
+log = logging.getLogger("jobqueue.web")
+
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'")
+
+
+def wants_json() -> bool:
+    return request.path.startswith("/api/") or request.accept_mimetypes.best == "application/json"
+
+
+def init_app(app: Flask) -> None:
+    from . import api
+
+    # Every POST of the dashboard needs a CSRF token. The API takes bearer tokens only (never the
+    # session cookie), which is what keeps it out of reach of cross-site requests.
+    CSRFProtect(app).exempt(api.bp)
+    settings = app.extensions["jobqueue"].settings
+    if settings.dev:
+        log.warning("event=dev_mode detail=\"development mode: localhost only%s\"",
+                    "; login admin / " + settings.dev_password if settings.dev_password else "")
+
+        @app.before_request
+        def _localhost_only():
+            try:
+                loopback = ipaddress.ip_address(request.remote_addr or "").is_loopback
+            except ValueError:
+                loopback = False
+            if not loopback:
+                return render_template("error.html", code=403,
+                                       message="Development mode serves localhost only."), 403
+
+    @app.before_request
+    def _refuse_writes_on_an_unsafe_server():
+        if request.method == "POST" and request.endpoint not in ("auth.login", "auth.logout"):
+            reason = extension().write_refusal()
+            if reason:
+                log.error("event=write_refused path=%s reason=%r", request.path, reason)
+                message = f"This database does not take queue writes: {reason}"
+                if wants_json():
+                    return jsonify({"error": message}), 503
+                return render_template("error.html", code=503, message=message), 503
+
+    @app.after_request
+    def _headers(response):
+        response.headers.setdefault("Content-Security-Policy", CSP)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        if response.mimetype == "text/html":
+            response.headers.setdefault("Cache-Control", "no-store")
+        return response
