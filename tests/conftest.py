@@ -3,7 +3,7 @@
 Databases: each test that needs MariaDB gets a database of its own with a unique name on the
 server at JOBQUEUE_TEST_MYSQL (default the local MariaDB, root, no password), migrated with the
 real init-db, and dropped afterwards. Nothing here changes a global setting of that server; tests
-that need one start a throwaway mariadbd (see support/throwaway_mariadb.py).
+that need one start a throwaway mariadbd (see testkit/throwaway_mariadb.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from webapp.core.db import create_engine
 from webapp.core.migrate import init_db
 from webapp.core.tasks import load_task_modules
 
+from testkit.replication import ReplicationCluster
 from testkit.throwaway_mariadb import ThrowawayMariaDB
 
 MYSQL_SERVER = os.environ.get("JOBQUEUE_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306")
@@ -102,3 +103,24 @@ def throwaway_mariadb(tmp_path):
     yield start
     for server in servers:
         server.cleanup()
+
+
+@pytest.fixture
+def replication_cluster(tmp_path):
+    """Start a primary and replicas (testkit.replication.ReplicationCluster); all are stopped at
+    teardown, pass or fail.
+
+        cluster = replication_cluster(replicas=1, general_log=True)
+        cluster.primary.create_database("jq"); cluster.wait_caught_up()
+    """
+    clusters: list[ReplicationCluster] = []
+
+    def start(replicas: int = 1, *extra_args: str, **options) -> ReplicationCluster:
+        cluster = ReplicationCluster.create(tmp_path / f"replication-{len(clusters)}", replicas, *extra_args,
+                                            **options)
+        clusters.append(cluster)   # before start(): a cluster that fails halfway is still cleaned up
+        return cluster.start()
+
+    yield start
+    for cluster in clusters:
+        cluster.cleanup()
