@@ -19,6 +19,7 @@ from webapp.core.db import create_engine
 from webapp.core.migrate import init_db
 from webapp.core.tasks import load_task_modules
 
+from testkit.netns import HostNetwork, netns_unavailable_reason
 from testkit.replication import ReplicationCluster
 from testkit.throwaway_mariadb import ThrowawayMariaDB
 
@@ -124,3 +125,28 @@ def replication_cluster(tmp_path):
     yield start
     for cluster in clusters:
         cluster.cleanup()
+
+
+@pytest.fixture
+def host_network():
+    """Hosts in network namespaces (testkit.netns.HostNetwork); skips the test when this user
+    cannot make them (not root). Everything it made is removed at teardown, pass or fail.
+
+        net = host_network("app", "db")
+        server = net.start_mariadb("db", tmp_path / "db")
+    """
+    reason = netns_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    networks: list[HostNetwork] = []
+
+    def make(*names: str) -> HostNetwork:
+        network = HostNetwork()
+        networks.append(network)   # before the hosts: one that fails halfway is still removed
+        for name in names:
+            network.add_host(name)
+        return network
+
+    yield make
+    for network in networks:
+        network.cleanup()
