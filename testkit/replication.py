@@ -328,6 +328,8 @@ class ReplicationCluster:
             raise RuntimeError("no heartbeat: the cluster was made with heartbeat_interval=None")
         rows = self._replica(replica).execute(
             f"SELECT TIMESTAMPDIFF(MICROSECOND, MAX(ts), UTC_TIMESTAMP(6)) FROM {HEARTBEAT_DATABASE}.heartbeat")
+        if rows[0][0] is None:
+            return float("inf")        # no heartbeat applied yet (start() waits for the first)
         return max(0.0, rows[0][0] / 1e6)
 
     def wait_caught_up(self, replica: ThrowawayMariaDB | None = None, timeout: float = 30.0) -> None:
@@ -354,6 +356,8 @@ class ReplicationCluster:
         started = time.monotonic()
         new = self._replica(replica)
         old = self.primary
+        if self.status(new).sql_running != "Yes":
+            new.execute("START SLAVE SQL_THREAD")   # a test may have stopped it
         try:
             # Fence a primary that still runs (a planned switchover), then take all it has.
             old.execute("SET GLOBAL read_only = ON")
@@ -361,11 +365,7 @@ class ReplicationCluster:
         except pymysql.err.OperationalError:
             # Dead or cut off: apply what the IO thread already wrote to the relay log, or those
             # transactions would be lost with the relay log at RESET SLAVE ALL.
-            status = self.status(new)
-            if status.sql_running != "Yes":
-                new.execute("START SLAVE SQL_THREAD")
-            if status.gtid_io_pos:
-                _wait_for_gtid(new, status.gtid_io_pos, timeout)
+            _wait_for_gtid(new, self.status(new).gtid_io_pos, timeout)
         new.execute("STOP SLAVE")
         new.execute("RESET SLAVE ALL")
         new.execute("SET GLOBAL read_only = OFF")

@@ -141,6 +141,30 @@ def test_failover_after_sigkill_then_the_old_primary_replicates_read_only(replic
 
 
 @pytest.mark.slow
+def test_planned_switchover_and_back_while_both_run(replication_cluster):
+    cluster = replication_cluster(replicas=1)
+    first, second = cluster.primary, cluster.replicas[0]
+    make_app_schema(first)
+    cluster.stop_sql_thread()                  # promote() applies what the replica holds anyway
+    first.execute("INSERT INTO jq.t (v) VALUES ('one')")
+
+    cluster.promote(second)                    # the running old primary is fenced read-only first
+    assert first.variable("read_only") == "ON" and values(second) == ["one"]
+    second.execute("INSERT INTO jq.t (v) VALUES ('two')")
+    cluster.demote(first)                      # still running: switched in place, no restart
+    assert cluster.status(first).replicating and values(first) == ["one", "two"]
+
+    # And back: `second` now has a gtid_slave_pos of its time as a replica, older than its binlog.
+    cluster.promote(first)
+    first.execute("INSERT INTO jq.t (v) VALUES ('three')")
+    cluster.demote(second)
+    cluster.wait_caught_up(timeout=10)
+    assert cluster.primary is first and cluster.replicas == [second]
+    assert values(second) == ["one", "two", "three"] and second.variable("read_only") == "ON"
+    assert first.variable("read_only") == "OFF"
+
+
+@pytest.mark.slow
 def test_the_general_log_reader_tells_client_statements_from_replication(replication_cluster):
     cluster = replication_cluster(replicas=1, general_log=True)
     primary, replica = cluster.primary, cluster.replicas[0]
