@@ -20,6 +20,17 @@ matters: `--read-only` does not stop it from writing, so checks must read the va
 
 Every started server is also stopped at interpreter exit, in case a test run is interrupted
 before its fixture teardown.
+
+Optional, for replication and network tests (testkit.replication, testkit.netns):
+
+    ThrowawayMariaDB(path, host="10.77.3.4",                        # bind there, not 127.0.0.1
+                     command_prefix=["ip", "netns", "exec", "jqt-..-db"],  # start it in a netns
+                     general_log=True)                              # every statement to a file
+
+A server on another address also lets `root` log in from the network (`root@'%'`, created without
+writing the binlog, so replicas get no extra GTID); readiness is checked over the unix socket,
+which works from any network namespace. `general_log=True` writes `general.log` next to the
+datadir (`server.general_log_file`); `testkit.replication.executed_statements()` reads it.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pymysql
@@ -61,11 +73,16 @@ def free_port() -> int:
 
 class ThrowawayMariaDB:
     def __init__(self, base_dir: Path | str, *extra_args: str, port: int | None = None,
-                 startup_timeout: float = 30.0):
+                 startup_timeout: float = 30.0, host: str = "127.0.0.1",
+                 command_prefix: Sequence[str] = (), general_log: bool = False):
         self.base_dir = Path(base_dir)
         self.datadir = self.base_dir / "data"
         self.error_log = self.base_dir / "mariadbd.err"
+        self.general_log_file = self.base_dir / "general.log"
         self.extra_args = list(extra_args)   # change between stop() and start() to restart differently
+        self.host = host                     # the address it binds to and clients connect to
+        self.command_prefix = list(command_prefix)   # e.g. ["ip", "netns", "exec", name]
+        self.general_log = general_log
         self.port = port or free_port()
         self._port_chosen = port is not None
         self.startup_timeout = startup_timeout
@@ -99,10 +116,15 @@ class ThrowawayMariaDB:
         for attempt in range(3):
             started = time.monotonic()
             log_offset = self.error_log.stat().st_size if self.error_log.exists() else 0
+            general_log = (["--general-log=ON", f"--general-log-file={self.general_log_file}"]
+                           if self.general_log else [])
+            # With a command prefix of `ip netns exec NAME`, ip exec()s mariadbd after entering the
+            # namespace, so self.proc is still mariadbd itself and signals reach it directly.
             self.proc = subprocess.Popen(
-                [MARIADBD, "--no-defaults", "--user=root", f"--datadir={self.datadir}", f"--socket={self.socket}",
-                 f"--port={self.port}", "--bind-address=127.0.0.1", f"--pid-file={self.base_dir / 'mariadbd.pid'}",
-                 f"--log-error={self.error_log}", *_COMMON, *_SERVER, *self.extra_args],
+                [*self.command_prefix,
+                 MARIADBD, "--no-defaults", "--user=root", f"--datadir={self.datadir}", f"--socket={self.socket}",
+                 f"--port={self.port}", f"--bind-address={self.host}", f"--pid-file={self.base_dir / 'mariadbd.pid'}",
+                 f"--log-error={self.error_log}", *_COMMON, *_SERVER, *general_log, *self.extra_args],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             _running.add(self)
             try:
@@ -173,10 +195,15 @@ class ThrowawayMariaDB:
     # --- talking to it ---------------------------------------------------------------------------
 
     def url(self, database: str = "") -> str:
-        return f"mysql+pymysql://root@127.0.0.1:{self.port}/{database}"
+        return f"mysql+pymysql://root@{self.host}:{self.port}/{database}"
 
-    def connect(self, database: str | None = None) -> pymysql.Connection:
-        return pymysql.connect(host="127.0.0.1", port=self.port, user="root", password="", database=database,
+    def connect(self, database: str | None = None, connect_timeout: float = 5) -> pymysql.Connection:
+        return pymysql.connect(host=self.host, port=self.port, user="root", password="", database=database,
+                               autocommit=True, connect_timeout=connect_timeout)
+
+    def connect_socket(self, database: str | None = None) -> pymysql.Connection:
+        """Over the unix socket (as root@localhost): works whatever the network does."""
+        return pymysql.connect(unix_socket=self.socket, user="root", password="", database=database,
                                autocommit=True, connect_timeout=5)
 
     def execute(self, sql: str, database: str | None = None) -> list[tuple]:
@@ -200,6 +227,8 @@ class ThrowawayMariaDB:
     # --- internals -------------------------------------------------------------------------------
 
     def _wait_until_ready(self, log_offset: int) -> None:
+        # The socket, not TCP: on an address other than 127.0.0.1 root may not log in over TCP
+        # until _allow_root_from_network() ran, and the socket works from any network namespace.
         deadline = time.monotonic() + self.startup_timeout
         while True:
             if self.proc.poll() is not None:
@@ -208,13 +237,33 @@ class ThrowawayMariaDB:
                     raise _PortTaken()
                 raise RuntimeError(f"mariadbd exited with {self.proc.returncode} while starting:\n{tail}")
             try:
-                self.connect().close()
-                return
-            except pymysql.err.OperationalError:
+                # PyMySQL leaks its unix socket when the connect fails (a ResourceWarning, an
+                # error under pytest), so probe with a socket of our own first.
+                with socket.socket(socket.AF_UNIX) as probe:
+                    probe.connect(self.socket)
+                self.connect_socket().close()
+                break
+            except (OSError, pymysql.err.OperationalError):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"mariadbd did not accept connections within {self.startup_timeout}s:\n"
                                        f"{self._log_tail(log_offset)}") from None
                 time.sleep(0.02)
+        if not self.host.startswith("127."):
+            self._allow_root_from_network()
+        self.connect().close()   # and over TCP, as clients will connect
+
+    def _allow_root_from_network(self) -> None:
+        """The installer creates root only for localhost and 127.0.0.1 (--skip-name-resolve makes
+        clients on other addresses match nothing else). Not binlogged: on a replica a local
+        GTID would be an extra transaction that strict GTID mode refuses on failover."""
+        conn = self.connect_socket()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION sql_log_bin = 0")
+                cur.execute("CREATE USER IF NOT EXISTS 'root'@'%'")
+                cur.execute("GRANT ALL PRIVILEGES ON *.* TO 'root'@'%' WITH GRANT OPTION")
+        finally:
+            conn.close()
 
     def _log_tail(self, offset: int) -> str:
         try:
@@ -225,7 +274,7 @@ class ThrowawayMariaDB:
             return "(no error log)"
 
     def __repr__(self) -> str:
-        return f"ThrowawayMariaDB(port={self.port}, args={self.extra_args}, running={self.running})"
+        return f"ThrowawayMariaDB({self.host}:{self.port}, args={self.extra_args}, running={self.running})"
 
 
 class _PortTaken(Exception):

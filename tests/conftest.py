@@ -3,7 +3,7 @@
 Databases: each test that needs MariaDB gets a database of its own with a unique name on the
 server at JOBQUEUE_TEST_MYSQL (default the local MariaDB, root, no password), migrated with the
 real init-db, and dropped afterwards. Nothing here changes a global setting of that server; tests
-that need one start a throwaway mariadbd (see support/throwaway_mariadb.py).
+that need one start a throwaway mariadbd (see testkit/throwaway_mariadb.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from webapp.core.db import create_engine
 from webapp.core.migrate import init_db
 from webapp.core.task_modules import load_task_modules
 
+from testkit.netns import HostNetwork, netns_unavailable_reason
+from testkit.replication import ReplicationCluster
 from testkit.throwaway_mariadb import ThrowawayMariaDB
 
 MYSQL_SERVER = os.environ.get("JOBQUEUE_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306")
@@ -102,6 +104,52 @@ def throwaway_mariadb(tmp_path):
     yield start
     for server in servers:
         server.cleanup()
+
+
+@pytest.fixture
+def replication_cluster(tmp_path):
+    """Start a primary and replicas (testkit.replication.ReplicationCluster); all are stopped at
+    teardown, pass or fail.
+
+        cluster = replication_cluster(replicas=1, general_log=True)
+        cluster.primary.create_database("jq"); cluster.wait_caught_up()
+    """
+    clusters: list[ReplicationCluster] = []
+
+    def start(replicas: int = 1, *extra_args: str, **options) -> ReplicationCluster:
+        cluster = ReplicationCluster.create(tmp_path / f"replication-{len(clusters)}", replicas, *extra_args,
+                                            **options)
+        clusters.append(cluster)   # before start(): a cluster that fails halfway is still cleaned up
+        return cluster.start()
+
+    yield start
+    for cluster in clusters:
+        cluster.cleanup()
+
+
+@pytest.fixture
+def host_network():
+    """Hosts in network namespaces (testkit.netns.HostNetwork); skips the test when this user
+    cannot make them (not root). Everything it made is removed at teardown, pass or fail.
+
+        net = host_network("app", "db")
+        server = net.start_mariadb("db", tmp_path / "db")
+    """
+    reason = netns_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    networks: list[HostNetwork] = []
+
+    def make(*names: str) -> HostNetwork:
+        network = HostNetwork()
+        networks.append(network)   # before the hosts: one that fails halfway is still removed
+        for name in names:
+            network.add_host(name)
+        return network
+
+    yield make
+    for network in networks:
+        network.cleanup()
 
 
 @pytest.fixture(autouse=True)
