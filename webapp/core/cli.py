@@ -20,7 +20,8 @@ from typing import Any
 
 import click
 
-from .errors import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_STATE, JobQueueError, LeaseStillValid, answer_for
+from .errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_STATE, JobQueueError, LeaseStillValid,
+                     RunAgainNeeded, answer_for)
 from .settings import Settings, SettingsError, use
 
 url_option = click.option("--database-url", envvar="JOBQUEUE_DATABASE_URL", default=None,
@@ -46,6 +47,8 @@ def answers_errors(fn):
             return fn(*args, **kwargs)
         except LeaseStillValid as exc:
             fail(exc.exit_code, f"{exc} (use --force)")
+        except RunAgainNeeded as exc:
+            fail(exc.exit_code, f"{exc} (use --again)")
         except JobQueueError as exc:
             fail(answer_for(exc).exit_code, str(exc))
         except SettingsError as exc:
@@ -218,14 +221,17 @@ def _operator(ctx: click.Context, database_url: str | None, action) -> None:
 @main.command()
 @click.argument("job_id", type=int)
 @click.option("--force", is_flag=True, help="Also requeue a running job whose lease is still valid")
+@click.option("--again", is_flag=True, help="Also requeue a done job: its handler runs again (record_result still "
+                                            "keeps the one result row of its task_key)")
 @url_option
 @click.pass_context
 @answers_errors
-def requeue(ctx: click.Context, job_id: int, force: bool, database_url: str | None) -> None:
+def requeue(ctx: click.Context, job_id: int, force: bool, again: bool, database_url: str | None) -> None:
     """Put a job back to ready (attempts kept)."""
     from . import repository
 
-    _operator(ctx, database_url, lambda conn: repository.requeue_job(conn, job_id, force=force, actor=actor()))
+    _operator(ctx, database_url, lambda conn: repository.requeue_job(conn, job_id, force=force, again=again,
+                                                                     actor=actor()))
 
 
 @main.command("fail")
@@ -265,6 +271,87 @@ def stats(ctx: click.Context, as_json: bool, database_url: str | None) -> None:
     for queue in sorted(queues):
         click.echo(f"{queue:<20}" + "".join(f"{queues[queue][c]:>11}" for c in columns))
     click.echo(f"{'(all)':<20}" + "".join(f"{totals[c]:>11}" for c in columns))
+
+
+@main.command("list")
+@click.option("--status", default=None, help="ready, scheduled, running, done or failed")
+@click.option("--queue", default=None)
+@click.option("--task", default=None, help="Task name")
+@click.option("--key", default=None, help="task_key prefix")
+@click.option("-q", "--search", "q", default=None,
+              help="Text in the payload, the last error or the task_key (reads at most the newest 50,000 jobs "
+                   "matching the other filters; --before continues below)")
+@click.option("--before", default=None, help="Jobs older than this id (the previous answer's next_before)")
+@click.option("--limit", default=None, help="At most this many (default 50, at most 500)")
+@click.option("--json", "as_json", is_flag=True, help="{jobs, next_before, prev_after, matches, ...}")
+@url_option
+@click.pass_context
+@answers_errors
+def list_cmd(ctx: click.Context, status: str | None, queue: str | None, task: str | None, key: str | None,
+             q: str | None, before: str | None, limit: str | None, as_json: bool, database_url: str | None) -> None:
+    """Jobs matching the filters, newest first (keyset paging: --before)."""
+    from . import repository
+    from .validation import job_query
+
+    query = job_query({"status": status, "queue": queue, "task": task, "key": key, "q": q, "before": before,
+                       "limit": limit})
+    with engine_of(ctx, database_url).connect() as conn:
+        page = repository.page_jobs(conn, query.job_filter, before=query.before, limit=query.limit)
+    if as_json:
+        print_json(page.as_dict())
+        return
+    click.echo(f"{'id':>10}  {'status':<9} {'attempts':>8}  {'queue':<12} {'task':<16} {'task_key':<32} last error")
+    for job in page.jobs:
+        error = (job.last_error or "").splitlines()[0][:60] if job.last_error and job.status.value == "failed" else ""
+        click.echo(f"{job.id:>10}  {job.status.value:<9} {f'{job.attempts}/{job.max_attempts}':>8}  "
+                   f"{job.queue[:12]:<12} {job.task_name[:16]:<16} {job.task_key[:32]:<32} {error}")
+    matches = f"{page.matches:,}{'+' if page.capped else ''}"
+    tail = f"{len(page.jobs)} shown of {matches} matching"
+    if page.window is not None:
+        tail += f" (searched {page.window:,} jobs at most)"
+    if page.older is not None:
+        tail += f"; older: --before {page.older}"
+    click.echo(tail, err=True)
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="The job with its result and attempt_history")
+@url_option
+@click.pass_context
+@answers_errors
+def show(ctx: click.Context, job_id: int, as_json: bool, database_url: str | None) -> None:
+    """One job: its row, its attempts and its result (exit 4 when there is no such job)."""
+    from . import repository
+    from .models import iso
+
+    with engine_of(ctx, database_url).connect() as conn:
+        job = repository.get_job(conn, job_id)
+        if job is None:
+            fail(EXIT_NOT_FOUND, f"job {job_id} not found")
+        result = repository.get_result(conn, job.task_key)
+        attempts = repository.list_attempts(conn, job_id)
+    data = job.as_dict()
+    data["result"] = result["result"] if result else None
+    data["attempt_history"] = [{**a, "started_at": iso(a["started_at"]), "finished_at": iso(a["finished_at"])}
+                               for a in attempts]
+    if as_json:
+        print_json(data)
+        return
+    for name in ("id", "task_key", "task", "queue", "status", "priority", "lease_owner", "lease_until", "run_at",
+                 "created_at", "started_at", "finished_at", "updated_at"):
+        click.echo(f"{name:<13} {data[name] if data[name] is not None else '-'}")
+    click.echo(f"{'attempts':<13} {job.attempts}/{job.max_attempts}")
+    click.echo(f"{'payload':<13} {json.dumps(job.payload, sort_keys=True, ensure_ascii=False)}")
+    click.echo(f"{'result':<13} " + (json.dumps(data['result'], sort_keys=True, ensure_ascii=False)
+                                      if result else "-"))
+    if job.last_error:
+        click.echo("last error:")
+        click.echo("  " + job.last_error.replace("\n", "\n  "))
+    for a in attempts:
+        error = (a["error"] or "").splitlines()[0][:80] if a["error"] else ""
+        click.echo(f"attempt {a['attempt']}: {a['outcome']} by {a['worker'] or '-'} "
+                   f"{iso(a['started_at']) or '-'} .. {iso(a['finished_at'])} {error}".rstrip())
 
 
 @main.command()

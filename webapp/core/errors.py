@@ -73,6 +73,10 @@ class LeaseStillValid(InvalidState):
     """Requeueing a running job whose lease is still valid needs explicit confirmation (force)."""
 
 
+class RunAgainNeeded(InvalidState):
+    """Requeueing a done job runs its handler again: it needs explicit confirmation (again)."""
+
+
 class JobBusy(JobQueueError):
     """Another transaction holds the job's row right now (NOWAIT refused); try again."""
 
@@ -114,4 +118,6 @@ def answer_for(exc: JobQueueError) -> Answer:
         extra["status"] = exc.status
     if isinstance(exc, LeaseStillValid):
         extra["needs"] = "force"
+    if isinstance(exc, RunAgainNeeded):
+        extra["needs"] = "again"
     return Answer(exc.exit_code, exc.http_status, message, extra)

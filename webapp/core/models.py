@@ -24,6 +24,11 @@ class Status(str, enum.Enum):
 TERMINAL = (Status.DONE, Status.FAILED)
 
 
+def iso(value: datetime | None) -> str | None:
+    """A database time (UTC, naive) as ISO 8601 with a Z."""
+    return value.isoformat(timespec="microseconds") + "Z" if value else None
+
+
 @dataclass(frozen=True)
 class Job:
     """A row of `job_queue` as the repository read it."""
@@ -45,6 +50,17 @@ class Job:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     finished_at: datetime | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The job as the JSON API and `jobqueue show --json` give it."""
+        return {
+            "id": self.id, "task_key": self.task_key, "task": self.task_name, "queue": self.queue,
+            "priority": self.priority, "status": self.status.value, "attempts": self.attempts,
+            "max_attempts": self.max_attempts, "payload": self.payload, "lease_owner": self.lease_owner,
+            "lease_until": iso(self.lease_until), "run_at": iso(self.run_at), "started_at": iso(self.started_at),
+            "last_error": self.last_error, "created_at": iso(self.created_at), "updated_at": iso(self.updated_at),
+            "finished_at": iso(self.finished_at),
+        }
 
 
 @dataclass(frozen=True)

@@ -124,3 +124,73 @@ def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = 
         raise ValidationError(f"max_attempts must be an integer in {MAX_ATTEMPTS_RANGE[0]}..{MAX_ATTEMPTS_RANGE[1]}",
                               "max_attempts")
     return NewJob(task_name, task_key, payload, queue, priority, float(delay), max_attempts)
+
+
+# --- listing jobs (the dashboard's filters, GET /api/jobs, `jobqueue list`) --------------------------
+
+MAX_FILTER_CHARS = 100
+MAX_SEARCH_CHARS = 200
+MAX_LIST_LIMIT = 500
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,18}")   # ASCII digits only: str.isdigit() takes "²", int() does not
+
+
+@dataclass(frozen=True)
+class JobQuery:
+    job_filter: Any          # repository.JobFilter
+    before: int | None
+    after: int | None
+    limit: int
+
+
+def whole_number(value: Any, name: str, *, low: int = 0, high: int = 10 ** 18) -> int | None:
+    """A positive whole number given as text or int (None when empty); ValidationError otherwise."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if _is_int(value):
+        number = value
+    elif isinstance(value, str) and _WHOLE_NUMBER.fullmatch(value.strip()):
+        number = int(value.strip())
+    else:
+        raise ValidationError(f"{name} must be a whole number", name)
+    if not low <= number <= high:
+        raise ValidationError(f"{name} must be in {low}..{high}", name)
+    return number
+
+
+def _filter_text(value: Any, name: str, limit: int) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(f"{name} must be text", name)
+    value = value.strip()
+    if len(value) > limit:
+        raise ValidationError(f"{name} is longer than {limit} characters", name)
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise ValidationError(f"{name} must not contain control characters", name)
+    return value or None
+
+
+def job_query(args: Any, *, default_limit: int = 50, max_limit: int = MAX_LIST_LIMIT) -> JobQuery:
+    """The filters and keyset position of a job listing from `args` (a mapping of text: query
+    arguments, a form, CLI options): status, queue, task, key (task_key prefix), q (search in
+    payload, last error and task_key), before / after (keyset), limit. Bad input raises
+    ValidationError naming the field; nothing is read or written before that."""
+    from .models import Status
+    from .repository.operator import JobFilter
+
+    status = _filter_text(args.get("status"), "status", 20)
+    if status is not None and status not in {s.value for s in Status}:
+        known = ", ".join(s.value for s in Status)
+        raise ValidationError(f"unknown status {status!r} (one of {known})", "status")
+    before = whole_number(args.get("before"), "before", low=1)
+    after = whole_number(args.get("after"), "after", low=0)
+    if before is not None and after is not None:
+        raise ValidationError("give before or after, not both", "after")
+    limit = whole_number(args.get("limit"), "limit", low=1, high=max_limit)
+    job_filter = JobFilter(status=Status(status) if status else None,
+                           queue=_filter_text(args.get("queue"), "queue", MAX_FILTER_CHARS),
+                           task=_filter_text(args.get("task"), "task", MAX_FILTER_CHARS),
+                           key_prefix=_filter_text(args.get("key"), "key", 80),
+                           search=_filter_text(args.get("q"), "q", MAX_SEARCH_CHARS),
+                           min_id=whole_number(args.get("min_id"), "min_id"))
+    return JobQuery(job_filter, before, after, limit or default_limit)

@@ -3,22 +3,27 @@
 POST /api/jobs                 enqueue: 201 {id, task_key, duplicate: false, status};
                                200 with duplicate: true for a known task_key;
                                400 malformed JSON / not an object, 413 too large, 422 invalid field
+GET  /api/jobs                 ?status, queue, task, key, q, before, after, limit (<= 500): newest first,
+                               {jobs, next_before, prev_after, matches, matches_capped, search_window...};
+                               400 {error, field} on a bad argument
 GET  /api/jobs/<id>            the job, its result and its attempts
 GET  /api/stats                counts by queue and status
-POST /api/jobs/<id>/requeue    {"force": bool}: 200, 404, 409 (state / lease still valid), 423 busy
+POST /api/jobs/<id>/requeue    {"force": bool, "again": bool}: 200, 404, 409 (state, lease still valid:
+                               needs force, done: needs again), 423 busy
 POST /api/jobs/<id>/fail       {"reason": str}: 200, 404, 409, 423 busy
 """
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from flask import Blueprint, g, jsonify, request
 
 from ..core import repository
-from ..core.errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, PayloadTooLarge, ValidationError
-from ..core.models import Job, Status
+from ..core.errors import (InvalidState, JobBusy, JobNotFound, LeaseStillValid, PayloadTooLarge, RunAgainNeeded,
+                           ValidationError)
+from ..core.models import Job, Status, iso
+from ..core.validation import job_query
 from .auth import token_required
 from .state import db
 
@@ -27,18 +32,8 @@ bp = Blueprint("api", __name__, url_prefix="/api")
 ENQUEUE_FIELDS = {"task", "task_key", "payload", "queue", "priority", "delay", "max_attempts"}
 
 
-def iso(value: datetime | None) -> str | None:
-    return value.isoformat(timespec="microseconds") + "Z" if value else None
-
-
 def job_json(job: Job) -> dict[str, Any]:
-    return {
-        "id": job.id, "task_key": job.task_key, "task": job.task_name, "queue": job.queue, "priority": job.priority,
-        "status": job.status.value, "attempts": job.attempts, "max_attempts": job.max_attempts,
-        "payload": job.payload, "lease_owner": job.lease_owner, "lease_until": iso(job.lease_until),
-        "run_at": iso(job.run_at), "started_at": iso(job.started_at), "last_error": job.last_error,
-        "created_at": iso(job.created_at), "updated_at": iso(job.updated_at), "finished_at": iso(job.finished_at),
-    }
+    return job.as_dict()
 
 
 def error(http_status: int, message: str, **extra: Any):
@@ -78,6 +73,23 @@ def enqueue():
                     "status": job.status.value if job else None}), (200 if res.duplicate else 201)
 
 
+@bp.get("/jobs")
+@token_required()
+def list_jobs():
+    """Jobs matching the dashboard's filters, newest first, keyset-paged (never OFFSET)."""
+    unknown = sorted(set(request.args) - {"status", "queue", "task", "key", "q", "before", "after", "limit"})
+    if unknown:
+        return error(400, f"unknown arguments: {', '.join(unknown)[:200]}", field=unknown[0])
+    try:
+        query = job_query(request.args)
+    except ValidationError as exc:
+        return error(400, str(exc), field=exc.field)
+    with db() as conn:
+        page = repository.page_jobs(conn, query.job_filter, before=query.before, after=query.after,
+                                    limit=query.limit)
+    return jsonify(page.as_dict())
+
+
 @bp.get("/jobs/<int:job_id>")
 @token_required()
 def get_job(job_id: int):
@@ -114,6 +126,8 @@ def _operator(job_id: int, action):
         return error(404, str(exc))
     except LeaseStillValid as exc:
         return error(409, str(exc), status=exc.status, needs="force")
+    except RunAgainNeeded as exc:
+        return error(409, str(exc), status=exc.status, needs="again")
     except InvalidState as exc:
         return error(409, str(exc), status=exc.status)
     except JobBusy as exc:
@@ -132,8 +146,10 @@ def _body() -> dict[str, Any]:
 @bp.post("/jobs/<int:job_id>/requeue")
 @token_required(admin=True)
 def requeue(job_id: int):
-    force = _body().get("force") is True
-    return _operator(job_id, lambda conn: repository.requeue_job(conn, job_id, force=force, actor=_actor()))
+    body = _body()
+    force, again = body.get("force") is True, body.get("again") is True
+    return _operator(job_id, lambda conn: repository.requeue_job(conn, job_id, force=force, again=again,
+                                                                 actor=_actor()))
 
 
 @bp.post("/jobs/<int:job_id>/fail")

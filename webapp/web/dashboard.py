@@ -4,6 +4,7 @@ fail actions. Every read and write goes through webapp.core.repository."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,9 +12,10 @@ from typing import Any
 from flask import Blueprint, abort, flash, g, redirect, render_template, request, url_for
 
 from ..core import repository
-from ..core.errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid
-from ..core.models import Status
+from ..core.errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, RunAgainNeeded, ValidationError
+from ..core.models import Job, Status
 from ..core.repository import JobFilter
+from ..core.validation import JobQuery, job_query
 from .auth import admin_required, login_required
 from .health import health_summary
 from .state import db
@@ -24,6 +26,8 @@ PAGE_SIZE = 50
 CHART_MINUTES = 15
 ALIVE_SECONDS = 45          # a process whose heartbeat (every 15 s) is older than this is shown as silent
 BULK_TIME_BUDGET = 10.0     # seconds of work per bulk request; the page continues where it stopped
+MOVING = ("ready", "scheduled", "running")   # rows in these states are refreshed live
+EPOCH = datetime(1970, 1, 1)
 MAX_FILTER_CHARS = 100
 # Small per-minute charts on the overview: empty claims by kind, skips, reclaims, lost leases, errors.
 ACTIVITY_CHARTS = {"empty_idle": "empty claims: idle", "empty_contended": "empty claims: contended",
@@ -58,17 +62,21 @@ def _int_arg(source, name: str) -> int | None:
     return int(raw)
 
 
+def parse_query(source, *, default_limit: int = PAGE_SIZE) -> JobQuery:
+    """The job filters and keyset position of a request (query arguments or a form); 400 on bad
+    input, before anything is read or written."""
+    try:
+        return job_query(source, default_limit=default_limit, max_limit=PAGE_SIZE)
+    except ValidationError as exc:
+        abort(400, description=str(exc))
+
+
 def parse_filter(source) -> JobFilter:
-    status = _text_arg(source, "status")
-    if status is not None and status not in {s.value for s in Status}:
-        abort(400, description=f"unknown status {status[:20]!r}")
-    return JobFilter(status=Status(status) if status else None, queue=_text_arg(source, "queue"),
-                     task=_text_arg(source, "task"), key_prefix=_text_arg(source, "key", 80))
+    return parse_query(source).job_filter
 
 
 def filter_args(f: JobFilter) -> dict[str, str]:
-    return {k: v for k, v in (("status", f.status and Status(f.status).value), ("queue", f.queue),
-                              ("task", f.task), ("key", f.key_prefix)) if v}
+    return f.args()
 
 
 # --- pages ---------------------------------------------------------------------------------------
@@ -96,26 +104,41 @@ def overview_context() -> dict[str, Any]:
         running = repository.running_jobs(conn, limit=20)
         since = now.replace(second=0, microsecond=0) - timedelta(minutes=CHART_MINUTES - 1)
         minutes = repository.activity(conn, since)
+        by_operator = repository.operator_failures(conn, since)
         processes, _ = repository.list_processes(conn, limit=20)
         audit = repository.list_audit(conn, limit=5)
+    minutes = add_operator_failures(minutes, by_operator)
     totals = {s.value: sum(q.counts[s.value] for q in summaries) for s in Status}
     return {
         "summaries": summaries, "totals": totals, "now": now, "running": running,
         "chart": bar_chart(minutes, since, ("completed", "failed")), "activity": sum_activity(minutes),
         "activity_charts": {k: bar_chart(minutes, since, (k,), height=30) for k in ACTIVITY_CHARTS},
+        "operator_failed": sum(by_operator.values()),
         "health": health_summary(),
-        "processes": [dict(p, state=process_state(p, now)) for p in processes],
-        "audit": audit, "statuses": [s.value for s in Status],
+        "processes": [with_liveness(p, now) for p in processes],
+        "audit": audit, "statuses": [s.value for s in Status], "queue_actions": QUEUE_ACTIONS,
     }
 
 
+def add_operator_failures(minutes: list[dict[str, Any]], by_operator: dict[datetime, int]) -> list[dict[str, Any]]:
+    """Jobs failed by an operator count as failed on the chart: no worker's heartbeat counted them."""
+    out = {m["minute"]: dict(m) for m in minutes}
+    for minute, n in by_operator.items():
+        out.setdefault(minute, {"minute": minute})
+        out[minute]["failed"] = out[minute].get("failed", 0) + n
+    return [out[k] for k in sorted(out)]
+
+
 def bar_chart(minutes: list[dict[str, Any]], since: datetime, keys: tuple[str, ...], height: int = 60) -> dict[str, Any]:
-    """Per-minute bars of `keys` stacked bottom-up, as SVG geometry (no script on the page)."""
+    """Per-minute bars of `keys` stacked bottom-up, as SVG geometry (no script on the page), with
+    a value axis (0 and the peak) and time labels every 5 minutes for the tall chart."""
     by_minute = {m["minute"]: m for m in minutes}
     slots = [since + timedelta(minutes=i) for i in range(CHART_MINUTES)]
     values = [[by_minute.get(slot, {}).get(k, 0) for k in keys] for slot in slots]
     peak = max([sum(v) for v in values] + [1])
-    bar = 14
+    axis = 34 if height > 40 else 0          # room on the left for the value labels, below for times
+    bottom = 14 if height > 40 else 0
+    bar, gap = 40, 8
     bars = []
     for i, (slot, vals) in enumerate(zip(slots, values)):
         y, parts = float(height), []
@@ -123,9 +146,10 @@ def bar_chart(minutes: list[dict[str, Any]], since: datetime, keys: tuple[str, .
             h = round(height * value / peak, 1)
             y -= h
             parts.append({"key": key, "value": value, "y": round(y, 1), "h": h})
-        bars.append({"x": i * (bar + 4), "width": bar, "minute": slot, "parts": parts})
-    return {"bars": bars, "peak": peak, "height": height, "width": CHART_MINUTES * (bar + 4),
-            "totals": {k: sum(v[j] for v in values) for j, k in enumerate(keys)}}
+        bars.append({"x": axis + i * (bar + gap), "width": bar, "minute": slot, "parts": parts,
+                     "label": slot.strftime("%H:%M") if axis and (i % 5 == 0 or i == CHART_MINUTES - 1) else None})
+    return {"bars": bars, "peak": peak, "height": height, "axis": axis, "bottom": bottom,
+            "width": axis + CHART_MINUTES * (bar + gap), "totals": {k: sum(v[j] for v in values) for j, k in enumerate(keys)}}
 
 
 def sum_activity(minutes: list[dict[str, Any]]) -> dict[str, int]:
@@ -135,28 +159,96 @@ def sum_activity(minutes: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def process_state(p: dict[str, Any], now: datetime) -> str:
+    """alive, silent (heartbeat stopped without a clean stop) or stopped."""
     if p["stopped_at"] is not None:
         return "stopped"
     return "alive" if (now - p["last_heartbeat"]).total_seconds() <= ALIVE_SECONDS else "silent"
 
 
+def with_liveness(p: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """A worker process as the pages show it: `liveness` (alive, silent, stopped), what it says it
+    is doing (`state`: claiming, not_primary, ...) and its slots, their times moved on to now (the
+    heartbeat wrote them up to 15 s ago)."""
+    liveness = process_state(p, now)
+    age = max(0.0, (now - p["last_heartbeat"]).total_seconds()) if liveness == "alive" else 0.0
+    slots = []
+    for slot in p.get("slots") or []:
+        slot = dict(slot)
+        for key in ("running_seconds", "held_seconds", "lost_seconds_ago"):
+            if isinstance(slot.get(key), (int, float)):
+                slot[key] = slot[key] + age
+        if isinstance(slot.get("lease_left_seconds"), (int, float)):
+            slot["lease_left_seconds"] = slot["lease_left_seconds"] - age
+        slots.append(slot)
+    state = p.get("state") if isinstance(p.get("state"), dict) else {}
+    return dict(p, liveness=liveness, slots=slots, doing=state.get("state"), doing_detail=state.get("detail"),
+                heartbeat_age=age)
+
+
+def moving(job: Job) -> bool:
+    return job.status.value in MOVING
+
+
+def row_version(job: Job) -> str:
+    """Changes whenever the row does (every write sets updated_at), for the live refresh."""
+    stamp = int((job.updated_at - EPOCH).total_seconds() * 1_000_000) if job.updated_at else 0
+    return f"{stamp:x}.{job.status.value[:2]}{job.attempts}"
+
+
+@bp.app_template_global("row_version")
+def _row_version(job: Job) -> str:
+    return row_version(job)
+
+
 @bp.get("/jobs")
 @login_required
 def jobs():
-    job_filter = parse_filter(request.args)
-    before = _int_arg(request.args, "before")
+    query = parse_query(request.args)
     with db() as conn:
-        page = repository.list_jobs(conn, job_filter, before_id=before, limit=PAGE_SIZE + 1)
+        page = repository.page_jobs(conn, query.job_filter, before=query.before, after=query.after, limit=PAGE_SIZE)
         queues, tasks = repository.distinct_values(conn)
         now = repository.database_now(conn)
-    more = len(page) > PAGE_SIZE
-    page = page[:PAGE_SIZE]
-    context = {"jobs": page, "filter": job_filter, "args": filter_args(job_filter), "before": before,
-               "next_before": page[-1].id if more else None, "queues": queues, "tasks": tasks,
-               "statuses": [s.value for s in Status], "now": now}
+    context = {"jobs": page.jobs, "page": page, "filter": query.job_filter, "args": filter_args(query.job_filter),
+               "before": query.before, "after": query.after, "next_before": page.older, "queues": queues,
+               "tasks": tasks, "statuses": [s.value for s in Status], "now": now,
+               "live": any(moving(j) for j in page.jobs), "search_window": repository.SEARCH_WINDOW,
+               "bulk_window": bulk_window(query, page)}
     if is_htmx() and request.headers.get("HX-Target") == "jobs-table":
         return render_template("dashboard/_jobs_table.html", **context)
     return render_template("dashboard/jobs.html", **context)
+
+
+def bulk_window(query: JobQuery, page: repository.JobPage) -> tuple[int, int | None] | None:
+    """For a search, the ids a bulk "every job matching the filter" may touch: those the page's
+    window searched, (min_id, below), never the whole table."""
+    if not query.job_filter.search:
+        return None
+    if query.after is not None:
+        return query.after + 1, (page.window_floor + 1 if page.window_floor is not None else None)
+    return page.window_floor or 0, query.before
+
+
+LIVE_VERSION = re.compile(r"([0-9]{1,18}):([0-9a-z.]{1,40})")
+
+
+@bp.get("/jobs/live")
+@login_required
+def jobs_live():
+    """The jobs page's one live refresh: the page sends `live=<id>:<version>` for each row in
+    motion; the answer swaps in (out of band) the rows that changed and renders the next poll,
+    or none once nothing on the page moves. One request per page per interval, whatever the
+    number of rows."""
+    given: dict[int, str] = {}
+    for raw in request.args.getlist("live")[:PAGE_SIZE * 2]:
+        m = LIVE_VERSION.fullmatch(raw)
+        if m is None:
+            abort(400, description="live must be <id>:<version>")
+        given[int(m.group(1))] = m.group(2)
+    with db() as conn:
+        rows = repository.jobs_by_id(conn, list(given))
+        now = repository.database_now(conn)
+    changed = sorted((j for j in rows if row_version(j) != given.get(j.id)), key=lambda j: -j.id)
+    return render_template("dashboard/_jobs_live.html", live=any(moving(j) for j in rows), changed=changed, now=now)
 
 
 @bp.get("/jobs/<int:job_id>")
@@ -180,15 +272,23 @@ def job_detail(job_id: int):
 @bp.get("/jobs/<int:job_id>/row")
 @login_required
 def job_row(job_id: int):
-    """One row of the jobs table; it polls itself while the job is in motion."""
+    """One row of the jobs table (the page refreshes its rows through jobs_live)."""
     return _job_partial(job_id, "dashboard/_job_row.html")
 
 
 @bp.get("/jobs/<int:job_id>/summary")
 @login_required
 def job_summary(job_id: int):
-    """The detail page's status and actions panel; it polls itself while the job is in motion."""
-    return _job_partial(job_id, "dashboard/_job_actions.html")
+    """The detail page's status and actions panel; it polls itself while the job is in motion.
+    Unchanged since `v`: 204, which HTMX does not swap (a reason being typed stays)."""
+    with db() as conn:
+        job = repository.get_job(conn, job_id)
+        now = repository.database_now(conn)
+    if job is None:
+        abort(404, description=f"job {job_id} not found")
+    if request.args.get("v") == row_version(job):
+        return "", 204
+    return render_template("dashboard/_job_actions.html", job=job, now=now)
 
 
 def _job_partial(job_id: int, template: str):
@@ -212,9 +312,7 @@ def current_attempt(job, attempts: list[dict[str, Any]]) -> dict[str, Any] | Non
             "finished_at": job.finished_at, "outcome": outcome, "error": job.last_error if outcome == "failed" else None}
 
 
-@bp.get("/workers")
-@login_required
-def workers():
+def workers_context() -> dict[str, Any]:
     with db() as conn:
         processes, now = repository.list_processes(conn)
         running = repository.running_jobs(conn, limit=500)
@@ -222,8 +320,20 @@ def workers():
     for job in running:
         prefix = (job.lease_owner or "").rsplit(":", 1)[0]
         held.setdefault(prefix, []).append(job)
-    rows = [dict(p, state=process_state(p, now), held=held.get(p["id"], [])) for p in processes]
-    return render_template("dashboard/workers.html", processes=rows, now=now, alive_seconds=ALIVE_SECONDS)
+    rows = [dict(with_liveness(p, now), held=held.get(p["id"], [])) for p in processes]
+    return {"processes": rows, "now": now, "alive_seconds": ALIVE_SECONDS}
+
+
+@bp.get("/workers")
+@login_required
+def workers():
+    return render_template("dashboard/workers.html", **workers_context())
+
+
+@bp.get("/workers/panel")
+@login_required
+def workers_panel():
+    return render_template("dashboard/_workers.html", **workers_context())
 
 
 @bp.get("/audit")
@@ -232,9 +342,13 @@ def audit():
     before = _int_arg(request.args, "before")
     with db() as conn:
         entries = repository.list_audit(conn, before_id=before, limit=PAGE_SIZE + 1)
+        now = repository.database_now(conn)
     more = len(entries) > PAGE_SIZE
     entries = entries[:PAGE_SIZE]
-    return render_template("dashboard/audit.html", entries=entries, next_before=entries[-1]["id"] if more else None)
+    template = "dashboard/_audit_page.html" if is_htmx() and request.headers.get("HX-Target") == "audit-page" \
+        else "dashboard/audit.html"
+    return render_template(template, entries=entries, next_before=entries[-1]["id"] if more else None,
+                           before=before, now=now)
 
 
 # --- actions -------------------------------------------------------------------------------------
@@ -244,7 +358,7 @@ def _require_confirm() -> None:
         abort(400, description="this action needs confirmation")
 
 
-def _action_response(job_id: int, message: str, category: str):
+def _action_response(job_id: int, message: str, category: str, *, needs: str | None = None):
     """HTMX: the job's row (or the detail page's action panel) swapped in place, with the message
     as an out-of-band flash. Without HTMX: back to where the click came from."""
     if not is_htmx():
@@ -254,9 +368,12 @@ def _action_response(job_id: int, message: str, category: str):
     with db() as conn:
         job = repository.get_job(conn, job_id)
         now = repository.database_now(conn)
-    template = "dashboard/_job_actions.html" if request.form.get("view") == "detail" else "dashboard/_job_row.html"
+    detail = request.form.get("view") == "detail"
+    template = "dashboard/_job_actions.html" if detail else "dashboard/_job_row.html"
     return render_template(template, job=job, now=now, flash_message=message, flash_category=category,
-                           needs_force=category == "confirm")
+                           needs_force=needs == "force", needs_again=needs == "again",
+                           # A row that moves again restarts the page's live refresh.
+                           restart_live=not detail and moving(job))
 
 
 def _same_site(url: str | None) -> bool:
@@ -268,19 +385,30 @@ def _same_site(url: str | None) -> bool:
 def requeue(job_id: int):
     _require_confirm()
     force = request.form.get("force") == "yes"
+    again = request.form.get("again") == "yes"
     try:
         with db() as conn:
-            result = repository.requeue_job(conn, job_id, force=force, actor=actor())
+            result = repository.requeue_job(conn, job_id, force=force, again=again, actor=actor())
     except JobNotFound:
         abort(404, description=f"job {job_id} not found")
     except LeaseStillValid as exc:
-        return _action_response(job_id, f"{exc}.", "confirm")
+        return _action_response(job_id, f"{exc}.", "confirm", needs="force")
+    except RunAgainNeeded:
+        return _action_response(job_id, f"Job {job_id} is done. Running it again runs its handler again; "
+                                        "record_result still keeps one result row per task_key, so its downstream "
+                                        "result is not written twice. Confirm with \u201cRun again\u201d.",
+                                "confirm", needs="again")
     except InvalidState as exc:
         return _action_response(job_id, str(exc), "error")
     except JobBusy:
         return _action_response(job_id, f"Job {job_id} is busy (a worker is claiming it right now); try again.",
                                 "warning")
-    message = f"Job {job_id} requeued ({result.before.value} → ready)." if result.changed else f"Job {job_id} is already ready."
+    if not result.changed:
+        message = f"Job {job_id} is already ready."
+    elif result.before is Status.DONE:
+        message = f"Job {job_id} runs again (done → ready); its task_key keeps its one result row."
+    else:
+        message = f"Job {job_id} requeued ({result.before.value} → ready)."
     return _action_response(job_id, message, "success")
 
 
@@ -302,35 +430,88 @@ def fail(job_id: int):
     return _action_response(job_id, f"Job {job_id} failed ({result.before.value} → failed).", "success")
 
 
+# Bulk actions: what each does, in the words of its button and its report.
+BULK_VERBS = {"requeue": ("Requeue", "requeued"), "fail": ("Fail", "failed")}
+# Per-queue actions on the overview: (bulk action, the status it is applied to, button label), each
+# through the same bounded bulk mechanism and confirmation as the jobs page. When cancellation
+# lands (status `cancelled`, a "cancel" entry in repository.BULK_ELIGIBLE and BULK_VERBS), its
+# "discard all failed" is one more line here: ("cancel", "failed", "Discard all failed").
+QUEUE_ACTIONS = (("requeue", "failed", "Retry all failed"),)
+
+
+def _bulk_request() -> dict[str, Any]:
+    """A bulk form, checked before anything is read or written: action, scope, the ids or the
+    filter (with the search window it was shown, `min_id`, and where it starts, `after`)."""
+    action = request.form.get("action")
+    if action not in repository.BULK_ELIGIBLE or action not in BULK_VERBS:
+        abort(400, description="unknown bulk action")
+    scope = request.form.get("scope", "selected")
+    req: dict[str, Any] = {"action": action, "scope": scope, "force": request.form.get("force") == "yes",
+                           "reason": (request.form.get("reason") or "").strip()[:1000] or None,
+                           "ids": None, "filter": None, "after": None}
+    if scope == "filter":
+        req["filter"] = parse_filter(request.form)
+        req["after"] = _int_arg(request.form, "after")
+        if req["filter"].search and req["filter"].min_id is None:
+            abort(400, description="a bulk action over a search needs the window it was shown (min_id)")
+    elif scope == "selected":
+        raw = request.form.getlist("ids")
+        if not raw or len(raw) > 1000 or not all(i.isascii() and i.isdigit() and len(i) < 19 for i in raw):
+            abort(400, description="select between 1 and 1000 jobs")
+        req["ids"] = sorted({int(i) for i in raw}, reverse=True)
+    else:
+        abort(400, description="scope must be 'selected' or 'filter'")
+    return req
+
+
+@bp.post("/jobs/bulk/confirm")
+@admin_required
+def bulk_confirm():
+    """The confirmation of a bulk action, from the server: it names the filter (or the ids) it
+    will apply to and how many jobs that is (capped), and carries exactly that selection to
+    /jobs/bulk. Nothing is written here."""
+    req = _bulk_request()
+    eligible = [s.value for s in repository.BULK_ELIGIBLE[req["action"]]]
+    if req["scope"] == "filter":
+        with db() as conn:
+            count, capped = repository.count_matching(conn, req["filter"], statuses=eligible,
+                                                      below=req["after"])
+        description = req["filter"].describe()
+    else:
+        count, capped = len(req["ids"]), False
+        shown = ", ".join(map(str, req["ids"][:20])) + (f" and {len(req['ids']) - 20} more" if len(req["ids"]) > 20
+                                                         else "")
+        description = f"the selected {'job' if count == 1 else 'jobs'}: {shown}"
+    context = dict(req, count=count, capped=capped, description=description, eligible=eligible,
+                   verb=BULK_VERBS[req["action"]][0], args=filter_args(req["filter"]) if req["filter"] else {})
+    if not is_htmx():
+        return render_template("dashboard/bulk_confirm.html", **context)
+    return render_template("dashboard/_bulk_confirm.html", **context)
+
+
 @bp.post("/jobs/bulk")
 @admin_required
 def bulk():
     _require_confirm()
-    action = request.form.get("action")
-    if action not in repository.BULK_ELIGIBLE:
-        abort(400, description="unknown bulk action")
-    scope = request.form.get("scope", "selected")
-    force = request.form.get("force") == "yes"
-    reason = (request.form.get("reason") or "").strip()[:1000] or None
+    req = _bulk_request()
+    totals_in = {}
+    for k in ("changed", "busy", "skipped"):
+        raw = request.form.get(f"total_{k}") or "0"
+        if not (raw.isascii() and raw.isdigit() and len(raw) < 10):
+            abort(400, description=f"total_{k} must be a whole number")
+        totals_in[k] = int(raw)
     deadline = time.monotonic() + BULK_TIME_BUDGET
-    job_filter = None
+    action, job_filter = req["action"], req["filter"]
     with db() as conn:
-        if scope == "filter":
-            job_filter = parse_filter(request.form)
-            after = _int_arg(request.form, "after")
-            result = repository.bulk_action(conn, action, actor=actor(), job_filter=job_filter, after_id=after,
-                                            reason=reason, force=force, deadline=deadline)
-        elif scope == "selected":
-            raw = request.form.getlist("ids")
-            if not raw or len(raw) > 1000 or not all(i.isdigit() and len(i) < 19 for i in raw):
-                abort(400, description="select between 1 and 1000 jobs")
-            result = repository.bulk_action(conn, action, actor=actor(), ids=[int(i) for i in raw], reason=reason,
-                                            force=force)
+        if req["scope"] == "filter":
+            result = repository.bulk_action(conn, action, actor=actor(), job_filter=job_filter, after_id=req["after"],
+                                            reason=req["reason"], force=req["force"], deadline=deadline)
         else:
-            abort(400, description="scope must be 'selected' or 'filter'")
-    totals = {k: int(request.form.get(f"total_{k}", 0) or 0) + getattr(result, k) for k in ("changed", "busy", "skipped")}
-    context = {"action": action, "result": result, "totals": totals, "scope": scope, "force": force,
-               "reason": reason, "args": filter_args(job_filter) if job_filter else {}}
+            result = repository.bulk_action(conn, action, actor=actor(), ids=req["ids"], reason=req["reason"],
+                                            force=req["force"])
+    totals = {k: totals_in[k] + getattr(result, k) for k in ("changed", "busy", "skipped")}
+    context = {"action": action, "result": result, "totals": totals, "scope": req["scope"], "force": req["force"],
+               "reason": req["reason"], "args": filter_args(job_filter) if job_filter else {}}
     if not is_htmx():
         flash(bulk_message(action, totals, result.finished), "success")
         return redirect(url_for("dashboard.jobs", **context["args"]))
@@ -339,8 +520,8 @@ def bulk():
 
 
 def bulk_message(action: str, totals: dict[str, int], finished: bool) -> str:
-    verb = "requeued" if action == "requeue" else "failed"
-    text = f"{totals['changed']} jobs {verb}"
+    verb = BULK_VERBS[action][1]
+    text = f"{totals['changed']} {'job' if totals['changed'] == 1 else 'jobs'} {verb}"
     if totals["busy"]:
         text += f", {totals['busy']} busy (held by a worker this instant; run it again for those)"
     if totals["skipped"]:

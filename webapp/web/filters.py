@@ -1,10 +1,18 @@
-"""Template filters and globals: times, durations, the signed-in user."""
+"""Template filters and globals: times, durations, counts, the signed-in user.
+
+Times are the database's (UTC). They are shown relative ("3 min ago", "in 40 s") inside a
+`<time>` element that carries the exact time; static/app.js keeps the relative text current
+without a request, shows the exact time on hover, and switches exact times between UTC and the
+browser's local time.
+"""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from flask import Flask, session
+from markupsafe import Markup
 
 from .state import extension
 
@@ -20,7 +28,66 @@ def human_seconds(seconds: float) -> str:
     return f"{seconds / 86400:.1f} d"
 
 
+def _iso(value: datetime) -> str:
+    return value.isoformat(timespec="milliseconds") + "Z"
+
+
+def relative(value: datetime | None, now: datetime, mode: str = "ago") -> Markup:
+    """`mode`: "ago" (3 min ago / in 3 min), "for" (how long since: 12 s), "left" (a lease:
+    in 40 s / expired 3 s ago)."""
+    if value is None:
+        return Markup("—")
+    delta = (value - now).total_seconds()
+    if mode == "for":
+        text = human_seconds(delta)
+    elif mode == "left":
+        text = ("in " + human_seconds(delta)) if delta >= 0 else f"expired {human_seconds(delta)} ago"
+    else:
+        text = ("in " + human_seconds(delta)) if delta > 0.5 else human_seconds(delta) + " ago"
+    exact = value.strftime("%Y-%m-%d %H:%M:%S") + " UTC"
+    return Markup('<time datetime="{}" data-now="{}" data-rel="{}" title="{}">{}</time>').format(
+        _iso(value), _iso(now), mode, exact, text)
+
+
+def exact_time(value: datetime | None) -> Markup:
+    if value is None:
+        return Markup("—")
+    return Markup('<time datetime="{}" data-abs>{} UTC</time>').format(_iso(value), value.strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def duration(start: datetime | None, end: datetime | None) -> str:
+    if start is None or end is None:
+        return ""
+    return human_seconds((end - start).total_seconds())
+
+
+AUDIT_IDS = re.compile(r"ids? ([0-9][0-9,]*)(?: and ([0-9]+) more)?")
+
+
+def audit_detail(detail: str | None) -> dict:
+    """An audit entry's detail: the job ids it names (bulk actions write "ids 4,8,13 and 2 more"),
+    and the rest ("reason: ...", "run again")."""
+    if not detail:
+        return {"ids": [], "more": 0, "rest": ""}
+    m = AUDIT_IDS.match(detail)
+    if m is None:
+        return {"ids": [], "more": 0, "rest": detail}
+    ids = [int(i) for i in m.group(1).split(",") if i]
+    rest = detail[m.end():].lstrip("; ").strip()
+    return {"ids": ids, "more": int(m.group(2) or 0), "rest": rest}
+
+
 def init_app(app: Flask) -> None:
+    app.add_template_filter(relative, "rel")
+    app.add_template_filter(exact_time, "exact")
+    app.add_template_global(duration, "duration")
+    app.add_template_global(audit_detail, "audit_detail")
+
+    @app.template_filter("count")
+    def count(n: int, word: str, capped: bool = False) -> str:
+        """1 job, 3 jobs, 10,000+ jobs."""
+        return f"{n:,}{'+' if capped else ''} {word if n == 1 and not capped else word + 's'}"
+
     @app.template_filter("ts")
     def ts(value: datetime | None) -> str:
         return value.strftime("%Y-%m-%d %H:%M:%S") if value else "—"

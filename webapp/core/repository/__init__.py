@@ -5,10 +5,10 @@ verb. The worker loop, the reaper, the dashboard, the CLI and the HTTP API all c
     claim.py        claim, claim_cycle, classify_empty (the claim query; why a claim found nothing)
     leases.py       renew, complete, retry, fail, release, record_result (fenced by the lease)
     maintenance.py  reap, promote_due, prune_history   (what happens when a worker dies)
-    operator.py     requeue_job, fail_job, bulk_action, list_audit
+    operator.py     requeue_job, fail_job, bulk_action, list_audit, JobFilter (the job filter and search)
     processes.py    register_process, heartbeat, list_processes
-    reads.py        get_job, list_jobs, get_result, list_attempts, ...
-    stats.py        queue_summaries, count_by_status, activity
+    reads.py        get_job, page_jobs, count_matching, get_result, list_attempts, ...
+    stats.py        queue_summaries, count_by_status, activity, operator_failures
 
 Each function there takes the Connection it runs on and is just its transaction (see
 `db.transaction`, retried on deadlocks, lock-wait timeouts and lost connections); it returns what
@@ -46,11 +46,11 @@ from . import operator as _operator
 from .claim import (classify_empty, classify_row, classify_statement, explain_claim, flavour, pick_statement,
                     read_only_flags, ready_queues)
 from .maintenance import PROMOTE_BATCH, REAP_BATCH, ReapResult, Reclaimed, prune_history
-from .operator import BULK_ELIGIBLE, ActionResult, BulkResult, JobFilter, list_audit
+from .operator import BULK_ELIGIBLE, SEARCH_WINDOW, ActionResult, BulkResult, JobFilter, list_audit
 from .processes import heartbeat, list_processes, mark_stopped, register_process
-from .reads import database_now, distinct_values, get_job, get_job_by_key, get_result, list_attempts, list_jobs, \
-    running_jobs
-from .stats import QueueSummary, activity, count_by_status, queue_summaries
+from .reads import COUNT_CAP, JobPage, count_matching, database_now, distinct_values, get_job, get_job_by_key, \
+    get_result, jobs_by_id, list_attempts, list_jobs, page_jobs, running_jobs
+from .stats import QueueSummary, activity, count_by_status, operator_failures, queue_summaries
 
 log = logging.getLogger("jobqueue.repository")
 
@@ -251,10 +251,12 @@ def _operator_action(action: str, job_id: int, actor: str, run) -> ActionResult:
     return result
 
 
-def requeue_job(conn: Connection, job_id: int, *, force: bool = False, actor: str = "operator") -> ActionResult:
-    """Put a job back to ready now (NOWAIT); a running job with a valid lease needs `force`."""
+def requeue_job(conn: Connection, job_id: int, *, force: bool = False, again: bool = False,
+                actor: str = "operator") -> ActionResult:
+    """Put a job back to ready now (NOWAIT); a running job with a valid lease needs `force`, a
+    done job `again` (its handler runs again; its task_key keeps its one result row)."""
     return _operator_action("requeue", job_id, actor,
-                            lambda: _operator.requeue_job(conn, job_id, force=force, actor=actor))
+                            lambda: _operator.requeue_job(conn, job_id, force=force, again=again, actor=actor))
 
 
 def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor: str = "operator") -> ActionResult:
@@ -277,7 +279,8 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
 
 
 __all__ = [
-    "ActionResult", "BULK_ELIGIBLE", "BulkResult", "JobFilter", "QueueSummary", "ReapResult", "Reclaimed",
+    "ActionResult", "BULK_ELIGIBLE", "BulkResult", "COUNT_CAP", "JobFilter", "JobPage", "QueueSummary", "ReapResult",
+    "Reclaimed", "SEARCH_WINDOW", "count_matching", "jobs_by_id", "operator_failures", "page_jobs",
     "activity", "bulk_action", "claim", "claim_cycle", "classify_empty", "classify_row", "classify_statement",
     "complete", "complete_many", "count_by_status", "database_now", "distinct_values", "enqueue", "enqueue_many",
     "explain_claim", "fail", "fail_job", "flavour", "get_job", "get_job_by_key", "get_result", "heartbeat",

@@ -71,12 +71,14 @@ def lease_loss(c: Connection, lease: Lease, operation: str) -> LeaseLoss:
                      now.lease_owner if now else None, now.attempts if now else None)
 
 
-def record_attempts(c: Connection, where: Any, outcome: str, error: Any) -> None:
-    """Keep a row in job_attempt for attempts that did not succeed. Runs before the state change,
-    while the job row still carries the attempt's owner and start."""
+def record_attempts(c: Connection, where: Any, outcome: str, error: Any, *, finished_at: Any = None) -> None:
+    """Keep a row in job_attempt for attempts that did not succeed (or, for a finished job run
+    again, the attempt that finished it: `finished_at=jq.finished_at`). Runs before the state
+    change, while the job row still carries the attempt's owner and start."""
     c.execute(sa.insert(job_attempt).from_select(
         ["job_id", "attempt", "worker", "started_at", "finished_at", "outcome", "error"],
-        sa.select(jq.id, jq.attempts, jq.lease_owner, jq.started_at, db_now(), sa.literal(outcome),
+        sa.select(jq.id, jq.attempts, jq.lease_owner, jq.started_at,
+                  db_now() if finished_at is None else sa.func.coalesce(finished_at, db_now()), sa.literal(outcome),
                   error if isinstance(error, sa.ColumnElement) else sa.literal(truncate_error(error), sa.Text))
         .where(where)))
 

@@ -1,5 +1,6 @@
 """Operator actions: requeue and fail one job (NOWAIT: an answer now, never a wait) or many
-(bounded batches with SKIP LOCKED), each recorded in the audit log in the same transaction."""
+(bounded batches with SKIP LOCKED), each recorded in the audit log in the same transaction; the
+filter the dashboard, the API and the CLI select jobs with."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import DBAPIError
 
 from ..db import ER_LOCK_NOWAIT, ER_LOCK_WAIT_TIMEOUT, db_now, error_code, require_primary, transaction
-from ..errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid
+from ..errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, RunAgainNeeded
 from ..models import Status
 from ..schema import audit_log, job_queue
 from .common import audit, jq, one_more_attempt, record_attempts, truncate_error
@@ -44,17 +45,24 @@ def _lock_nowait(c: Connection, job_id: int) -> Row:
     return row
 
 
-def requeue_job(conn: Connection, job_id: int, *, force: bool = False, actor: str = "operator") -> ActionResult:
+def requeue_job(conn: Connection, job_id: int, *, force: bool = False, again: bool = False,
+                actor: str = "operator") -> ActionResult:
     """Put a job back to ready now. `attempts` is kept; max_attempts grows if needed so that the
     job gets at least one more try. A running job with a valid lease needs `force`, and then its
-    old lease is fenced: that worker's completion will change nothing."""
+    old lease is fenced: that worker's completion will change nothing. A done job needs `again`:
+    its handler runs again, while record_result still keeps the one result row its task_key has,
+    so the downstream effect stays idempotent; the attempt that finished it is kept in
+    job_attempt."""
 
     def act(c: Connection) -> ActionResult:
         require_primary(c)
         row = _lock_nowait(c, job_id)
         before = Status(row.status)
+        if before is Status.DONE and not again:
+            raise RunAgainNeeded(f"job {job_id} is done; running it again needs a second confirmation (its handler "
+                                 "runs again; record_result keeps the one result row of its task_key)", before.value)
         if before is Status.DONE:
-            raise InvalidState(f"job {job_id} is done; a finished job is not requeued", before.value)
+            record_attempts(c, jq.id == job_id, "done", None, finished_at=jq.finished_at)
         if before is Status.READY:
             return ActionResult(job_id, before, before, False)
         if before is Status.RUNNING:
@@ -65,7 +73,8 @@ def requeue_job(conn: Connection, job_id: int, *, force: bool = False, actor: st
         c.execute(sa.update(job_queue).where(jq.id == job_id).values(
             status=Status.READY.value, run_at=db_now(), lease_owner=None, lease_until=None, finished_at=None,
             max_attempts=one_more_attempt(), updated_at=db_now()))
-        audit(c, actor, "requeue", job_id=job_id, before=before.value, after=Status.READY.value)
+        audit(c, actor, "requeue", job_id=job_id, before=before.value, after=Status.READY.value,
+              detail="run again" if before is Status.DONE else None)
         return ActionResult(job_id, before, Status.READY, True)
 
     return transaction(conn, act, what="requeue")
@@ -94,17 +103,29 @@ def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor:
 
 # --- bulk ----------------------------------------------------------------------------------------
 
+SEARCH_WINDOW = 50_000      # rows a search reads at most: the newest matching the other filters
+
+
+def like_escaped(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 @dataclass(frozen=True)
 class JobFilter:
     """The dashboard's job filters; every field optional. `key_prefix` matches task_key prefixes
-    (an index range on uk_task_key, never a scan)."""
+    (an index range on uk_task_key, never a scan). `search` is a substring of the payload, the
+    last error or the task_key: no index serves it, so a search never reads more than
+    SEARCH_WINDOW rows (see reads.page_jobs), and a bulk action over a search is bounded to the
+    window it was shown, `min_id` and up."""
 
     status: Status | None = None
     queue: str | None = None
     task: str | None = None
     key_prefix: str | None = None
+    search: str | None = None
+    min_id: int | None = None
 
-    def where(self) -> list[Any]:
+    def where(self, *, search: bool = True) -> list[Any]:
         clauses = []
         if self.status is not None:
             clauses.append(jq.status == Status(self.status).value)
@@ -113,14 +134,36 @@ class JobFilter:
         if self.task:
             clauses.append(jq.task_name == self.task)
         if self.key_prefix:
-            escaped = self.key_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            clauses.append(jq.task_key.like(escaped + "%", escape="\\"))
+            clauses.append(jq.task_key.like(like_escaped(self.key_prefix) + "%", escape="\\"))
+        if self.min_id is not None:
+            clauses.append(jq.id >= self.min_id)
+        if search and self.search:
+            pattern = "%" + like_escaped(self.search) + "%"
+            # The payload compared as the text the server holds (MariaDB and SQLite: the stored
+            # document; MySQL 8.0: the JSON column's text form), with no CAST copying it first.
+            clauses.append(sa.or_(sa.type_coerce(jq.payload, sa.Text).like(pattern, escape="\\"),
+                                  jq.last_error.like(pattern, escape="\\"),
+                                  jq.task_key.like(pattern, escape="\\")))
         return clauses
 
+    def args(self) -> dict[str, str]:
+        """The filter as the dashboard's query arguments (status, queue, task, key, q, min_id)."""
+        return {k: str(v) for k, v in (("status", self.status and Status(self.status).value), ("queue", self.queue),
+                                        ("task", self.task), ("key", self.key_prefix), ("q", self.search),
+                                        ("min_id", self.min_id)) if v is not None and v != ""}
+
     def describe(self) -> str:
+        return "filter: " + self.terms()
+
+    def terms(self) -> str:
+        """status=failed queue=mail q='timeout' (or "all jobs"), as the pages and the audit log say it."""
         parts = [f"{k}={v}" for k, v in (("status", self.status and Status(self.status).value), ("queue", self.queue),
                                           ("task", self.task), ("key_prefix", self.key_prefix)) if v]
-        return "filter: " + (" ".join(parts) if parts else "all jobs")
+        if self.search:
+            parts.append(f"q={self.search!r}")
+        if self.min_id is not None:
+            parts.append(f"id>={self.min_id}")
+        return " ".join(parts) if parts else "all jobs"
 
 
 @dataclass(frozen=True)
@@ -175,6 +218,8 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
             batch, pending = pending[:batch_size], pending[batch_size:]
             batch_ids = [int(i) for i in batch]
         else:
+            if job_filter.search and job_filter.min_id is None:
+                raise ValueError("a bulk action over a search needs the window it was shown (min_id)")
             page = sa.select(jq.id).where(*job_filter.where()).order_by(jq.id.desc()).limit(batch_size)
             if cursor is not None:
                 page = page.where(jq.id < cursor)

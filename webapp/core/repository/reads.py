@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -12,7 +14,7 @@ from ..db import transaction
 from ..models import Job, Status
 from ..schema import job_attempt, job_queue, job_result
 from .common import database_now as _now, jq, job_from_row
-from .operator import JobFilter
+from .operator import SEARCH_WINDOW, JobFilter
 
 
 def get_job(conn: Connection, job_id: int) -> Job | None:
@@ -47,7 +49,8 @@ def running_jobs(conn: Connection, *, limit: int = 50) -> list[Job]:
 
 def list_jobs(conn: Connection, job_filter: JobFilter | None = None, *, before_id: int | None = None,
               limit: int = 50) -> list[Job]:
-    """A page of jobs, newest first, continuing below `before_id` (keyset paging)."""
+    """A page of jobs, newest first, continuing below `before_id` (keyset paging). Not for a
+    search (see page_jobs, which bounds it)."""
     stmt = sa.select(job_queue).order_by(jq.id.desc()).limit(limit)
     if job_filter is not None:
         stmt = stmt.where(*job_filter.where())
@@ -67,3 +70,143 @@ def distinct_values(conn: Connection) -> tuple[list[str], list[str]]:
 
 def database_now(conn: Connection) -> datetime:
     return transaction(conn, _now, what="now")
+
+
+# --- pages of jobs (dashboard, GET /api/jobs, `jobqueue list`) -------------------------------------
+
+COUNT_CAP = 10_000
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """One keyset page of jobs, newest first.
+
+    `older` / `newer`: the `before` / `after` id of the next page each way (None: no such page).
+    For a search, `window_floor` is the lowest id this page's bounded scan read when it stopped
+    short of the oldest job (None: it reached the end), and `older` continues below it even when
+    this window held no more matches. `matches` counts the filter's matches (capped at
+    COUNT_CAP; for a search, within this window), `capped` says the cap was reached.
+    """
+
+    jobs: list[Job]
+    older: int | None
+    newer: int | None
+    matches: int
+    capped: bool
+    window_floor: int | None = None
+    window: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """As GET /api/jobs and `jobqueue list --json` answer: next_before / prev_after are the
+        `before` / `after` of the next page each way (null: none)."""
+        data: dict[str, Any] = {"jobs": [j.as_dict() for j in self.jobs], "next_before": self.older,
+                                "prev_after": self.newer, "matches": self.matches, "matches_capped": self.capped}
+        if self.window is not None:
+            # A search read at most `search_window` rows; next_before continues below them.
+            data["search_window"] = self.window
+            data["search_window_floor"] = self.window_floor
+        return data
+
+
+def _count(c: Connection, where: list[Any], cap: int) -> tuple[int, bool]:
+    inner = sa.select(sa.literal(1)).select_from(job_queue).where(*where).limit(cap + 1).subquery()
+    n = c.execute(sa.select(sa.func.count()).select_from(inner)).scalar()
+    return min(n, cap), n > cap
+
+
+def count_matching(conn: Connection, job_filter: JobFilter, *, statuses: Sequence[str] | None = None,
+                   below: int | None = None, cap: int = COUNT_CAP) -> tuple[int, bool]:
+    """How many jobs a filter matches (of those in `statuses`, below id `below`), reading at most
+    `cap` + 1 index entries: (count, capped). A search counts within its window (`min_id` and up,
+    or the newest SEARCH_WINDOW rows)."""
+    def read(c: Connection):
+        where = job_filter.where()
+        if statuses is not None:
+            where.append(jq.status.in_(list(statuses)))
+        if below is not None:
+            where.append(jq.id < below)
+        if job_filter.search and job_filter.min_id is None:
+            floor, _ = _window(c, job_filter.where(search=False), None, "older", SEARCH_WINDOW)
+            if floor is not None:
+                where.append(jq.id >= floor)
+        return _count(c, where, cap)
+    return transaction(conn, read, what="count_jobs")
+
+
+def _window(c: Connection, base: list[Any], start: int | None, direction: str, size: int) -> tuple[int | None, int]:
+    """The far end of the next `size` rows matching `base` from `start` going `direction`: (the
+    id there or None when fewer rows remain, how many rows). An index-only read of ids."""
+    ids = sa.select(jq.id).where(*base)
+    if direction == "older":
+        ids = ids.where(jq.id < start) if start is not None else ids
+        ids = ids.order_by(jq.id.desc())
+        far = sa.func.min
+    else:
+        ids = ids.where(jq.id > start).order_by(jq.id.asc())
+        far = sa.func.max
+    sub = ids.limit(size).subquery()
+    end, n = c.execute(sa.select(far(sub.c.id), sa.func.count()).select_from(sub)).one()
+    return (end if n >= size else None), n
+
+
+def page_jobs(conn: Connection, job_filter: JobFilter | None = None, *, before: int | None = None,
+              after: int | None = None, limit: int = 50, window: int = SEARCH_WINDOW,
+              cap: int = COUNT_CAP) -> JobPage:
+    """A keyset page of jobs matching `job_filter`, newest first: below `before` (older pages) or
+    above `after` (newer pages), never OFFSET. A search (`job_filter.search`) reads at most
+    `window` rows matching the other filters, starting where the page starts."""
+    job_filter = job_filter or JobFilter()
+    if before is not None and after is not None:
+        raise ValueError("give before or after, not both")
+    direction = "newer" if after is not None else "older"
+    start = after if after is not None else before
+
+    def read(c: Connection) -> JobPage:
+        base = job_filter.where(search=False)
+        where = job_filter.where()
+        floor = None
+        if job_filter.search:
+            floor, _ = _window(c, base, start, direction, window)
+            if floor is not None:
+                where.append(jq.id >= floor if direction == "older" else jq.id <= floor)
+        stmt = sa.select(job_queue).where(*where).limit(limit + 1)
+        if direction == "older":
+            stmt = stmt.order_by(jq.id.desc())
+            if start is not None:
+                stmt = stmt.where(jq.id < start)
+        else:
+            stmt = stmt.where(jq.id > start).order_by(jq.id.asc())
+        rows = [job_from_row(r) for r in c.execute(stmt).all()]
+        more = len(rows) > limit
+        rows = rows[:limit]
+        if direction == "newer":
+            rows.reverse()
+        # A page reached from another (`before` / `after` given) has that page on its other side.
+        if direction == "older":
+            older = rows[-1].id if more else None
+            newer = (rows[0].id if rows else start) if start is not None else None
+        else:
+            newer = rows[0].id if more else None
+            older = rows[-1].id if rows else after
+        counted = where
+        if job_filter.search:
+            # A search knows only its window: the next one starts where this one stopped, even
+            # when this one held no more matches. It counts within the window.
+            if direction == "older" and not more and floor is not None:
+                older = floor
+            if direction == "newer" and not more and floor is not None:
+                newer = floor
+            counted = where + ([jq.id < start] if direction == "older" and start is not None else
+                               [jq.id > start] if direction == "newer" else [])
+        matches, capped = _count(c, counted, cap)
+        return JobPage(rows, older, newer, matches, capped, floor, window if job_filter.search else None)
+
+    return transaction(conn, read, what="page_jobs")
+
+
+def jobs_by_id(conn: Connection, ids: Sequence[int]) -> list[Job]:
+    """The jobs with these ids (at most a page's worth), for the dashboard's live refresh."""
+    if not ids:
+        return []
+    stmt = sa.select(job_queue).where(jq.id.in_([int(i) for i in ids]))
+    return [job_from_row(r) for r in transaction(conn, lambda c: c.execute(stmt).all(), what="jobs_by_id")]

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 
 from ..db import transaction
 from ..models import Status
-from ..schema import STAT_COLUMNS, worker_stats
+from ..schema import STAT_COLUMNS, audit_log, worker_stats
 from .common import as_datetime, database_now, jq
 
 
@@ -68,3 +68,23 @@ def activity(conn: Connection, since: datetime) -> list[dict[str, Any]]:
     rows = transaction(conn, lambda c: c.execute(stmt).all(), what="activity")
     return [{**{k: int(v or 0) for k, v in r._mapping.items() if k != "minute"}, "minute": as_datetime(r.minute)}
             for r in rows]
+
+
+OPERATOR_FAILS = ("fail", "bulk_fail")
+
+
+def operator_failures(conn: Connection, since: datetime, *, newest: int = 2000) -> dict[datetime, int]:
+    """Jobs failed by an operator per minute since `since`, from the audit log (workers' own
+    failures are in worker_stats; an operator's are not, since no worker did them). Reads the
+    newest `newest` audit rows at most (a bulk action writes one row per batch of 500), so its
+    cost does not grow with the audit log."""
+    recent = (sa.select(audit_log.c.at, audit_log.c.action, audit_log.c.count)
+              .order_by(audit_log.c.id.desc()).limit(newest).subquery())
+    stmt = sa.select(recent.c.at, recent.c.count).where(recent.c.at >= since,
+                                                         recent.c.action.in_(OPERATOR_FAILS))
+    rows = transaction(conn, lambda c: c.execute(stmt).all(), what="operator_failures")
+    out: dict[datetime, int] = {}
+    for at, count in rows:
+        minute = as_datetime(at).replace(second=0, microsecond=0)
+        out[minute] = out.get(minute, 0) + int(count)
+    return out
