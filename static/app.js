@@ -81,6 +81,7 @@
 
   function human(seconds) {
     seconds = Math.abs(seconds);
+    if (seconds < 1) { return Math.round(seconds * 1000) + " ms"; }
     if (seconds < 10) { return seconds.toFixed(1) + " s"; }
     if (seconds < 60) { return Math.round(seconds) + " s"; }
     if (seconds < 3600) { return Math.round(seconds / 60) + " min"; }

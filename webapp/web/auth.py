@@ -114,7 +114,7 @@ def token_required(admin: bool = False):
         def wrapped(*args, **kwargs):
             token = bearer_token()
             if token is None:
-                return _api_error(401, "missing bearer token", {"WWW-Authenticate": "Bearer"})
+                return _api_error(401, token_refusal(), {"WWW-Authenticate": "Bearer"})
             if admin and not token.role == "admin":
                 return _api_error(403, "this token can read but not act")
             g.api_token = token
@@ -135,6 +135,12 @@ def bearer_token() -> ApiToken | None:
         if hmac.compare_digest(given, token.token.encode()):
             found = token
     return found
+
+
+def token_refusal() -> str:
+    """Why a request has no valid token: none was sent, or the one sent matches none."""
+    return "invalid bearer token" if request.headers.get("Authorization", "").startswith("Bearer ") \
+        else "missing bearer token"
 
 
 def _api_error(status: int, message: str, headers: dict | None = None):

@@ -26,6 +26,7 @@ PAGE_SIZE = 50
 CHART_MINUTES = 15
 ALIVE_SECONDS = 45          # a process whose heartbeat (every 15 s) is older than this is shown as silent
 BULK_TIME_BUDGET = 10.0     # seconds of work per bulk request; the page continues where it stopped
+MATCH_COUNT_CAP = 10_000    # counts of matches stop here ("10,000+"): bounded reads at any table size
 MOVING = ("ready", "scheduled", "running")   # rows in these states are refreshed live
 EPOCH = datetime(1970, 1, 1)
 MAX_FILTER_CHARS = 100
@@ -108,6 +109,7 @@ def overview_context() -> dict[str, Any]:
         processes, _ = repository.list_processes(conn, limit=20)
         audit = repository.list_audit(conn, limit=5)
     minutes = add_operator_failures(minutes, by_operator)
+    held = held_by_process(running)
     totals = {s.value: sum(q.counts[s.value] for q in summaries) for s in Status}
     return {
         "summaries": summaries, "totals": totals, "now": now, "running": running,
@@ -115,7 +117,8 @@ def overview_context() -> dict[str, Any]:
         "activity_charts": {k: bar_chart(minutes, since, (k,), height=30) for k in ACTIVITY_CHARTS},
         "operator_failed": sum(by_operator.values()),
         "health": health_summary(),
-        "processes": [with_liveness(p, now) for p in processes],
+        "processes": [dict(p, slots=merge_slots(p, held.get(p["id"], []), now))
+                      for p in (with_liveness(p, now) for p in processes)],
         "audit": audit, "statuses": [s.value for s in Status], "queue_actions": QUEUE_ACTIONS,
     }
 
@@ -138,7 +141,7 @@ def bar_chart(minutes: list[dict[str, Any]], since: datetime, keys: tuple[str, .
     peak = max([sum(v) for v in values] + [1])
     axis = 34 if height > 40 else 0          # room on the left for the value labels, below for times
     bottom = 14 if height > 40 else 0
-    bar, gap = 40, 8
+    bar, gap = (40, 8) if axis else (14, 4)
     bars = []
     for i, (slot, vals) in enumerate(zip(slots, values)):
         y, parts = float(height), []
@@ -205,7 +208,8 @@ def _row_version(job: Job) -> str:
 def jobs():
     query = parse_query(request.args)
     with db() as conn:
-        page = repository.page_jobs(conn, query.job_filter, before=query.before, after=query.after, limit=PAGE_SIZE)
+        page = repository.page_jobs(conn, query.job_filter, before=query.before, after=query.after, limit=PAGE_SIZE,
+                                    cap=MATCH_COUNT_CAP)
         queues, tasks = repository.distinct_values(conn)
         now = repository.database_now(conn)
     context = {"jobs": page.jobs, "page": page, "filter": query.job_filter, "args": filter_args(query.job_filter),
@@ -312,15 +316,44 @@ def current_attempt(job, attempts: list[dict[str, Any]]) -> dict[str, Any] | Non
             "finished_at": job.finished_at, "outcome": outcome, "error": job.last_error if outcome == "failed" else None}
 
 
+def held_by_process(running: list[Job]) -> dict[str, list[Job]]:
+    """Running jobs by the process whose lease they are under (lease owner host:pid[:name]:slot)."""
+    held: dict[str, list[Job]] = {}
+    for job in running:
+        prefix = (job.lease_owner or "").rsplit(":", 1)[0]
+        held.setdefault(prefix, []).append(job)
+    return held
+
+
+def merge_slots(p: dict[str, Any], held: list[Job], now: datetime) -> list[dict[str, Any]]:
+    """What each slot of a process holds: its heartbeat's account (which alone knows a lease lost
+    while the handler still runs), with the job rows' own lease times, plus jobs it claimed since
+    that heartbeat."""
+    rows = {(j.id, j.attempts): j for j in held}
+    slots = []
+    for slot in p["slots"]:
+        job = rows.pop((slot.get("job_id"), slot.get("attempt")), None)
+        if job is not None and slot.get("state") != "lost" and job.lease_until is not None:
+            slot = dict(slot, lease_left_seconds=(job.lease_until - now).total_seconds())
+        slots.append(slot)
+    for job in sorted(rows.values(), key=lambda j: j.lease_owner or ""):
+        slots.append({"slot": (job.lease_owner or "").rsplit(":", 1)[-1], "job_id": job.id, "attempt": job.attempts,
+                      "task": job.task_name, "queue": job.queue, "state": "running",
+                      "running_seconds": (now - job.started_at).total_seconds() if job.started_at else None,
+                      "lease_left_seconds": (job.lease_until - now).total_seconds() if job.lease_until else None,
+                      "lost_reason": None, "lost_seconds_ago": None, "handler_running": True})
+    return slots
+
+
 def workers_context() -> dict[str, Any]:
     with db() as conn:
         processes, now = repository.list_processes(conn)
         running = repository.running_jobs(conn, limit=500)
-    held: dict[str, list] = {}
-    for job in running:
-        prefix = (job.lease_owner or "").rsplit(":", 1)[0]
-        held.setdefault(prefix, []).append(job)
-    rows = [dict(with_liveness(p, now), held=held.get(p["id"], [])) for p in processes]
+    held = held_by_process(running)
+    rows = []
+    for p in processes:
+        p = with_liveness(p, now)
+        rows.append(dict(p, slots=merge_slots(p, held.get(p["id"], []), now) if p["liveness"] != "stopped" else []))
     return {"processes": rows, "now": now, "alive_seconds": ALIVE_SECONDS}
 
 
@@ -439,7 +472,7 @@ BULK_VERBS = {"requeue": ("Requeue", "requeued"), "fail": ("Fail", "failed")}
 QUEUE_ACTIONS = (("requeue", "failed", "Retry all failed"),)
 
 
-def _bulk_request() -> dict[str, Any]:
+def _bulk_request(*, allow_none: bool = False) -> dict[str, Any]:
     """A bulk form, checked before anything is read or written: action, scope, the ids or the
     filter (with the search window it was shown, `min_id`, and where it starts, `after`)."""
     action = request.form.get("action")
@@ -456,6 +489,8 @@ def _bulk_request() -> dict[str, Any]:
             abort(400, description="a bulk action over a search needs the window it was shown (min_id)")
     elif scope == "selected":
         raw = request.form.getlist("ids")
+        if not raw and allow_none:
+            return req              # the confirmation says to tick some rows
         if not raw or len(raw) > 1000 or not all(i.isascii() and i.isdigit() and len(i) < 19 for i in raw):
             abort(400, description="select between 1 and 1000 jobs")
         req["ids"] = sorted({int(i) for i in raw}, reverse=True)
@@ -470,12 +505,14 @@ def bulk_confirm():
     """The confirmation of a bulk action, from the server: it names the filter (or the ids) it
     will apply to and how many jobs that is (capped), and carries exactly that selection to
     /jobs/bulk. Nothing is written here."""
-    req = _bulk_request()
+    req = _bulk_request(allow_none=True)
     eligible = [s.value for s in repository.BULK_ELIGIBLE[req["action"]]]
-    if req["scope"] == "filter":
+    if req["scope"] == "selected" and not req["ids"]:
+        count, capped, description = 0, False, "no rows ticked"
+    elif req["scope"] == "filter":
         with db() as conn:
             count, capped = repository.count_matching(conn, req["filter"], statuses=eligible,
-                                                      below=req["after"])
+                                                      below=req["after"], cap=MATCH_COUNT_CAP)
         description = req["filter"].describe()
     else:
         count, capped = len(req["ids"]), False

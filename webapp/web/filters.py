@@ -19,6 +19,8 @@ from .state import extension
 
 def human_seconds(seconds: float) -> str:
     seconds = abs(seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
     if seconds < 60:
         return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
     if seconds < 3600:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..core import doctor, metrics, repository
 from ..core.errors import TransientDatabaseError
-from .auth import bearer_token, current_user, login_required
+from .auth import bearer_token, current_user, login_required, token_refusal
 from .state import extension
 
 bp = Blueprint("health", __name__)
@@ -83,7 +83,7 @@ def page():
 def api_health():
     """Token or session; 200 unless the database is unreachable or a check found a problem (503)."""
     if not _viewer_or_token():
-        return jsonify({"error": "missing bearer token"}), 401
+        return jsonify({"error": token_refusal()}), 401
     result = run_health()
     return jsonify(result), (200 if result["status"] in ("ok", "warning") else 503)
 
@@ -116,7 +116,7 @@ class QueueCollector:
 def metrics_view():
     """Prometheus text format; a bearer token (any role) or a signed-in user."""
     if not _viewer_or_token():
-        return jsonify({"error": "missing bearer token"}), 401
+        return jsonify({"error": token_refusal()}), 401
     try:
         body = metrics.exposition(QueueCollector(extension().engine))
     except (SQLAlchemyError, TransientDatabaseError):

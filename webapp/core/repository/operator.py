@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+import sqlalchemy.ext.compiler
+from sqlalchemy.sql.visitors import InternalTraversal
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import DBAPIError
 
@@ -106,6 +108,35 @@ def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor:
 SEARCH_WINDOW = 50_000      # rows a search reads at most: the newest matching the other filters
 
 
+class searchable(sa.sql.expression.ColumnElement):
+    """`column` as text compared without regard to case, whatever its collation (an install may
+    use utf8mb4_bin): COLLATE utf8mb4_general_ci on MySQL and MariaDB (MySQL 8.0's JSON type is
+    cast to text first: it has no collation to override); SQLite's LIKE ignores ASCII case."""
+
+    type = sa.Text()
+    inherit_cache = True
+    # Both in the statement cache's key: a compiled search names its own columns.
+    _traverse_internals = [("column", InternalTraversal.dp_clauseelement), ("json", InternalTraversal.dp_boolean)]
+
+    def __init__(self, column, *, json: bool = False):
+        self.column = column
+        self.json = json
+
+
+@sa.ext.compiler.compiles(searchable)
+def _searchable_sqlite(element, compiler, **kw):
+    return compiler.process(element.column, **kw)
+
+
+@sa.ext.compiler.compiles(searchable, "mysql")
+@sa.ext.compiler.compiles(searchable, "mariadb")
+def _searchable_mysql(element, compiler, **kw):
+    column = compiler.process(element.column, **kw)
+    if element.json and not getattr(compiler.dialect, "is_mariadb", False):
+        column = f"CAST({column} AS CHAR)"
+    return f"{column} COLLATE utf8mb4_general_ci"
+
+
 def like_escaped(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
@@ -139,11 +170,10 @@ class JobFilter:
             clauses.append(jq.id >= self.min_id)
         if search and self.search:
             pattern = "%" + like_escaped(self.search) + "%"
-            # The payload compared as the text the server holds (MariaDB and SQLite: the stored
-            # document; MySQL 8.0: the JSON column's text form), with no CAST copying it first.
-            clauses.append(sa.or_(sa.type_coerce(jq.payload, sa.Text).like(pattern, escape="\\"),
-                                  jq.last_error.like(pattern, escape="\\"),
-                                  jq.task_key.like(pattern, escape="\\")))
+            # The payload as the text the server holds (MariaDB and SQLite: the stored document;
+            # MySQL 8.0: the JSON column's text form).
+            clauses.append(sa.or_(*(searchable(column, json=column is jq.payload).like(pattern, escape="\\")
+                                    for column in (jq.payload, jq.last_error, jq.task_key))))
         return clauses
 
     def args(self) -> dict[str, str]:

@@ -1,0 +1,184 @@
+"""Listing jobs: keyset pages both ways with a capped count, a bounded and escaped search, run
+again for a done job, and `jobqueue list` / `jobqueue show`; on MariaDB and SQLite."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from webapp.core import repository
+from webapp.core.cli import main
+from webapp.core.errors import RunAgainNeeded, ValidationError
+from webapp.core.models import Status
+from webapp.core.repository import JobFilter
+from webapp.core.schema import audit_log, job_queue, job_result
+from webapp.core.validation import job_query
+
+jq = job_queue.c
+
+
+def fail_now(conn, job_id, error):
+    (c,) = [c for c in repository.claim(conn, "h:1:1", 50, ["default"], lease_seconds=60) if c.job.id == job_id]
+    repository.fail(conn, c.lease, error)
+
+
+def test_keyset_pages_both_ways_with_a_capped_count(engine):
+    with engine.connect() as conn:
+        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"p-{i:03d}"}
+                                                            for i in range(25)])]
+        first = repository.page_jobs(conn, limit=10)
+        assert [j.id for j in first.jobs] == ids[::-1][:10]
+        assert (first.newer, first.older, first.matches, first.capped) == (None, ids[15], 25, False)
+        second = repository.page_jobs(conn, before=first.older, limit=10)
+        assert [j.id for j in second.jobs] == ids[::-1][10:20] and second.newer == ids[14]
+        back = repository.page_jobs(conn, after=second.newer, limit=10)
+        assert [j.id for j in back.jobs] == [j.id for j in first.jobs] and back.newer is None
+        assert back.older == first.older
+        last = repository.page_jobs(conn, before=second.older, limit=10)
+        assert [j.id for j in last.jobs] == ids[4::-1] and last.older is None
+        capped = repository.page_jobs(conn, limit=10, cap=20)
+        assert (capped.matches, capped.capped) == (20, True)
+        assert repository.count_matching(conn, JobFilter(status=Status.READY), cap=7) == (7, True)
+
+
+def test_search_finds_payload_error_and_key_text_case_blind_and_escaped(engine):
+    with engine.connect() as conn:
+        repository.enqueue(conn, "noop", "order-1", {"customer": "ACME Corp", "note": "100% paid"})
+        repository.enqueue(conn, "noop", "order-2", {"customer": "Globex", "note": "a_b"})
+        repository.enqueue(conn, "noop", "order-3", {"customer": "Initech", "note": "ab"})
+        failed = repository.enqueue(conn, "noop", "order-4", {"customer": "Umbrella"}).id
+        fail_now(conn, failed, "TimeoutError: upstream did not answer")
+
+        def keys(q, **kw):
+            return [j.task_key for j in repository.page_jobs(conn, JobFilter(search=q, **kw)).jobs]
+
+        assert keys("acme") == ["order-1"]                     # payload, either case
+        assert keys("timeouterror") == ["order-4"]             # last error
+        assert keys("order-3") == ["order-3"]                  # task_key
+        assert keys("%") == ["order-1"]                        # a literal %, not "anything"
+        assert keys("a_b") == ["order-2"]                      # a literal _, not "any character"
+        assert keys("'; DROP TABLE job_queue; --") == []
+        assert keys("acme", status=Status.FAILED) == []
+        assert keys("umbrella", status=Status.FAILED) == ["order-4"]
+
+
+def test_search_reads_a_bounded_window_and_says_where_it_stopped(engine):
+    with engine.connect() as conn:
+        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"w-{i:03d}",
+                                                             "payload": {"needle": i % 10 == 0}} for i in range(100)])]
+        f = JobFilter(search='"needle": true')
+        first = repository.page_jobs(conn, f, limit=50, window=30)
+        # The newest 30 rows hold 3 needles; the page says where the window stopped and goes on below it.
+        assert [j.task_key for j in first.jobs] == ["w-090", "w-080", "w-070"]
+        assert (first.window, first.window_floor, first.older, first.matches) == (30, ids[70], ids[70], 3)
+        second = repository.page_jobs(conn, f, before=first.older, limit=50, window=30)
+        assert [j.task_key for j in second.jobs] == ["w-060", "w-050", "w-040"]
+        tail = repository.page_jobs(conn, f, before=ids[10], limit=50, window=30)
+        assert [j.task_key for j in tail.jobs] == ["w-000"] and tail.window_floor is None and tail.older is None
+        # A full page continues from its last row, whatever the window.
+        small = repository.page_jobs(conn, f, limit=2, window=30)
+        assert [j.task_key for j in small.jobs] == ["w-090", "w-080"] and small.older == ids[80]
+
+
+def test_bulk_over_a_search_stays_in_its_window(engine):
+    with engine.connect() as conn:
+        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"s-{i}",
+                                                             "payload": {"tag": "x"}} for i in range(6)])]
+        with pytest.raises(ValueError):
+            repository.bulk_action(conn, "fail", actor="t", job_filter=JobFilter(search="x"))
+        res = repository.bulk_action(conn, "fail", actor="t", job_filter=JobFilter(search='"x"', min_id=ids[3]),
+                                     after_id=ids[5])
+        assert res.changed == 2
+        statuses = [repository.get_job(conn, i).status for i in ids]
+    assert statuses == [Status.READY] * 3 + [Status.FAILED] * 2 + [Status.READY]
+
+
+def test_run_again_needs_its_own_confirmation_and_keeps_one_result(engine, export_dir):
+    with engine.connect() as conn:
+        job = repository.enqueue(conn, "export_orders", "exp-1", {"rows": 2})
+        (c,) = repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
+        assert repository.record_result(conn, c.lease, "exp-1", {"file": "exp-1.csv"}) is True
+        repository.complete(conn, c.lease)
+        with pytest.raises(RunAgainNeeded) as refused:
+            repository.requeue_job(conn, job.id, actor="t")
+        assert refused.value.exit_code == 3 and refused.value.http_status == 409
+        assert repository.get_job(conn, job.id).status is Status.DONE
+        result = repository.requeue_job(conn, job.id, again=True, actor="t")
+        assert (result.before, result.after, result.changed) == (Status.DONE, Status.READY, True)
+        (again,) = repository.claim(conn, "h:1:2", 1, ["default"], lease_seconds=60)
+        assert again.lease.attempt == 2
+        assert repository.record_result(conn, again.lease, "exp-1", {"file": "exp-1.csv"}) is False
+        repository.complete(conn, again.lease)
+        results = conn.execute(sa.select(sa.func.count()).select_from(job_result)).scalar()
+        (attempt,) = repository.list_attempts(conn, job.id)
+        (entry,) = conn.execute(sa.select(audit_log)).all()
+    assert results == 1
+    assert (attempt["attempt"], attempt["outcome"], attempt["worker"]) == (1, "done", "h:1:1")
+    assert (entry.before_status, entry.after_status, entry.detail) == ("done", "ready", "run again")
+
+
+@pytest.mark.parametrize("args, field", [
+    ({"status": "bogus"}, "status"), ({"before": "²"}, "before"), ({"before": "-1"}, "before"),
+    ({"before": "0"}, "before"), ({"limit": "501"}, "limit"), ({"limit": "0"}, "limit"),
+    ({"queue": "q" * 101}, "queue"), ({"key": "k" * 81}, "key"), ({"q": "x" * 201}, "q"),
+    ({"q": "a\x00b"}, "q"), ({"before": "5", "after": "3"}, "after"),
+])
+def test_bad_listing_input_names_its_field(args, field):
+    with pytest.raises(ValidationError) as exc:
+        job_query(args)
+    assert exc.value.field == field
+
+
+@pytest.fixture
+def run(db_url):
+    runner = CliRunner()
+    return lambda *args: runner.invoke(main, ["--database-url", db_url, *args], obj={})
+
+
+def test_list_and_show_commands(run, engine):
+    with engine.connect() as conn:
+        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"c-{i}",
+                                                             "payload": {"n": i}} for i in range(5)])]
+        repository.enqueue(conn, "noop", "mail-1", queue="mail")
+        fail_now(conn, ids[2], "ValueError: bad row 7")
+    table = run("list", "--queue", "default")
+    assert table.exit_code == 0, table.output
+    assert "c-4" in table.stdout and "mail-1" not in table.stdout and "ValueError: bad row 7" in table.stdout
+    data = json.loads(run("list", "--json", "--limit", "2").stdout)
+    assert [j["task_key"] for j in data["jobs"]] == ["mail-1", "c-4"] and data["next_before"] == ids[4]
+    assert data["matches"] == 6 and data["matches_capped"] is False
+    nxt = json.loads(run("list", "--json", "--limit", "2", "--before", str(data["next_before"])).stdout)
+    assert [j["task_key"] for j in nxt["jobs"]] == ["c-3", "c-2"]
+    found = json.loads(run("list", "--json", "-q", "BAD ROW").stdout)
+    assert [j["id"] for j in found["jobs"]] == [ids[2]] and found["search_window"] == 50_000
+    assert json.loads(run("list", "--json", "--status", "failed").stdout)["jobs"][0]["status"] == "failed"
+
+    shown = json.loads(run("show", str(ids[2]), "--json").stdout)
+    assert shown["id"] == ids[2] and shown["status"] == "failed" and shown["result"] is None
+    assert [a["outcome"] for a in shown["attempt_history"]] == ["fail"]
+    text = run("show", str(ids[2]))
+    assert text.exit_code == 0 and "ValueError: bad row 7" in text.stdout and "attempt 1: fail" in text.stdout
+    missing = run("show", "999999")
+    assert missing.exit_code == 4 and "not found" in missing.stderr
+
+
+@pytest.mark.parametrize("args", [["--status", "bogus"], ["--limit", "0"], ["--limit", "x"], ["--before", "²"],
+                                  ["-q", "x" * 201]])
+def test_list_bad_input_exits_2(run, args):
+    result = run("list", *args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ")
+
+
+def test_requeue_again_from_the_command_line(run, engine):
+    with engine.connect() as conn:
+        job = repository.enqueue(conn, "noop", "d-1")
+        (c,) = repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
+        repository.complete(conn, c.lease)
+    refused = run("requeue", str(job.id))
+    assert refused.exit_code == 3 and "--again" in refused.stderr
+    done = run("requeue", str(job.id), "--again")
+    assert done.exit_code == 0 and json.loads(done.stdout)["before"] == "done"
