@@ -13,6 +13,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 
 from webapp.core.settings import Settings
 
@@ -24,6 +25,11 @@ if _OWN_METRICS_DIR:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="jobqueue-metrics-")
 
 _settings = Settings.from_env()
+
+# `jobqueue serve` passes a banner (the URL, the login) to print once every worker process has
+# started: each one leaves a file here when its embedded workers have finished their first turn.
+_BANNER = os.environ.get("JOBQUEUE_SERVE_BANNER")
+_READY_DIR = tempfile.mkdtemp(prefix="jobqueue-ready-") if _BANNER else None
 
 wsgi_app = "webapp:create_app()"
 # JOBQUEUE_BIND wins; a platform's PORT (Procfile deploys) binds every interface on that port.
@@ -51,17 +57,25 @@ def on_starting(server):
 
 def when_ready(server):
     # `jobqueue serve` wants the URL and the login to be the last thing a newcomer reads: after
-    # gunicorn's own lines and the workers' start-up lines.
-    banner = os.environ.get("JOBQUEUE_SERVE_BANNER")
-    if banner:
-        def show():
-            sys.stderr.write("\n" + banner + "\n\n")
-            sys.stderr.flush()
+    # gunicorn's own lines and every worker process's start-up lines.
+    if not _BANNER:
+        return
 
-        threading.Timer(1.5, show).start()
+    def show():
+        deadline = time.monotonic() + 60
+        while len(os.listdir(_READY_DIR)) < server.num_workers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)         # the last worker's own lines, written just before its marker
+        sys.stderr.write("\n" + _BANNER + "\n\n")
+        sys.stderr.flush()
+        shutil.rmtree(_READY_DIR, ignore_errors=True)
+
+    threading.Thread(target=show, name="jobqueue-banner", daemon=True).start()
 
 
 def on_exit(server):
+    if _READY_DIR:
+        shutil.rmtree(_READY_DIR, ignore_errors=True)
     if _OWN_METRICS_DIR:
         shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
 
@@ -83,6 +97,11 @@ def post_worker_init(worker):
     runtime = _runtime(getattr(worker, "wsgi", None))
     if runtime is not None:
         runtime.start()
+    if _READY_DIR:
+        if runtime is not None:
+            runtime.wait_running()
+        sys.stderr.flush()
+        open(os.path.join(_READY_DIR, str(os.getpid())), "w").close()
 
 
 def worker_exit(server, worker):

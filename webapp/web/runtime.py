@@ -70,6 +70,16 @@ class Runtime:
             self.scheduler = scheduler
         event(log, logging.INFO, "embedded_started", workers=n, reap_every=f"{reap_every:g}")
 
+    def wait_running(self, timeout: float = 10.0) -> bool:
+        """Until the embedded worker has finished its first turn (and logged what it found), so
+        that whoever waits (gunicorn_conf's banner) comes after its start-up lines."""
+        deadline = time.monotonic() + timeout
+        while self.worker is not None and self.worker.state == "starting":
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     def _run_worker(self) -> None:
         code = self.worker.run()
         if code:
