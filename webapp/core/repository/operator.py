@@ -169,12 +169,16 @@ class JobFilter:
         if self.min_id is not None:
             clauses.append(jq.id >= self.min_id)
         if search and self.search:
-            pattern = "%" + like_escaped(self.search) + "%"
-            # The payload as the text the server holds (MariaDB and SQLite: the stored document;
-            # MySQL 8.0: the JSON column's text form).
-            clauses.append(sa.or_(*(searchable(column, json=column is jq.payload).like(pattern, escape="\\")
-                                    for column in (jq.payload, jq.last_error, jq.task_key))))
+            clauses.append(self.search_clause())
         return clauses
+
+    def search_clause(self) -> Any:
+        """The search alone: `search` in the payload, the last error or the task_key."""
+        pattern = "%" + like_escaped(self.search or "") + "%"
+        # The payload as the text the server holds (MariaDB and SQLite: the stored document;
+        # MySQL 8.0: the JSON column's text form).
+        return sa.or_(*(searchable(column, json=column is jq.payload).like(pattern, escape="\\")
+                        for column in (jq.payload, jq.last_error, jq.task_key)))
 
     def args(self) -> dict[str, str]:
         """The filter as the dashboard's query arguments (status, queue, task, key, q, min_id)."""

@@ -163,20 +163,27 @@ def page_jobs(conn: Connection, job_filter: JobFilter | None = None, *, before: 
 
     def read(c: Connection) -> JobPage:
         base = job_filter.where(search=False)
-        where = job_filter.where()
+        where = list(base)
+        if start is not None:
+            where.append(jq.id < start if direction == "older" else jq.id > start)
+        order = jq.id.desc() if direction == "older" else jq.id.asc()
         floor = None
         if job_filter.search:
+            # One scan of the window: the ids of every match (up to the cap) give the count and
+            # the page, whose rows are then read by primary key.
             floor, _ = _window(c, base, start, direction, window)
             if floor is not None:
                 where.append(jq.id >= floor if direction == "older" else jq.id <= floor)
-        stmt = sa.select(job_queue).where(*where).limit(limit + 1)
-        if direction == "older":
-            stmt = stmt.order_by(jq.id.desc())
-            if start is not None:
-                stmt = stmt.where(jq.id < start)
+            where.append(job_filter.search_clause())
+            ids = c.execute(sa.select(jq.id).where(*where).order_by(order).limit(cap + 1)).scalars().all()
+            matches, capped = min(len(ids), cap), len(ids) > cap
+            wanted = ids[:limit + 1]
+            rows = [job_from_row(r) for r in c.execute(sa.select(job_queue).where(jq.id.in_(wanted)).order_by(order)
+                                                       ).all()] if wanted else []
         else:
-            stmt = stmt.where(jq.id > start).order_by(jq.id.asc())
-        rows = [job_from_row(r) for r in c.execute(stmt).all()]
+            rows = [job_from_row(r) for r in c.execute(sa.select(job_queue).where(*where).order_by(order)
+                                                       .limit(limit + 1)).all()]
+            matches, capped = _count(c, base, cap)
         more = len(rows) > limit
         rows = rows[:limit]
         if direction == "newer":
@@ -188,17 +195,13 @@ def page_jobs(conn: Connection, job_filter: JobFilter | None = None, *, before: 
         else:
             newer = rows[0].id if more else None
             older = rows[-1].id if rows else after
-        counted = where
-        if job_filter.search:
+        if job_filter.search and not more and floor is not None:
             # A search knows only its window: the next one starts where this one stopped, even
-            # when this one held no more matches. It counts within the window.
-            if direction == "older" and not more and floor is not None:
+            # when this one held no more matches.
+            if direction == "older":
                 older = floor
-            if direction == "newer" and not more and floor is not None:
+            else:
                 newer = floor
-            counted = where + ([jq.id < start] if direction == "older" and start is not None else
-                               [jq.id > start] if direction == "newer" else [])
-        matches, capped = _count(c, counted, cap)
         return JobPage(rows, older, newer, matches, capped, floor, window if job_filter.search else None)
 
     return transaction(conn, read, what="page_jobs")
