@@ -102,6 +102,21 @@ def test_ticked_rows_stay_ticked_and_one_request_refreshes_the_page(quiet_server
     assert len(refreshes) >= 2, "the page did not refresh itself"
     expect(box).to_be_checked()
 
+    # A hidden tab does not poll; shown again, it catches up at once.
+    page.evaluate("""() => {
+        Object.defineProperty(document, "hidden", {configurable: true, get: () => true});
+        document.dispatchEvent(new Event("visibilitychange"));
+    }""")
+    watched.requests.clear()
+    page.wait_for_timeout(5000)
+    assert [u for u in watched.requests if "/jobs" in u] == [], "polled while the tab was hidden"
+    page.evaluate("""() => {
+        Object.defineProperty(document, "hidden", {configurable: true, get: () => false});
+        document.dispatchEvent(new Event("visibilitychange"));
+    }""")
+    page.wait_for_timeout(800)
+    assert [u for u in watched.requests if "/jobs/live" in u], "no refresh when the tab came back"
+
     # A row that changes is swapped in place, its tick kept.
     with engine.connect() as conn:
         claimed = repository.claim(conn, "h:1:1", 40, ["default"], lease_seconds=300)
