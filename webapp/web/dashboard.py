@@ -29,7 +29,6 @@ BULK_TIME_BUDGET = 10.0     # seconds of work per bulk request; the page continu
 MATCH_COUNT_CAP = 10_000    # counts of matches stop here ("10,000+"): bounded reads at any table size
 MOVING = ("ready", "scheduled", "running")   # rows in these states are refreshed live
 EPOCH = datetime(1970, 1, 1)
-MAX_FILTER_CHARS = 100
 # Small per-minute charts on the overview: empty claims by kind, skips, reclaims, lost leases, errors.
 ACTIVITY_CHARTS = {"empty_idle": "empty claims: idle", "empty_contended": "empty claims: contended",
                    "empty_waiting": "empty claims: waiting on leases", "skipped": "ready rows skipped (locked)",
@@ -46,13 +45,6 @@ def actor() -> str:
 
 
 # --- request parsing -----------------------------------------------------------------------------
-
-def _text_arg(source, name: str, limit: int = MAX_FILTER_CHARS) -> str | None:
-    value = (source.get(name) or "").strip()
-    if len(value) > limit:
-        abort(400, description=f"{name} is longer than {limit} characters")
-    return value or None
-
 
 def _int_arg(source, name: str) -> int | None:
     raw = (source.get(name) or "").strip()
