@@ -481,7 +481,7 @@ def _dashboard(r: dict, targets: list) -> str:
         f"fetched over HTTP from the app under gunicorn (1 process), signed in; {r['rounds']} rounds per page after a "
         "warm-up.",
         table(["page", "path", "p50 ms", "p95 ms", "max ms", "p95 < 150 ms"],
-              [[name, f"`{p['path']}`", f"{p['p50_ms']:.1f}", f"{p['p95_ms']:.1f}", f"{p['max_ms']:.1f}",
+              [[name, f"`{p['path'] if len(p['path']) <= 60 else p['path'][:57] + '...'}`", f"{p['p50_ms']:.1f}", f"{p['p95_ms']:.1f}", f"{p['max_ms']:.1f}",
                 verdict(p["pass"])] for name, p in r["pages"].items()]),
         f"**Bulk requeue** of {n0(b['jobs'])} failed jobs (`repository.bulk_action`, what \"every job matching the "
         f"filter\" runs; batches of 500, each its own short transaction with SKIP LOCKED): {b['seconds']:.1f} s, "
