@@ -50,6 +50,7 @@ def test_bulk_over_the_filter_applies_the_filter_on_screen(quiet_server, engine,
     page.goto(quiet_server.base + "/jobs")
     # Only the table is swapped by the select; the bulk form must follow it.
     page.select_option("select[name=status]", "failed")
+    expect(page.locator("#bulk-form input[name=status]")).to_have_value("failed")   # the new table is in
     expect(page.locator("#jobs-table tbody tr")).to_have_count(3)
     page.check("input[name=scope][value=filter]")
     page.click("#bulk-form button[value=requeue]")
@@ -68,6 +69,8 @@ def test_bulk_over_the_filter_applies_the_filter_on_screen(quiet_server, engine,
     # Fail in the same place: ready jobs of queue default only.
     page.select_option("select[name=queue]", "default")
     page.select_option("select[name=status]", "ready")
+    expect(page.locator("#bulk-form input[name=status]")).to_have_value("ready")
+    expect(page.locator("#bulk-form input[name=queue]")).to_have_value("default")
     expect(page.locator("#jobs-table tbody tr")).to_have_count(3)
     page.check("input[name=scope][value=filter]")
     page.click("#bulk-form button[value=fail]")
