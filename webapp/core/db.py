@@ -46,6 +46,7 @@ from . import retry
 from .errors import NotPrimary, TransientDatabaseError
 from .schema import Timestamp
 from .settings import Settings, current
+from .logs import event as log_event
 
 log = logging.getLogger("jobqueue.db")
 
@@ -225,7 +226,7 @@ class Candidates:
                     fallback.close()
                 with self._lock:
                     if self._preferred != i:
-                        log.warning("event=primary_found address=%s", self.address(i))
+                        log_event(log, logging.WARNING, "primary_found", address=self.address(i))
                     self._preferred = i
                 return conn
             if fallback is None:
@@ -260,9 +261,9 @@ def _watch_roles(engine: Engine, candidates: Candidates) -> None:
         if refusal is not None and len(candidates.urls) > 1:
             raise DisconnectionError(f"{address} is no longer writable: {refusal}")
         if (role is None or role.writable) and refusal is not None:
-            log.error("event=not_primary address=%s reason=%r", address, refusal)
+            log_event(log, logging.ERROR, "not_primary", address=address, reason=refusal)
         elif role is not None and not role.writable and refusal is None:
-            log.warning("event=primary_writable_again address=%s", address)
+            log_event(log, logging.WARNING, "primary_writable_again", address=address)
         record.info["role"] = ServerRole(address, refusal, time.monotonic())
 
 
@@ -502,8 +503,8 @@ def transaction(conn: Connection, fn: Callable[[Connection], T], *, what: str,
         from . import metrics
 
         metrics.TRANSIENT_RETRIES.labels(kind=kind, operation=what).inc()
-        log.warning("event=db_retry operation=%s kind=%s attempt=%d delay_ms=%.0f error=%r",
-                    what, kind, attempt, delay * 1000, str(getattr(exc, "orig", exc))[:200])
+        log_event(log, logging.WARNING, "db_retry", operation=what, kind=kind, attempt=attempt, delay_ms=f"{delay * 1000:.0f}",
+              error=str(getattr(exc, "orig", exc))[:200])
 
     try:
         return retry.call(once, policy, transient_kind, on_retry=on_retry)

@@ -17,7 +17,7 @@ from typing import Any
 from flask import Blueprint, g, jsonify, request
 
 from ..core import repository
-from ..core.errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, PayloadTooLarge, ValidationError
+from ..core.errors import JobBusy, JobQueueError, ValidationError, answer_for
 from ..core.models import Job, Status
 from .auth import token_required
 from .state import db
@@ -70,10 +70,9 @@ def enqueue():
                                      queue=body.get("queue"), priority=body.get("priority", 0),
                                      delay=body.get("delay", 0), max_attempts=body.get("max_attempts"))
             job = repository.get_job(conn, res.id)
-    except PayloadTooLarge as exc:
-        return error(413, str(exc), field=exc.field)
     except ValidationError as exc:
-        return error(422, str(exc), field=exc.field)
+        answer = answer_for(exc)
+        return error(answer.http_status, answer.message, **answer.extra)
     return jsonify({"id": res.id, "task_key": res.task_key, "duplicate": res.duplicate,
                     "status": job.status.value if job else None}), (200 if res.duplicate else 201)
 
@@ -110,15 +109,11 @@ def _operator(job_id: int, action):
     try:
         with db() as conn:
             result = action(conn)
-    except JobNotFound as exc:
-        return error(404, str(exc))
-    except LeaseStillValid as exc:
-        return error(409, str(exc), status=exc.status, needs="force")
-    except InvalidState as exc:
-        return error(409, str(exc), status=exc.status)
-    except JobBusy as exc:
-        response = error(423, str(exc))
-        response.headers["Retry-After"] = "1"
+    except JobQueueError as exc:
+        answer = answer_for(exc)
+        response = error(answer.http_status, answer.message, **answer.extra)
+        if isinstance(exc, JobBusy):
+            response.headers["Retry-After"] = "1"
         return response
     return jsonify({"id": result.job_id, "before": result.before.value, "after": result.after.value,
                     "changed": result.changed})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hmac
+import logging
 import secrets
 import threading
 import time
@@ -18,8 +19,10 @@ from flask import (Blueprint, abort, current_app, flash, g, jsonify, redirect, r
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from .config import ApiToken, User
+from ..core.logs import event
 
 bp = Blueprint("auth", __name__)
+log = logging.getLogger("jobqueue.web.auth")
 
 LOGIN_WINDOW_SECONDS = 300
 LOGIN_MAX_FAILURES = 5
@@ -161,7 +164,7 @@ def login():
         keys = (f"addr:{request.remote_addr}", f"user:{name}")
         wait = throttle.retry_after(*keys)
         if wait:
-            current_app.logger.warning("event=login_throttled user=%r addr=%s", name, request.remote_addr)
+            event(log, logging.WARNING, "login_throttled", user=name, addr=request.remote_addr)
             response = current_app.make_response(
                 (render_template("auth/login.html", error=f"Too many failed attempts; try again in {wait} s."), 429))
             response.headers["Retry-After"] = str(wait)
@@ -172,10 +175,10 @@ def login():
             session.clear()
             session["user"] = user.name
             session.permanent = True
-            current_app.logger.info("event=login user=%s addr=%s", user.name, request.remote_addr)
+            event(log, logging.INFO, "login", user=user.name, addr=request.remote_addr)
             return redirect(_safe_next(request.args.get("next")))
         throttle.failed(*keys)
-        current_app.logger.warning("event=login_failed user=%r addr=%s", name, request.remote_addr)
+        event(log, logging.WARNING, "login_failed", user=name, addr=request.remote_addr)
         return render_template("auth/login.html", error="Wrong user name or password."), 401
     return render_template("auth/login.html", error=None)
 

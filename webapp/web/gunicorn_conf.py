@@ -52,7 +52,7 @@ def on_starting(server):
 def when_ready(server):
     # `jobqueue serve` wants the URL and the login to be the last thing a newcomer reads: after
     # gunicorn's own lines and the workers' start-up lines.
-    banner = os.environ.get("JOBQUEUE_SERVE_BANNER")
+    banner = os.environ.get("_JOBQUEUE_SERVE_BANNER")
     if banner:
         def show():
             sys.stderr.write("\n" + banner + "\n\n")
