@@ -56,6 +56,7 @@ T = TypeVar("T")
 DB_ERRORS = (DBAPIError, SQLAlchemyError, TransientDatabaseError, NotPrimary, pymysql.err.Error)
 SWEEP_SECONDS = 60.0   # an idle worker's reaper sweep, besides the ones its reads trigger
 NOT_PRIMARY_RETRY_SECONDS = 1.0
+BUSY_RETRY_SECONDS = 0.1
 
 # A job's last write (complete, retry, fail, release, record_result) waits out a restart or a
 # failover instead of losing finished work to a blip; its lease is renewed meanwhile.
@@ -144,6 +145,10 @@ class Worker:
                 delay = self.run_once()
                 if delay is None:
                     break
+                if delay > BUSY_RETRY_SECONDS and not self._finished.empty():
+                    # A completion found its row held by another transaction: try again soon,
+                    # before the lease the held row cannot renew runs out.
+                    delay = BUSY_RETRY_SECONDS
                 if delay > 0:
                     self.wait_for_wake(delay)
         finally:
