@@ -34,6 +34,7 @@ from bench import common
 from bench.common import log
 from testkit.procs import GunicornServer
 from webapp.core import repository
+from webapp.core.schema import job_queue
 from webapp.core.db import create_engine
 from webapp.core.repository import JobFilter
 from webapp.core.models import Status
@@ -161,7 +162,7 @@ def run(ctx) -> dict[str, Any]:
         log(f"dashboard: loaded {rows:,} finished rows (+ failed/ready/running) in {load_s:.0f}s")
         engine = create_engine(url)
         with engine.connect() as conn:
-            total = conn.execute(sa.select(sa.func.count()).select_from(repository.job_queue)).scalar()
+            total = conn.execute(sa.select(sa.func.count()).select_from(job_queue)).scalar()
             some_job = repository.get_job_by_key(conn, f"done-{rows // 2}")
             plan = repository.explain_claim(conn, "default", 8)
         env = {"JOBQUEUE_USERS": f"bench:admin:{generate_password_hash(PASSWORD)}", "JOBQUEUE_SECRET_KEY": "bench",

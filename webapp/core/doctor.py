@@ -27,6 +27,8 @@ Thresholds, and why:
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -215,26 +217,71 @@ def check_isolation(conn: Connection) -> Check:
                  "transaction_isolation=READ-COMMITTED on the server")
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What matters in a claim's plan, whatever format the server answered EXPLAIN in."""
+
+    key: str | None          # the index read
+    filesort: bool           # the candidates are sorted instead of read in order
+    steps: int               # tables (or scans) in the plan
+    rows: object             # the server's estimate of rows read, as it gave it
+
+
+def read_plan(rows: list[dict]) -> Plan:
+    """EXPLAIN's answer, read in any of its formats: traditional rows (MariaDB, MySQL with
+    FORMAT=TRADITIONAL), or a single row of JSON or TREE text (MySQL 8.0.32+ follows
+    `explain_format`, so a bare EXPLAIN may answer either)."""
+    if len(rows) == 1 and len(rows[0]) == 1:
+        text = str(next(iter(rows[0].values())))
+        if text.lstrip().startswith("{"):
+            return _read_json_plan(json.loads(text))
+        if text.lstrip().startswith("->"):
+            return _read_tree_plan(text)
+    first = rows[0] if rows else {}
+    return Plan(first.get("key"), "filesort" in (first.get("Extra") or "").lower(), len(rows), first.get("rows"))
+
+
+def _read_json_plan(doc: dict) -> Plan:
+    tables, filesort = [], False
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("using_filesort") is True:
+                filesort = True
+            if "table_name" in node and "access_type" in node:
+                tables.append(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    first = tables[0] if tables else {}
+    return Plan(first.get("key"), filesort, len(tables), first.get("rows_examined_per_scan"))
+
+
+def _read_tree_plan(text: str) -> Plan:
+    scans = re.findall(r"-> (?:Index (?:range scan|lookup|scan)|Table scan|Covering index \w+)[^\n]*", text)
+    key = next((m.group(1) for line in scans if (m := re.search(r" using (\w+)", line))), None)
+    estimate = re.search(r"rows=([0-9.e+]+)", scans[0]) if scans else None
+    return Plan(key, bool(re.search(r"-> Sort\b", text)), max(1, len(scans)), estimate.group(1) if estimate else None)
+
+
 def check_claim_plan(conn: Connection, queue: str = "default", limit: int = CLAIM_LIMIT) -> Check:
     tables = preflight.table_status(conn)
     if "job_queue" not in tables:
         return Check("claim_plan", Verdict.WARNING, "not checked: job_queue does not exist",
                      "run `jobqueue init-db`, then `jobqueue doctor` again")
     size = tables["job_queue"].approx_rows
-    plan = repository.explain_claim(conn, queue, limit)
-    row = plan[0]
-    key = row.get("key")
-    extra = row.get("Extra") or ""
+    plan = read_plan(repository.explain_claim(conn, queue, limit))
     shown = (f"EXPLAIN of the claim (queue {queue!r}, LIMIT {limit}) at about {size if size is not None else '?'} "
-             f"rows in job_queue: key={key}, rows={row.get('rows')}, Extra={extra or '-'}")
-    if key == PICK_INDEX and "filesort" not in extra.lower() and len(plan) == 1:
+             f"rows in job_queue: key={plan.key}, rows={plan.rows}, {'filesort' if plan.filesort else 'no filesort'}")
+    if plan.key == PICK_INDEX and not plan.filesort and plan.steps == 1:
         return Check("claim_plan", Verdict.OK,
                      f"{shown}: reads {PICK_INDEX} in order, no filesort, so a claim stays cheap as done rows pile up")
-    problem = [f"uses {key or 'no index'} instead of {PICK_INDEX}"] if key != PICK_INDEX else []
-    if "filesort" in extra.lower():
+    problem = [f"uses {plan.key or 'no index'} instead of {PICK_INDEX}"] if plan.key != PICK_INDEX else []
+    if plan.filesort:
         problem.append("sorts the candidates (filesort), so it reads and locks more than the rows it takes")
-    if len(plan) != 1:
-        problem.append(f"has {len(plan)} steps instead of one")
+    if plan.steps != 1:
+        problem.append(f"has {plan.steps} steps instead of one")
     return Check("claim_plan", Verdict.WARNING, f"{shown}: {'; '.join(problem)}",
                  f"check that index {PICK_INDEX} (status, queue, priority, id) exists (`jobqueue init-db` creates "
                  "it) and refresh statistics with ANALYZE TABLE job_queue")
