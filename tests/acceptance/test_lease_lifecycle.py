@@ -145,3 +145,46 @@ def test_c_a_worker_whose_server_turns_read_only_claims_nothing_and_resumes(thro
 def row_id(engine, key: str) -> int:
     with engine.connect() as conn:
         return conn.execute(sa.select(job_queue.c.id).where(job_queue.c.task_key == key)).scalar()
+
+
+def test_c_embedded_workers_say_in_api_health_that_they_stopped_claiming(throwaway_mariadb, tmp_path):
+    import json
+    import urllib.error
+    import urllib.request
+
+    from testkit.procs import GunicornServer
+    from testkit.web import VIEWER_TOKEN, server_env
+
+    server = throwaway_mariadb("--log-bin", "--binlog-format=ROW")
+    url = server.create_database("jq")
+    engine = create_engine(url)
+    init_db(engine)
+    engine.dispose()
+    web = GunicornServer(url, tmp_path, web_workers=1, embedded_workers=2,
+                         extra_env={**server_env(url), "JOBQUEUE_LEASE_SECONDS": "5"})
+
+    def health() -> dict:
+        req = urllib.request.Request(web.base + "/api/health", headers={"Authorization": f"Bearer {VIEWER_TOKEN}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            with exc:
+                return json.loads(exc.read())
+
+    def embedded_state() -> str | None:
+        mine = [w for w in health().get("workers", []) if w.get("this_process")]
+        return mine[0]["state"] if mine else None
+
+    try:
+        wait_until(lambda: embedded_state() == "claiming", timeout=20, message="the embedded worker claiming")
+        server.execute("SET GLOBAL read_only = ON")
+        wait_until(lambda: embedded_state() == "not_primary", timeout=15, message="/api/health to say so")
+        report = health()
+        assert report["status"] == "problem"
+        assert any(c["name"] == "workers" and "not claiming" in c["detail"] for c in report["checks"])
+        server.execute("SET GLOBAL read_only = OFF")
+        wait_until(lambda: embedded_state() == "claiming", timeout=15, message="claiming again")
+    finally:
+        web.stop()
+    assert "event=not_primary" in web.log() and "event=claiming_resumed" in web.log()

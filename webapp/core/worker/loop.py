@@ -322,9 +322,12 @@ class Worker:
     def _probe_read(self) -> EmptyClaimReport | None:
         try:
             if self._probe is not None:
-                return self._probe.read()
-            with self.engine.connect() as conn:
-                return repository.classify_empty(conn, self.config.queues)
+                report = self._probe.read()   # it reads the read-only flags too
+            else:
+                with self.engine.connect() as conn:
+                    report = repository.classify_empty(conn, self.config.queues)
+            self._set_state("claiming", None)
+            return report
         except DB_ERRORS as exc:
             if is_not_primary(exc):
                 self._not_primary("probe", exc)
