@@ -160,6 +160,14 @@ def complete_many(conn: Connection, leases: Sequence[Lease]) -> dict[int, Outcom
     return {lease.job_id: outcome for lease, outcome in outcomes.items()}
 
 
+def complete_with(conn: Connection, lease: Lease) -> Outcome:
+    """running -> done inside the caller's open transaction (see leases.complete_with)."""
+    outcome, loss = _leases.complete_with(conn, lease)
+    if loss is not None:
+        _report_losses([loss])
+    return outcome
+
+
 def complete(conn: Connection, lease: Lease) -> Outcome:
     """running -> done, only for the holder of this lease."""
     return complete_many(conn, [lease])[lease.job_id]
@@ -279,7 +287,7 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
 __all__ = [
     "ActionResult", "BULK_ELIGIBLE", "BulkResult", "JobFilter", "QueueSummary", "ReapResult", "Reclaimed",
     "activity", "bulk_action", "claim", "claim_cycle", "classify_empty", "classify_row", "classify_statement",
-    "complete", "complete_many", "count_by_status", "database_now", "distinct_values", "enqueue", "enqueue_many",
+    "complete", "complete_many", "complete_with", "count_by_status", "database_now", "distinct_values", "enqueue", "enqueue_many",
     "explain_claim", "fail", "fail_job", "flavour", "get_job", "get_job_by_key", "get_result", "heartbeat",
     "list_attempts", "list_audit", "list_jobs", "list_processes", "mark_stopped", "pick_statement", "promote_due",
     "prune_history", "queue_summaries", "read_only_flags", "ready_queues", "reap", "record_result", "register_process", "release",
