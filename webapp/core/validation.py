@@ -57,6 +57,23 @@ def check_task_key(task_key: Any) -> str:
     return task_key
 
 
+MAX_REASON_CHARS = 4000
+
+
+def check_reason(reason: Any) -> str | None:
+    """An operator's reason for failing a job: text (newlines allowed, it is shown as a block),
+    valid Unicode (a lone surrogate cannot be stored), at most MAX_REASON_CHARS."""
+    if reason is None:
+        return None
+    if not isinstance(reason, str):
+        raise ValidationError("reason must be a string", "reason")
+    if any(unicodedata.category(ch) == "Cs" for ch in reason):
+        raise ValidationError("reason holds a lone surrogate (such as \\ud800), which is not valid Unicode", "reason")
+    if len(reason) > MAX_REASON_CHARS:
+        raise ValidationError(f"reason is longer than {MAX_REASON_CHARS} characters", "reason")
+    return reason
+
+
 def check_payload(payload: Any) -> dict[str, Any]:
     if payload is None:
         payload = {}
