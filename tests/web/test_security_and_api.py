@@ -209,3 +209,38 @@ def test_api_stats_for_a_viewer_token(client, engine):
 
 def test_api_uses_same_admin_token_for_writes(client):
     assert api(client, "POST", "/api/jobs", token=ADMIN_TOKEN, json={"task": "noop", "task_key": "w"}).status_code == 201
+
+
+# --- issue 12: next= stays on the site -------------------------------------------------------------
+
+HOSTILE_NEXT = ["/%09/evil.example", "/%5Cevil.example", "//evil.example", "https:evil.example",
+                "https://evil.example/", "/%0d/evil.example", "/%0a/evil.example", "%20//evil.example",
+                "/\\evil.example", "\\\\evil.example", "%09//evil.example", "/%0d%0aSet-Cookie:x=1",
+                "javascript:alert(1)", "/%00/evil.example", "%E2%80%A8//evil.example", "//%09evil.example",
+                "http:/evil.example", "/%C2%A0/evil.example", "%2F%2Fevil.example"]
+
+
+@pytest.mark.parametrize("target", HOSTILE_NEXT)
+def test_login_next_never_leaves_the_site(app, target):
+    from urllib.parse import urljoin, urlsplit
+
+    c = app.test_client()
+    token = csrf_token(c)
+    response = c.post("/login?next=" + target, data={"username": "alice", "password": ADMIN_PASSWORD,
+                                                      "csrf_token": token})
+    assert response.status_code == 302, response.status_code
+    location = response.headers["Location"]
+    # Judged the way a browser reads it: relative to the page, after its own clean-up.
+    landed = urlsplit(urljoin("https://dash.example/login", location.strip().replace("\\", "/")))
+    assert (landed.scheme, landed.netloc) == ("https", "dash.example"), location
+    assert not any(ch in location for ch in "\t\r\n\\ ") and location.isascii()
+
+
+@pytest.mark.parametrize("target, expected", [("/jobs?status=failed", "/jobs?status=failed"),
+                                              ("/jobs/12", "/jobs/12"), ("/audit?before=40", "/audit?before=40"),
+                                              ("/jobs?key=caf%C3%A9", "/jobs?key=caf%C3%A9")])
+def test_login_next_keeps_paths_on_the_site(app, target, expected):
+    c = app.test_client()
+    response = c.post("/login?next=" + target.replace("?", "%3F").replace("&", "%26").replace("=", "%3D"),
+                      data={"username": "alice", "password": ADMIN_PASSWORD, "csrf_token": csrf_token(c)})
+    assert response.status_code == 302 and response.headers["Location"] == expected

@@ -11,6 +11,7 @@ import hmac
 import secrets
 import threading
 import time
+import urllib.parse
 from collections import defaultdict, deque
 
 from flask import (Blueprint, abort, current_app, flash, g, jsonify, redirect, render_template, request,
@@ -145,11 +146,30 @@ def _api_error(status: int, message: str, headers: dict | None = None):
     return response
 
 
-def _safe_next(target: str | None) -> str:
-    # Only paths on this site: never an absolute URL or a scheme-relative one.
-    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
-        return target
-    return url_for("dashboard.overview")
+# What a browser drops from a URL before it parses it (the WHATWG URL standard): C0 controls and
+# spaces at either end, tabs and newlines anywhere. It also reads a backslash as "/" in http(s) URLs.
+_URL_EDGES = "".join(map(chr, range(0x21)))
+_URL_DROPPED = str.maketrans("", "", "\t\n\r")
+_PATH_SAFE = "/?#[]@!$&'()*+,;=:%~-._"
+
+
+def safe_next(target: str | None) -> str:
+    """Where to go after signing in: a path on this site, judged after the same clean-up a
+    browser applies to a Location header, or the overview. `/%09/evil.example` (a tab) is
+    `//evil.example` to a browser, another site, so it is judged as that and never passed on."""
+    fallback = url_for("dashboard.overview")
+    if not target:
+        return fallback
+    cleaned = target.strip(_URL_EDGES).translate(_URL_DROPPED).replace("\\", "/")
+    if not cleaned.startswith("/") or cleaned.startswith("//"):
+        return fallback
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in cleaned):
+        return fallback
+    parts = urllib.parse.urlsplit(cleaned)
+    if parts.scheme or parts.netloc:
+        return fallback
+    # Percent-encode whatever is not plain ASCII, so the header is what was judged.
+    return urllib.parse.quote(cleaned, safe=_PATH_SAFE)
 
 
 @bp.route("/login", methods=["GET", "POST"])
@@ -173,7 +193,7 @@ def login():
             session["user"] = user.name
             session.permanent = True
             current_app.logger.info("event=login user=%s addr=%s", user.name, request.remote_addr)
-            return redirect(_safe_next(request.args.get("next")))
+            return redirect(safe_next(request.args.get("next")))
         throttle.failed(*keys)
         current_app.logger.warning("event=login_failed user=%r addr=%s", name, request.remote_addr)
         return render_template("auth/login.html", error="Wrong user name or password."), 401
