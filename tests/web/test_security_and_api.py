@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from testkit.web import (ADMIN_PASSWORD, ADMIN_TOKEN, VIEWER_TOKEN, api, app_config, csrf_token, login)
 from webapp import create_app
 from webapp.core import repository
+from webapp.core.db import create_engine
 from webapp.core.models import Status
 from webapp.core.schema import job_queue
 from webapp.web.config import ConfigError
@@ -118,15 +119,28 @@ def test_dev_mode_serves_localhost_only(mysql_url):
 def test_database_down_gives_a_clear_page_and_health(mysql_url):
     app = create_app(app_config("mysql+pymysql://root@127.0.0.1:1/none"))
     c = app.test_client()
-    assert login(c).status_code == 302
-    for path in ("/", "/jobs"):
-        response = c.get(path)
-        text = response.get_data(as_text=True)
-        assert response.status_code == 503 and "database is unavailable" in text and "Traceback" not in text
+    # Sessions and the login throttle live in the database: signing in needs it.
+    refused = login(c)
+    assert refused.status_code == 503 and "database is unavailable" in refused.get_data(as_text=True)
+    assert c.get("/").status_code == 302
     assert api(c, "GET", "/api/stats").get_json() == {
         "error": "The database is unavailable or busy right now; try again in a moment."}
     health = c.get("/healthz")
     assert health.status_code == 503 and health.get_json()["status"] == "error"
+
+
+def test_database_gone_after_sign_in_gives_a_clear_page(mysql_url):
+    app = create_app(app_config(mysql_url))
+    c = app.test_client()
+    assert login(c).status_code == 302
+    ext = app.extensions["jobqueue"]
+    ext.engine.dispose()
+    ext.engine = create_engine("mysql+pymysql://root@127.0.0.1:1/none")
+    for path in ("/", "/jobs"):
+        response = c.get(path)
+        text = response.get_data(as_text=True)
+        assert response.status_code == 503 and "database is unavailable" in text and "Traceback" not in text
+    ext.engine.dispose()
 
 
 # --- the JSON API --------------------------------------------------------------------------------

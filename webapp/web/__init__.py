@@ -36,7 +36,7 @@ def create_app(test_config: dict | None = None) -> Flask:
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
         SESSION_COOKIE_SECURE=settings.secure_cookies,
-        PERMANENT_SESSION_LIFETIME=timedelta(hours=12),
+        PERMANENT_SESSION_LIFETIME=timedelta(seconds=settings.session_max_seconds),
         MAX_CONTENT_LENGTH=body_limit,
         MAX_FORM_MEMORY_SIZE=body_limit,
         WTF_CSRF_TIME_LIMIT=None,   # valid for the session's life: a dashboard stays open all night

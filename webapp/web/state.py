@@ -32,7 +32,7 @@ class QueueExtension:
     engine: Engine                 # web requests: statements and lock waits bounded
     settings: WebSettings
     runtime: Runtime               # embedded workers and the reaper, on an engine of their own
-    login_throttle: object = None
+    sign_in_pruned_at: float = 0.0      # when this process last pruned sessions and throttle rows
     _refusal: tuple[float, str | None] = (0.0, None)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -55,8 +55,6 @@ class QueueExtension:
 
 
 def init_app(app: Flask, settings: WebSettings) -> None:
-    from .auth import LoginThrottle
-
     logs.setup(settings.core.log_level)
     use(settings.core)
     load_task_modules(settings.core.task_modules)
@@ -65,8 +63,7 @@ def init_app(app: Flask, settings: WebSettings) -> None:
                            statement_timeout_seconds=REQUEST_STATEMENT_SECONDS)
     runtime_engine = create_engine(settings.core.database_urls or None, pool_size=max(4, settings.embedded_workers + 4),
                                    settings=settings.core)
-    app.extensions["jobqueue"] = QueueExtension(engine, settings, Runtime(runtime_engine, settings),
-                                                login_throttle=LoginThrottle())
+    app.extensions["jobqueue"] = QueueExtension(engine, settings, Runtime(runtime_engine, settings))
 
 
 def extension() -> QueueExtension:
