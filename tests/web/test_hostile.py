@@ -268,3 +268,38 @@ def test_payloads_too_deep_or_with_lone_surrogates_are_refused(client, engine):
                         content_type="application/json")
         assert response.status_code == 422 and response.get_json()["field"] == "payload"
     assert rows(engine) == 0
+
+
+def test_a_held_table_lock_gives_a_quick_503_while_login_static_and_healthz_answer(client, mysql_url):
+    import time
+
+    import pymysql
+    from sqlalchemy.engine import make_url
+
+    from webapp.web.state import REQUEST_LOCK_WAIT_SECONDS
+
+    u = make_url(mysql_url)
+    holder = pymysql.connect(host=u.host, port=u.port or 3306, user=u.username, database=u.database)
+    try:
+        holder.cursor().execute("LOCK TABLES job_queue WRITE")
+        answers = {}
+        for path in ("/jobs", "/", "/api/stats", "/api/jobs", "/login", "/static/app.css", "/healthz"):
+            started = time.monotonic()
+            if path.startswith("/api/"):
+                method = "POST" if path == "/api/jobs" else "GET"
+                response = api(client, method, path, json={"task": "noop", "task_key": "locked"} if method == "POST"
+                               else None)
+            else:
+                response = client.get(path)
+            answers[path] = (response.status_code, response.headers.get("Retry-After"), time.monotonic() - started)
+            response.close()
+        print({p: f"{code} in {s:.2f} s" for p, (code, _, s) in answers.items()})
+        for path in ("/jobs", "/", "/api/stats", "/api/jobs"):
+            code, retry_after, seconds = answers[path]
+            assert code == 503 and retry_after == "2", (path, answers[path])
+            # One bounded lock wait, not two and not the server's default of a year.
+            assert seconds < 2 * REQUEST_LOCK_WAIT_SECONDS + 1, (path, seconds)
+        assert all(answers[p][0] == 200 for p in ("/login", "/static/app.css", "/healthz")), answers
+    finally:
+        holder.close()
+    assert rows(client.application.extensions["jobqueue"].engine) == 0

@@ -42,15 +42,21 @@ class QueueExtension:
         checked_at, reason = self._refusal
         if time.monotonic() - checked_at < max_age:
             return reason
-        with self._lock:
+        # One thread checks; the others go on with the last answer rather than queue behind it
+        # (the check reads information_schema, which a busy server may answer slowly).
+        if not self._lock.acquire(blocking=False):
+            return reason
+        try:
             try:
                 preflight.require_supported(self.engine)
                 reason = None
             except UnsupportedDatabase as exc:
                 reason = str(exc)
             except (SQLAlchemyError, TransientDatabaseError):
-                return None  # unreachable: the request itself will say so
+                return None  # unreachable or busy: the request itself will say so
             self._refusal = (time.monotonic(), reason)
+        finally:
+            self._lock.release()
         return reason
 
 
