@@ -258,3 +258,10 @@ def test_login_next_keeps_paths_on_the_site(app, target, expected):
     response = c.post("/login?next=" + target.replace("?", "%3F").replace("&", "%26").replace("=", "%3D"),
                       data={"username": "alice", "password": ADMIN_PASSWORD, "csrf_token": csrf_token(c)})
     assert response.status_code == 302 and response.headers["Location"] == expected
+
+
+def test_hsts_when_secure_cookies_are_on(client, mysql_url):
+    assert client.get("/login").headers["Strict-Transport-Security"] == "max-age=31536000"
+    plain = create_app(app_config(mysql_url, SECURE_COOKIES="0"))
+    assert "Strict-Transport-Security" not in plain.test_client().get("/login").headers
+    plain.extensions["jobqueue"].engine.dispose()
