@@ -303,3 +303,17 @@ def test_a_held_table_lock_gives_a_quick_503_while_login_static_and_healthz_answ
     finally:
         holder.close()
     assert rows(client.application.extensions["jobqueue"].engine) == 0
+
+
+def test_a_queue_name_with_a_final_newline_is_refused(client, engine):
+    response = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "q", "queue": "default\n"})
+    assert response.status_code == 422 and response.get_json()["field"] == "queue"
+    assert rows(engine) == 0
+
+
+def test_ids_too_long_for_a_bigint_are_404(client):
+    for path in ("/jobs/99999999999999999999999", "/jobs/9223372036854775808/row"):
+        assert client.get(path).status_code == 404
+    assert api(client, "GET", "/api/jobs/99999999999999999999999").status_code == 404
+    assert api(client, "POST", "/api/jobs/99999999999999999999999/fail").status_code == 404
+    assert client.get("/jobs/9223372036854775807").status_code == 404    # the largest id: looked up, not there

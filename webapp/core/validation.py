@@ -21,7 +21,7 @@ MAX_PAYLOAD_DEPTH = 20
 MAX_DELAY_SECONDS = 366 * 24 * 3600
 PRIORITY_RANGE = (-32768, 32767)   # SMALLINT; lower runs first
 MAX_ATTEMPTS_RANGE = (1, 1000)
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")     # fullmatch: "$" would let a final newline through
 
 
 def max_payload_bytes() -> int:
@@ -41,6 +41,14 @@ class NewJob:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _whole(value: Any) -> Any:
+    """A JSON number with nothing after the point (3.0) is the integer 3, as JSON Schema counts
+    it; anything else is returned as it came, for the checks to refuse."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
 
 
 def check_task_key(task_key: Any) -> str:
@@ -126,9 +134,10 @@ def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = 
     payload = check_payload(payload)
 
     queue = spec.queue if queue is None else queue
-    if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
+    if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
         raise ValidationError("queue must be 1-64 characters of letters, digits, '_', '.' or '-'", "queue")
 
+    priority = _whole(priority)
     if not _is_int(priority) or not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
         raise ValidationError(f"priority must be an integer in {PRIORITY_RANGE[0]}..{PRIORITY_RANGE[1]}", "priority")
 
@@ -136,7 +145,7 @@ def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = 
             or not 0 <= delay <= MAX_DELAY_SECONDS:
         raise ValidationError(f"delay must be a number of seconds in 0..{MAX_DELAY_SECONDS}", "delay")
 
-    max_attempts = spec.max_attempts if max_attempts is None else max_attempts
+    max_attempts = spec.max_attempts if max_attempts is None else _whole(max_attempts)
     if not _is_int(max_attempts) or not MAX_ATTEMPTS_RANGE[0] <= max_attempts <= MAX_ATTEMPTS_RANGE[1]:
         raise ValidationError(f"max_attempts must be an integer in {MAX_ATTEMPTS_RANGE[0]}..{MAX_ATTEMPTS_RANGE[1]}",
                               "max_attempts")

@@ -7,6 +7,7 @@ GET  /api/jobs/<id>            the job, its result and its attempts
 GET  /api/stats                counts by queue and status
 POST /api/jobs/<id>/requeue    {"force": bool}: 200, 404, 409 (state / lease still valid), 423 busy
 POST /api/jobs/<id>/fail       {"reason": str}: 200, 404, 409, 423 busy
+GET  /api/openapi.json         the contract (webapp/web/openapi.py; keep it in step with the routes)
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from flask import Blueprint, g, jsonify, request
 from ..core import repository
 from ..core.errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, PayloadTooLarge, ValidationError
 from ..core.models import Job, Status
+from ..core.tasks import TASKS
 from ..core.validation import check_reason
+from . import openapi
 from .auth import token_required
 from .state import db
 
@@ -82,13 +85,13 @@ def json_object(*, fields: set[str], required: bool) -> dict[str, Any]:
         raise BadBody(400, f"the request body must be a JSON object, got {type(body).__name__}")
     unknown = sorted(set(body) - fields)
     if unknown:
-        raise BadBody(422, f"unknown fields: {', '.join(map(str, unknown))[:200]}", unknown[0])
+        raise BadBody(422, f"unknown fields: {', '.join(map(repr, unknown))[:200]}", unknown[0])
     return body
 
 
 @bp.errorhandler(BadBody)
 def _bad_body(exc: BadBody):
-    extra = {"field": exc.field} if exc.field else {}
+    extra = {"field": exc.field} if exc.field is not None else {}
     return error(exc.status, exc.message, **extra)
 
 
@@ -108,6 +111,12 @@ def enqueue():
         return error(422, str(exc), field=exc.field)
     return jsonify({"id": res.id, "task_key": res.task_key, "duplicate": res.duplicate,
                     "status": job.status.value if job else None}), (200 if res.duplicate else 201)
+
+
+@bp.get("/openapi.json")
+def openapi_document():
+    """This API's contract (OpenAPI 3.1); public, like any API's documentation."""
+    return jsonify(openapi.document(TASKS.names()))
 
 
 @bp.get("/jobs/<int:job_id>")
