@@ -105,7 +105,7 @@ def test_lock_wait_timeout_is_a_clear_503_and_writes_nothing(mysql_url, monkeypa
     client = app.test_client()
     engine = app.extensions["jobqueue"].engine
     # Another transaction inserted this task_key and has not committed: our INSERT waits on the
-    # unique key, times out, retries once, and gives up.
+    # unique key, times out and gives up (a web request does not wait twice).
     holder = engine.connect()
     holder.begin()
     holder.execute(sa.insert(job_queue).values(
