@@ -5,7 +5,6 @@ worker runs it. Screenshots land in test-artifacts/."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -18,21 +17,6 @@ from webapp.core.models import Status
 
 pytestmark = pytest.mark.slow
 ARTIFACTS = REPO / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-
-
-@pytest.fixture
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium is missing: scripts/test installs Debian's chromium package")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
-        yield b
-        b.close()
 
 
 def test_requeue_a_failed_job_and_watch_it_finish(mysql_url, tmp_path, browser):

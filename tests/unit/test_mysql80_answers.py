@@ -78,6 +78,7 @@ def test_read_only_answers_mean_not_a_primary(code):
 def test_a_read_only_answer_inside_a_transaction_becomes_not_primary():
     class Conn:
         invalidated = True
+        engine = None
 
         def in_transaction(self):
             return False

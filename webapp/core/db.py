@@ -296,9 +296,11 @@ def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10
                   lock_wait_seconds: int | None = None, statement_timeout_seconds: float | None = None,
                   settings: Settings | None = None) -> Engine:
     """An engine for the queue. `url` is one URL or several candidate primaries (default: the
-    settings). `statement_timeout_seconds` bounds every statement and metadata-lock wait (web
-    requests use it, so a table held by LOCK TABLES answers 503 quickly instead of tying up a
-    thread); workers leave it off, since their statements are short by construction."""
+    settings). `statement_timeout_seconds` bounds every statement, and makes metadata-lock
+    waits as short as row-lock waits and lock-wait timeouts answered without a second try (web
+    requests use it, so a table held by LOCK TABLES answers 503 within `lock_wait_seconds`
+    instead of tying up a thread); workers leave it off, since their statements are short by
+    construction."""
     settings = settings or current()
     urls = resolve_urls(url, settings)
     if lock_wait_seconds is None:
@@ -310,7 +312,9 @@ def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10
         init = [f"innodb_lock_wait_timeout = {int(lock_wait_seconds)}"]
         connect_args = {"charset": "utf8mb4", "connect_timeout": 5, "read_timeout": 60, "write_timeout": 60}
         if statement_timeout_seconds:
-            init.append(f"lock_wait_timeout = {max(1, int(statement_timeout_seconds))}")
+            # A table held by LOCK TABLES (or an ALTER waiting for its metadata lock) makes a
+            # statement wait for the metadata lock: as briefly as for a row lock.
+            init.append(f"lock_wait_timeout = {max(1, int(lock_wait_seconds))}")
             # A statement the server stops answers within the limit; read_timeout is the client's
             # own backstop for a server that does not answer at all.
             connect_args["read_timeout"] = max(5, int(statement_timeout_seconds * 3))
@@ -340,6 +344,8 @@ def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10
             pool_reset_on_return=None,
         )
         engine.candidates = candidates
+        if statement_timeout_seconds:
+            engine.transaction_policy = REQUEST_TRANSACTION
         _watch_roles(engine, candidates)
         return engine
     if backend == "sqlite":
@@ -472,10 +478,14 @@ def is_not_primary(exc: BaseException) -> bool:
 # A deadlock is resolved at once and worth retrying; each lock-wait timeout already cost a full
 # innodb_lock_wait_timeout, so give up on the second.
 TRANSACTION = retry.RetryPolicy(attempts=6, first_delay=0.01, max_delay=0.5, attempts_by_kind={"lock_timeout": 2})
+# A web request (an engine built with a statement time limit) does not wait twice: its user gets
+# 503 with Retry-After after one lock wait, and the thread is free for the next request.
+REQUEST_TRANSACTION = retry.RetryPolicy(attempts=6, first_delay=0.01, max_delay=0.5,
+                                        attempts_by_kind={"lock_timeout": 1})
 
 
 def transaction(conn: Connection, fn: Callable[[Connection], T], *, what: str,
-                policy: retry.RetryPolicy = TRANSACTION) -> T:
+                policy: retry.RetryPolicy | None = None) -> T:
     """Run `fn(conn)` in its own short transaction; retry deadlocks, lock-wait timeouts and lost
     connections with jittered exponential backoff.
 
@@ -484,6 +494,8 @@ def transaction(conn: Connection, fn: Callable[[Connection], T], *, what: str,
     only when they persist does the caller see TransientDatabaseError. A server that refuses
     writes as read-only raises NotPrimary (not retried here: a failover takes seconds).
     """
+    if policy is None:
+        policy = getattr(conn.engine, "transaction_policy", TRANSACTION)
     if conn.in_transaction():
         # The caller owns the transaction (say, an enqueue next to its own business rows); it
         # also owns commit and retry.

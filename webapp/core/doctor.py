@@ -23,6 +23,11 @@ Thresholds, and why:
   on locking reads, so claims, enqueues and the reaper deadlock on index gaps).
 - claim plan: the claim's SELECT must read `ix_ready_pick` in order (no filesort); otherwise a
   warning, since it is slow rather than unsafe, and grows with the table.
+- privileges: the account should hold SELECT, INSERT, UPDATE and DELETE on the queue's tables and
+  nothing that `read_only` does not bind (SUPER, ALL PRIVILEGES, MariaDB's READ_ONLY ADMIN,
+  MySQL's CONNECTION_ADMIN): with one of those, a replica made read-only still takes the
+  account's writes. A warning, not a problem: the preflight refuses read-only servers by reading
+  the flags, never by trying a write, so the queue itself stays off replicas either way.
 """
 
 from __future__ import annotations
@@ -90,6 +95,7 @@ def run_checks(engine: Engine, *, queue: str = "default") -> list[Check]:
             ("claim_plan", lambda c: check_claim_plan(c, queue)),
             ("lock_wait", check_lock_wait),
             ("clock", check_clock),
+            ("privileges", lambda c: check_privileges(c, info.flavour)),
         ]
         for name, check in server_checks:
             checks.append(_guarded(conn, name, check))
@@ -334,3 +340,36 @@ def check_clock(conn: Connection) -> Check:
                  f"{detail}, so fencing is unaffected, but log times, dashboard ages and anyone judging a lease "
                  f"from this host are off by more than {limit:g} s",
                  "synchronise both hosts' clocks (chrony or systemd-timesyncd against the same NTP servers)")
+
+
+def check_privileges(conn: Connection, flavour: str) -> Check:
+    from . import privileges
+
+    account = conn.exec_driver_sql("SELECT CURRENT_USER()").scalar()
+    lines = [row[0] for row in conn.exec_driver_sql("SHOW GRANTS FOR CURRENT_USER()").all()]
+    grants = privileges.parse_grants(lines)
+    database = conn.exec_driver_sql("SELECT DATABASE()").scalar()
+    roles = f"; it also has roles ({', '.join(grants.roles)}) whose privileges are not listed here" \
+        if grants.roles else ""
+    exempt = grants.read_only_exempt(flavour)
+    if exempt:
+        return Check("privileges", Verdict.WARNING,
+                     f"account {account} holds {', '.join(exempt)} on *.*, which read_only does not bind: on a "
+                     f"replica made read-only it still writes, so a queue pointed there by mistake would diverge "
+                     f"from the primary{roles}",
+                     "run the queue as an account with only SELECT, INSERT, UPDATE, DELETE on its database, and "
+                     "`jobqueue init-db` as a separate one that may also CREATE, ALTER, INDEX, DROP there "
+                     "(README: Least privilege)")
+    held = grants.on_tables(database or "", preflight.QUEUE_TABLES) if database else {}
+    missing = sorted({p for table in held.values() for p in privileges.DML if p not in table})
+    if missing and not grants.roles:
+        return Check("privileges", Verdict.WARNING,
+                     f"account {account} lacks {', '.join(missing)} on some queue tables in {database!r}: the "
+                     "queue's statements will be refused there",
+                     f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{database}`.* TO {account}")
+    ddl = sorted({p for table in held.values() for p in privileges.DDL if p in table})
+    note = (f"; it may also change the schema ({', '.join(ddl)}): needed by `jobqueue init-db` only, a separate "
+            "migration account is safer") if ddl else ""
+    return Check("privileges", Verdict.OK,
+                 f"account {account} holds SELECT, INSERT, UPDATE, DELETE on the queue's tables and nothing that "
+                 f"read_only does not bind{note}{roles}")

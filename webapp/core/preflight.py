@@ -25,7 +25,8 @@ from .errors import UnsupportedDatabase
 
 MIN_MYSQL = (8, 0, 1)
 MIN_MARIADB = (10, 6, 0)
-QUEUE_TABLES = ("job_queue", "job_result", "job_attempt", "worker_process", "worker_stats", "audit_log")
+QUEUE_TABLES = ("job_queue", "job_result", "job_attempt", "worker_process", "worker_stats", "audit_log", "web_session",
+                "login_throttle")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ MAX_PAYLOAD_DEPTH = 20
 MAX_DELAY_SECONDS = 366 * 24 * 3600
 PRIORITY_RANGE = (-32768, 32767)   # SMALLINT; lower runs first
 MAX_ATTEMPTS_RANGE = (1, 1000)
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")     # fullmatch: "$" would let a final newline through
 
 
 def max_payload_bytes() -> int:
@@ -43,6 +43,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _whole(value: Any) -> Any:
+    """A JSON number with nothing after the point (3.0) is the integer 3, as JSON Schema counts
+    it; anything else is returned as it came, for the checks to refuse."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
+
+
 def check_task_key(task_key: Any) -> str:
     if not isinstance(task_key, str):
         raise ValidationError("task_key must be a string", "task_key")
@@ -55,6 +63,23 @@ def check_task_key(task_key: Any) -> str:
     if task_key.strip() != task_key:
         raise ValidationError("task_key must not start or end with whitespace", "task_key")
     return task_key
+
+
+MAX_REASON_CHARS = 4000
+
+
+def check_reason(reason: Any) -> str | None:
+    """An operator's reason for failing a job: text (newlines allowed, it is shown as a block),
+    valid Unicode (a lone surrogate cannot be stored), at most MAX_REASON_CHARS."""
+    if reason is None:
+        return None
+    if not isinstance(reason, str):
+        raise ValidationError("reason must be a string", "reason")
+    if any(unicodedata.category(ch) == "Cs" for ch in reason):
+        raise ValidationError("reason holds a lone surrogate (such as \\ud800), which is not valid Unicode", "reason")
+    if len(reason) > MAX_REASON_CHARS:
+        raise ValidationError(f"reason is longer than {MAX_REASON_CHARS} characters", "reason")
+    return reason
 
 
 def check_payload(payload: Any) -> dict[str, Any]:
@@ -109,9 +134,10 @@ def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = 
     payload = check_payload(payload)
 
     queue = spec.queue if queue is None else queue
-    if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
+    if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
         raise ValidationError("queue must be 1-64 characters of letters, digits, '_', '.' or '-'", "queue")
 
+    priority = _whole(priority)
     if not _is_int(priority) or not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
         raise ValidationError(f"priority must be an integer in {PRIORITY_RANGE[0]}..{PRIORITY_RANGE[1]}", "priority")
 
@@ -119,7 +145,7 @@ def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = 
             or not 0 <= delay <= MAX_DELAY_SECONDS:
         raise ValidationError(f"delay must be a number of seconds in 0..{MAX_DELAY_SECONDS}", "delay")
 
-    max_attempts = spec.max_attempts if max_attempts is None else max_attempts
+    max_attempts = spec.max_attempts if max_attempts is None else _whole(max_attempts)
     if not _is_int(max_attempts) or not MAX_ATTEMPTS_RANGE[0] <= max_attempts <= MAX_ATTEMPTS_RANGE[1]:
         raise ValidationError(f"max_attempts must be an integer in {MAX_ATTEMPTS_RANGE[0]}..{MAX_ATTEMPTS_RANGE[1]}",
                               "max_attempts")

@@ -7,10 +7,12 @@ GET  /api/jobs/<id>            the job, its result and its attempts
 GET  /api/stats                counts by queue and status
 POST /api/jobs/<id>/requeue    {"force": bool}: 200, 404, 409 (state / lease still valid), 423 busy
 POST /api/jobs/<id>/fail       {"reason": str}: 200, 404, 409, 423 busy
+GET  /api/openapi.json         the contract (webapp/web/openapi.py; keep it in step with the routes)
 """
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +21,9 @@ from flask import Blueprint, g, jsonify, request
 from ..core import repository
 from ..core.errors import JobBusy, JobQueueError, ValidationError, answer_for
 from ..core.models import Job, Status
+from ..core.tasks import TASKS
+from ..core.validation import check_reason
+from . import openapi
 from .auth import token_required
 from .state import db
 
@@ -51,19 +56,49 @@ def _actor() -> str:
     return f"api:{g.api_token.name}"
 
 
+class BadBody(Exception):
+    """The request body is not what the endpoint takes: answered 400 (or 422 for a field) before
+    anything is done."""
+
+    def __init__(self, status: int, message: str, field: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.field = status, message, field
+
+
+def json_object(*, fields: set[str], required: bool) -> dict[str, Any]:
+    """The body as a JSON object with only `fields` in it. An empty body is {} unless `required`.
+    A body nested deeper than the JSON parser recurses (thousands of levels) is refused here, not
+    answered with a RecursionError."""
+    if not request.get_data(cache=True):
+        if required:
+            raise BadBody(400, "send the job as a JSON object with Content-Type: application/json")
+        return {}
+    if not request.is_json:
+        raise BadBody(400, "send a JSON object with Content-Type: application/json")
+    try:
+        body = json.loads(request.get_data(cache=True))
+    except RecursionError:
+        raise BadBody(400, "the request body is nested too deeply to be read") from None
+    except ValueError:
+        raise BadBody(400, "the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadBody(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    unknown = sorted(set(body) - fields)
+    if unknown:
+        raise BadBody(422, f"unknown fields: {', '.join(map(repr, unknown))[:200]}", unknown[0])
+    return body
+
+
+@bp.errorhandler(BadBody)
+def _bad_body(exc: BadBody):
+    extra = {"field": exc.field} if exc.field is not None else {}
+    return error(exc.status, exc.message, **extra)
+
+
 @bp.post("/jobs")
 @token_required(admin=True)
 def enqueue():
-    if not request.is_json:
-        return error(400, "send the job as a JSON object with Content-Type: application/json")
-    body = request.get_json(silent=True)
-    if body is None:
-        return error(400, "the request body is not valid JSON")
-    if not isinstance(body, dict):
-        return error(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    unknown = sorted(set(body) - ENQUEUE_FIELDS)
-    if unknown:
-        return error(422, f"unknown fields: {', '.join(map(str, unknown))[:200]}", field=unknown[0])
+    body = json_object(fields=ENQUEUE_FIELDS, required=True)
     try:
         with db() as conn:
             res = repository.enqueue(conn, body.get("task"), body.get("task_key"), body.get("payload"),
@@ -75,6 +110,12 @@ def enqueue():
         return error(answer.http_status, answer.message, **answer.extra)
     return jsonify({"id": res.id, "task_key": res.task_key, "duplicate": res.duplicate,
                     "status": job.status.value if job else None}), (200 if res.duplicate else 201)
+
+
+@bp.get("/openapi.json")
+def openapi_document():
+    """This API's contract (OpenAPI 3.1); public, like any API's documentation."""
+    return jsonify(openapi.document(TASKS.names()))
 
 
 @bp.get("/jobs/<int:job_id>")
@@ -119,22 +160,20 @@ def _operator(job_id: int, action):
                     "changed": result.changed})
 
 
-def _body() -> dict[str, Any]:
-    body = request.get_json(silent=True) if request.data else {}
-    return body if isinstance(body, dict) else {}
-
-
 @bp.post("/jobs/<int:job_id>/requeue")
 @token_required(admin=True)
 def requeue(job_id: int):
-    force = _body().get("force") is True
+    force = json_object(fields={"force"}, required=False).get("force", False)
+    if not isinstance(force, bool):
+        return error(422, "force must be true or false", field="force")
     return _operator(job_id, lambda conn: repository.requeue_job(conn, job_id, force=force, actor=_actor()))
 
 
 @bp.post("/jobs/<int:job_id>/fail")
 @token_required(admin=True)
 def fail(job_id: int):
-    reason = _body().get("reason")
-    if reason is not None and not isinstance(reason, str):
-        return error(422, "reason must be a string", field="reason")
+    try:
+        reason = check_reason(json_object(fields={"reason"}, required=False).get("reason"))
+    except ValidationError as exc:
+        return error(422, str(exc), field=exc.field)
     return _operator(job_id, lambda conn: repository.fail_job(conn, job_id, reason, actor=_actor()))

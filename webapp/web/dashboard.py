@@ -49,13 +49,27 @@ def _text_arg(source, name: str, limit: int = MAX_FILTER_CHARS) -> str | None:
     return value or None
 
 
+def _whole_number(raw: str) -> int | None:
+    # ASCII digits only: str.isdigit() also says yes to "²" and "١", which int() refuses (or, for
+    # other scripts, reads as a number nobody typed). At most 18 digits: a BIGINT always holds it.
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 18 else None
+
+
 def _int_arg(source, name: str) -> int | None:
     raw = (source.get(name) or "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or len(raw) > 18:
+    value = _whole_number(raw)
+    if value is None:
         abort(400, description=f"{name} must be a positive whole number")
-    return int(raw)
+    return value
+
+
+def _yes_no(source, name: str) -> bool:
+    value = source.get(name, "")
+    if value not in ("", "yes", "no"):
+        abort(400, description=f"{name} must be 'yes' or 'no'")
+    return value == "yes"
 
 
 def parse_filter(source) -> JobFilter:
@@ -305,30 +319,35 @@ def fail(job_id: int):
 @bp.post("/jobs/bulk")
 @admin_required
 def bulk():
+    # Everything the request says is read and checked first: a bad field answers 400 before any
+    # row is touched or audited.
     _require_confirm()
     action = request.form.get("action")
     if action not in repository.BULK_ELIGIBLE:
         abort(400, description="unknown bulk action")
     scope = request.form.get("scope", "selected")
-    force = request.form.get("force") == "yes"
+    force = _yes_no(request.form, "force")
     reason = (request.form.get("reason") or "").strip()[:1000] or None
+    previous = {k: _int_arg(request.form, f"total_{k}") or 0 for k in ("changed", "busy", "skipped")}
+    job_filter, after, ids = None, None, None
+    if scope == "filter":
+        job_filter = parse_filter(request.form)
+        after = _int_arg(request.form, "after")
+    elif scope == "selected":
+        raw = request.form.getlist("ids")
+        ids = [_whole_number(i.strip()) for i in raw]
+        if not raw or len(raw) > 1000 or None in ids:
+            abort(400, description="select between 1 and 1000 jobs (ids are positive whole numbers)")
+    else:
+        abort(400, description="scope must be 'selected' or 'filter'")
     deadline = time.monotonic() + BULK_TIME_BUDGET
-    job_filter = None
     with db() as conn:
         if scope == "filter":
-            job_filter = parse_filter(request.form)
-            after = _int_arg(request.form, "after")
             result = repository.bulk_action(conn, action, actor=actor(), job_filter=job_filter, after_id=after,
                                             reason=reason, force=force, deadline=deadline)
-        elif scope == "selected":
-            raw = request.form.getlist("ids")
-            if not raw or len(raw) > 1000 or not all(i.isdigit() and len(i) < 19 for i in raw):
-                abort(400, description="select between 1 and 1000 jobs")
-            result = repository.bulk_action(conn, action, actor=actor(), ids=[int(i) for i in raw], reason=reason,
-                                            force=force)
         else:
-            abort(400, description="scope must be 'selected' or 'filter'")
-    totals = {k: int(request.form.get(f"total_{k}", 0) or 0) + getattr(result, k) for k in ("changed", "busy", "skipped")}
+            result = repository.bulk_action(conn, action, actor=actor(), ids=ids, reason=reason, force=force)
+    totals = {k: previous[k] + getattr(result, k) for k in ("changed", "busy", "skipped")}
     context = {"action": action, "result": result, "totals": totals, "scope": scope, "force": force,
                "reason": reason, "args": filter_args(job_filter) if job_filter else {}}
     if not is_htmx():

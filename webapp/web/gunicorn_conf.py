@@ -35,6 +35,11 @@ timeout = 60
 # Longer than the embedded workers' grace plus their last writes, so they can release jobs.
 graceful_timeout = max(30, int(_settings.grace_seconds) + 10)
 accesslog = _settings.access_log
+# HTTPS served by gunicorn itself (a proxy in front that ends TLS is the other way).
+if bool(_settings.tls_cert) != bool(_settings.tls_key):
+    raise SystemExit("JOBQUEUE_TLS_CERT and JOBQUEUE_TLS_KEY go together: set both or neither")
+certfile = _settings.tls_cert
+keyfile = _settings.tls_key
 
 
 def _runtime(app):

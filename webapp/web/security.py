@@ -53,8 +53,14 @@ def init_app(app: Flask) -> None:
                     return jsonify({"error": message}), 503
                 return render_template("error.html", code=503, message=message), 503
 
+    # Secure cookies mean the site is served over HTTPS: tell browsers to use nothing else (they
+    # ignore the header on plain HTTP, so a misconfigured site is not locked out by it).
+    hsts = "max-age=31536000" if settings.secure_cookies else None
+
     @app.after_request
     def _headers(response):
+        if hsts:
+            response.headers.setdefault("Strict-Transport-Security", hsts)
         response.headers.setdefault("Content-Security-Policy", CSP)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("X-Frame-Options", "DENY")

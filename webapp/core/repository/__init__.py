@@ -9,6 +9,7 @@ verb. The worker loop, the reaper, the dashboard, the CLI and the HTTP API all c
     processes.py    register_process, heartbeat, list_processes
     reads.py        get_job, list_jobs, get_result, list_attempts, ...
     stats.py        queue_summaries, count_by_status, activity
+    sessions.py     start_session, session_state, end_session(s), login_attempt, ... (sign-in state)
 
 Each function there takes the Connection it runs on and is just its transaction (see
 `db.transaction`, retried on deadlocks, lock-wait timeouts and lost connections); it returns what
@@ -50,6 +51,8 @@ from .operator import BULK_ELIGIBLE, ActionResult, BulkResult, JobFilter, list_a
 from .processes import heartbeat, list_processes, mark_stopped, register_process
 from .reads import database_now, distinct_values, get_job, get_job_by_key, get_result, list_attempts, list_jobs, \
     running_jobs
+from .sessions import (LoginGate, SessionState, ThrottleKey, ThrottleRule, end_session, end_sessions, list_sessions,
+                       login_attempt, login_succeeded, prune_sign_in, session_state, start_session, touch_session)
 from .stats import QueueSummary, activity, count_by_status, queue_summaries
 
 log = logging.getLogger("jobqueue.repository")
@@ -285,7 +288,9 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
 
 
 __all__ = [
-    "ActionResult", "BULK_ELIGIBLE", "BulkResult", "JobFilter", "QueueSummary", "ReapResult", "Reclaimed",
+    "ActionResult", "BULK_ELIGIBLE", "BulkResult", "JobFilter", "LoginGate", "QueueSummary", "ReapResult", "Reclaimed",
+    "SessionState", "ThrottleKey", "ThrottleRule", "end_session", "end_sessions", "list_sessions", "login_attempt",
+    "login_succeeded", "prune_sign_in", "session_state", "start_session", "touch_session",
     "activity", "bulk_action", "claim", "claim_cycle", "classify_empty", "classify_row", "classify_statement",
     "complete", "complete_many", "complete_with", "count_by_status", "database_now", "distinct_values", "enqueue", "enqueue_many",
     "explain_claim", "fail", "fail_job", "flavour", "get_job", "get_job_by_key", "get_result", "heartbeat",
