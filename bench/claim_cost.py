@@ -71,9 +71,13 @@ def explain(url: str) -> dict[str, Any]:
     try:
         with engine.connect() as conn:
             plan = repository.explain_claim(conn, "default", 1)
-            stmt = repository._pick("default", 1).compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
-            # ANALYZE runs the statement (it locks one row): inside a transaction we roll back.
-            analyzed = [dict(r._mapping) for r in conn.exec_driver_sql(f"ANALYZE {stmt}").all()]
+            flavour = repository.flavour(conn)
+            stmt = repository.pick_statement(flavour).params(queue="default", limit=1).compile(
+                dialect=conn.dialect, compile_kwargs={"literal_binds": True})
+            # The statement run for real, with the rows it read: MariaDB's ANALYZE, MySQL 8.0's
+            # EXPLAIN ANALYZE (a tree of text). It locks one row: inside a transaction we roll back.
+            prefix = "ANALYZE" if flavour == "mariadb" else "EXPLAIN ANALYZE"
+            analyzed = [dict(r._mapping) for r in conn.exec_driver_sql(f"{prefix} {stmt}").all()]
             conn.rollback()
             conn.exec_driver_sql("ANALYZE TABLE job_queue").all()   # fresh statistics for the size below
             size = conn.exec_driver_sql(

@@ -43,6 +43,7 @@ from bench import common
 from bench.common import log
 from testkit.procs import GunicornServer
 from webapp.core import repository
+from webapp.core.schema import job_queue
 from webapp.core.db import create_engine
 from webapp.core.repository import JobFilter
 from webapp.core.models import Status

@@ -60,6 +60,8 @@ class Observed:
     killed_pids: set[int] = field(default_factory=set)
     stopped_pids: set[int] = field(default_factory=set)
     terminated_pids: set[int] = field(default_factory=set)
+    partitioned_pids: set[int] = field(default_factory=set)
+    forced: set[tuple[str, int]] = field(default_factory=set)   # (task_key, attempt) requeued while running
 
 
 @dataclass
@@ -212,6 +214,8 @@ def check(obs: Observed) -> Findings:
 
 def _cause(ex: Execution, attempt_row: tuple[str, str] | None, obs: Observed) -> str:
     """Why a run did not count: its process was killed or stopped, or the database let it down."""
+    if (ex.task_key, ex.attempt) in obs.forced:
+        return "an operator force-requeued it while it ran"
     if ex.pid in obs.killed_pids:
         return "process SIGKILLed"
     if ex.pid in obs.stopped_pids:
@@ -223,6 +227,8 @@ def _cause(ex: Execution, attempt_row: tuple[str, str] | None, obs: Observed) ->
     outcome, error = attempt_row
     first = _first_line(error)
     if outcome == "lease_expired":
+        if ex.pid in obs.partitioned_pids:
+            return "its worker was cut off from the database past its lease"
         return "lease expired (completion could not reach the database)"
     if outcome == "retry":
         return f"retried: {first[:80]}"

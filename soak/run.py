@@ -16,10 +16,13 @@ restart it; the shared server is never touched):
   (fails 1-2 times, then succeeds), doomed (always fails; max_attempts 2);
 - a monitor that reads (id, attempts, status) of every row twice a second and records any
   attempts that went backwards or a finished job that changed again;
-- a seeded, bounded fault schedule: SIGKILL a worker (and start a replacement), SIGSTOP a worker
-  for twice its lease then SIGCONT it, KILL CONNECTION random server connections, restart the
-  server once, hold ready rows in a paused SELECT ... FOR UPDATE, SIGKILL a gunicorn worker
-  (its master starts another), replay slices of known task_keys through both doors.
+- a seeded, bounded fault schedule: SIGKILL a worker (and start a replacement), SIGTERM one (a
+  deploy; its grace, 8 s, outlasts its lease, 3 s), SIGSTOP a worker for twice its lease then
+  SIGCONT it, cut the one worker that reaches the database through a proxy off for longer than
+  its lease (a partition: its statements hang, nothing is refused), KILL CONNECTION random server
+  connections, restart the server once, turn it read-only for a moment, force-requeue running
+  jobs as an operator would, hold ready rows in a paused SELECT ... FOR UPDATE, SIGKILL a
+  gunicorn worker (its master starts another), replay slices of known task_keys through both doors.
 
 Then the faults stop, the queue drains, every process gets SIGTERM (exit 0 expected), and
 soak/checks.py compares what was acknowledged with what the tables hold. One verdict line
@@ -53,6 +56,7 @@ from pathlib import Path
 import pymysql
 
 from soak.checks import Execution, Observed, Row, Spec, check
+from soak.partition import PartitionProxy
 from testkit.throwaway_mariadb import ThrowawayMariaDB
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 DB_NAME = "soak"
 LEASE_SECONDS = 3
 FAULT_KINDS = ("sigkill_worker", "sigterm_worker", "sigstop_worker", "kill_connection", "db_restart", "hold_rows",
-               "sigkill_web_worker", "replay")
+               "sigkill_web_worker", "replay", "force_requeue", "read_only_flip", "partition_worker")
 
 
 # --- the plan --------------------------------------------------------------------------------------
@@ -89,6 +93,12 @@ class Plan:
     hold_seconds: float = 5.0
     web_kills: int = 2
     graceful_restarts: int = 3
+    grace_seconds: float = 8.0               # longer than the lease: renewals must go on through it
+    force_requeues: int = 6                  # an operator's forced requeue of a running job
+    read_only_flips: int = 2                 # the primary turned read-only for a moment
+    read_only_seconds: float = 2.0
+    partitions: int = 2                      # one worker cut off from the database past its lease
+    partition_seconds: float = 2 * LEASE_SECONDS + 1
     replays: int = 5
     replay_api_keys: int = 40
     replay_cli_keys: int = 2
@@ -98,7 +108,7 @@ class Plan:
     def quick(cls) -> Plan:
         return cls(jobs=1200, cli_jobs=30, fault_seconds=30.0, kill_every=(3.0, 5.0), stops=1,
                    conn_kill_every=(2.0, 4.0), holds=2, web_kills=1, graceful_restarts=1, replays=2, replay_api_keys=20,
-                   replay_cli_keys=1, drain_timeout=60.0)
+                   replay_cli_keys=1, drain_timeout=60.0, force_requeues=2, read_only_flips=1, partitions=1)
 
 
 def job_specs(plan: Plan, rng: random.Random) -> list[tuple[Spec, dict, float]]:
@@ -109,8 +119,12 @@ def job_specs(plan: Plan, rng: random.Random) -> list[tuple[Spec, dict, float]]:
         kind = rng.choices(("noop", "sleep", "flaky", "doomed"), weights=(40, 30, 20, 10))[0]
         payload: dict = {"kind": kind}
         if kind == "sleep":
-            # Mostly short; a few outlast the 1 s shutdown grace, so a SIGTERM releases them.
-            payload["seconds"] = round(rng.uniform(1.0, 2.5) if rng.random() < 0.05 else rng.uniform(0.01, 0.4), 3)
+            # Mostly short; a few outlast the lease (3 s) but not the shutdown grace (8 s), so a
+            # SIGTERM must keep renewing them to the end; a very few outlast the grace too, and
+            # are released (their handlers told, and stopping).
+            r = rng.random()
+            payload["seconds"] = round(rng.uniform(8.5, 10.0) if r < 0.004 else rng.uniform(3.5, 6.0) if r < 0.05
+                                       else rng.uniform(0.01, 0.4), 3)
         elif kind == "flaky":
             payload["fail_times"] = rng.randint(1, 2)
         max_attempts = 2 if kind == "doomed" else 4
@@ -135,7 +149,9 @@ def fault_schedule(plan: Plan, rng: random.Random) -> list[tuple[float, str]]:
     events.append((window * plan.restart_at, "db_restart"))
     # Stops, holds and web kills land while the queue is busy, away from the restart and the end.
     for kind, n in (("sigstop_worker", plan.stops), ("hold_rows", plan.holds), ("sigkill_web_worker", plan.web_kills),
-                    ("sigterm_worker", plan.graceful_restarts), ("replay", plan.replays)):
+                    ("sigterm_worker", plan.graceful_restarts), ("replay", plan.replays),
+                    ("force_requeue", plan.force_requeues), ("read_only_flip", plan.read_only_flips),
+                    ("partition_worker", plan.partitions)):
         for j in range(n):
             lo, hi = window * (0.05 + 0.8 * j / n), window * (0.05 + 0.8 * (j + 1) / n)
             at = rng.uniform(lo, hi)
@@ -251,6 +267,12 @@ class Soak:
         self.killed_pids: set[int] = set()
         self.stopped_pids: set[int] = set()
         self.terminated_pids: set[int] = set()
+        self.partitioned_pids: set[int] = set()
+        self.forced: set[tuple[str, int]] = set()     # (task_key, attempt) an operator requeued while running
+        self.proxy: PartitionProxy | None = None
+        self.read_only_since: float | None = None
+        self.read_only_grace_until = 0.0
+        self.refused_while_read_only = 0
         self.replayed = 0
         self.replay_mismatches: list[str] = []
         self.held_touched: list[str] = []
@@ -286,13 +308,17 @@ class Soak:
         env.pop("JOBQUEUE_DATABASE_URL", None)
         return env
 
-    def start_worker(self) -> Proc:
+    def start_worker(self, proxied: bool = False) -> Proc:
+        """A worker process; `proxied`, it reaches the database through the partition proxy."""
         self.worker_seq += 1
-        name = f"w{self.worker_seq}"
-        p = Proc(name, [sys.executable, "-m", "webapp.cli", "--database-url", self.url, "worker",
+        name = f"w{self.worker_seq}" + ("p" if proxied else "")
+        url = self.proxy.url(DB_NAME) if proxied else self.url
+        p = Proc(name, [sys.executable, "-m", "webapp.cli", "--database-url", url, "worker",
                         "--name", name, "--concurrency", str(self.plan.concurrency),
-                        "--lease-seconds", str(LEASE_SECONDS), "--grace-seconds", "1", "--tasks", "soak.tasks"],
+                        "--lease-seconds", str(LEASE_SECONDS), "--grace-seconds", str(self.plan.grace_seconds),
+                        "--tasks", "soak.tasks"],
                  self.base_env(), self.logs / f"worker-{name}.log")
+        p.proxied = proxied
         self.workers.append(p)
         self.all_workers.append(p)
         return p
@@ -404,9 +430,9 @@ class Soak:
                     answer = json.loads(out.stdout.strip().splitlines()[-1])
                     answer["_tries"] = tries
                     return "ok", answer
-                if out.returncode != 1:
+                if out.returncode not in (1, 75):   # 75: no writable primary right now, try again
                     return "rejected", {"code": out.returncode, "stderr": out.stderr[-500:]}
-                self.enqueue_retries["cli exit 1"] += 1
+                self.enqueue_retries[f"cli exit {out.returncode}"] += 1
             if time.monotonic() > deadline:
                 return "gave_up", None
             time.sleep(pause * random.uniform(0.5, 1.5))
@@ -522,10 +548,18 @@ class Soak:
     def check_unexpected_exits(self) -> None:
         for w in list(self.workers):
             if not w.alive() and w.fate == "running":
-                w.fate = "exited"
-                self.unexpected_exits.append(f"worker {w.name} (pid {w.pid}) exited with {w.proc.returncode}")
+                if w.proc.returncode == 3 and (self.read_only_since is not None
+                                               or time.monotonic() < self.read_only_grace_until):
+                    # Started while the server was read-only: refusing to start (exit 3, nothing
+                    # claimed) is the contract; a supervisor starts it again, and so do we.
+                    w.fate = "refused (server read-only)"
+                    self.refused_while_read_only += 1
+                    self.note(f"worker {w.name} refused to start on the read-only server (exit 3)")
+                else:
+                    w.fate = "exited"
+                    self.unexpected_exits.append(f"worker {w.name} (pid {w.pid}) exited with {w.proc.returncode}")
                 self.workers.remove(w)
-                self.start_worker()
+                self.start_worker(proxied=getattr(w, "proxied", False))
         if self.web is not None and not self.web.alive() and self.web.fate == "running":
             self.web.fate = "exited"
             self.unexpected_exits.append(f"gunicorn exited with {self.web.proc.returncode}")
@@ -540,7 +574,7 @@ class Soak:
         victim.fate = "killed"
         self.killed_pids.add(victim.pid)
         self.workers.remove(victim)
-        new = self.start_worker()
+        new = self.start_worker(proxied=getattr(victim, "proxied", False))
         self.note(f"SIGKILL worker {victim.name} (pid {victim.pid}); started {new.name} (pid {new.pid})")
 
     def fault_sigterm_worker(self, later) -> None:
@@ -555,7 +589,7 @@ class Soak:
         victim.fate = "terminated"
         self.terminated_pids.add(victim.pid)
         self.workers.remove(victim)
-        new = self.start_worker()
+        new = self.start_worker(proxied=getattr(victim, "proxied", False))
         self.note(f"SIGTERM worker {victim.name} (pid {victim.pid}); started {new.name} (pid {new.pid})")
 
         def check_exit():
@@ -585,6 +619,61 @@ class Soak:
             self.note(f"SIGCONT worker {victim.name} (pid {victim.pid})")
 
         later(self.plan.stop_seconds, resume)
+
+    def fault_force_requeue(self, later) -> None:
+        """An operator's forced requeue of a running job (preferably a long one): the old attempt's
+        lease is fenced, its handler told within a renewal; the job runs again as attempt + 1."""
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT id, task_key, attempts FROM job_queue WHERE status = 'running' "
+                            "ORDER BY started_at LIMIT 20")
+                running = cur.fetchall()
+        finally:
+            conn.close()
+        if not running:
+            raise NotNow("no running job to requeue")
+        job_id, task_key, attempt = self.rng.choice(running)
+        status, answer = self._http("POST", f"/api/jobs/{job_id}/requeue", {"force": True})
+        if status != 200 or not answer.get("changed"):
+            raise NotNow(f"requeue of job {job_id} answered {status} {answer}")
+        self.forced.add((task_key, int(attempt)))
+        self.note(f"forced requeue of running job {job_id} ({task_key}, attempt {attempt})")
+
+    def fault_read_only_flip(self, later) -> None:
+        """The primary turns read-only for a moment (a botched switchover): claims and writes
+        pause everywhere, enqueues answer 503 / exit 75 and are retried, then all resumes."""
+        self.server.execute("SET GLOBAL read_only = ON")
+        self.read_only_since = time.monotonic()
+        self.note(f"read_only = ON for {self.plan.read_only_seconds:g} s")
+
+        def back():
+            self.server.execute("SET GLOBAL read_only = OFF")
+            self.note("read_only = OFF")
+            self.read_only_since = None
+            # A worker whose start-up check saw the read-only server exits 3 a moment later.
+            self.read_only_grace_until = time.monotonic() + 5
+
+        later(self.plan.read_only_seconds, back)
+
+    def fault_partition_worker(self, later) -> None:
+        """Cut the proxied worker off from the database for longer than its lease: its statements
+        hang, its local deadline must tell its handlers the leases are gone, and its late writes
+        must be fenced."""
+        victims = [w for w in self.live_workers(started=True) if getattr(w, "proxied", False)]
+        if not victims or self.proxy.cut_off:
+            raise NotNow("no started proxied worker")
+        for w in victims:
+            self.partitioned_pids.add(w.pid)
+        self.proxy.cut()
+        self.note(f"partition: {', '.join(w.name for w in victims)} cut off from the database for "
+                  f"{self.plan.partition_seconds:g} s (lease {LEASE_SECONDS} s)")
+
+        def heal():
+            self.proxy.heal()
+            self.note("partition healed")
+
+        later(self.plan.partition_seconds, heal)
 
     def fault_kill_connection(self, later) -> None:
         conn = self._connect()
@@ -820,14 +909,15 @@ class Soak:
                         attempt_rows=attempt_rows, executions=executions,
                         attempts_backwards=self.attempts_backwards, terminal_regressions=self.terminal_regressions,
                         killed_pids=self.killed_pids, stopped_pids=self.stopped_pids,
-                        terminated_pids=self.terminated_pids)
+                        terminated_pids=self.terminated_pids, partitioned_pids=self.partitioned_pids,
+                        forced=self.forced)
 
     def fenced_late_writes(self) -> int:
-        """lease_lost lines in the logs of workers that were stopped past their lease: writes the
-        fence refused after they woke up."""
+        """lease_lost lines in the logs of workers that were stopped or cut off past their lease:
+        writes the fence refused after they woke up, and leases their keepers gave up on."""
         n = 0
         for w in self.all_workers:
-            if w.pid in self.stopped_pids:
+            if w.pid in self.stopped_pids or w.pid in self.partitioned_pids:
                 n += len(re.findall(r"event=lease_lost ", w.log()))
         return n
 
@@ -883,8 +973,9 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
     drained = False
     try:
         soak.start_database()
-        for _ in range(plan.workers):
-            soak.start_worker()
+        soak.proxy = PartitionProxy(soak.server.port)
+        for i in range(plan.workers):
+            soak.start_worker(proxied=plan.partitions > 0 and i == 0)
         soak.start_web()
         soak.t0 = time.monotonic()
         monitor.start()
@@ -920,6 +1011,8 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
                 w.proc.kill()
         if soak.web is not None and soak.web.alive():
             soak.web.proc.kill()
+        if soak.proxy is not None:
+            soak.proxy.close()
         soak.server.cleanup()
         shutil.rmtree(workdir / "mariadb" / "data", ignore_errors=True)
 

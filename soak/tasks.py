@@ -18,9 +18,9 @@ counting job_result rows per task_key gives duplicate results.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
+from webapp.core.errors import LeaseLostError
 from webapp.core.tasks import JobContext, task
 
 ENV_EXEC_LOG = "SOAK_EXEC_LOG"
@@ -47,7 +47,10 @@ def _log_execution(ctx: JobContext) -> None:
 def soak(payload: dict[str, Any], ctx: JobContext) -> None:
     kind = payload.get("kind")
     if kind == "sleep":
-        time.sleep(float(payload.get("seconds", 0.1)))
+        # Cooperative: a handler told its lease is gone (an operator took the job, its worker is
+        # cut off or shutting down past its grace) stops without doing the work.
+        if ctx.lease_lost.wait(float(payload.get("seconds", 0.1))):
+            raise LeaseLostError(f"{ctx.task_key} attempt {ctx.attempt}: lease lost while sleeping")
     elif kind == "flaky":
         if ctx.attempt <= int(payload.get("fail_times", 1)):
             raise SoakFailure(f"flaky job fails attempt {ctx.attempt} of {payload.get('fail_times')} on purpose")

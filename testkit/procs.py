@@ -109,23 +109,28 @@ class GunicornServer:
     """The dashboard for real: gunicorn with our config file, embedded workers and the reaper."""
 
     def __init__(self, url: str, log_dir: Path, *, web_workers: int = 2, embedded_workers: int = 2,
-                 extra_env: dict | None = None):
+                 extra_env: dict | None = None, tls: tuple[Path, Path] | None = None, name: str = "gunicorn"):
+        import ssl
         import urllib.request
 
         self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / "gunicorn.log"
+        self.base = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        # A test's own self-signed certificate: not verified by the readiness probe.
+        self.ssl_context = ssl._create_unverified_context() if tls else None
+        self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "w")
         env = cli_env(JOBQUEUE_DATABASE_URL=url, JOBQUEUE_BIND=f"127.0.0.1:{self.port}", JOBQUEUE_LOG_LEVEL="DEBUG",
                       JOBQUEUE_WEB_WORKERS=str(web_workers), JOBQUEUE_EMBEDDED_WORKERS=str(embedded_workers),
                       JOBQUEUE_TASKS="testkit.tasks")
+        if tls:
+            env.update(JOBQUEUE_TLS_CERT=str(tls[0]), JOBQUEUE_TLS_KEY=str(tls[1]))
         env.update(extra_env or {})
         self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(REPO / "webapp/web/gunicorn_conf.py")],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         deadline = time.monotonic() + 30
         while True:
             try:
-                with urllib.request.urlopen(self.base + "/healthz", timeout=2) as r:
+                with urllib.request.urlopen(self.base + "/healthz", timeout=2, context=self.ssl_context) as r:
                     if r.status == 200:
                         break
             except OSError:

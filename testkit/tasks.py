@@ -35,3 +35,29 @@ def fail_first_attempt(payload, ctx):
     """Fails on attempt 1 (and, with max_attempts=1, for good); an operator's requeue succeeds."""
     if ctx.attempt == 1:
         raise RuntimeError("first attempt fails <b>on purpose</b>")
+
+
+@task("record_runs", max_attempts=5)
+def record_runs(payload, ctx):
+    """Appends `start <attempt>` and `end <attempt>` lines to the file `payload["log"]` around a
+    sleep of `payload["sleeps"][str(attempt)]` seconds (default `payload["seconds"]`), ignoring
+    `ctx.lease_lost` on purpose: a handler that does not cooperate, so that only the worker's
+    lease bookkeeping can keep two attempts from overlapping."""
+    import os
+
+    seconds = payload.get("sleeps", {}).get(str(ctx.attempt), payload.get("seconds", 0))
+    with open(payload["log"], "a") as f:
+        f.write(f"start {ctx.attempt} {os.getpid()} {time.time():.3f}\n")
+    time.sleep(seconds)
+    with open(payload["log"], "a") as f:
+        f.write(f"end {ctx.attempt} {os.getpid()} {time.time():.3f}\n")
+
+
+def runs(path) -> list[tuple[str, int]]:
+    """The (start|end, attempt) lines record_runs wrote, in order."""
+    try:
+        with open(path) as f:
+            lines = f.read().split("\n")
+    except FileNotFoundError:
+        return []
+    return [(parts[0], int(parts[1])) for parts in (line.split() for line in lines) if parts]

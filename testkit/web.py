@@ -102,3 +102,65 @@ def post(client, path: str, data: dict | None = None, htmx: bool = True, **kw):
 
 def api(client, method: str, path: str, token: str = ADMIN_TOKEN, **kw):
     return client.open(path, method=method, headers={"Authorization": f"Bearer {token}", **kw.pop("headers", {})}, **kw)
+
+
+class WebClient:
+    """A browser's requests to a running server, without the browser: one cookie jar, no
+    redirects followed, and optionally a source address of its own (127.0.0.3, say: the whole
+    127/8 is local), so that a server sees several clients."""
+
+    def __init__(self, base: str, source: str | None = None, ssl_context=None):
+        import urllib.parse
+
+        parts = urllib.parse.urlsplit(base)
+        self.host, self.port, self.https = parts.hostname, parts.port, parts.scheme == "https"
+        self.source = source
+        self.ssl_context = ssl_context
+        self.cookies: dict[str, str] = {}
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
+                timeout: float = 30):
+        """(status, headers, text)."""
+        import http.client
+
+        source = (self.source, 0) if self.source else None
+        if self.https:
+            conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout, source_address=source,
+                                               context=self.ssl_context)
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout, source_address=source)
+        try:
+            sent = dict(headers or {})
+            if self.cookies:
+                sent["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+            conn.request(method, path, body=body, headers=sent)
+            response = conn.getresponse()
+            text = response.read().decode("utf-8", "replace")
+            for header, value in response.getheaders():
+                if header.lower() == "set-cookie":
+                    name, _, rest = value.partition("=")
+                    cookie_value = rest.split(";", 1)[0]
+                    if cookie_value:
+                        self.cookies[name] = cookie_value
+                    else:
+                        self.cookies.pop(name, None)
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, text
+        finally:
+            conn.close()
+
+    def get(self, path: str, **kw):
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, form: dict[str, str], **kw):
+        import urllib.parse
+
+        return self.request("POST", path, body=urllib.parse.urlencode(form).encode(),
+                            headers={"Content-Type": "application/x-www-form-urlencoded", **kw.pop("headers", {})}, **kw)
+
+    def csrf_token(self, path: str = "/login") -> str:
+        return re.search(r'name="csrf_token" value="([^"]+)"', self.get(path)[2]).group(1)
+
+    def login(self, user: str = "alice", password: str = ADMIN_PASSWORD, query: str = ""):
+        """POST /login (`query` as sent, say "?next=/%09/x"): (status, headers, text)."""
+        token = self.csrf_token()
+        return self.post("/login" + query, {"username": user, "password": password, "csrf_token": token})

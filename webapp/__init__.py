@@ -1,10 +1,37 @@
 """jobqueue: a job queue in a MySQL table with a Flask operations dashboard.
 
+    from webapp import JobQueue, task
+
 `webapp.core` is the queue (no Flask below this line); `webapp.web` is the dashboard and API.
+Everything here is imported on first use, so that workers and the command line never pay for
+what they do not use (Flask above all).
 """
 
+from __future__ import annotations
 
-def create_app(test_config=None):
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .core.client import JobQueue, set_default
+    from .core.models import Enqueued, Job, Status
+    from .core.tasks import JobContext, task
+
+__all__ = ["Enqueued", "Job", "JobContext", "JobQueue", "Status", "create_app", "set_default", "task"]
+
+_LAZY = {"JobQueue": "webapp.core.client", "set_default": "webapp.core.client", "task": "webapp.core.tasks",
+         "JobContext": "webapp.core.tasks", "Enqueued": "webapp.core.models", "Job": "webapp.core.models",
+         "Status": "webapp.core.models"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'webapp' has no attribute {name!r}")
+
+
+def create_app(test_config: dict[str, Any] | None = None) -> Any:
     """Flask application factory (see webapp.web). Imported lazily so that workers and the CLI
     never import Flask."""
     from .web import create_app as _create_app

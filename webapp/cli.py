@@ -9,8 +9,23 @@ import click
 
 from .core.cli import main
 
-# Commands that live above the core: name -> "module:attribute".
-LAZY_COMMANDS = {"serve": "webapp.web.cli:serve"}
+# Commands that live above the core: name -> ("module:attribute", the line `--help` shows).
+LAZY_COMMANDS = {"serve": ("webapp.web.cli:serve", "Run the dashboard under gunicorn with embedded workers and the reaper.")}
+
+
+class _Lazy(click.Command):
+    """Listed by `jobqueue --help` without importing its module; imported when it runs."""
+
+    def __init__(self, name: str, target: str, short_help: str):
+        super().__init__(name, short_help=short_help, help=short_help)
+        self.target = target
+
+    def load(self) -> click.Command:
+        module, attribute = self.target.split(":")
+        return getattr(importlib.import_module(module), attribute)
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        return self.load().make_context(info_name, args, parent=parent, **extra)
 
 
 class _Jobqueue(click.Group):
@@ -19,8 +34,7 @@ class _Jobqueue(click.Group):
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in LAZY_COMMANDS:
-            module, attribute = LAZY_COMMANDS[name].split(":")
-            return getattr(importlib.import_module(module), attribute)
+            return _Lazy(name, *LAZY_COMMANDS[name])
         return super().get_command(ctx, name)
 
 

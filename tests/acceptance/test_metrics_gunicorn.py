@@ -4,6 +4,7 @@ add up (prometheus_client multiprocess mode), and the queue gauges come from the
 from __future__ import annotations
 
 import re
+import subprocess
 import urllib.error
 import urllib.request
 
@@ -64,3 +65,13 @@ def test_metrics_from_two_gunicorn_workers(mysql_url, tmp_path):
     assert value(text, "jobqueue_queue_jobs", queue="default", status="done") == 60
     assert value(text, "jobqueue_queue_jobs", queue="default", status="ready") == 0
     assert "jobqueue_empty_claims_total" in text and "jobqueue_queue_oldest_ready_age_seconds" in text
+    # Histograms, summed over both processes: every attempt's run time, every job's wait from
+    # run_at to its claim, every claim transaction.
+    assert value(text, "jobqueue_attempt_duration_seconds_count", task="slow_noop", outcome="done") == 60
+    assert value(text, "jobqueue_attempt_duration_seconds_bucket", task="slow_noop", outcome="done", le="0.1") == 0
+    assert value(text, "jobqueue_attempt_duration_seconds_bucket", task="slow_noop", outcome="done", le="0.5") == 60
+    assert 60 * 0.2 <= value(text, "jobqueue_attempt_duration_seconds_sum", task="slow_noop") < 60 * 0.5
+    assert value(text, "jobqueue_start_delay_seconds_count", queue="default") == 60
+    assert value(text, "jobqueue_claim_duration_seconds_count") >= value(text, "jobqueue_claims_total") / 2
+    lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert lint.returncode == 0 and not lint.stdout.strip(), f"promtool: {lint.stdout}{lint.stderr}"

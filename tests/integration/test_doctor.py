@@ -20,7 +20,7 @@ from webapp.core.errors import UnsupportedDatabase
 
 pytestmark = pytest.mark.slow
 
-CHECK_NAMES = ["server", "binlog", "primary", "tables", "isolation", "claim_plan", "lock_wait", "clock"]
+CHECK_NAMES = ["server", "binlog", "primary", "tables", "isolation", "claim_plan", "lock_wait", "clock", "privileges"]
 LOG_BIN_ROW = ("--log-bin=binlog", "--binlog-format=ROW")
 LOG_BIN_STATEMENT = ("--log-bin=binlog", "--binlog-format=STATEMENT")
 

@@ -230,7 +230,7 @@ def test_list_api_filters_pages_and_refuses_bad_input(client, engine):
     first = api(client, "GET", "/api/jobs?queue=default&limit=3", token=VIEWER_TOKEN)
     data = first.get_json()
     assert first.status_code == 200 and [j["task_key"] for j in data["jobs"]] == ["api-6", "api-5", "api-4"]
-    assert data["next_before"] == ids[4] and data["prev_after"] is None and data["matches"] == 8
+    assert data["next_before"] == ids[4] and data["matches"] == 8
     rest = api(client, "GET", f"/api/jobs?queue=default&limit=500&before={data['next_before']}").get_json()
     assert [j["task_key"] for j in rest["jobs"]] == ["api-3", "api-2", "api-1", "api-0", "f1"]
     assert rest["next_before"] is None
@@ -239,8 +239,8 @@ def test_list_api_filters_pages_and_refuses_bad_input(client, engine):
     assert api(client, "GET", "/api/jobs?key=api-&task=noop&limit=1").get_json()["jobs"][0]["task_key"] == "api-6"
     with engine.connect() as conn:
         before = conn.execute(sa.select(sa.func.count()).select_from(job_queue)).scalar()
-    for bad in ("limit=501", "limit=0", "status=nope", "before=x", "before=²", "after=1&before=2", "q=" + "x" * 201,
-                "colour=red"):
+    for bad in ("limit=501", "limit=0", "status=nope", "before=x", "before=²", "after=1", "q=" + "x" * 201,
+                "colour=red", "status=", "q=a%09b", "limit=5&limit=6"):
         answer = api(client, "GET", "/api/jobs?" + bad)
         assert answer.status_code == 400 and answer.get_json()["field"], bad
     with engine.connect() as conn:

@@ -15,7 +15,7 @@ from webapp import create_app
 from webapp.core import repository
 from webapp.core.db import create_engine
 from webapp.core.migrate import init_db
-from webapp.core.schema import job_queue
+from webapp.core.schema import audit_log, job_queue
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -105,7 +105,7 @@ def test_lock_wait_timeout_is_a_clear_503_and_writes_nothing(mysql_url, monkeypa
     client = app.test_client()
     engine = app.extensions["jobqueue"].engine
     # Another transaction inserted this task_key and has not committed: our INSERT waits on the
-    # unique key, times out, retries once, and gives up.
+    # unique key, times out and gives up (a web request does not wait twice).
     holder = engine.connect()
     holder.begin()
     holder.execute(sa.insert(job_queue).values(
@@ -174,3 +174,146 @@ def test_json_error_bodies_everywhere_under_api(client):
         response = api(client, method, path)
         assert response.status_code in (404, 405)
         assert json.loads(response.get_data(as_text=True))["error"]
+
+
+# --- issue 12: every input validated before anything is done -----------------------------------
+
+ODD_DIGITS = ["²", "١٢", "𝟗", "①", "1²", "٣"]   # str.isdigit() says yes to all of these, int() not
+
+
+def audit_rows(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.count()).select_from(audit_log)).scalar()
+
+
+def statuses(engine) -> list[tuple[int, str]]:
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(sa.select(job_queue.c.id, job_queue.c.status).order_by(job_queue.c.id))]
+
+
+def test_odd_digits_in_keyset_and_id_arguments_are_400(client):
+    for digits in ODD_DIGITS:
+        for path in ("/jobs", "/audit"):
+            response = client.get(path, query_string={"before": digits})
+            assert response.status_code == 400, (path, digits, response.status_code)
+            assert "whole number" in response.get_data(as_text=True)
+
+
+def test_bulk_with_odd_digits_or_bad_totals_is_400_and_writes_nothing(client, engine):
+    with engine.connect() as conn:
+        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(3)])]
+    before, audits = statuses(engine), audit_rows(engine)
+    base = {"confirm": "yes", "action": "fail"}
+    cases = [{**base, "scope": "selected", "ids": [str(ids[0]), digits]} for digits in ODD_DIGITS]
+    cases += [{**base, "scope": "filter", "after": digits} for digits in ODD_DIGITS]
+    cases += [{**base, "scope": "selected", "ids": [str(i) for i in ids], "total_changed": "abc"},
+              {**base, "scope": "filter", "total_busy": "²"},
+              {**base, "scope": "filter", "total_skipped": "-5"},
+              {**base, "scope": "filter", "total_changed": "9" * 40},
+              {**base, "scope": "selected", "ids": [str(i) for i in ids], "force": "maybe"},
+              {**base, "scope": "everything"}]
+    for form in cases:
+        response = post(client, "/jobs/bulk", form)
+        assert response.status_code == 400, (form, response.status_code)
+        assert "Traceback" not in response.get_data(as_text=True)
+    assert statuses(engine) == before and audit_rows(engine) == audits
+
+
+def test_deep_json_bodies_are_400_and_write_nothing(client, engine):
+    with engine.connect() as conn:
+        job_id = repository.enqueue(conn, "fail", "deep-target").id
+    audits = audit_rows(engine)
+    deep_array = "[" * 5000 + "]" * 5000
+    deep_payload = '{"task": "noop", "task_key": "deep", "payload": ' + '{"a": ' * 5000 + "1" + "}" * 5000 + "}"
+    for path in ("/api/jobs", f"/api/jobs/{job_id}/requeue", f"/api/jobs/{job_id}/fail"):
+        for body in (deep_array, deep_payload):
+            response = api(client, "POST", path, data=body, content_type="application/json")
+            assert response.status_code == 400, (path, response.status_code)
+            assert "nested" in response.get_json()["error"]
+    assert rows(engine) == 1 and statuses(engine) == [(job_id, "ready")] and audit_rows(engine) == audits
+
+
+def test_operator_api_bodies_are_validated_before_acting(client, engine):
+    with engine.connect() as conn:
+        job_id = repository.enqueue(conn, "noop", "validated").id
+    audits = audit_rows(engine)
+    for path, body, status in [
+        (f"/api/jobs/{job_id}/requeue", "[1]", 400),
+        (f"/api/jobs/{job_id}/requeue", "{not json", 400),
+        (f"/api/jobs/{job_id}/requeue", '{"force": "yes"}', 422),
+        (f"/api/jobs/{job_id}/requeue", '{"force": true, "extra": 1}', 422),
+        (f"/api/jobs/{job_id}/fail", '{"reason": "\\ud800"}', 422),
+        (f"/api/jobs/{job_id}/fail", '{"reason": 5}', 422),
+        (f"/api/jobs/{job_id}/fail", '"just a string"', 400),
+    ]:
+        response = api(client, "POST", path, data=body, content_type="application/json")
+        assert response.status_code == status, (path, body, response.status_code, response.get_data(as_text=True))
+        assert response.get_json()["error"]
+    assert statuses(engine) == [(job_id, "ready")] and audit_rows(engine) == audits
+
+
+def test_task_key_line_separators_are_refused(client, engine):
+    for key in ("a\u2028b", "a\u2029b", "a\x85b", "\u2028"):
+        response = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": key})
+        assert response.status_code == 422 and response.get_json()["field"] == "task_key", key
+    assert rows(engine) == 0
+
+
+def test_payloads_too_deep_or_with_lone_surrogates_are_refused(client, engine):
+    nested: dict = {"leaf": 1}
+    for _ in range(25):
+        nested = {"a": nested}
+    for payload in (nested, {"s": "\ud800"}):
+        response = api(client, "POST", "/api/jobs", data=json.dumps({"task": "noop", "task_key": "p", "payload": payload}),
+                        content_type="application/json")
+        assert response.status_code == 422 and response.get_json()["field"] == "payload"
+    assert rows(engine) == 0
+
+
+def test_a_held_table_lock_gives_a_quick_503_while_login_static_and_healthz_answer(client, mysql_url):
+    import time
+
+    import pymysql
+    from sqlalchemy.engine import make_url
+
+    from webapp.web.state import REQUEST_LOCK_WAIT_SECONDS
+
+    u = make_url(mysql_url)
+    holder = pymysql.connect(host=u.host, port=u.port or 3306, user=u.username, database=u.database)
+    try:
+        holder.cursor().execute("LOCK TABLES job_queue WRITE")
+        answers = {}
+        for path in ("/jobs", "/", "/api/stats", "/api/jobs", "/login", "/static/app.css", "/healthz"):
+            started = time.monotonic()
+            if path.startswith("/api/"):
+                method = "POST" if path == "/api/jobs" else "GET"
+                response = api(client, method, path, json={"task": "noop", "task_key": "locked"} if method == "POST"
+                               else None)
+            else:
+                response = client.get(path)
+            answers[path] = (response.status_code, response.headers.get("Retry-After"), time.monotonic() - started)
+            response.close()
+        print({p: f"{code} in {s:.2f} s" for p, (code, _, s) in answers.items()})
+        for path in ("/jobs", "/", "/api/stats", "/api/jobs"):
+            code, retry_after, seconds = answers[path]
+            assert code == 503 and retry_after == "2", (path, answers[path])
+            # One bounded lock wait, not two and not the server's default of a year.
+            assert seconds < 2 * REQUEST_LOCK_WAIT_SECONDS + 1, (path, seconds)
+        assert all(answers[p][0] == 200 for p in ("/login", "/static/app.css", "/healthz")), answers
+    finally:
+        holder.close()
+    assert rows(client.application.extensions["jobqueue"].engine) == 0
+
+
+def test_a_queue_name_with_a_final_newline_is_refused(client, engine):
+    response = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "q", "queue": "default\n"})
+    assert response.status_code == 422 and response.get_json()["field"] == "queue"
+    assert rows(engine) == 0
+
+
+def test_ids_too_long_for_a_bigint_are_404(client):
+    for path in ("/jobs/99999999999999999999999", "/jobs/9223372036854775808/row"):
+        assert client.get(path).status_code == 404
+    assert api(client, "GET", "/api/jobs/99999999999999999999999").status_code == 404
+    assert api(client, "POST", "/api/jobs/99999999999999999999999/fail").status_code == 404
+    assert client.get("/jobs/9223372036854775807").status_code == 404    # the largest id: looked up, not there

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from testkit.web import (ADMIN_PASSWORD, ADMIN_TOKEN, VIEWER_TOKEN, api, app_config, csrf_token, login)
 from webapp import create_app
 from webapp.core import repository
+from webapp.core.db import create_engine
 from webapp.core.models import Status
 from webapp.core.schema import job_queue
 from webapp.web.config import ConfigError
@@ -118,15 +119,28 @@ def test_dev_mode_serves_localhost_only(mysql_url):
 def test_database_down_gives_a_clear_page_and_health(mysql_url):
     app = create_app(app_config("mysql+pymysql://root@127.0.0.1:1/none"))
     c = app.test_client()
-    assert login(c).status_code == 302
-    for path in ("/", "/jobs"):
-        response = c.get(path)
-        text = response.get_data(as_text=True)
-        assert response.status_code == 503 and "database is unavailable" in text and "Traceback" not in text
+    # Sessions and the login throttle live in the database: signing in needs it.
+    refused = login(c)
+    assert refused.status_code == 503 and "database is unavailable" in refused.get_data(as_text=True)
+    assert c.get("/").status_code == 302
     assert api(c, "GET", "/api/stats").get_json() == {
         "error": "The database is unavailable or busy right now; try again in a moment."}
     health = c.get("/healthz")
     assert health.status_code == 503 and health.get_json()["status"] == "error"
+
+
+def test_database_gone_after_sign_in_gives_a_clear_page(mysql_url):
+    app = create_app(app_config(mysql_url))
+    c = app.test_client()
+    assert login(c).status_code == 302
+    ext = app.extensions["jobqueue"]
+    ext.engine.dispose()
+    ext.engine = create_engine("mysql+pymysql://root@127.0.0.1:1/none")
+    for path in ("/", "/jobs"):
+        response = c.get(path)
+        text = response.get_data(as_text=True)
+        assert response.status_code == 503 and "database is unavailable" in text and "Traceback" not in text
+    ext.engine.dispose()
 
 
 # --- the JSON API --------------------------------------------------------------------------------
@@ -209,3 +223,45 @@ def test_api_stats_for_a_viewer_token(client, engine):
 
 def test_api_uses_same_admin_token_for_writes(client):
     assert api(client, "POST", "/api/jobs", token=ADMIN_TOKEN, json={"task": "noop", "task_key": "w"}).status_code == 201
+
+
+# --- issue 12: next= stays on the site -------------------------------------------------------------
+
+HOSTILE_NEXT = ["/%09/evil.example", "/%5Cevil.example", "//evil.example", "https:evil.example",
+                "https://evil.example/", "/%0d/evil.example", "/%0a/evil.example", "%20//evil.example",
+                "/\\evil.example", "\\\\evil.example", "%09//evil.example", "/%0d%0aSet-Cookie:x=1",
+                "javascript:alert(1)", "/%00/evil.example", "%E2%80%A8//evil.example", "//%09evil.example",
+                "http:/evil.example", "/%C2%A0/evil.example", "%2F%2Fevil.example"]
+
+
+@pytest.mark.parametrize("target", HOSTILE_NEXT)
+def test_login_next_never_leaves_the_site(app, target):
+    from urllib.parse import urljoin, urlsplit
+
+    c = app.test_client()
+    token = csrf_token(c)
+    response = c.post("/login?next=" + target, data={"username": "alice", "password": ADMIN_PASSWORD,
+                                                      "csrf_token": token})
+    assert response.status_code == 302, response.status_code
+    location = response.headers["Location"]
+    # Judged the way a browser reads it: relative to the page, after its own clean-up.
+    landed = urlsplit(urljoin("https://dash.example/login", location.strip().replace("\\", "/")))
+    assert (landed.scheme, landed.netloc) == ("https", "dash.example"), location
+    assert not any(ch in location for ch in "\t\r\n\\ ") and location.isascii()
+
+
+@pytest.mark.parametrize("target, expected", [("/jobs?status=failed", "/jobs?status=failed"),
+                                              ("/jobs/12", "/jobs/12"), ("/audit?before=40", "/audit?before=40"),
+                                              ("/jobs?key=caf%C3%A9", "/jobs?key=caf%C3%A9")])
+def test_login_next_keeps_paths_on_the_site(app, target, expected):
+    c = app.test_client()
+    response = c.post("/login?next=" + target.replace("?", "%3F").replace("&", "%26").replace("=", "%3D"),
+                      data={"username": "alice", "password": ADMIN_PASSWORD, "csrf_token": csrf_token(c)})
+    assert response.status_code == 302 and response.headers["Location"] == expected
+
+
+def test_hsts_when_secure_cookies_are_on(client, mysql_url):
+    assert client.get("/login").headers["Strict-Transport-Security"] == "max-age=31536000"
+    plain = create_app(app_config(mysql_url, SECURE_COOKIES="0"))
+    assert "Strict-Transport-Security" not in plain.test_client().get("/login").headers
+    plain.extensions["jobqueue"].engine.dispose()

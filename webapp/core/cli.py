@@ -105,8 +105,9 @@ def main(ctx: click.Context, database_url: str | None, log_level: str) -> None:
     """A job queue in a MySQL table, claimed with SELECT ... FOR UPDATE SKIP LOCKED."""
     from . import logs, metrics
 
-    logs.setup(log_level)
-    if ctx.invoked_subcommand not in ("worker", "serve"):
+    long_running = ctx.invoked_subcommand in ("worker", "serve", "demo")
+    logs.setup(log_level, threaded=long_running)
+    if not long_running:
         metrics.off()   # a one-shot command serves no metrics: do not pay for them
     ctx.ensure_object(dict)
     ctx.obj["database_url"] = database_url

@@ -46,6 +46,7 @@ from . import retry
 from .errors import NotPrimary, TransientDatabaseError
 from .schema import Timestamp
 from .settings import Settings, current
+from .logs import event as log_event
 
 log = logging.getLogger("jobqueue.db")
 
@@ -225,7 +226,7 @@ class Candidates:
                     fallback.close()
                 with self._lock:
                     if self._preferred != i:
-                        log.warning("event=primary_found address=%s", self.address(i))
+                        log_event(log, logging.WARNING, "primary_found", address=self.address(i))
                     self._preferred = i
                 return conn
             if fallback is None:
@@ -260,9 +261,9 @@ def _watch_roles(engine: Engine, candidates: Candidates) -> None:
         if refusal is not None and len(candidates.urls) > 1:
             raise DisconnectionError(f"{address} is no longer writable: {refusal}")
         if (role is None or role.writable) and refusal is not None:
-            log.error("event=not_primary address=%s reason=%r", address, refusal)
+            log_event(log, logging.ERROR, "not_primary", address=address, reason=refusal)
         elif role is not None and not role.writable and refusal is None:
-            log.warning("event=primary_writable_again address=%s", address)
+            log_event(log, logging.WARNING, "primary_writable_again", address=address)
         record.info["role"] = ServerRole(address, refusal, time.monotonic())
 
 
@@ -295,9 +296,11 @@ def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10
                   lock_wait_seconds: int | None = None, statement_timeout_seconds: float | None = None,
                   settings: Settings | None = None) -> Engine:
     """An engine for the queue. `url` is one URL or several candidate primaries (default: the
-    settings). `statement_timeout_seconds` bounds every statement and metadata-lock wait (web
-    requests use it, so a table held by LOCK TABLES answers 503 quickly instead of tying up a
-    thread); workers leave it off, since their statements are short by construction."""
+    settings). `statement_timeout_seconds` bounds every statement, and makes metadata-lock
+    waits as short as row-lock waits and lock-wait timeouts answered without a second try (web
+    requests use it, so a table held by LOCK TABLES answers 503 within `lock_wait_seconds`
+    instead of tying up a thread); workers leave it off, since their statements are short by
+    construction."""
     settings = settings or current()
     urls = resolve_urls(url, settings)
     if lock_wait_seconds is None:
@@ -309,7 +312,9 @@ def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10
         init = [f"innodb_lock_wait_timeout = {int(lock_wait_seconds)}"]
         connect_args = {"charset": "utf8mb4", "connect_timeout": 5, "read_timeout": 60, "write_timeout": 60}
         if statement_timeout_seconds:
-            init.append(f"lock_wait_timeout = {max(1, int(statement_timeout_seconds))}")
+            # A table held by LOCK TABLES (or an ALTER waiting for its metadata lock) makes a
+            # statement wait for the metadata lock: as briefly as for a row lock.
+            init.append(f"lock_wait_timeout = {max(1, int(lock_wait_seconds))}")
             # A statement the server stops answers within the limit; read_timeout is the client's
             # own backstop for a server that does not answer at all.
             connect_args["read_timeout"] = max(5, int(statement_timeout_seconds * 3))
@@ -339,6 +344,8 @@ def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10
             pool_reset_on_return=None,
         )
         engine.candidates = candidates
+        if statement_timeout_seconds:
+            engine.transaction_policy = REQUEST_TRANSACTION
         _watch_roles(engine, candidates)
         return engine
     if backend == "sqlite":
@@ -471,10 +478,14 @@ def is_not_primary(exc: BaseException) -> bool:
 # A deadlock is resolved at once and worth retrying; each lock-wait timeout already cost a full
 # innodb_lock_wait_timeout, so give up on the second.
 TRANSACTION = retry.RetryPolicy(attempts=6, first_delay=0.01, max_delay=0.5, attempts_by_kind={"lock_timeout": 2})
+# A web request (an engine built with a statement time limit) does not wait twice: its user gets
+# 503 with Retry-After after one lock wait, and the thread is free for the next request.
+REQUEST_TRANSACTION = retry.RetryPolicy(attempts=6, first_delay=0.01, max_delay=0.5,
+                                        attempts_by_kind={"lock_timeout": 1})
 
 
 def transaction(conn: Connection, fn: Callable[[Connection], T], *, what: str,
-                policy: retry.RetryPolicy = TRANSACTION) -> T:
+                policy: retry.RetryPolicy | None = None) -> T:
     """Run `fn(conn)` in its own short transaction; retry deadlocks, lock-wait timeouts and lost
     connections with jittered exponential backoff.
 
@@ -483,6 +494,8 @@ def transaction(conn: Connection, fn: Callable[[Connection], T], *, what: str,
     only when they persist does the caller see TransientDatabaseError. A server that refuses
     writes as read-only raises NotPrimary (not retried here: a failover takes seconds).
     """
+    if policy is None:
+        policy = getattr(conn.engine, "transaction_policy", TRANSACTION)
     if conn.in_transaction():
         # The caller owns the transaction (say, an enqueue next to its own business rows); it
         # also owns commit and retry.
@@ -502,8 +515,8 @@ def transaction(conn: Connection, fn: Callable[[Connection], T], *, what: str,
         from . import metrics
 
         metrics.TRANSIENT_RETRIES.labels(kind=kind, operation=what).inc()
-        log.warning("event=db_retry operation=%s kind=%s attempt=%d delay_ms=%.0f error=%r",
-                    what, kind, attempt, delay * 1000, str(getattr(exc, "orig", exc))[:200])
+        log_event(log, logging.WARNING, "db_retry", operation=what, kind=kind, attempt=attempt, delay_ms=f"{delay * 1000:.0f}",
+              error=str(getattr(exc, "orig", exc))[:200])
 
     try:
         return retry.call(once, policy, transient_kind, on_retry=on_retry)

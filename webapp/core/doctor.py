@@ -23,10 +23,17 @@ Thresholds, and why:
   on locking reads, so claims, enqueues and the reaper deadlock on index gaps).
 - claim plan: the claim's SELECT must read `ix_ready_pick` in order (no filesort); otherwise a
   warning, since it is slow rather than unsafe, and grows with the table.
+- privileges: the account should hold SELECT, INSERT, UPDATE and DELETE on the queue's tables and
+  nothing that `read_only` does not bind (SUPER, ALL PRIVILEGES, MariaDB's READ_ONLY ADMIN,
+  MySQL's CONNECTION_ADMIN): with one of those, a replica made read-only still takes the
+  account's writes. A warning, not a problem: the preflight refuses read-only servers by reading
+  the flags, never by trying a write, so the queue itself stays off replicas either way.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -88,6 +95,7 @@ def run_checks(engine: Engine, *, queue: str = "default") -> list[Check]:
             ("claim_plan", lambda c: check_claim_plan(c, queue)),
             ("lock_wait", check_lock_wait),
             ("clock", check_clock),
+            ("privileges", lambda c: check_privileges(c, info.flavour)),
         ]
         for name, check in server_checks:
             checks.append(_guarded(conn, name, check))
@@ -215,26 +223,71 @@ def check_isolation(conn: Connection) -> Check:
                  "transaction_isolation=READ-COMMITTED on the server")
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What matters in a claim's plan, whatever format the server answered EXPLAIN in."""
+
+    key: str | None          # the index read
+    filesort: bool           # the candidates are sorted instead of read in order
+    steps: int               # tables (or scans) in the plan
+    rows: object             # the server's estimate of rows read, as it gave it
+
+
+def read_plan(rows: list[dict]) -> Plan:
+    """EXPLAIN's answer, read in any of its formats: traditional rows (MariaDB, MySQL with
+    FORMAT=TRADITIONAL), or a single row of JSON or TREE text (MySQL 8.0.32+ follows
+    `explain_format`, so a bare EXPLAIN may answer either)."""
+    if len(rows) == 1 and len(rows[0]) == 1:
+        text = str(next(iter(rows[0].values())))
+        if text.lstrip().startswith("{"):
+            return _read_json_plan(json.loads(text))
+        if text.lstrip().startswith("->"):
+            return _read_tree_plan(text)
+    first = rows[0] if rows else {}
+    return Plan(first.get("key"), "filesort" in (first.get("Extra") or "").lower(), len(rows), first.get("rows"))
+
+
+def _read_json_plan(doc: dict) -> Plan:
+    tables, filesort = [], False
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("using_filesort") is True:
+                filesort = True
+            if "table_name" in node and "access_type" in node:
+                tables.append(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    first = tables[0] if tables else {}
+    return Plan(first.get("key"), filesort, len(tables), first.get("rows_examined_per_scan"))
+
+
+def _read_tree_plan(text: str) -> Plan:
+    scans = re.findall(r"-> (?:Index (?:range scan|lookup|scan)|Table scan|Covering index \w+)[^\n]*", text)
+    key = next((m.group(1) for line in scans if (m := re.search(r" using (\w+)", line))), None)
+    estimate = re.search(r"rows=([0-9.e+]+)", scans[0]) if scans else None
+    return Plan(key, bool(re.search(r"-> Sort\b", text)), max(1, len(scans)), estimate.group(1) if estimate else None)
+
+
 def check_claim_plan(conn: Connection, queue: str = "default", limit: int = CLAIM_LIMIT) -> Check:
     tables = preflight.table_status(conn)
     if "job_queue" not in tables:
         return Check("claim_plan", Verdict.WARNING, "not checked: job_queue does not exist",
                      "run `jobqueue init-db`, then `jobqueue doctor` again")
     size = tables["job_queue"].approx_rows
-    plan = repository.explain_claim(conn, queue, limit)
-    row = plan[0]
-    key = row.get("key")
-    extra = row.get("Extra") or ""
+    plan = read_plan(repository.explain_claim(conn, queue, limit))
     shown = (f"EXPLAIN of the claim (queue {queue!r}, LIMIT {limit}) at about {size if size is not None else '?'} "
-             f"rows in job_queue: key={key}, rows={row.get('rows')}, Extra={extra or '-'}")
-    if key == PICK_INDEX and "filesort" not in extra.lower() and len(plan) == 1:
+             f"rows in job_queue: key={plan.key}, rows={plan.rows}, {'filesort' if plan.filesort else 'no filesort'}")
+    if plan.key == PICK_INDEX and not plan.filesort and plan.steps == 1:
         return Check("claim_plan", Verdict.OK,
                      f"{shown}: reads {PICK_INDEX} in order, no filesort, so a claim stays cheap as done rows pile up")
-    problem = [f"uses {key or 'no index'} instead of {PICK_INDEX}"] if key != PICK_INDEX else []
-    if "filesort" in extra.lower():
+    problem = [f"uses {plan.key or 'no index'} instead of {PICK_INDEX}"] if plan.key != PICK_INDEX else []
+    if plan.filesort:
         problem.append("sorts the candidates (filesort), so it reads and locks more than the rows it takes")
-    if len(plan) != 1:
-        problem.append(f"has {len(plan)} steps instead of one")
+    if plan.steps != 1:
+        problem.append(f"has {plan.steps} steps instead of one")
     return Check("claim_plan", Verdict.WARNING, f"{shown}: {'; '.join(problem)}",
                  f"check that index {PICK_INDEX} (status, queue, priority, id) exists (`jobqueue init-db` creates "
                  "it) and refresh statistics with ANALYZE TABLE job_queue")
@@ -287,3 +340,36 @@ def check_clock(conn: Connection) -> Check:
                  f"{detail}, so fencing is unaffected, but log times, dashboard ages and anyone judging a lease "
                  f"from this host are off by more than {limit:g} s",
                  "synchronise both hosts' clocks (chrony or systemd-timesyncd against the same NTP servers)")
+
+
+def check_privileges(conn: Connection, flavour: str) -> Check:
+    from . import privileges
+
+    account = conn.exec_driver_sql("SELECT CURRENT_USER()").scalar()
+    lines = [row[0] for row in conn.exec_driver_sql("SHOW GRANTS FOR CURRENT_USER()").all()]
+    grants = privileges.parse_grants(lines)
+    database = conn.exec_driver_sql("SELECT DATABASE()").scalar()
+    roles = f"; it also has roles ({', '.join(grants.roles)}) whose privileges are not listed here" \
+        if grants.roles else ""
+    exempt = grants.read_only_exempt(flavour)
+    if exempt:
+        return Check("privileges", Verdict.WARNING,
+                     f"account {account} holds {', '.join(exempt)} on *.*, which read_only does not bind: on a "
+                     f"replica made read-only it still writes, so a queue pointed there by mistake would diverge "
+                     f"from the primary{roles}",
+                     "run the queue as an account with only SELECT, INSERT, UPDATE, DELETE on its database, and "
+                     "`jobqueue init-db` as a separate one that may also CREATE, ALTER, INDEX, DROP there "
+                     "(README: Least privilege)")
+    held = grants.on_tables(database or "", preflight.QUEUE_TABLES) if database else {}
+    missing = sorted({p for table in held.values() for p in privileges.DML if p not in table})
+    if missing and not grants.roles:
+        return Check("privileges", Verdict.WARNING,
+                     f"account {account} lacks {', '.join(missing)} on some queue tables in {database!r}: the "
+                     "queue's statements will be refused there",
+                     f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{database}`.* TO {account}")
+    ddl = sorted({p for table in held.values() for p in privileges.DDL if p in table})
+    note = (f"; it may also change the schema ({', '.join(ddl)}): needed by `jobqueue init-db` only, a separate "
+            "migration account is safer") if ddl else ""
+    return Check("privileges", Verdict.OK,
+                 f"account {account} holds SELECT, INSERT, UPDATE, DELETE on the queue's tables and nothing that "
+                 f"read_only does not bind{note}{roles}")

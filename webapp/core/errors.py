@@ -10,6 +10,7 @@ such job; 75 busy right now, try again.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_STATE, EXIT_NOT_FOUND, EXIT_BUSY = 0, 1, 2, 3, 4, 75
 
@@ -105,12 +106,12 @@ class Answer:
     exit_code: int
     http_status: int
     message: str
-    extra: dict
+    extra: dict[str, Any]
 
 
 def answer_for(exc: JobQueueError) -> Answer:
     """How the CLI, the API and the dashboard report `exc`: the same code and words everywhere."""
-    extra: dict = {}
+    extra: dict[str, Any] = {}
     message = str(exc)
     if isinstance(exc, ValidationError) and exc.field:
         extra["field"] = exc.field

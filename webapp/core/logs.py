@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import atexit
 import logging
-import logging.handlers
 import os
-import queue
 import sys
 import threading
 import time
@@ -53,35 +51,46 @@ def event(logger: logging.Logger, level: int, name: str, **fields: Any) -> None:
         logger.log(level, EventMessage(name, fields))
 
 
-class _InProcessQueueHandler(logging.handlers.QueueHandler):
-    """QueueHandler formats each record in the caller's thread (to make it picklable for other
-    processes); ours stays in this process, so the listener thread formats instead."""
-
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        return record
-
-
-_listener: logging.handlers.QueueListener | None = None
+_listener = None
+_direct: logging.Handler | None = None
 _setup_lock = threading.Lock()
 
 
-def setup(level: str | int = "INFO", stream=None) -> None:
-    """Log to standard error (or `stream`) at `level` through a listener thread. Idempotent:
-    a second call only changes the level."""
-    global _listener
+def setup(level: str | int = "INFO", stream=None, *, threaded: bool = True) -> None:
+    """Log to standard error (or `stream`) at `level`, through a listener thread (`threaded`, for
+    long-running processes) or directly (a one-shot command, which logs a line or two). Idempotent:
+    a second call only changes the level, or moves a direct setup to a threaded one."""
+    global _listener, _direct
     root = logging.getLogger()
     root.setLevel(level.upper() if isinstance(level, str) else level)
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     with _setup_lock:
-        if _listener is not None:
+        if _listener is not None or (_direct is not None and not threaded):
             return
-        records: queue.SimpleQueue = queue.SimpleQueue()
         out = logging.StreamHandler(stream or sys.stderr)
         out.setFormatter(logging.Formatter(FORMAT))
-        _listener = logging.handlers.QueueListener(records, out, respect_handler_level=False)
+        if not threaded:
+            _direct = out
+            root.addHandler(out)
+            return
+        if _direct is not None:
+            root.removeHandler(_direct)
+            _direct = None
+        import queue
+        from logging import handlers
+
+        class InProcessQueueHandler(handlers.QueueHandler):
+            # QueueHandler formats each record in the caller's thread (to make it picklable for
+            # other processes); ours stays in this process, so the listener thread formats.
+            def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+                return record
+
+        records: queue.SimpleQueue = queue.SimpleQueue()
+        _listener = handlers.QueueListener(records, out, respect_handler_level=False)
         _listener.start()
-        root.addHandler(_InProcessQueueHandler(records))
+        _listener.queue_handler = InProcessQueueHandler(records)
+        root.addHandler(_listener.queue_handler)
         atexit.register(flush)
         # Threads do not survive fork(): a child (a gunicorn worker of a preloaded app) gets a
         # listener of its own for the same queue.
@@ -91,7 +100,11 @@ def setup(level: str | int = "INFO", stream=None) -> None:
 def _listen_again() -> None:
     global _listener
     if _listener is not None:
-        _listener = logging.handlers.QueueListener(_listener.queue, *_listener.handlers, respect_handler_level=False)
+        from logging import handlers
+
+        old = _listener
+        _listener = handlers.QueueListener(old.queue, *old.handlers, respect_handler_level=False)
+        _listener.queue_handler = old.queue_handler
         _listener.start()
 
 
@@ -102,9 +115,7 @@ def flush() -> None:
         listener, _listener = _listener, None
     if listener is not None:
         listener.stop()
-        for handler in list(logging.getLogger().handlers):
-            if isinstance(handler, _InProcessQueueHandler):
-                logging.getLogger().removeHandler(handler)
+        logging.getLogger().removeHandler(listener.queue_handler)
 
 
 class RateLimited:

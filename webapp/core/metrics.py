@@ -53,6 +53,13 @@ _COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "NOT_PRIMARY": ("jobqueue_not_primary", "Claims and writes refused because the server was not a writable primary",
                     ("operation",)),
     "OPERATOR_ACTIONS": ("jobqueue_operator_actions", "Operator requeue and fail actions", ("action", "outcome")),
+    "LOGINS": ("jobqueue_login_attempts", "Dashboard sign-in attempts: ok, failed, throttled", ("outcome",)),
+    "LOGINS_THROTTLED": ("jobqueue_logins_throttled",
+                         "Sign-in attempts refused by the throttle, by the limit that held (address, address_user)",
+                         ("limit",)),
+    "SESSIONS_ENDED": ("jobqueue_sessions_ended",
+                       "Dashboard sessions ended: logout, signed_out_all, idle, expired, credential_changed, ...",
+                       ("reason",)),
 }
 
 _HISTOGRAMS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {

@@ -15,6 +15,7 @@ from sqlalchemy.engine import Connection, Engine
 from . import preflight
 from .db import is_mysql
 from .errors import UnsupportedDatabase
+from .logs import event
 
 log = logging.getLogger("jobqueue.migrate")
 
@@ -66,5 +67,5 @@ def init_db(engine: Engine) -> tuple[str | None, str]:
                 conn.exec_driver_sql(f"SELECT RELEASE_LOCK('{LOCK_NAME}')")
             conn.commit()
     if before != after:
-        log.info("event=migrated from=%s to=%s", before, after)
+        event(log, logging.INFO, "migrated", **{"from": before, "to": after})
     return before, after

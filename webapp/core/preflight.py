@@ -25,7 +25,8 @@ from .errors import UnsupportedDatabase
 
 MIN_MYSQL = (8, 0, 1)
 MIN_MARIADB = (10, 6, 0)
-QUEUE_TABLES = ("job_queue", "job_result", "job_attempt", "worker_process", "worker_stats", "audit_log")
+QUEUE_TABLES = ("job_queue", "job_result", "job_attempt", "worker_process", "worker_stats", "audit_log", "web_session",
+                "login_throttle")
 
 
 @dataclass(frozen=True)
@@ -90,11 +91,18 @@ class TableStatus:
 
 def table_status(conn: Connection) -> dict[str, TableStatus]:
     """The queue tables that exist in the current database, with engine and estimated size."""
+    if is_mysql(conn) and not _is_mariadb(conn):
+        # MySQL 8.0 caches information_schema.TABLES statistics for up to a day by default.
+        conn.exec_driver_sql("SET SESSION information_schema_stats_expiry = 0")
     rows = conn.execute(sa.text(
         "SELECT TABLE_NAME, ENGINE, TABLE_ROWS FROM information_schema.TABLES "
         "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN :names"
     ).bindparams(sa.bindparam("names", expanding=True)), {"names": list(QUEUE_TABLES)}).all()
     return {name: TableStatus(engine or "", None if n is None else int(n)) for name, engine, n in rows}
+
+
+def _is_mariadb(conn: Connection) -> bool:
+    return bool(getattr(conn.dialect, "is_mariadb", False))
 
 
 def table_engines(conn: Connection) -> dict[str, str]:

@@ -133,3 +133,35 @@ audit_log = sa.Table(
     sa.Column("detail", sa.Text(), nullable=True),
     sa.Index("ix_audit_job", "job_id"),
 )
+
+# Dashboard sessions, so that the server can end them: logout, a password change in
+# JOBQUEUE_USERS (`credential` is a digest of the password hash at sign-in) and "sign out
+# everywhere" end a session in every web process on every host at once. `id` is a digest of the
+# token in the signed cookie, never the token itself.
+web_session = sa.Table(
+    "web_session",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("user_name", sa.String(100), nullable=False),
+    sa.Column("credential", sa.String(64), nullable=False),
+    sa.Column("address", sa.String(64), nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("last_seen_at", Timestamp, nullable=False),
+    sa.Column("ended_at", Timestamp, nullable=True),
+    sa.Column("end_reason", sa.String(20), nullable=True),
+    sa.Index("ix_session_user", "user_name", "ended_at"),
+    sa.Index("ix_session_seen", "last_seen_at"),
+)
+
+# The login throttle's counters, one row per client address and per (address, user name), keyed
+# by a digest of that pair; every row expires, so the table stays as small as the guessing is.
+login_throttle = sa.Table(
+    "login_throttle",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("scope", sa.String(20), nullable=False),        # address | address_user
+    sa.Column("failures", sa.Integer(), nullable=False),
+    sa.Column("blocked_until", Timestamp, nullable=True),
+    sa.Column("expires_at", Timestamp, nullable=False),
+    sa.Index("ix_throttle_expiry", "expires_at"),
+)

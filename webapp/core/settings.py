@@ -109,6 +109,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("SECURE_COOKIES", "secure_cookies", parse_bool, None,
             "`Secure` session cookies (HTTPS only); set 0 for plain HTTP outside development mode",
             "1, or 0 in development mode"),
+    Setting("SESSION_IDLE_MINUTES", "session_idle_minutes", _number(int, 1, 7 * 24 * 60), 60,
+            "a dashboard session not used for this long ends (checked on the server, every process and host)"),
+    Setting("SESSION_MAX_HOURS", "session_max_hours", _number(float, 0.1, 24 * 30), 12.0,
+            "a dashboard session ends this long after sign-in, however busy it is"),
+    Setting("TLS_CERT", "tls_cert", _text, None,
+            "PEM certificate (chain) for gunicorn to serve HTTPS itself; with `JOBQUEUE_TLS_KEY`", "none: plain HTTP"),
+    Setting("TLS_KEY", "tls_key", _text, None, "the certificate's PEM private key", "none"),
     Setting("EMBEDDED_WORKERS", "embedded_workers", _number(int, 0, 256), 2,
             "job threads in each web process (0: none)"),
     Setting("EMBEDDED_QUEUES", "embedded_queues", _csv, None, "comma-separated queues for them", "all"),
@@ -137,6 +144,10 @@ class Settings:
     dev: bool = False
     dev_password: str | None = field(default=None, repr=False)
     secure_cookies: bool | None = None
+    session_idle_minutes: int = 60
+    session_max_hours: float = 12.0
+    tls_cert: str | None = None
+    tls_key: str | None = None
     embedded_workers: int = 2
     embedded_queues: tuple[str, ...] | None = None
     bind: str | None = None

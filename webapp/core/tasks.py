@@ -15,15 +15,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .errors import LeaseLostError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
+    from .models import Enqueued
 
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 5
 
-Handler = Callable[[dict, "JobContext"], Any]
+Handler = Callable[[dict[str, Any], "JobContext"], Any]
 
 
 @dataclass(frozen=True)
@@ -61,15 +67,35 @@ class Registry:
 TASKS = Registry()
 
 
+class TaskFunction(Protocol):
+    """A function made a task by @task: still callable as itself (in tests, say), and able to
+    enqueue itself through the default client (`webapp.set_default`, else JobQueue.from_env())."""
+
+    task_name: str
+
+    def __call__(self, payload: dict[str, Any], ctx: JobContext) -> Any: ...
+
+    def enqueue(self, task_key: str, payload: dict[str, Any] | None = None, **options: Any) -> Enqueued: ...
+
+
 def task(name: str | None = None, *, queue: str = DEFAULT_QUEUE, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
          retry_base_seconds: float = 1.0, retry_cap_seconds: float = 3600.0,
-         registry: Registry = TASKS) -> Callable[[Handler], Handler]:
+         registry: Registry = TASKS) -> Callable[[Handler], TaskFunction]:
     """Register `fn(payload, ctx)` as the handler of task `name` (default: the function's name)."""
 
-    def decorate(fn: Handler) -> Handler:
-        registry.register(TaskSpec(name or fn.__name__, fn, queue, max_attempts,
-                                   retry_base_seconds, retry_cap_seconds))
-        return fn
+    def decorate(fn: Handler) -> TaskFunction:
+        task_name = name or fn.__name__
+        registry.register(TaskSpec(task_name, fn, queue, max_attempts, retry_base_seconds, retry_cap_seconds))
+
+        def enqueue(task_key: str, payload: dict[str, Any] | None = None, **options: Any) -> Enqueued:
+            from .client import default_client
+
+            return default_client().enqueue(task_name, task_key, payload, **options)
+
+        made = cast(TaskFunction, fn)
+        made.task_name = task_name
+        made.enqueue = enqueue   # type: ignore[method-assign]
+        return made
 
     return decorate
 
@@ -87,6 +113,20 @@ class JobContext:
     worker_id: str
     _record_result: Callable[[Any], bool] = field(repr=False)
     lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
+    _transaction: Callable[[], AbstractContextManager[Connection]] | None = field(default=None, repr=False)
+
+    def transaction(self) -> AbstractContextManager[Connection]:
+        """`with ctx.transaction() as conn:` a transaction on the queue's database in which this
+        attempt's completion is written too. Leaving the block commits the handler's writes and
+        marks the job done, together: if this attempt's lease is gone by then (reaped, requeued,
+        failed, cancelled), nothing of it commits and LeaseLostError is raised. If the block
+        raises, its writes roll back and the attempt is retried as usual.
+
+        Use it for effects in this database; for effects elsewhere, `record_result` (keyed by
+        task_key) is the way to stay idempotent."""
+        if self._transaction is None:
+            raise RuntimeError("ctx.transaction() needs a worker: this context was made by hand")
+        return self._transaction()
 
     def record_result(self, result: Any) -> bool:
         """Store this task_key's downstream result, at most once.
@@ -99,4 +139,4 @@ class JobContext:
 
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_QUEUE", "Handler", "JobContext", "LeaseLostError", "Registry", "TASKS",
-           "TaskSpec", "task"]
+           "TaskFunction", "TaskSpec", "task"]

@@ -21,7 +21,7 @@ MAX_PAYLOAD_DEPTH = 20
 MAX_DELAY_SECONDS = 366 * 24 * 3600
 PRIORITY_RANGE = (-32768, 32767)   # SMALLINT; lower runs first
 MAX_ATTEMPTS_RANGE = (1, 1000)
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")     # fullmatch: "$" would let a final newline through
 
 
 def max_payload_bytes() -> int:
@@ -43,6 +43,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _whole(value: Any) -> Any:
+    """A JSON number with nothing after the point (3.0) is the integer 3, as JSON Schema counts
+    it; anything else is returned as it came, for the checks to refuse."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
+
+
 def check_task_key(task_key: Any) -> str:
     if not isinstance(task_key, str):
         raise ValidationError("task_key must be a string", "task_key")
@@ -55,6 +63,23 @@ def check_task_key(task_key: Any) -> str:
     if task_key.strip() != task_key:
         raise ValidationError("task_key must not start or end with whitespace", "task_key")
     return task_key
+
+
+MAX_REASON_CHARS = 4000
+
+
+def check_reason(reason: Any) -> str | None:
+    """An operator's reason for failing a job: text (newlines allowed, it is shown as a block),
+    valid Unicode (a lone surrogate cannot be stored), at most MAX_REASON_CHARS."""
+    if reason is None:
+        return None
+    if not isinstance(reason, str):
+        raise ValidationError("reason must be a string", "reason")
+    if any(unicodedata.category(ch) == "Cs" for ch in reason):
+        raise ValidationError("reason holds a lone surrogate (such as \\ud800), which is not valid Unicode", "reason")
+    if len(reason) > MAX_REASON_CHARS:
+        raise ValidationError(f"reason is longer than {MAX_REASON_CHARS} characters", "reason")
+    return reason
 
 
 def check_payload(payload: Any) -> dict[str, Any]:
@@ -109,9 +134,10 @@ def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = 
     payload = check_payload(payload)
 
     queue = spec.queue if queue is None else queue
-    if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
+    if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
         raise ValidationError("queue must be 1-64 characters of letters, digits, '_', '.' or '-'", "queue")
 
+    priority = _whole(priority)
     if not _is_int(priority) or not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
         raise ValidationError(f"priority must be an integer in {PRIORITY_RANGE[0]}..{PRIORITY_RANGE[1]}", "priority")
 
@@ -119,7 +145,7 @@ def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = 
             or not 0 <= delay <= MAX_DELAY_SECONDS:
         raise ValidationError(f"delay must be a number of seconds in 0..{MAX_DELAY_SECONDS}", "delay")
 
-    max_attempts = spec.max_attempts if max_attempts is None else max_attempts
+    max_attempts = spec.max_attempts if max_attempts is None else _whole(max_attempts)
     if not _is_int(max_attempts) or not MAX_ATTEMPTS_RANGE[0] <= max_attempts <= MAX_ATTEMPTS_RANGE[1]:
         raise ValidationError(f"max_attempts must be an integer in {MAX_ATTEMPTS_RANGE[0]}..{MAX_ATTEMPTS_RANGE[1]}",
                               "max_attempts")
@@ -142,9 +168,11 @@ class JobQuery:
     limit: int
 
 
-def whole_number(value: Any, name: str, *, low: int = 0, high: int = 10 ** 18) -> int | None:
-    """A positive whole number given as text or int (None when empty); ValidationError otherwise."""
-    if value is None or (isinstance(value, str) and not value.strip()):
+def whole_number(value: Any, name: str, *, low: int = 0, high: int = 10 ** 18 - 1, strict: bool = False
+                 ) -> int | None:
+    """A positive whole number given as text or int (None when absent, or empty unless `strict`);
+    ValidationError otherwise."""
+    if value is None or (isinstance(value, str) and not value.strip() and not strict):
         return None
     if _is_int(value):
         number = value
@@ -157,11 +185,15 @@ def whole_number(value: Any, name: str, *, low: int = 0, high: int = 10 ** 18) -
     return number
 
 
-def _filter_text(value: Any, name: str, limit: int) -> str | None:
+def _filter_text(value: Any, name: str, limit: int, strict: bool = False) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
         raise ValidationError(f"{name} must be text", name)
+    if strict and not value:
+        raise ValidationError(f"{name} is empty; leave it out instead", name)
+    if strict and any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise ValidationError(f"{name} must not contain control characters", name)
     value = value.strip()
     if len(value) > limit:
         raise ValidationError(f"{name} is longer than {limit} characters", name)
@@ -170,27 +202,28 @@ def _filter_text(value: Any, name: str, limit: int) -> str | None:
     return value or None
 
 
-def job_query(args: Any, *, default_limit: int = 50, max_limit: int = MAX_LIST_LIMIT) -> JobQuery:
+def job_query(args: Any, *, default_limit: int = 50, max_limit: int = MAX_LIST_LIMIT, strict: bool = False) -> JobQuery:
     """The filters and keyset position of a job listing from `args` (a mapping of text: query
     arguments, a form, CLI options): status, queue, task, key (task_key prefix), q (search in
     payload, last error and task_key), before / after (keyset), limit. Bad input raises
-    ValidationError naming the field; nothing is read or written before that."""
+    ValidationError naming the field; nothing is read or written before that. `strict` (the JSON
+    API): an argument given empty or with a control character anywhere is refused, not ignored."""
     from .models import Status
     from .repository.operator import JobFilter
 
-    status = _filter_text(args.get("status"), "status", 20)
+    status = _filter_text(args.get("status"), "status", 20, strict)
     if status is not None and status not in {s.value for s in Status}:
         known = ", ".join(s.value for s in Status)
         raise ValidationError(f"unknown status {status!r} (one of {known})", "status")
-    before = whole_number(args.get("before"), "before", low=1)
-    after = whole_number(args.get("after"), "after", low=0)
+    before = whole_number(args.get("before"), "before", low=1, strict=strict)
+    after = whole_number(args.get("after"), "after", low=0, strict=strict)
     if before is not None and after is not None:
         raise ValidationError("give before or after, not both", "after")
-    limit = whole_number(args.get("limit"), "limit", low=1, high=max_limit)
+    limit = whole_number(args.get("limit"), "limit", low=1, high=max_limit, strict=strict)
     job_filter = JobFilter(status=Status(status) if status else None,
-                           queue=_filter_text(args.get("queue"), "queue", MAX_FILTER_CHARS),
-                           task=_filter_text(args.get("task"), "task", MAX_FILTER_CHARS),
-                           key_prefix=_filter_text(args.get("key"), "key", 80),
-                           search=_filter_text(args.get("q"), "q", MAX_SEARCH_CHARS),
-                           min_id=whole_number(args.get("min_id"), "min_id"))
+                           queue=_filter_text(args.get("queue"), "queue", MAX_FILTER_CHARS, strict),
+                           task=_filter_text(args.get("task"), "task", MAX_FILTER_CHARS, strict),
+                           key_prefix=_filter_text(args.get("key"), "key", 80, strict),
+                           search=_filter_text(args.get("q"), "q", MAX_SEARCH_CHARS, strict),
+                           min_id=whole_number(args.get("min_id"), "min_id", strict=strict))
     return JobQuery(job_filter, before, after, limit or default_limit)

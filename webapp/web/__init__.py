@@ -7,9 +7,16 @@ from datetime import timedelta
 from pathlib import Path
 
 from flask import Flask
+from werkzeug.routing import IntegerConverter
 
 from . import api, auth, dashboard, errors, filters, health, security, state
 from .config import SETTING_KEYS, load_settings
+
+
+class BigIntConverter(IntegerConverter):
+    def __init__(self, url_map, fixed_digits: int = 0, min: int | None = None, max: int | None = 2 ** 63 - 1,
+                 signed: bool = False):
+        super().__init__(url_map, fixed_digits=fixed_digits, min=min, max=max, signed=signed)
 
 
 def _asset_folder(name: str) -> str:
@@ -36,13 +43,15 @@ def create_app(test_config: dict | None = None) -> Flask:
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
         SESSION_COOKIE_SECURE=settings.secure_cookies,
-        PERMANENT_SESSION_LIFETIME=timedelta(hours=12),
+        PERMANENT_SESSION_LIFETIME=timedelta(seconds=settings.session_max_seconds),
         MAX_CONTENT_LENGTH=body_limit,
         MAX_FORM_MEMORY_SIZE=body_limit,
         WTF_CSRF_TIME_LIMIT=None,   # valid for the session's life: a dashboard stays open all night
     )
     app.config.update({k: v for k, v in test_config.items() if k not in SETTING_KEYS})
 
+    # Ids in URLs fit a BIGINT: a longer number is no such page (404), never a database error.
+    app.url_map.converters["int"] = BigIntConverter
     state.init_app(app, settings)
     security.init_app(app)
     errors.init_app(app)

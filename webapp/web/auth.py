@@ -7,22 +7,35 @@ Roles: `admin` acts (requeue, fail), `viewer` only looks.
 from __future__ import annotations
 
 import functools
+import hashlib
 import hmac
+import ipaddress
+import logging
+import math
 import secrets
-import threading
 import time
-from collections import defaultdict, deque
+import urllib.parse
 
 from flask import (Blueprint, abort, current_app, flash, g, jsonify, redirect, render_template, request,
                    session, url_for)
 from werkzeug.security import check_password_hash, generate_password_hash
 
+from ..core import metrics, repository
+from ..core.logs import event
+from ..core.repository import ThrottleKey, ThrottleRule
 from .config import ApiToken, User
+from .state import db, extension
 
 bp = Blueprint("auth", __name__)
+log = logging.getLogger("jobqueue.web.auth")
 
-LOGIN_WINDOW_SECONDS = 300
-LOGIN_MAX_FAILURES = 5
+# Throttle the guesser, not the owner: by (address, user name) and by address, never by user name
+# alone (that would let anyone lock an account out from anywhere). An address gets more free
+# attempts than a pair: several people may sign in from behind one NAT.
+ADDRESS_USER_RULE = ThrottleRule("address_user", free=5, first_delay=2.0, max_delay=900.0, forget=900.0)
+ADDRESS_RULE = ThrottleRule("address", free=20, first_delay=2.0, max_delay=900.0, forget=900.0)
+TOUCH_EVERY_SECONDS = 60.0     # a session's last_seen_at is written at most this often (idle limit: an hour)
+PRUNE_EVERY_SECONDS = 60.0
 
 
 @functools.cache
@@ -32,45 +45,107 @@ def _dummy_hash() -> str:
     return generate_password_hash(secrets.token_hex(16))
 
 
-class LoginThrottle:
-    """At most LOGIN_MAX_FAILURES failed logins per client address and per user name in a
-    sliding window, per web process."""
-
-    def __init__(self) -> None:
-        self._failures: dict[str, deque] = defaultdict(deque)
-        self._lock = threading.Lock()
-
-    def retry_after(self, *keys: str) -> int:
-        now = time.monotonic()
-        with self._lock:
-            waits = []
-            for key in keys:
-                q = self._failures[key]
-                while q and now - q[0] > LOGIN_WINDOW_SECONDS:
-                    q.popleft()
-                if len(q) >= LOGIN_MAX_FAILURES:
-                    waits.append(int(LOGIN_WINDOW_SECONDS - (now - q[0])) + 1)
-            return max(waits, default=0)
-
-    def failed(self, *keys: str) -> None:
-        now = time.monotonic()
-        with self._lock:
-            for key in keys:
-                self._failures[key].append(now)
-
-    def succeeded(self, *keys: str) -> None:
-        with self._lock:
-            for key in keys:
-                self._failures.pop(key, None)
-
-
 def settings():
     return current_app.extensions["jobqueue"].settings
 
 
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def credential_of(user: User) -> str:
+    """A digest of the user's password hash: it changes when JOBQUEUE_USERS gives a new password,
+    which ends the sessions signed in with the old one."""
+    return _digest("credential", user.password_hash)
+
+
+def client_address() -> str:
+    """The client's address for the throttle; IPv6 clients by their /64, which one host holds as
+    easily as one address."""
+    raw = request.remote_addr or "unknown"
+    try:
+        address = ipaddress.ip_address(raw)
+    except ValueError:
+        return raw[:64]
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
+
+
+def throttle_keys(address: str, user_name: str) -> list[ThrottleKey]:
+    # The address first: while it is blocked no (address, user) row is made (login_attempt).
+    return [ThrottleKey(_digest("address", address), ADDRESS_RULE),
+            ThrottleKey(_digest("address_user", address, user_name), ADDRESS_USER_RULE)]
+
+
+def _shown(name: str) -> str:
+    # A user name someone typed goes into log lines: keep it on one line.
+    return name if name.isprintable() else ascii(name)[1:-1]
+
+
+# --- sessions ------------------------------------------------------------------------------------
+
 def current_user() -> User | None:
-    name = session.get("user")
-    return settings().users.get(name) if name else None
+    """The signed-in user of this request, checked against web_session once per request."""
+    if "jobqueue_user" not in g:
+        g.jobqueue_user = _signed_in_user()
+    return g.jobqueue_user
+
+
+def _signed_in_user() -> User | None:
+    name, token = session.get("user"), session.get("sid")
+    if not name and not token:
+        return None
+    if not name or not isinstance(token, str):
+        session.clear()          # a cookie from before sessions were kept on the server
+        return None
+    user = settings().users.get(name)
+    session_id = _digest("session", token)
+    with db() as conn:
+        state = repository.session_state(conn, session_id)
+        reason = _end_reason(state, user)
+        if reason is None:
+            if state.idle_seconds >= TOUCH_EVERY_SECONDS:
+                repository.touch_session(conn, session_id)
+            return user
+        if state is not None and state.ended_at is None:
+            repository.end_session(conn, session_id, reason)
+            metrics.SESSIONS_ENDED.labels(reason=reason).inc()
+            event(log, logging.INFO, "session_ended", user=_shown(name), reason=reason)
+    event(log, logging.INFO, "session_refused", user=_shown(name), reason=reason, addr=request.remote_addr,
+          path=request.path)
+    session.clear()
+    return None
+
+
+def _end_reason(state: repository.SessionState | None, user: User | None) -> str | None:
+    """Why this session no longer signs anyone in, or None while it is good."""
+    if state is None:
+        return "unknown"
+    if state.ended_at is not None:
+        return state.end_reason or "ended"
+    if user is None or state.user_name != user.name:
+        return "user_removed"
+    if state.credential != credential_of(user):
+        return "credential_changed"
+    if state.age_seconds > settings().session_max_seconds:
+        return "expired"
+    if state.idle_seconds > settings().session_idle_seconds:
+        return "idle"
+    return None
+
+
+def _maybe_prune() -> None:
+    ext = extension()
+    now = time.monotonic()
+    if now - ext.sign_in_pruned_at < PRUNE_EVERY_SECONDS:
+        return
+    ext.sign_in_pruned_at = now
+    with db() as conn:
+        repository.prune_sign_in(conn, idle_seconds=settings().session_idle_seconds,
+                                 max_seconds=settings().session_max_seconds)
 
 
 def login_required(view):
@@ -151,43 +226,126 @@ def _api_error(status: int, message: str, headers: dict | None = None):
     return response
 
 
-def _safe_next(target: str | None) -> str:
-    # Only paths on this site: never an absolute URL or a scheme-relative one.
-    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
-        return target
-    return url_for("dashboard.overview")
+# What a browser drops from a URL before it parses it (the WHATWG URL standard): C0 controls and
+# spaces at either end, tabs and newlines anywhere. It also reads a backslash as "/" in http(s) URLs.
+_URL_EDGES = "".join(map(chr, range(0x21)))
+_URL_DROPPED = str.maketrans("", "", "\t\n\r")
+_PATH_SAFE = "/?#[]@!$&'()*+,;=:%~-._"
+
+
+def safe_next(target: str | None) -> str:
+    """Where to go after signing in: a path on this site, judged after the same clean-up a
+    browser applies to a Location header, or the overview. `/%09/evil.example` (a tab) is
+    `//evil.example` to a browser, another site, so it is judged as that and never passed on."""
+    fallback = url_for("dashboard.overview")
+    if not target:
+        return fallback
+    cleaned = target.strip(_URL_EDGES).translate(_URL_DROPPED).replace("\\", "/")
+    if not cleaned.startswith("/") or cleaned.startswith("//"):
+        return fallback
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in cleaned):
+        return fallback
+    parts = urllib.parse.urlsplit(cleaned)
+    if parts.scheme or parts.netloc:
+        return fallback
+    # Percent-encode whatever is not plain ASCII, so the header is what was judged.
+    return urllib.parse.quote(cleaned, safe=_PATH_SAFE)
 
 
 @bp.route("/login", methods=["GET", "POST"])
 def login():
-    throttle: LoginThrottle = current_app.extensions["jobqueue"].login_throttle
-    if request.method == "POST":
-        name = request.form.get("username", "")[:100]
-        password = request.form.get("password", "")[:1000]
-        keys = (f"addr:{request.remote_addr}", f"user:{name}")
-        wait = throttle.retry_after(*keys)
-        if wait:
-            current_app.logger.warning("event=login_throttled user=%r addr=%s", name, request.remote_addr)
-            response = current_app.make_response(
-                (render_template("auth/login.html", error=f"Too many failed attempts; try again in {wait} s."), 429))
-            response.headers["Retry-After"] = str(wait)
-            return response
-        user = settings().users.get(name)
-        if check_password_hash(user.password_hash if user else _dummy_hash(), password) and user:
-            throttle.succeeded(*keys)
-            session.clear()
-            session["user"] = user.name
-            session.permanent = True
-            current_app.logger.info("event=login user=%s addr=%s", user.name, request.remote_addr)
-            return redirect(_safe_next(request.args.get("next")))
-        throttle.failed(*keys)
-        current_app.logger.warning("event=login_failed user=%r addr=%s", name, request.remote_addr)
-        return render_template("auth/login.html", error="Wrong user name or password."), 401
-    return render_template("auth/login.html", error=None)
+    if request.method == "GET":
+        return render_template("auth/login.html", error=None)
+    name = request.form.get("username", "")[:100]
+    password = request.form.get("password", "")[:1000]
+    address = client_address()
+    keys = throttle_keys(address, name)
+    _maybe_prune()
+    with db() as conn:
+        gate = repository.login_attempt(conn, keys)
+    if not gate.allowed:
+        wait = max(1, math.ceil(gate.wait_seconds))
+        metrics.LOGINS.labels(outcome="throttled").inc()
+        metrics.LOGINS_THROTTLED.labels(limit=gate.limit).inc()
+        event(log, logging.WARNING, "login_throttled", user=_shown(name), addr=request.remote_addr, limit=gate.limit,
+              retry_after=wait)
+        response = current_app.make_response(
+            (render_template("auth/login.html", error=f"Too many failed attempts; try again in {wait} s."), 429))
+        response.headers["Retry-After"] = str(wait)
+        return response
+    user = settings().users.get(name)
+    if check_password_hash(user.password_hash if user else _dummy_hash(), password) and user:
+        token = secrets.token_urlsafe(32)
+        with db() as conn:
+            repository.login_succeeded(conn, keys)
+            repository.start_session(conn, _digest("session", token), user_name=user.name,
+                                     credential=credential_of(user), address=request.remote_addr)
+        session.clear()
+        session["user"] = user.name
+        session["sid"] = token
+        session.permanent = True
+        metrics.LOGINS.labels(outcome="ok").inc()
+        event(log, logging.INFO, "login", user=user.name, addr=request.remote_addr)
+        return redirect(safe_next(request.args.get("next")))
+    metrics.LOGINS.labels(outcome="failed").inc()
+    event(log, logging.WARNING, "login_failed", user=_shown(name), addr=request.remote_addr)
+    return render_template("auth/login.html", error="Wrong user name or password."), 401
 
 
 @bp.post("/logout")
 def logout():
+    token = session.get("sid")
+    if isinstance(token, str):
+        with db() as conn:
+            if repository.end_session(conn, _digest("session", token), "logout"):
+                metrics.SESSIONS_ENDED.labels(reason="logout").inc()
+                event(log, logging.INFO, "logout", user=_shown(str(session.get("user", ""))))
     session.clear()
     flash("Signed out.")
     return redirect(url_for("auth.login"))
+
+
+@bp.get("/sessions")
+@login_required
+def sessions():
+    """Open sessions: your own, or (admin) everyone's, with "sign out everywhere"."""
+    with db() as conn:
+        rows = repository.list_sessions(conn, idle_seconds=settings().session_idle_seconds,
+                                        max_seconds=settings().session_max_seconds,
+                                        user_name=None if g.user.can_act else g.user.name)
+        now = repository.database_now(conn)
+    current = _digest("session", session.get("sid", ""))
+    return render_template("auth/sessions.html", sessions=rows, now=now, current=current,
+                           users=sorted(settings().users), idle_minutes=round(settings().session_idle_seconds / 60),
+                           max_hours=f"{settings().session_max_seconds / 3600:g}")
+
+
+@bp.post("/sessions/end")
+@login_required
+def end_sessions():
+    """Sign out everywhere: `scope=mine` (anyone: all my sessions), `scope=user` with `user`
+    (admin: all of that user's), `scope=all` (admin: every session of every user)."""
+    scope = request.form.get("scope", "mine")
+    if scope not in ("mine", "user", "all"):
+        abort(400, description="scope must be 'mine', 'user' or 'all'")
+    if scope != "mine" and not g.user.can_act:
+        abort(403, description="your role can end its own sessions only")
+    target = g.user.name if scope == "mine" else None
+    if scope == "user":
+        target = request.form.get("user", "")
+        if target not in settings().users:
+            abort(400, description="no such user")
+    with db() as conn:
+        n = repository.end_sessions(conn, actor=f"web:{g.user.name}", user_name=target)
+    metrics.SESSIONS_ENDED.labels(reason="signed_out_all").inc(n)
+    event(log, logging.WARNING, "signed_out_everywhere", actor=g.user.name, user=target or "*", sessions=n)
+    if current_user_session_ended(target):
+        session.clear()
+        flash(f"Signed out everywhere ({n} sessions ended).")
+        return redirect(url_for("auth.login"))
+    flash(f"{n} sessions of {target or 'every user'} ended.", "success")
+    return redirect(url_for("auth.sessions"))
+
+
+def current_user_session_ended(target: str | None) -> bool:
+    return target is None or target == g.user.name

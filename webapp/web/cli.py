@@ -82,7 +82,7 @@ def serve(ctx: click.Context, host: str, port: int | None, web_workers: int | No
         banner.append(f"API token: {web.api_tokens[0].token}   (curl -H 'Authorization: Bearer ...' "
                       f"http://{shown}:{port}/api/stats)")
     # gunicorn prints this once its workers are up (gunicorn_conf.when_ready), after its own lines.
-    env["JOBQUEUE_SERVE_BANNER"] = "\n".join(banner)
+    env["_JOBQUEUE_SERVE_BANNER"] = "\n".join(banner)
     conf = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gunicorn_conf.py")
     flush()
     os.execvp(sys.executable, [sys.executable, "-m", "gunicorn", "-c", conf])

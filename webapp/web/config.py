@@ -51,6 +51,8 @@ class WebSettings:
     lease_seconds: float
     grace_seconds: float
     secure_cookies: bool
+    session_idle_seconds: float = 3600.0
+    session_max_seconds: float = 12 * 3600.0
     dev_password: str | None = field(default=None, repr=False)
 
 
@@ -126,6 +128,8 @@ def load_settings(overrides: dict | None = None, *, settings: Settings | None = 
         lease_seconds=base.lease_seconds,
         grace_seconds=base.grace_seconds,
         secure_cookies=base.secure_cookies if base.secure_cookies is not None else not base.dev,
+        session_idle_seconds=base.session_idle_minutes * 60.0,
+        session_max_seconds=base.session_max_hours * 3600.0,
         dev_password=dev_password,
     )
 

@@ -46,13 +46,27 @@ def actor() -> str:
 
 # --- request parsing -----------------------------------------------------------------------------
 
+def _whole_number(raw: str) -> int | None:
+    # ASCII digits only: str.isdigit() also says yes to "²" and "١", which int() refuses (or, for
+    # other scripts, reads as a number nobody typed). At most 18 digits: a BIGINT always holds it.
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 18 else None
+
+
 def _int_arg(source, name: str) -> int | None:
     raw = (source.get(name) or "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or len(raw) > 18:
+    value = _whole_number(raw)
+    if value is None:
         abort(400, description=f"{name} must be a positive whole number")
-    return int(raw)
+    return value
+
+
+def _yes_no(source, name: str) -> bool:
+    value = source.get(name, "")
+    if value not in ("", "yes", "no"):
+        abort(400, description=f"{name} must be 'yes' or 'no'")
+    return value == "yes"
 
 
 def parse_query(source, *, default_limit: int = PAGE_SIZE) -> JobQuery:
@@ -471,7 +485,7 @@ def _bulk_request(*, allow_none: bool = False) -> dict[str, Any]:
     if action not in repository.BULK_ELIGIBLE or action not in BULK_VERBS:
         abort(400, description="unknown bulk action")
     scope = request.form.get("scope", "selected")
-    req: dict[str, Any] = {"action": action, "scope": scope, "force": request.form.get("force") == "yes",
+    req: dict[str, Any] = {"action": action, "scope": scope, "force": _yes_no(request.form, "force"),
                            "reason": (request.form.get("reason") or "").strip()[:1000] or None,
                            "ids": None, "filter": None, "after": None}
     if scope == "filter":
@@ -483,9 +497,10 @@ def _bulk_request(*, allow_none: bool = False) -> dict[str, Any]:
         raw = request.form.getlist("ids")
         if not raw and allow_none:
             return req              # the confirmation says to tick some rows
-        if not raw or len(raw) > 1000 or not all(i.isascii() and i.isdigit() and len(i) < 19 for i in raw):
-            abort(400, description="select between 1 and 1000 jobs")
-        req["ids"] = sorted({int(i) for i in raw}, reverse=True)
+        ids = [_whole_number(i.strip()) for i in raw]
+        if not raw or len(raw) > 1000 or None in ids:
+            abort(400, description="select between 1 and 1000 jobs (ids are positive whole numbers)")
+        req["ids"] = sorted(set(ids), reverse=True)
     else:
         abort(400, description="scope must be 'selected' or 'filter'")
     return req
@@ -521,14 +536,11 @@ def bulk_confirm():
 @bp.post("/jobs/bulk")
 @admin_required
 def bulk():
+    # Everything the request says is read and checked first: a bad field answers 400 before any
+    # row is touched or audited.
     _require_confirm()
     req = _bulk_request()
-    totals_in = {}
-    for k in ("changed", "busy", "skipped"):
-        raw = request.form.get(f"total_{k}") or "0"
-        if not (raw.isascii() and raw.isdigit() and len(raw) < 10):
-            abort(400, description=f"total_{k} must be a whole number")
-        totals_in[k] = int(raw)
+    previous = {k: _int_arg(request.form, f"total_{k}") or 0 for k in ("changed", "busy", "skipped")}
     deadline = time.monotonic() + BULK_TIME_BUDGET
     action, job_filter = req["action"], req["filter"]
     with db() as conn:
@@ -538,7 +550,7 @@ def bulk():
         else:
             result = repository.bulk_action(conn, action, actor=actor(), ids=req["ids"], reason=req["reason"],
                                             force=req["force"])
-    totals = {k: totals_in[k] + getattr(result, k) for k in ("changed", "busy", "skipped")}
+    totals = {k: previous[k] + getattr(result, k) for k in ("changed", "busy", "skipped")}
     context = {"action": action, "result": result, "totals": totals, "scope": req["scope"], "force": req["force"],
                "reason": req["reason"], "args": filter_args(job_filter) if job_filter else {}}
     if not is_htmx():

@@ -13,6 +13,7 @@ from werkzeug.exceptions import HTTPException
 from ..core.errors import JobQueueError, NotPrimary, TransientDatabaseError, answer_for
 from .config import ConfigError
 from .security import wants_json
+from ..core.logs import event
 
 log = logging.getLogger("jobqueue.web")
 
@@ -30,26 +31,26 @@ def page(code: int, message: str, headers: dict | None = None, **extra):
 def init_app(app: Flask) -> None:
     @app.errorhandler(CSRFError)
     def _csrf(exc):
-        log.warning("event=csrf_refused path=%s reason=%r", request.path, exc.description)
+        event(log, logging.WARNING, "csrf_refused", path=request.path, reason=exc.description)
         return page(400, f"The form's security token is missing or stale ({exc.description}). Reload the page.")
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException):
         if exc.code and exc.code >= 500:
-            log.error("event=http_error code=%s path=%s", exc.code, request.path)
+            event(log, logging.ERROR, "http_error", code=exc.code, path=request.path)
         elif exc.code not in (401, 404):
-            log.info("event=http_refused code=%s path=%s reason=%r", exc.code, request.path, exc.description)
+            event(log, logging.INFO, "http_refused", code=exc.code, path=request.path, reason=exc.description)
         return page(exc.code or 500, exc.description or exc.name)
 
     @app.errorhandler(NotPrimary)
     def _not_primary(exc):
-        log.error("event=write_refused path=%s reason=%r", request.path, str(exc)[:300])
+        event(log, logging.ERROR, "write_refused", path=request.path, reason=str(exc)[:300])
         return page(503, f"This database does not take queue writes right now: {exc}", {"Retry-After": "5"})
 
     @app.errorhandler(SQLAlchemyError)
     @app.errorhandler(TransientDatabaseError)
     def _database(exc):
-        log.error("event=sql_error path=%s error=%r", request.path, f"{type(exc).__name__}: {exc}"[:300])
+        event(log, logging.ERROR, "sql_error", path=request.path, error=f"{type(exc).__name__}: {exc}"[:300])
         return page(503, BUSY_MESSAGE, {"Retry-After": "2"})
 
     @app.errorhandler(JobQueueError)

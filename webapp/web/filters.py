@@ -11,9 +11,12 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from flask import Flask, session
+from flask import Flask
 from markupsafe import Markup
+from sqlalchemy.exc import SQLAlchemyError
 
+from ..core.errors import TransientDatabaseError
+from .auth import current_user
 from .state import extension
 
 
@@ -120,5 +123,8 @@ def init_app(app: Flask) -> None:
 
     @app.context_processor
     def _user():
-        return {"current_user": extension().settings.users.get(session.get("user", "")),
-                "dev_mode": extension().settings.dev}
+        try:
+            user = current_user()
+        except (SQLAlchemyError, TransientDatabaseError):
+            user = None      # the error page of a database that is down: shown as signed out
+        return {"current_user": user, "dev_mode": extension().settings.dev}

@@ -28,7 +28,7 @@ _settings = Settings.from_env()
 
 # `jobqueue serve` passes a banner (the URL, the login) to print once every worker process has
 # started: each one leaves a file here when its embedded workers have finished their first turn.
-_BANNER = os.environ.get("JOBQUEUE_SERVE_BANNER")
+_BANNER = os.environ.get("_JOBQUEUE_SERVE_BANNER")
 _READY_DIR = tempfile.mkdtemp(prefix="jobqueue-ready-") if _BANNER else None
 
 wsgi_app = "webapp:create_app()"
@@ -41,6 +41,11 @@ timeout = 60
 # Longer than the embedded workers' grace plus their last writes, so they can release jobs.
 graceful_timeout = max(30, int(_settings.grace_seconds) + 10)
 accesslog = _settings.access_log
+# HTTPS served by gunicorn itself (a proxy in front that ends TLS is the other way).
+if bool(_settings.tls_cert) != bool(_settings.tls_key):
+    raise SystemExit("JOBQUEUE_TLS_CERT and JOBQUEUE_TLS_KEY go together: set both or neither")
+certfile = _settings.tls_cert
+keyfile = _settings.tls_key
 
 
 def _runtime(app):

@@ -25,8 +25,61 @@ _cache: dict[int, tuple[float, dict[str, Any]]] = {}
 _lock = threading.Lock()
 
 
+ALIVE_SECONDS = 45   # a heartbeat every 15 s: three missed ones make a process silent
+
+
+def workers_report() -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Every worker process heard from lately, with what each slot holds, read fresh (not
+    cached: a worker that stopped claiming must show at once), and a check when a live one is
+    not claiming because its server is not a writable primary."""
+    with extension().engine.connect() as conn:
+        processes, now = repository.list_processes(conn, limit=100)
+    workers = []
+    for p in processes:
+        alive = p["stopped_at"] is None and (now - p["last_heartbeat"]).total_seconds() <= ALIVE_SECONDS
+        if p["stopped_at"] is not None and (now - p["stopped_at"]).total_seconds() > 3600:
+            continue
+        workers.append({"id": p["id"], "host": p["host"], "pid": p["pid"], "kind": p["kind"], "queues": p["queues"],
+                        "alive": alive, "state": p["state"].get("state"), "detail": p["state"].get("detail"),
+                        "jobs_in_hand": p["jobs_in_hand"], "slots": p["slots"],
+                        "last_heartbeat_seconds_ago": round((now - p["last_heartbeat"]).total_seconds(), 1)})
+    paused = [w for w in workers if w["alive"] and w["state"] in ("not_primary", "database_unreachable")]
+    check = None
+    if paused:
+        check = {"name": "workers", "verdict": "problem",
+                 "detail": "; ".join(f"{w['id']} is not claiming ({w['state']}: {w['detail']})" for w in paused)[:2000],
+                 "advice": "point the workers at the writable primary (JOBQUEUE_DATABASE_URL may list several "
+                           "candidates); they resume on their own once one answers"}
+    return workers, check
+
+
 def run_health(force: bool = False) -> dict[str, Any]:
-    """{"status": ok|warning|problem|error, "checks": [...], "error": str|None}, cached per app."""
+    """{"status": ok|warning|problem|error, "checks": [...], "workers": [...], "error": str|None};
+    the doctor's checks cached per app, the workers read fresh."""
+    result = _doctor_checks(force)
+    if result["status"] == "error":
+        return result
+    try:
+        workers, check = workers_report()
+    except (SQLAlchemyError, TransientDatabaseError):
+        workers, check = [], None
+    # This process's own embedded worker, from memory: right even when the database refuses its
+    # heartbeat (a read-only server takes no writes, bookkeeping included).
+    runtime = extension().runtime
+    if runtime.worker is not None:
+        mine = runtime.worker.status()
+        workers = [w for w in workers if w["id"] != runtime.worker.id]
+        workers.insert(0, {"id": runtime.worker.id, "kind": "embedded", "alive": True, "this_process": True, **mine})
+        if mine["state"] in ("not_primary", "database_unreachable") and check is None:
+            check = {"name": "workers", "verdict": "problem",
+                     "detail": f"{runtime.worker.id} is not claiming ({mine['state']}: {mine['detail']})",
+                     "advice": "point the workers at the writable primary; they resume on their own once one answers"}
+    checks = result["checks"] + ([check] if check else [])
+    status = "problem" if check else result["status"]
+    return {**result, "status": status, "checks": checks, "workers": workers}
+
+
+def _doctor_checks(force: bool) -> dict[str, Any]:
     key = id(current_app._get_current_object())
     now = time.monotonic()
     with _lock:

@@ -10,6 +10,7 @@ from flask import Flask, jsonify, render_template, request
 from flask_wtf.csrf import CSRFProtect
 
 from .state import extension
+from ..core.logs import event
 
 log = logging.getLogger("jobqueue.web")
 
@@ -29,8 +30,7 @@ def init_app(app: Flask) -> None:
     CSRFProtect(app).exempt(api.bp)
     settings = app.extensions["jobqueue"].settings
     if settings.dev:
-        log.warning("event=dev_mode detail=\"development mode: localhost only%s\"",
-                    "; login admin / " + settings.dev_password if settings.dev_password else "")
+        event(log, logging.WARNING, "dev_mode", detail="development mode: localhost only")
 
         @app.before_request
         def _localhost_only():
@@ -47,14 +47,20 @@ def init_app(app: Flask) -> None:
         if request.method == "POST" and request.endpoint not in ("auth.login", "auth.logout"):
             reason = extension().write_refusal()
             if reason:
-                log.error("event=write_refused path=%s reason=%r", request.path, reason)
+                event(log, logging.ERROR, "write_refused", path=request.path, reason=reason)
                 message = f"This database does not take queue writes: {reason}"
                 if wants_json():
                     return jsonify({"error": message}), 503
                 return render_template("error.html", code=503, message=message), 503
 
+    # Secure cookies mean the site is served over HTTPS: tell browsers to use nothing else (they
+    # ignore the header on plain HTTP, so a misconfigured site is not locked out by it).
+    hsts = "max-age=31536000" if settings.secure_cookies else None
+
     @app.after_request
     def _headers(response):
+        if hsts:
+            response.headers.setdefault("Strict-Transport-Security", hsts)
         response.headers.setdefault("Content-Security-Policy", CSP)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("X-Frame-Options", "DENY")

@@ -32,7 +32,7 @@ class QueueExtension:
     engine: Engine                 # web requests: statements and lock waits bounded
     settings: WebSettings
     runtime: Runtime               # embedded workers and the reaper, on an engine of their own
-    login_throttle: object = None
+    sign_in_pruned_at: float = 0.0      # when this process last pruned sessions and throttle rows
     _refusal: tuple[float, str | None] = (0.0, None)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -42,21 +42,25 @@ class QueueExtension:
         checked_at, reason = self._refusal
         if time.monotonic() - checked_at < max_age:
             return reason
-        with self._lock:
+        # One thread checks; the others go on with the last answer rather than queue behind it
+        # (the check reads information_schema, which a busy server may answer slowly).
+        if not self._lock.acquire(blocking=False):
+            return reason
+        try:
             try:
                 preflight.require_supported(self.engine)
                 reason = None
             except UnsupportedDatabase as exc:
                 reason = str(exc)
             except (SQLAlchemyError, TransientDatabaseError):
-                return None  # unreachable: the request itself will say so
+                return None  # unreachable or busy: the request itself will say so
             self._refusal = (time.monotonic(), reason)
+        finally:
+            self._lock.release()
         return reason
 
 
 def init_app(app: Flask, settings: WebSettings) -> None:
-    from .auth import LoginThrottle
-
     logs.setup(settings.core.log_level)
     use(settings.core)
     load_task_modules(settings.core.task_modules)
@@ -65,8 +69,7 @@ def init_app(app: Flask, settings: WebSettings) -> None:
                            statement_timeout_seconds=REQUEST_STATEMENT_SECONDS)
     runtime_engine = create_engine(settings.core.database_urls or None, pool_size=max(4, settings.embedded_workers + 4),
                                    settings=settings.core)
-    app.extensions["jobqueue"] = QueueExtension(engine, settings, Runtime(runtime_engine, settings),
-                                                login_throttle=LoginThrottle())
+    app.extensions["jobqueue"] = QueueExtension(engine, settings, Runtime(runtime_engine, settings))
 
 
 def extension() -> QueueExtension:

@@ -9,6 +9,7 @@ verb. The worker loop, the reaper, the dashboard, the CLI and the HTTP API all c
     processes.py    register_process, heartbeat, list_processes
     reads.py        get_job, page_jobs, count_matching, get_result, list_attempts, ...
     stats.py        queue_summaries, count_by_status, activity, operator_failures
+    sessions.py     start_session, session_state, end_session(s), login_attempt, ... (sign-in state)
 
 Each function there takes the Connection it runs on and is just its transaction (see
 `db.transaction`, retried on deadlocks, lock-wait timeouts and lost connections); it returns what
@@ -50,6 +51,8 @@ from .operator import BULK_ELIGIBLE, SEARCH_WINDOW, ActionResult, BulkResult, Jo
 from .processes import heartbeat, list_processes, mark_stopped, register_process
 from .reads import COUNT_CAP, JobPage, count_matching, database_now, distinct_values, get_job, get_job_by_key, \
     get_result, jobs_by_id, list_attempts, list_jobs, page_jobs, running_jobs
+from .sessions import (LoginGate, SessionState, ThrottleKey, ThrottleRule, end_session, end_sessions, list_sessions,
+                       login_attempt, login_succeeded, prune_sign_in, session_state, start_session, touch_session)
 from .stats import QueueSummary, activity, count_by_status, operator_failures, queue_summaries
 
 log = logging.getLogger("jobqueue.repository")
@@ -158,6 +161,14 @@ def complete_many(conn: Connection, leases: Sequence[Lease]) -> dict[int, Outcom
     outcomes, losses = _leases.complete_many(conn, leases)
     _report_losses(losses)
     return {lease.job_id: outcome for lease, outcome in outcomes.items()}
+
+
+def complete_with(conn: Connection, lease: Lease) -> Outcome:
+    """running -> done inside the caller's open transaction (see leases.complete_with)."""
+    outcome, loss = _leases.complete_with(conn, lease)
+    if loss is not None:
+        _report_losses([loss])
+    return outcome
 
 
 def complete(conn: Connection, lease: Lease) -> Outcome:
@@ -279,10 +290,12 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
 
 
 __all__ = [
-    "ActionResult", "BULK_ELIGIBLE", "BulkResult", "COUNT_CAP", "JobFilter", "JobPage", "QueueSummary", "ReapResult",
-    "Reclaimed", "SEARCH_WINDOW", "count_matching", "jobs_by_id", "operator_failures", "page_jobs",
+    "ActionResult", "BULK_ELIGIBLE", "BulkResult", "COUNT_CAP", "JobFilter", "JobPage", "LoginGate", "QueueSummary",
+    "ReapResult", "Reclaimed", "SEARCH_WINDOW", "SessionState", "ThrottleKey", "ThrottleRule", "count_matching",
+    "end_session", "end_sessions", "jobs_by_id", "list_sessions", "login_attempt", "login_succeeded",
+    "operator_failures", "page_jobs", "prune_sign_in", "session_state", "start_session", "touch_session",
     "activity", "bulk_action", "claim", "claim_cycle", "classify_empty", "classify_row", "classify_statement",
-    "complete", "complete_many", "count_by_status", "database_now", "distinct_values", "enqueue", "enqueue_many",
+    "complete", "complete_many", "complete_with", "count_by_status", "database_now", "distinct_values", "enqueue", "enqueue_many",
     "explain_claim", "fail", "fail_job", "flavour", "get_job", "get_job_by_key", "get_result", "heartbeat",
     "list_attempts", "list_audit", "list_jobs", "list_processes", "mark_stopped", "pick_statement", "promote_due",
     "prune_history", "queue_summaries", "read_only_flags", "ready_queues", "reap", "record_result", "register_process", "release",

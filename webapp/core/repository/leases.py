@@ -164,6 +164,18 @@ def complete_in(c: Connection, leases: Sequence[Lease]) -> tuple[dict[Lease, Out
     return outcomes, losses
 
 
+def complete_with(conn: Connection, lease: Lease) -> tuple[Outcome, LeaseLoss | None]:
+    """running -> done inside the caller's open transaction (a handler's `ctx.transaction()`), so
+    that the handler's own writes and this attempt's completion commit together or not at all.
+    The row is locked and waited for (briefly: the lock wait is the session's), then fenced."""
+    require_primary(conn)
+    conn.execute(sa.select(jq.id).where(jq.id == lease.job_id).with_for_update())
+    n = execute_fast(conn, _mark_done(1), _fence_params([lease])).rowcount
+    if n == 1:
+        return Outcome.OK, None
+    return Outcome.LEASE_LOST, lease_loss(conn, lease, "complete")
+
+
 def complete_many(conn: Connection, leases: Sequence[Lease]) -> tuple[dict[Lease, Outcome], list[LeaseLoss]]:
     """running -> done for every lease still held: one fenced UPDATE and one COMMIT for the lot."""
     return transaction(conn, lambda c: complete_in(c, leases), what="complete")

@@ -19,6 +19,7 @@ from ..db import ER_LOCK_NOWAIT, ER_LOCK_WAIT_TIMEOUT, db_now, error_code, requi
 from ..errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, RunAgainNeeded
 from ..models import Status
 from ..schema import audit_log, job_queue
+from ..validation import check_reason
 from .common import audit, jq, one_more_attempt, record_attempts, truncate_error
 
 AUDIT_IDS_SHOWN = 200
@@ -84,7 +85,7 @@ def requeue_job(conn: Connection, job_id: int, *, force: bool = False, again: bo
 
 def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor: str = "operator") -> ActionResult:
     """Mark a job failed now, with the reason kept. A running job's lease is fenced."""
-    reason = truncate_error(reason or f"failed by {actor}")
+    reason = truncate_error(check_reason(reason) or f"failed by {actor}")
 
     def act(c: Connection) -> ActionResult:
         require_primary(c)

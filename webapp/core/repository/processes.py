@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..db import db_now, transaction
+from ..db import db_now, require_primary, transaction
 from ..schema import worker_process, worker_stats
 from .common import database_now, upsert
 
@@ -41,8 +41,11 @@ def register_process(conn: Connection, *, process_id: str, host: str, pid: int, 
     values = dict(id=process_id, host=host[:255], pid=pid, kind=kind, concurrency=concurrency, queues=queues[:1000],
                   started_at=db_now(), last_heartbeat=db_now(), stopped_at=None, jobs_in_hand=0, processed=0,
                   state=None)
-    transaction(conn, lambda c: upsert(c, worker_process, ["id"], values, {
-        k: (lambda new, k=k: getattr(new, k)) for k in values if k != "id"}), what="register_process")
+    def write(c: Connection) -> None:
+        require_primary(c)   # bookkeeping too: a write on a replica is an errant transaction there
+        upsert(c, worker_process, ["id"], values, {k: (lambda new, k=k: getattr(new, k)) for k in values if k != "id"})
+
+    transaction(conn, write, what="register_process")
 
 
 def heartbeat(conn: Connection, process_id: str, *, jobs_in_hand: int, processed: int,
@@ -55,6 +58,7 @@ def heartbeat(conn: Connection, process_id: str, *, jobs_in_hand: int, processed
     stats = {k: int(v) for k, v in stats.items() if v}
 
     def write(c: Connection) -> None:
+        require_primary(c)
         c.execute(sa.update(worker_process).where(wp.id == process_id).values(
             last_heartbeat=db_now(), jobs_in_hand=jobs_in_hand, processed=processed, stopped_at=None,
             state=json.dumps(state, default=str) if state is not None else None))

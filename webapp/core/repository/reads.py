@@ -97,10 +97,10 @@ class JobPage:
     window: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """As GET /api/jobs and `jobqueue list --json` answer: next_before / prev_after are the
-        `before` / `after` of the next page each way (null: none)."""
+        """As GET /api/jobs and `jobqueue list --json` answer: next_before is the `before` of the
+        next (older) page, null when there is none."""
         data: dict[str, Any] = {"jobs": [j.as_dict() for j in self.jobs], "next_before": self.older,
-                                "prev_after": self.newer, "matches": self.matches, "matches_capped": self.capped}
+                                "matches": self.matches, "matches_capped": self.capped}
         if self.window is not None:
             # A search read at most `search_window` rows; next_before continues below them.
             data["search_window"] = self.window

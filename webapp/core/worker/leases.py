@@ -71,6 +71,7 @@ class Held:
     writing: bool = False               # a final write is in flight: no renewal now
     renewing: bool = False              # a renewal is in flight: no final write now
     handler_done: bool = False
+    completed_in_transaction: bool = False   # the handler's ctx.transaction() committed the completion
 
     @property
     def key(self) -> Key:

@@ -29,17 +29,18 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import pymysql
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from .. import metrics, preflight, repository, retry, wakeup
 from ..backoff import IdleBackoff
 from ..db import is_mysql, is_not_primary, transient_kind
-from ..errors import JobQueueError, NotPrimary, TransientDatabaseError, UnsupportedDatabase
+from ..errors import JobQueueError, LeaseLostError, NotPrimary, TransientDatabaseError, UnsupportedDatabase
 from ..logs import RateLimited, event
 from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Outcome
 from ..reaper import Reaper
@@ -56,6 +57,7 @@ T = TypeVar("T")
 DB_ERRORS = (DBAPIError, SQLAlchemyError, TransientDatabaseError, NotPrimary, pymysql.err.Error)
 SWEEP_SECONDS = 60.0   # an idle worker's reaper sweep, besides the ones its reads trigger
 NOT_PRIMARY_RETRY_SECONDS = 1.0
+BUSY_RETRY_SECONDS = 0.1
 
 # A job's last write (complete, retry, fail, release, record_result) waits out a restart or a
 # failover instead of losing finished work to a blip; its lease is renewed meanwhile.
@@ -144,6 +146,10 @@ class Worker:
                 delay = self.run_once()
                 if delay is None:
                     break
+                if delay > BUSY_RETRY_SECONDS and not self._finished.empty():
+                    # A completion found its row held by another transaction: try again soon,
+                    # before the lease the held row cannot renew runs out.
+                    delay = BUSY_RETRY_SECONDS
                 if delay > 0:
                     self.wait_for_wake(delay)
         finally:
@@ -302,7 +308,8 @@ class Worker:
         spec = self.registry.get(job.task_name)
         ctx = JobContext(job_id=job.id, task_key=job.task_key, task_name=job.task_name, queue=job.queue,
                          attempt=lease.attempt, max_attempts=job.max_attempts, worker_id=lease.owner,
-                         _record_result=lambda result: self._record_result(held, result))
+                         _record_result=lambda result: self._record_result(held, result),
+                         _transaction=lambda: self._handler_transaction(held))
         held = self.keeper.hold(claimed, slot, ctx, sent_at=sent_at,
                                 timeout=getattr(spec, "timeout_seconds", None) if spec else None)
         with self._lock:
@@ -317,9 +324,12 @@ class Worker:
     def _probe_read(self) -> EmptyClaimReport | None:
         try:
             if self._probe is not None:
-                return self._probe.read()
-            with self.engine.connect() as conn:
-                return repository.classify_empty(conn, self.config.queues)
+                report = self._probe.read()   # it reads the read-only flags too
+            else:
+                with self.engine.connect() as conn:
+                    report = repository.classify_empty(conn, self.config.queues)
+            self._set_state("claiming", None)
+            return report
         except DB_ERRORS as exc:
             if is_not_primary(exc):
                 self._not_primary("probe", exc)
@@ -506,6 +516,51 @@ class Worker:
                       task_key=held.claimed.job.task_key, attempt=held.lease.attempt, worker=held.lease.owner,
                       operation=operation)
             return None
+
+    @contextmanager
+    def _handler_transaction(self, held: Held) -> Iterator[Connection]:
+        """ctx.transaction(): the handler's writes and this attempt's fenced completion in one
+        transaction. A lost lease rolls everything back (LeaseLostError); so does an error in
+        the block (the attempt is then retried as usual)."""
+        lease = held.lease
+        with self.engine.connect() as conn:
+            tx = conn.begin()
+            try:
+                yield conn
+            except BaseException:
+                tx.rollback()
+                raise
+            with self.keeper.writing([held]):
+                try:
+                    outcome = repository.complete_with(conn, lease)
+                    if outcome is not Outcome.OK:
+                        tx.rollback()
+                        self.keeper.lose(held, "complete", "the fence refused the completion: nothing committed")
+                        raise LeaseLostError(f"job {lease.job_id} attempt {lease.attempt}: lease lost; the "
+                                             "transaction was rolled back")
+                    tx.commit()
+                except DBAPIError:
+                    if not self._done_under(lease):   # a lost COMMIT reply: did it land?
+                        raise
+        held.completed_in_transaction = True
+
+    def _done_under(self, lease) -> bool:
+        try:
+            with self.engine.connect() as conn:
+                job = repository.get_job(conn, lease.job_id)
+        except DB_ERRORS:
+            return False
+        return job is not None and job.status.value == "done" and (job.lease_owner, job.attempts) == (
+            lease.owner, lease.attempt)
+
+    def completed_in_transaction(self, held: Held) -> None:
+        """The handler's ctx.transaction() committed the completion: nothing left to write."""
+        job, lease = held.claimed.job, held.lease
+        metrics.COMPLETED.labels(queue=job.queue).inc()
+        metrics.ATTEMPT_SECONDS.labels(task=job.task_name, outcome="done").observe(held.duration)
+        event(log, logging.INFO, "complete", job_id=job.id, task_key=job.task_key, attempt=lease.attempt,
+              worker=lease.owner, seconds=f"{held.duration:.3f}", transaction=True)
+        self.forget(held)
 
     def _record_result(self, held: Held, result: object) -> bool:
         """ctx.record_result(): the handler's work is done, so a lost connection or a database

@@ -27,18 +27,29 @@ RETRY_AFTER_FAILURE_SECONDS = 1.0
 
 
 class Renewer:
+    """Two threads: one renews and heartbeats (it may hang on a dead network for a while), the
+    other only watches the clock, so that a lease past its local deadline is given up on time
+    even while a renewal is stuck in flight."""
+
     def __init__(self, worker: Worker):
         self.worker = worker
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="jobqueue-renewer", daemon=True)
+        self._threads = [threading.Thread(target=self._run, name="jobqueue-renewer", daemon=True),
+                         threading.Thread(target=self._watch, name="jobqueue-lease-clock", daemon=True)]
 
     def start(self) -> None:
-        self._thread.start()
+        for t in self._threads:
+            t.start()
 
     def stop(self) -> None:
         self._done.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(10)
+        for t in self._threads:
+            if t.is_alive() and t is not threading.current_thread():
+                t.join(10)
+
+    def _watch(self) -> None:
+        while not self._done.wait(min(TICK_SECONDS, self.worker.config.renew_seconds / 4)):
+            self.give_up_overdue()
 
     def _run(self) -> None:
         worker = self.worker
@@ -47,7 +58,6 @@ class Renewer:
         next_beat = time.monotonic()
         while not self._done.wait(min(TICK_SECONDS, renew_every / 4)):
             now = time.monotonic()
-            self.give_up_overdue()
             if now >= next_renew:
                 ok = self.renew()
                 next_renew = now + (renew_every if ok else min(renew_every, RETRY_AFTER_FAILURE_SECONDS))
@@ -82,7 +92,8 @@ class Renewer:
             if gone.reason == "timeout":
                 # The attempt counts as failed: retried by the usual backoff, or failed for good
                 # on its last attempt. Its handler may go on running; nothing it writes lands.
-                self._time_out(gone)
+                # Written from a thread of its own: the clock must keep watching meanwhile.
+                threading.Thread(target=self._time_out, args=(gone,), name="jobqueue-timeout", daemon=True).start()
 
     def _lost(self, gone: Lost, counted: bool = False) -> None:
         held = gone.held

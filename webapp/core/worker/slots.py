@@ -87,26 +87,22 @@ class Slots:
             if spec is None:
                 raise LookupError(f"no handler for task {job.task_name!r} in worker {worker.id}")
             spec.handler(job.payload, held.ctx)
-        except LeaseLostError:
-            self._ended(held, "lease_lost", started)
-            event(log, logging.WARNING, "handler_lease_lost", job_id=job.id, task_key=job.task_key,
-                  attempt=lease.attempt, worker=lease.owner, seconds=f"{time.monotonic() - started:.3f}")
-            worker.forget(held)
-            return
-        except PermanentError as exc:
-            if self._still_held(held, started):
-                worker.finish_attempt(held, "fail", describe(exc))
-            return
-        except Exception as exc:   # a handler's failure is the job's failure, never the worker's
-            if self._still_held(held, started):
-                if lease.attempt >= job.max_attempts:
-                    worker.finish_attempt(held, "fail", describe(exc))
-                else:
-                    base = spec.retry_base_seconds if spec else 1.0
-                    cap = spec.retry_cap_seconds if spec else 3600.0
-                    worker.finish_attempt(held, "retry", describe(exc), retry_delay(lease.attempt, base, cap))
+        except Exception as exc:
+            if held.completed_in_transaction:
+                # Its ctx.transaction() committed: the job is done, whatever came after.
+                event(log, logging.WARNING, "handler_error_after_completion", job_id=job.id, task_key=job.task_key,
+                      attempt=lease.attempt, worker=lease.owner, error=first_line(describe(exc)))
+                held.duration = time.monotonic() - started
+                keeper.finishing(held)
+                worker.completed_in_transaction(held)
+                return
+            self._failed(held, spec, exc, started)
             return
         held.duration = time.monotonic() - started
+        if held.completed_in_transaction:
+            keeper.finishing(held)
+            worker.completed_in_transaction(held)
+            return
         # A lease lost only by its local deadline (renewals failed; nobody said it is gone) may
         # still be completed: the write is fenced, and lands only if nobody took the job.
         if keeper.finishing(held) or held.lost_reason == "deadline":
@@ -117,6 +113,24 @@ class Slots:
                   attempt=lease.attempt, worker=lease.owner, reason=held.lost_reason,
                   seconds=f"{held.duration:.3f}")
             worker.forget(held)
+
+    def _failed(self, held: Held, spec, exc: Exception, started: float) -> None:
+        """The handler raised: how the attempt ends."""
+        worker = self.worker
+        job, lease = held.claimed.job, held.lease
+        if isinstance(exc, LeaseLostError):
+            self._ended(held, "lease_lost", started)
+            event(log, logging.WARNING, "handler_lease_lost", job_id=job.id, task_key=job.task_key,
+                  attempt=lease.attempt, worker=lease.owner, seconds=f"{time.monotonic() - started:.3f}")
+            worker.forget(held)
+        elif not self._still_held(held, started):
+            return
+        elif isinstance(exc, PermanentError) or lease.attempt >= job.max_attempts:
+            worker.finish_attempt(held, "fail", describe(exc))
+        else:   # a handler's failure is the job's failure, never the worker's
+            base = spec.retry_base_seconds if spec else 1.0
+            cap = spec.retry_cap_seconds if spec else 3600.0
+            worker.finish_attempt(held, "retry", describe(exc), retry_delay(lease.attempt, base, cap))
 
     def _still_held(self, held: Held, started: float) -> bool:
         held.duration = time.monotonic() - started

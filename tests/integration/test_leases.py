@@ -1,0 +1,288 @@
+"""The lease lifecycle inside one worker, on the real database: renewal failures, held rows in a
+completion batch, lost COMMIT replies, skipped rows, the database clock, cooperative
+cancellation (issue 9). The cases with several processes are in tests/acceptance/test_lease_lifecycle.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pymysql
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import OperationalError
+
+from testkit.locks import hold_rows
+from testkit.procs import wait_until
+from webapp.core import db, metrics, repository
+from webapp.core.builtin_tasks import noop, sleep
+from webapp.core.errors import LeaseLostError
+from webapp.core.models import Lease, Outcome, Status
+from webapp.core.schema import job_attempt, job_queue, job_result, worker_stats
+from webapp.core.tasks import Registry, TaskSpec
+from webapp.core.worker import LeaseState, Worker, WorkerConfig
+
+jq = job_queue.c
+
+
+def registry_with(**handlers) -> Registry:
+    reg = Registry()
+    reg.register(TaskSpec("noop", noop))
+    reg.register(TaskSpec("sleep", sleep))
+    for name, fn in handlers.items():
+        reg.register(TaskSpec(name, fn))
+    return reg
+
+
+def start(worker: Worker) -> threading.Thread:
+    t = threading.Thread(target=worker.run, daemon=True)
+    t.start()
+    return t
+
+
+def get(engine, job_id):
+    with engine.connect() as conn:
+        return repository.get_job(conn, job_id)
+
+
+def lost_connection() -> OperationalError:
+    return OperationalError("UPDATE job_queue", {}, pymysql.err.OperationalError(
+        2003, "Can't connect to MySQL server on '127.0.0.1' ([Errno 111] Connection refused)"))
+
+
+# --- 3: a worker whose renewals fail learns that it lost the lease ------------------------------
+
+def test_failing_renewals_lose_the_lease_by_its_local_deadline(engine, monkeypatch):
+    seen = {}
+
+    def patient(payload, ctx):
+        seen["lost"] = ctx.lease_lost.wait(15)
+        seen["after"] = time.monotonic() - seen["started"]
+
+    def start_mark(payload, ctx):
+        seen["started"] = time.monotonic()
+        patient(payload, ctx)
+
+    reg = registry_with(patient=start_mark)
+    with engine.connect() as conn:
+        res = repository.enqueue(conn, "patient", "p1", registry=reg)
+
+    def unreachable(conn, leases, lease_seconds):
+        raise lost_connection()
+
+    monkeypatch.setattr(repository, "renew", unreachable)
+    worker = Worker(engine, WorkerConfig(concurrency=1, lease_seconds=2), registry=reg)
+    t = start(worker)
+    try:
+        wait_until(lambda: "after" in seen, timeout=15, message="the handler to hear of the loss")
+    finally:
+        worker.stop()
+        t.join(15)
+    assert seen["lost"] is True, "ctx.lease_lost was set"
+    # Lost by the deadline (claim + lease - margin = 1.8 s), not later than a renewal after it.
+    assert 1.0 < seen["after"] < 3.5, seen
+    assert get(engine, res.id).attempts == 1
+
+
+# --- 4: finished jobs are renewed while their completion waits; one held row stalls no one ------
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_a_held_row_in_a_completion_batch_stalls_no_other_job_and_keeps_its_lease(engine):
+    gate = threading.Event()
+
+    def gated(payload, ctx):
+        gate.wait(20)
+
+    reg = registry_with(gated=gated)
+    with engine.connect() as conn:
+        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "gated", "task_key": f"g{i}"} for i in range(4)],
+                                                     registry=reg)]
+    worker = Worker(engine, WorkerConfig(concurrency=4, lease_seconds=3), registry=reg)
+    t = start(worker)
+    holder = None
+    try:
+        wait_until(lambda: len(worker.keeper.held(LeaseState.RUNNING)) == 4, message="four running")
+        holder = hold_rows(engine, [ids[0]])   # a stray SELECT ... FOR UPDATE on one running job
+        gate.set()
+        wait_until(lambda: all(get(engine, i).status is Status.DONE for i in ids[1:]), timeout=3,
+                   message="the other three done at once, not after a lock-wait timeout")
+        time.sleep(4)   # longer than the lease: nobody may take the held job meanwhile, nor may we drop it
+        assert get(engine, ids[0]).status is Status.RUNNING
+        assert [h.lease.job_id for h in worker.keeper.held()] == [ids[0]]
+    finally:
+        if holder is not None:
+            holder.rollback()
+            holder.close()
+    try:
+        wait_until(lambda: get(engine, ids[0]).status is Status.DONE, timeout=5, message="done once let go")
+    finally:
+        worker.stop()
+        t.join(15)
+    assert all(get(engine, i).attempts == 1 for i in ids)
+
+
+# --- 6: a lost COMMIT reply: the retry recognises its own write ---------------------------------
+
+@pytest.fixture
+def commit_reply_lost(engine, monkeypatch):
+    """Make the next COMMIT land in the database but its reply never arrive (the connection
+    drops right after), as when the network goes between the server's commit and its answer."""
+    dialect = engine.dialect
+    real = dialect.do_commit
+    armed = {"left": 0}
+
+    def do_commit(dbapi_connection):
+        real(dbapi_connection)
+        if armed["left"]:
+            armed["left"] -= 1
+            if engine.dialect.name in ("mysql", "mariadb"):
+                dbapi_connection.close()
+                raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+            raise __import__("sqlite3").OperationalError("disk I/O error: database is locked")
+
+    monkeypatch.setattr(dialect, "do_commit", do_commit)
+    return armed
+
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_enqueue_after_a_lost_commit_reply_is_not_a_duplicate(engine, commit_reply_lost, caplog):
+    commit_reply_lost["left"] = 1
+    with engine.connect() as conn:
+        res = repository.enqueue(conn, "noop", "lost-reply-1", {"a": 1})
+        assert res.duplicate is False and res.status is Status.READY
+        assert conn.execute(sa.select(sa.func.count()).select_from(job_queue)).scalar() == 1
+        conn.rollback()   # end the read's transaction: the next enqueue is its own again
+        again = repository.enqueue(conn, "noop", "lost-reply-1", {"a": 1})
+    assert again.duplicate is True and again.id == res.id   # a real replay still is one
+    assert "event=db_retry" in caplog.text and caplog.text.count("event=duplicate_enqueue") == 1
+
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_record_result_and_retry_after_a_lost_commit_reply_report_success(engine, commit_reply_lost, caplog):
+    with engine.connect() as conn:
+        repository.enqueue(conn, "noop", "r1")
+        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=30)
+        commit_reply_lost["left"] = 1
+        assert repository.record_result(conn, c.lease, "r1", {"file": "a"}) is True
+        assert "event=duplicate_result" not in caplog.text
+        assert conn.execute(sa.select(sa.func.count()).select_from(job_result)).scalar() == 1
+        assert repository.record_result(conn, c.lease, "r1", {"file": "b"}) is False   # a real duplicate
+        commit_reply_lost["left"] = 1
+        assert repository.retry(conn, c.lease, "boom", 60) is Outcome.OK
+        job = repository.get_job(conn, c.job.id)
+        assert job.status is Status.SCHEDULED
+        attempts = conn.execute(sa.select(job_attempt.c.outcome)).scalars().all()
+    assert attempts == ["retry"] and "event=lease_lost" not in caplog.text
+
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_complete_after_a_lost_commit_reply_is_ok(engine, commit_reply_lost, caplog):
+    with engine.connect() as conn:
+        repository.enqueue(conn, "noop", "c1")
+        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=30)
+        commit_reply_lost["left"] = 1
+        assert repository.complete(conn, c.lease) is Outcome.OK
+        assert repository.get_job(conn, c.job.id).status is Status.DONE
+    assert "event=lease_lost" not in caplog.text
+
+
+# --- 7: every ready row a claim passes by is counted ------------------------------------------
+
+def skipped() -> float:
+    return metrics.REGISTRY.get_sample_value("jobqueue_rows_skipped_total") or 0.0
+
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_a_claim_that_took_fewer_rows_than_it_asked_counts_the_rows_it_passed_by(engine):
+    with engine.connect() as conn:
+        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"s{i}"} for i in range(6)])]
+    holder = hold_rows(engine, ids[:5])
+    try:
+        before = skipped()
+        with engine.connect() as conn:
+            got = repository.claim(conn, "w", 3, ["default"], lease_seconds=30)
+        assert [c.job.id for c in got] == [ids[5]]
+        assert skipped() == before + 5
+    finally:
+        holder.rollback()
+        holder.close()
+
+
+# --- 8: per-minute activity by the database clock ------------------------------------------------
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_activity_minutes_come_from_the_database_clock(engine, monkeypatch):
+    shifted = time.time() + 7200   # the database's clock two hours ahead of this host's
+    monkeypatch.setattr(db, "sqlite_clock", lambda: shifted)
+    with engine.connect() as conn:
+        repository.register_process(conn, process_id="h:1", host="h", pid=1, kind="worker", concurrency=1,
+                                    queues="*")
+        repository.heartbeat(conn, "h:1", jobs_in_hand=0, processed=1, stats={"completed": 1})
+        minute = conn.execute(sa.select(worker_stats.c.minute)).scalar()
+    expected = time.strftime("%Y-%m-%d %H:%M", time.gmtime(shifted))
+    assert str(minute).startswith(expected), (minute, expected)
+
+
+# --- 9: cooperative cancellation ------------------------------------------------------------
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_an_operator_failing_a_running_job_stops_its_handler_within_a_renewal(engine, caplog):
+    reg = registry_with()
+    with engine.connect() as conn:
+        res = repository.enqueue(conn, "sleep", "long-sleep", {"seconds": 60}, registry=reg)
+    worker = Worker(engine, WorkerConfig(concurrency=1, lease_seconds=3), registry=reg)
+    t = start(worker)
+    try:
+        wait_until(lambda: worker.keeper.held(LeaseState.RUNNING), message="running")
+        with engine.connect() as conn:
+            repository.fail_job(conn, res.id, "customer cancelled", actor="test")
+        failed_at = time.monotonic()
+        wait_until(lambda: len(worker.keeper) == 0, timeout=5, message="the handler stopped and the slot freed")
+        assert time.monotonic() - failed_at < worker.config.renew_seconds + 1.5
+    finally:
+        worker.stop()
+        t.join(15)
+    job = get(engine, res.id)
+    assert job.status is Status.FAILED and job.last_error == "customer cancelled"   # the fenced write changed nothing
+    assert "event=handler_lease_lost" in caplog.text
+
+
+@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+def test_slots_show_a_lost_lease_whose_handler_still_runs(engine):
+    gate = threading.Event()
+
+    def stubborn(payload, ctx):
+        gate.wait(30)   # ignores ctx.lease_lost
+
+    reg = registry_with(stubborn=stubborn)
+    with engine.connect() as conn:
+        res = repository.enqueue(conn, "stubborn", "st", registry=reg)
+    worker = Worker(engine, WorkerConfig(concurrency=1, lease_seconds=3, heartbeat_seconds=0.5), registry=reg)
+    t = start(worker)
+    try:
+        wait_until(lambda: worker.keeper.held(LeaseState.RUNNING), message="running")
+        with engine.connect() as conn:
+            repository.requeue_job(conn, res.id, force=True, actor="test")
+        wait_until(lambda: worker.keeper.held(LeaseState.LOST), timeout=5, message="the lease known lost")
+        (slot,) = [s for s in worker.status()["slots"] if s["job_id"] == res.id and s["attempt"] == 1]
+        assert slot["state"] == "lost" and slot["handler_running"] is True and slot["lost_reason"] == "renew"
+
+        def heard():
+            with engine.connect() as conn:
+                processes, _ = repository.list_processes(conn)
+            return [s for p in processes for s in p["slots"] if s["job_id"] == res.id and s["state"] == "lost"]
+        assert wait_until(heard, timeout=5, message="the heartbeat to carry it")[0]["task"] == "stubborn"
+    finally:
+        gate.set()
+        worker.stop()
+        t.join(15)
+
+
+def test_a_lost_lease_refuses_record_result(engine):
+    with engine.connect() as conn:
+        repository.enqueue(conn, "noop", "x")
+        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=30)
+        repository.requeue_job(conn, c.job.id, force=True)
+        with pytest.raises(LeaseLostError):
+            repository.record_result(conn, c.lease, "x", {"late": True})
+        assert repository.complete(conn, Lease(c.job.id, c.lease.owner, c.lease.attempt)) is Outcome.LEASE_LOST

@@ -1,0 +1,88 @@
+"""The queue runs as an account with SELECT, INSERT, UPDATE, DELETE on its database and nothing
+else, and `jobqueue doctor` warns about accounts that read_only does not bind (issue 12, item
+10). A throwaway mariadbd, since these tests create users."""
+
+from __future__ import annotations
+
+import json
+
+import pymysql
+import pytest
+
+from testkit.procs import jobqueue
+from testkit.web import app_config, csrf_token, login
+from webapp import create_app
+
+pytestmark = pytest.mark.slow
+
+APP_GRANTS = "GRANT SELECT, INSERT, UPDATE, DELETE ON jq.* TO '{user}'@'127.0.0.1'"
+
+
+def privileges_check(url: str) -> dict:
+    result = jobqueue(url, "doctor", "--json")
+    assert result.returncode == 0, result.stderr + result.stdout
+    return {c["name"]: c for c in json.loads(result.stdout)}["privileges"]
+
+
+def make_user(server, user: str, *grants: str) -> str:
+    server.execute(f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{user}-pw'")
+    for grant in grants:
+        server.execute(grant.format(user=user))
+    return server.url("jq").replace("root@", f"{user}:{user}-pw@")
+
+
+def test_the_queue_runs_on_least_privilege_and_doctor_warns_about_the_rest(throwaway_mariadb):
+    server = throwaway_mariadb()
+    root_url = server.create_database("jq")
+    assert jobqueue(root_url, "init-db").returncode == 0          # the migration account: root here
+    app_url = make_user(server, "jq_app", APP_GRANTS)
+
+    # Everything the queue does, as the app account.
+    assert jobqueue(app_url, "init-db").returncode == 0           # nothing to migrate: no DDL needed
+    for i in range(3):
+        assert jobqueue(app_url, "enqueue", "noop", "--key", f"lp-{i}").returncode == 0
+    burst = jobqueue(app_url, "worker", "--burst", "--concurrency", "2")
+    assert burst.returncode == 0, burst.stderr
+    assert jobqueue(app_url, "reap").returncode == 0
+    stats = json.loads(jobqueue(app_url, "stats", "--json").stdout)
+    assert stats["totals"]["done"] == 3
+    app = create_app(app_config(app_url))
+    try:
+        c = app.test_client()
+        assert login(c).status_code == 302 and c.get("/jobs").status_code == 200
+        assert c.post("/logout", data={"csrf_token": csrf_token(c)}).status_code == 302
+    finally:
+        app.extensions["jobqueue"].engine.dispose()
+
+    ok = privileges_check(app_url)
+    assert ok["verdict"] == "ok" and "jq_app@127.0.0.1" in ok["detail"] and "schema" not in ok["detail"]
+
+    root = privileges_check(root_url)
+    assert root["verdict"] == "warning" and "ALL PRIVILEGES" in root["detail"] and "Least privilege" in root["advice"]
+
+    migrator = privileges_check(make_user(server, "jq_migrate",
+                                          "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, INDEX, DROP "
+                                          "ON jq.* TO '{user}'@'127.0.0.1'"))
+    assert migrator["verdict"] == "ok" and "init-db" in migrator["detail"]
+
+    exempt_url = make_user(server, "jq_exempt", APP_GRANTS, "GRANT READ_ONLY ADMIN ON *.* TO '{user}'@'127.0.0.1'")
+    exempt = privileges_check(exempt_url)
+    assert exempt["verdict"] == "warning" and "READ_ONLY ADMIN" in exempt["detail"]
+    assert privileges_check(make_user(server, "jq_super", APP_GRANTS, "GRANT SUPER ON *.* TO '{user}'@'127.0.0.1'")
+                            )["detail"].count("SUPER") == 1
+
+    too_little = privileges_check(make_user(server, "jq_reader", "GRANT SELECT ON jq.* TO '{user}'@'127.0.0.1'"))
+    assert too_little["verdict"] == "warning" and "lacks DELETE, INSERT, UPDATE" in too_little["detail"]
+
+    # Why it matters: on a server made read-only, the app account's write is refused, the exempt
+    # account's goes through (and so would a queue's claims, were they not refused by preflight).
+    server.restart("--read-only")
+    refused = jobqueue(app_url, "enqueue", "noop", "--key", "after-read-only")
+    assert refused.returncode != 0
+    exempt_conn = pymysql.connect(host=server.host, port=server.port, user="jq_exempt", password="jq_exempt-pw",
+                                  database="jq", autocommit=True)
+    try:
+        with exempt_conn.cursor() as cur:
+            assert cur.execute("UPDATE job_queue SET priority = 1 WHERE task_key = 'lp-0'") == 1
+    finally:
+        exempt_conn.close()

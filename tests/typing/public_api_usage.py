@@ -1,0 +1,36 @@
+"""How an application uses the public API, checked by `mypy --strict` (tests/unit/test_typing.py):
+if a signature loses its types, this file stops type-checking."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from webapp import Enqueued, Job, JobContext, JobQueue, Status, set_default, task
+
+
+@task("send_invoice", queue="billing", max_attempts=10)
+def send_invoice(payload: dict[str, Any], ctx: JobContext) -> None:
+    with ctx.transaction() as conn:
+        conn.execute(sa.text("UPDATE invoices SET sent = 1 WHERE id = :id"), {"id": payload["invoice"]})
+    ctx.record_result({"invoice": payload["invoice"]})
+
+
+def application(engine: sa.Engine) -> list[int]:
+    jq = JobQueue(engine)
+    set_default(jq)
+    first: Enqueued = jq.enqueue(send_invoice, "invoice-42", {"invoice": 42})
+    again: Enqueued = send_invoice.enqueue("invoice-42", {"invoice": 42}, priority=1)
+    with engine.begin() as conn:
+        jq.enqueue("send_invoice", "invoice-43", {"invoice": 43}, conn=conn)
+    with Session(engine) as session:
+        jq.enqueue_many([{"task": "send_invoice", "task_key": "invoice-44"}], conn=session)
+        session.commit()
+    job: Job | None = jq.get(first.id)
+    ready: list[Job] = jq.list(status=Status.READY, queue="billing", limit=10)
+    if job is not None and job.status is Status.FAILED:
+        jq.requeue(job.id)
+    jq.close()
+    return [first.id, again.id] + [j.id for j in ready]

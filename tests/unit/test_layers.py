@@ -1,0 +1,75 @@
+"""The layout's rules, checked: the core never imports Flask, every setting is in the README,
+and the command line starts quickly because it imports only what a command uses."""
+
+from __future__ import annotations
+
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import webapp.core
+from webapp.core import settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def core_modules() -> list[str]:
+    return sorted(m.name for m in pkgutil.walk_packages(webapp.core.__path__, "webapp.core.")
+                  if ".migrations" not in m.name)
+
+
+def test_no_module_of_the_core_imports_flask():
+    modules = core_modules()
+    assert "webapp.core.repository.claim" in modules and "webapp.core.worker.leases" in modules
+    code = ("import importlib, sys\n"
+            f"for name in {modules!r}:\n"
+            "    importlib.import_module(name)\n"
+            "bad = sorted(m for m in sys.modules if m == 'flask' or m.startswith(('flask.', 'flask_', 'webapp.web')))\n"
+            "print(','.join(bad))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "", f"the core imported {out.stdout.strip()}"
+
+
+def test_a_queue_command_imports_neither_flask_nor_alembic_nor_prometheus():
+    code = ("import sys\n"
+            "from webapp.cli import cli\n"
+            "try:\n"
+            "    cli(['--help'], obj={})\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "import webapp.core.repository, webapp.core.db\n"
+            "heavy = [m for m in ('flask', 'alembic', 'prometheus_client', 'werkzeug') if m in sys.modules]\n"
+            "print(','.join(heavy), file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stderr.strip() == "", f"imported at start-up: {out.stderr.strip()}"
+
+
+def test_the_readme_configuration_table_is_the_settings_table():
+    readme = (REPO / "README.md").read_text()
+    assert settings.markdown_table() in readme, (
+        "README.md's configuration table differs from webapp/core/settings.py SETTINGS; paste the output of "
+        "`python -m webapp.core.settings` into README.md")
+
+
+def test_settings_parse_and_refuse_with_the_variable_named():
+    s = settings.Settings.from_env({"JOBQUEUE_DATABASE_URL": "mysql://a/b  mysql://c/d", "JOBQUEUE_DEV": "yes",
+                                    "JOBQUEUE_EMBEDDED_QUEUES": "a, b,,", "JOBQUEUE_LEASE_SECONDS": "30"})
+    assert s.database_urls == ("mysql://a/b", "mysql://c/d") and s.database_url == "mysql://a/b"
+    assert s.dev is True and s.embedded_queues == ("a", "b") and s.lease_seconds == 30.0
+    for env, word in (({"JOBQUEUE_DEV": "maybe"}, "JOBQUEUE_DEV"), ({"JOBQUEUE_EMBEDDED_WORKERS": "x"}, "EMBEDDED"),
+                      ({"JOBQUEUE_LEASE_SECONDS": "0"}, "LEASE_SECONDS")):
+        try:
+            settings.Settings.from_env(env)
+        except settings.SettingsError as exc:
+            assert word in str(exc)
+        else:
+            raise AssertionError(f"{env} accepted")
+    every = {s.name for s in settings.SETTINGS}
+    for path in (REPO / "webapp").rglob("*.py"):
+        if path.name == "settings.py":
+            continue
+        text = path.read_text()
+        assert "environ.get(\"JOBQUEUE_" not in text and "getenv(\"JOBQUEUE_" not in text, \
+            f"{path} reads a JOBQUEUE_ variable itself; declare it in webapp/core/settings.py"
+    assert "DATABASE_URL" in every

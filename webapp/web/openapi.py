@@ -1,0 +1,234 @@
+"""The JSON API's contract, served at /api/openapi.json (OpenAPI 3.1).
+
+Kept true two ways: tests/web/test_openapi.py compares its paths and methods with the app's
+/api/ routes (a new endpoint must be added to PATHS below), and schemathesis sends generated
+requests to every operation and checks each answer against what is written here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.models import Status
+from ..core.validation import (MAX_ATTEMPTS_RANGE, MAX_DELAY_SECONDS, MAX_FILTER_CHARS, MAX_LIST_LIMIT, MAX_REASON_CHARS,
+                               MAX_SEARCH_CHARS, PRIORITY_RANGE)
+
+STATUSES = [s.value for s in Status]
+MAX_JOB_ID = 2 ** 63 - 1
+MAX_LIST_ID = 10 ** 18 - 1                  # validation.whole_number: 18 digits at most
+# A listing's text filters: no Cc control character anywhere (validation.job_query, strict).
+FILTER_TEXT_PATTERN = "^[^\\x00-\\x1f\\x7f-\\x9f]*(?![\\s\\S])"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str, headers: dict | None = None) -> dict[str, Any]:
+    answer: dict[str, Any] = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        answer["headers"] = headers
+    return answer
+
+
+def _error(description: str, headers: dict | None = None) -> dict[str, Any]:
+    return _json(_ref("Error"), description, headers)
+
+
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying again",
+                               "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
+UNAUTHORIZED = _error("no bearer token, or not a known one", {
+    "WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}})
+FORBIDDEN = _error("the token can read but not act")
+UNAVAILABLE = _error("the database is unreachable, busy (a lock held too long) or not a writable primary",
+                     RETRY_AFTER)
+BAD_BODY = _error("the body is not JSON, not an object, or nested too deeply to read")
+TOO_LARGE = _error("the body is larger than the payload limit allows")
+INVALID_FIELD = _json({"allOf": [_ref("Error"), {"type": "object", "required": ["field"]}]},
+                      "a field is unknown or has a value the queue does not take (`field` names it)")
+JOB_ID = {"name": "job_id", "in": "path", "required": True,
+          "schema": {"type": "integer", "minimum": 0, "maximum": MAX_JOB_ID}}
+
+
+def _operator_action(summary: str, body: dict[str, Any], acted: str) -> dict[str, Any]:
+    return {
+        "summary": summary,
+        "operationId": acted,
+        "parameters": [JOB_ID],
+        "requestBody": {"required": False, "content": {"application/json": {"schema": body}}},
+        "responses": {
+            "200": _json(_ref("ActionResult"), "done (`changed` is false when there was nothing to do)"),
+            "400": BAD_BODY,
+            "401": UNAUTHORIZED,
+            "403": FORBIDDEN,
+            "404": _error("no such job"),
+            "409": _json({"allOf": [_ref("Error"), {"type": "object", "properties": {
+                "status": {"enum": STATUSES}, "needs": {"enum": ["force", "again"]}}}]},
+                "the job's state does not allow it; `needs: force` when a running job's lease is still valid, "
+                "`needs: again` to run a done job again"),
+            "413": TOO_LARGE,
+            "422": INVALID_FIELD,
+            "423": _error("a worker is claiming the job this instant: try again", RETRY_AFTER),
+            "503": UNAVAILABLE,
+        },
+    }
+
+
+PATHS: dict[str, dict[str, Any]] = {
+    "/api/jobs": {"post": {
+        "summary": "Enqueue a job (idempotent by task_key); nothing is written on any error",
+        "operationId": "enqueue",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("NewJob")}}},
+        "responses": {
+            "201": _json(_ref("Enqueued"), "created"),
+            "200": _json(_ref("Enqueued"), "a known task_key: the existing job, `duplicate: true`, nothing written"),
+            "400": BAD_BODY,
+            "401": UNAUTHORIZED,
+            "403": FORBIDDEN,
+            "413": TOO_LARGE,
+            "422": INVALID_FIELD,
+            "503": UNAVAILABLE,
+        },
+    }, "get": {
+        "summary": "Jobs matching the dashboard's filters, newest first, keyset-paged (pass next_before as before)",
+        "operationId": "list_jobs",
+        "parameters": [
+            {"name": "status", "in": "query", "schema": {"enum": STATUSES}},
+            *({"name": name, "in": "query", "description": what,
+               "schema": {"type": "string", "minLength": 1, "maxLength": limit, "pattern": FILTER_TEXT_PATTERN}}
+              for name, limit, what in (("queue", MAX_FILTER_CHARS, "queue name"), ("task", MAX_FILTER_CHARS, "task name"),
+                                        ("key", 80, "task_key prefix"),
+                                        ("q", MAX_SEARCH_CHARS, "text in the payload, the last error or the task_key, "
+                                                                "case-blind; reads at most the newest 50,000 jobs "
+                                                                "matching the other filters"))),
+            {"name": "before", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_ID}},
+            {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT}},
+        ],
+        "responses": {"200": _json(_ref("JobPage"), "a page of jobs"),
+                      "400": INVALID_FIELD, "401": UNAUTHORIZED, "503": UNAVAILABLE},
+    }},
+    "/api/jobs/{job_id}": {"get": {
+        "summary": "A job, its result and its failed attempts",
+        "operationId": "get_job",
+        "parameters": [JOB_ID],
+        "responses": {"200": _json(_ref("JobDetail"), "the job"), "401": UNAUTHORIZED,
+                      "404": _error("no such job"), "503": UNAVAILABLE},
+    }},
+    "/api/jobs/{job_id}/requeue": {"post": _operator_action(
+        "Put a job back to ready now (NOWAIT); a running job with a valid lease needs force, a done job again "
+        "(its handler runs again; record_result keeps the one result row of its task_key)",
+        {"type": "object", "properties": {"force": {"type": "boolean"}, "again": {"type": "boolean"}},
+         "additionalProperties": False},
+        "requeue")},
+    "/api/jobs/{job_id}/fail": {"post": _operator_action(
+        "Mark a job failed now (NOWAIT), with the reason kept",
+        {"type": "object", "properties": {"reason": {"type": ["string", "null"], "maxLength": MAX_REASON_CHARS}},
+         "additionalProperties": False},
+        "fail")},
+    "/api/stats": {"get": {
+        "summary": "Counts by queue and status (capped), the oldest ready job's age per queue",
+        "operationId": "stats",
+        "responses": {"200": _json(_ref("Stats"), "the counts"), "401": UNAUTHORIZED, "503": UNAVAILABLE},
+    }},
+    "/api/health": {"get": {
+        "summary": "`jobqueue doctor`'s checks, cached for a minute per web process",
+        "operationId": "health",
+        "responses": {"200": _json(_ref("Health"), "ok, or warnings only"), "401": UNAUTHORIZED,
+                      "503": _json(_ref("Health"), "the database is unreachable or a check found a problem")},
+    }},
+    "/api/openapi.json": {"get": {
+        "summary": "This document",
+        "operationId": "openapi",
+        "security": [],
+        "responses": {"200": {"description": "OpenAPI 3.1", "content": {"application/json": {"schema": {
+            "type": "object"}}}}},
+    }},
+}
+
+TIMESTAMP = {"type": ["string", "null"], "format": "date-time"}
+# validation.check_task_key as a pattern: no Cc controls (U+0085 among them), no line or paragraph
+# separators, no whitespace at either end. "(?![\\s\\S])" ends it: "$" would also match before a
+# final newline in Python's regular expressions (which schema validators use).
+_KEY_CHAR = "[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]"
+_KEY_EDGE = "[^\\s\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]"
+TASK_KEY_PATTERN = f"^{_KEY_EDGE}(?:{_KEY_CHAR}*{_KEY_EDGE})?(?![\\s\\S])"
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {"type": "object", "required": ["error"], "properties": {
+        "error": {"type": "string", "minLength": 1}, "field": {"type": ["string", "null"]}}},
+    "NewJob": {
+        "type": "object", "required": ["task", "task_key"], "additionalProperties": False,
+        "properties": {
+            "task": {"type": "string", "description": "a registered task name"},
+            "task_key": {"type": "string", "minLength": 1, "maxLength": 80, "pattern": TASK_KEY_PATTERN,
+                         "description": "unique per job: no control characters, line separators or edge spaces"},
+            "payload": {"type": ["object", "null"],
+                        "description": "at most JOBQUEUE_MAX_PAYLOAD_BYTES as JSON, 20 levels deep; null means {}"},
+            "queue": {"type": ["string", "null"], "pattern": "^[A-Za-z0-9_.\\-]{1,64}(?![\\s\\S])",
+                      "description": "null: the task's own queue"},
+            "priority": {"type": "integer", "minimum": PRIORITY_RANGE[0], "maximum": PRIORITY_RANGE[1]},
+            "delay": {"type": "number", "minimum": 0, "maximum": MAX_DELAY_SECONDS},
+            "max_attempts": {"type": ["integer", "null"], "minimum": MAX_ATTEMPTS_RANGE[0],
+                             "maximum": MAX_ATTEMPTS_RANGE[1], "description": "null: the task's own"},
+        },
+    },
+    "Enqueued": {"type": "object", "required": ["id", "task_key", "duplicate", "status"], "properties": {
+        "id": {"type": "integer"}, "task_key": {"type": "string"}, "duplicate": {"type": "boolean"},
+        "status": {"enum": STATUSES + [None]}}},
+    "Job": {"type": "object", "required": ["id", "task_key", "task", "queue", "status", "attempts", "max_attempts"],
+            "properties": {
+                "id": {"type": "integer"}, "task_key": {"type": "string"}, "task": {"type": "string"},
+                "queue": {"type": "string"}, "priority": {"type": "integer"}, "status": {"enum": STATUSES},
+                "attempts": {"type": "integer"}, "max_attempts": {"type": "integer"}, "payload": {"type": "object"},
+                "lease_owner": {"type": ["string", "null"]}, "lease_until": TIMESTAMP, "run_at": TIMESTAMP,
+                "started_at": TIMESTAMP, "last_error": {"type": ["string", "null"]}, "created_at": TIMESTAMP,
+                "updated_at": TIMESTAMP, "finished_at": TIMESTAMP}},
+    "JobDetail": {"allOf": [_ref("Job"), {"type": "object", "required": ["result", "attempt_history"], "properties": {
+        "result": {"description": "what the handler recorded for this task_key, or null"},
+        "attempt_history": {"type": "array", "items": {"type": "object", "properties": {
+            "attempt": {"type": "integer"}, "worker": {"type": ["string", "null"]}, "started_at": TIMESTAMP,
+            "finished_at": TIMESTAMP, "outcome": {"type": "string"}, "error": {"type": ["string", "null"]}}}}}}]},
+    "ActionResult": {"type": "object", "required": ["id", "before", "after", "changed"], "properties": {
+        "id": {"type": "integer"}, "before": {"enum": STATUSES}, "after": {"enum": STATUSES},
+        "changed": {"type": "boolean"}}},
+    "JobPage": {"type": "object", "required": ["jobs", "next_before", "matches", "matches_capped"], "properties": {
+        "jobs": {"type": "array", "items": _ref("Job")},
+        "next_before": {"type": ["integer", "null"], "description": "`before` of the next (older) page; null: none"},
+        "matches": {"type": "integer", "minimum": 0, "description": "jobs matching, counted up to 10,000"},
+        "matches_capped": {"type": "boolean"},
+        "search_window": {"type": "integer", "description": "with q: the most rows the search read"},
+        "search_window_floor": {"type": ["integer", "null"],
+                                "description": "with q: the lowest id it read; null when it reached the oldest job"}}},
+    "Stats": {"type": "object", "required": ["queues", "totals", "now"], "properties": {
+        "queues": {"type": "object", "additionalProperties": {"type": "object", "properties": {
+            **{s: {"type": "integer", "minimum": 0} for s in STATUSES},
+            "oldest_ready_age_seconds": {"type": ["number", "null"]},
+            "capped": {"type": "array", "items": {"enum": STATUSES}}}}},
+        "totals": {"type": "object", "properties": {s: {"type": "integer", "minimum": 0} for s in STATUSES}},
+        "now": TIMESTAMP}},
+    "Health": {"type": "object", "required": ["status", "checks"], "properties": {
+        "status": {"enum": ["ok", "warning", "problem", "error"]},
+        "checks": {"type": "array", "items": {"type": "object", "required": ["name", "verdict", "detail"],
+                                              "properties": {"name": {"type": "string"},
+                                                             "verdict": {"enum": ["ok", "warning", "problem"]},
+                                                             "detail": {"type": "string"},
+                                                             "advice": {"type": ["string", "null"]}}}},
+        "error": {"type": ["string", "null"]}}},
+}
+
+
+def document(task_names: list[str]) -> dict[str, Any]:
+    """The document for an app whose registry holds `task_names` (the enqueue body lists them)."""
+    schemas = {**SCHEMAS, "NewJob": {**SCHEMAS["NewJob"], "properties": {
+        **SCHEMAS["NewJob"]["properties"], "task": {**SCHEMAS["NewJob"]["properties"]["task"], "enum": task_names}}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "jobqueue", "version": "1",
+                 "description": "The job queue's JSON API. Bearer tokens come from JOBQUEUE_API_TOKENS "
+                                "(`name:role:token`); admin tokens act, viewer tokens read. Session cookies are "
+                                "not accepted here."},
+        "paths": PATHS,
+        "components": {"schemas": schemas,
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "security": [{"bearer": []}],
+    }
