@@ -17,6 +17,14 @@
     }
   });
 
+  // Plain forms (no HTMX) that need a confirmation: <form data-confirm="question">.
+  document.addEventListener("submit", function (evt) {
+    var form = evt.target;
+    if (form.hasAttribute && form.hasAttribute("data-confirm") && !window.confirm(form.getAttribute("data-confirm"))) {
+      evt.preventDefault();
+    }
+  });
+
   // "Select all" checkboxes for bulk actions.
   document.addEventListener("change", function (evt) {
     var box = evt.target;

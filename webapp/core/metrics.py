@@ -52,7 +52,11 @@ _COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "SQL_ERRORS": ("jobqueue_sql_errors", "Database errors seen by the worker loop", ("operation",)),
     "NOT_PRIMARY": ("jobqueue_not_primary", "Claims and writes refused because the server was not a writable primary",
                     ("operation",)),
-    "OPERATOR_ACTIONS": ("jobqueue_operator_actions", "Operator requeue and fail actions", ("action", "outcome")),
+    "OPERATOR_ACTIONS": ("jobqueue_operator_actions", "Operator requeue, fail and cancel actions", ("action", "outcome")),
+    "CANCELLED": ("jobqueue_jobs_cancelled", "Jobs cancelled by an operator", ()),
+    "CONCURRENCY_LIMITED": ("jobqueue_concurrency_limited",
+                            "Ready jobs a claim left alone because their concurrency key was full", ()),
+    "PRUNED": ("jobqueue_jobs_pruned", "Finished jobs deleted by retention", ("status",)),
 }
 
 _HISTOGRAMS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
