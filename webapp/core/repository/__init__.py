@@ -326,20 +326,20 @@ def upsert_recurring(conn: Connection, name: str, *, cron: str, task: str, paylo
     """Add a recurring job or replace its definition; validated first, nothing written on error."""
     row, created = _recurring.upsert_recurring(conn, name, cron=cron, task=task, payload=payload, queue=queue,
                                                actor=actor, registry=registry)
-    event(log, logging.INFO, "recurring_added" if created else "recurring_changed", name=name, cron=row["cron"],
+    event(log, logging.INFO, "recurring_added" if created else "recurring_changed", schedule=name, cron=row["cron"],
           task=task, actor=actor)
     return row, created
 
 
 def remove_recurring(conn: Connection, name: str, *, actor: str) -> None:
     _recurring.remove_recurring(conn, name, actor=actor)
-    event(log, logging.INFO, "recurring_removed", name=name, actor=actor)
+    event(log, logging.INFO, "recurring_removed", schedule=name, actor=actor)
 
 
 def set_recurring_enabled(conn: Connection, name: str, enabled: bool, *, actor: str) -> tuple[dict, bool]:
     row, changed = _recurring.set_recurring_enabled(conn, name, enabled, actor=actor)
     if changed:
-        event(log, logging.INFO, "recurring_enabled" if enabled else "recurring_disabled", name=name, actor=actor)
+        event(log, logging.INFO, "recurring_enabled" if enabled else "recurring_disabled", schedule=name, actor=actor)
     return row, changed
 
 
@@ -353,7 +353,7 @@ def enqueue_due_recurring(conn: Connection, *, now=None, registry: Registry = TA
     result = _recurring.enqueue_due_recurring(conn, now=now, registry=registry)
     for name, res in zip(result.names, result.runs):
         if not res.duplicate:
-            event(log, logging.INFO, "recurring_enqueued", name=name, job_id=res.id, task_key=res.task_key)
+            event(log, logging.INFO, "recurring_enqueued", schedule=name, job_id=res.id, task_key=res.task_key)
     _report_enqueued([r for r in result.runs if not r.duplicate])
     return result
 

@@ -93,6 +93,7 @@ def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *
     if not validated:
         return []
     seen_absent: set[str] = set()
+    inserting: set[str] = set()   # the keys the current pass tries to insert
 
     def write(c: Connection) -> list[Enqueued]:
         require_primary(c)
@@ -113,6 +114,8 @@ def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *
         for job in validated:
             if job.task_key not in existing and job.task_key not in ours and job.task_key not in fresh:
                 fresh[job.task_key] = job
+        inserting.clear()
+        inserting.update(fresh)
         ensure_keys(c, {job.concurrency_key: job.concurrency_limit for job in fresh.values()
                         if job.concurrency_key is not None})
         if len(fresh) == 1:
@@ -139,6 +142,10 @@ def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *
 
     def classify(exc: BaseException) -> str | None:
         if isinstance(exc, IntegrityError) and is_duplicate_key(exc) and not conn.in_transaction():
+            # Our insert was refused and rolled back: whoever holds those keys now is another
+            # enqueue of the same job (two processes enqueueing one recurring tick), not a
+            # COMMIT of ours whose reply was lost.
+            seen_absent.difference_update(inserting)
             return "duplicate_key"
         return None
 
