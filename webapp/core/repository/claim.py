@@ -25,7 +25,8 @@ Concurrency limits (tasks with a `concurrency_key`): when the pick returned keye
 locks those keys' rows in `concurrency_key` with SKIP LOCKED and counts each key's running jobs
 (ix_running_key). A key at its limit, or whose row another claim holds this instant, keeps its
 jobs `ready` for a later turn; the claim then looks a little further down the same index for
-jobs of other keys (a few bounded rounds). Nothing waits on a lock, so the claim stays
+jobs of other keys (at most LOOKAHEAD_ROUNDS ranges of LOOKAHEAD_MAX rows, each starting where
+the last one ended, so a long backlog of one full key costs a claim a bounded read, not a scan). Nothing waits on a lock, so the claim stays
 deadlock-free, and a place is just a running row: it comes back whenever the job stops running.
 
 Paused queues are not the claim's business: workers leave them out of the queues they pass in
@@ -138,17 +139,16 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
                     flags = [f for f, v in zip(_FLAGS[kind == "mariadb"], rows[0][FLAGS_AT:]) if str(v) in ("1", "ON")]
                     raise NotPrimary(f"the server turned read-only ({', '.join(flags)} is ON); nothing claimed")
                 taken, refused = places.admit(rows, room)
-                seen = [row[0] for row in rows]
                 more_there = len(rows) >= room
                 rounds = 0
-                while refused and more_there and len(taken) < room and rounds < LOOKAHEAD_ROUNDS:
-                    # Jobs of full keys at the head of the queue: look past them for other keys.
+                # Only jobs of full keys at the head of the queue: look a bounded way past them for
+                # jobs of other keys (the rows passed stay ready; our locks on them end at COMMIT).
+                # A pick that took something does not look further: the next turn will if needed.
+                while refused and not taken and more_there and rounds < LOOKAHEAD_ROUNDS:
                     rounds += 1
-                    asked = min(LOOKAHEAD_MAX, (room - len(taken)) * 4 + 16)
-                    rows = _pick_past(c, kind, queue, asked, seen, sorted(places.blocked))
-                    more, refused = places.admit(rows, room - len(taken))
-                    taken.extend(more)
-                    seen.extend(row[0] for row in rows)
+                    asked = min(LOOKAHEAD_MAX, (room * 4 + 16) << (rounds - 1))
+                    rows = _pick_after(c, kind, queue, asked, rows[-1])
+                    taken, refused = places.admit(rows, room)
                     more_there = len(rows) >= asked
                 picked.extend((row, queue) for row in taken)
                 if len(picked) >= limit:
@@ -183,10 +183,9 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
         if limit and len(claimed) < limit:
             report = classify_row(tuple(c.execute(classify_statement(classify_queues)).one()))
             if places.refused:
-                # Rows we left for their concurrency key are ready but not held by anyone else.
-                skipped = max(0, report.skipped - places.refused)
-                report = dataclasses.replace(report, skipped=skipped, kind=EmptyClaim.LIMITED if (
-                    report.kind is EmptyClaim.CONTENDED and skipped == 0) else report.kind)
+                # We left ready rows for their concurrency key, and did not look at all the others:
+                # the ready rows the read counts are not known to be held by anyone else.
+                report = dataclasses.replace(report, skipped=0, kind=EmptyClaim.LIMITED)
         return ClaimCycle(claimed, {(lease.job_id, lease.attempt): o for lease, o in completed.items()}, losses,
                           report.skipped if report else 0, tried, limit, report, places.refused)
 
@@ -234,30 +233,47 @@ class _Places:
         return out, refused
 
     def _acquire(self, keys: list[str]) -> None:
-        lock = sa.select(ck.name, ck.max_running).where(ck.name.in_(keys))
-        if self.kind != "sqlite":
-            lock = lock.with_hint(concurrency_key, "FORCE INDEX (PRIMARY)", "mysql").with_hint(
-                concurrency_key, "FORCE INDEX (PRIMARY)", "mariadb").with_for_update(skip_locked=True)
-        held = dict(self.c.execute(lock).all())
+        held = dict(self.c.execute(_lock_keys(self.kind), {"keys": keys}).all())
         others = [k for k in keys if k not in held]
         if others:
             self.blocked.update(others)
-            present = set(self.c.execute(sa.select(ck.name).where(ck.name.in_(others))).scalars().all())
+            present = set(self.c.execute(_KEYS_PRESENT, {"keys": others}).scalars().all())
             self.missing.update(k for k in others if k not in present)
         if held:
-            running = dict(self.c.execute(sa.select(jq.running_key, sa.func.count())
-                                          .where(jq.running_key.in_(list(held))).group_by(jq.running_key)).all())
+            running = dict(self.c.execute(_RUNNING_PER_KEY, {"keys": list(held)}).all())
             for key, max_running in held.items():
                 self.left[key] = max(0, int(max_running) - int(running.get(key, 0)))
 
 
-def _pick_past(c: Connection, kind: str, queue: str, limit: int, seen: Sequence[int],
-               blocked: Sequence[str]) -> list[tuple]:
-    """The pick again, past rows already seen and leaving out keys known to be full."""
-    stmt = pick_statement(kind).where(jq.id.notin_(list(seen)))
-    if blocked:
-        stmt = stmt.where(sa.or_(jq.concurrency_key.is_(None), jq.concurrency_key.notin_(list(blocked))))
-    return [tuple(r) for r in c.execute(stmt, {"queue": queue, "limit": limit}).all()]
+# Built once (expanding IN lists keep them in SQLAlchemy's statement cache whatever the count).
+_KEYS = sa.bindparam("keys", expanding=True)
+_KEYS_PRESENT = sa.select(ck.name).where(ck.name.in_(_KEYS))
+_RUNNING_PER_KEY = sa.select(jq.running_key, sa.func.count()).where(jq.running_key.in_(_KEYS)).group_by(jq.running_key)
+
+
+@functools.lru_cache(maxsize=4)
+def _lock_keys(flavour: str) -> sa.Select:
+    """The key rows, locked by this claim unless another holds them this instant (SKIP LOCKED:
+    never a wait, so never a deadlock)."""
+    stmt = sa.select(ck.name, ck.max_running).where(ck.name.in_(_KEYS))
+    if flavour == "sqlite":
+        return stmt
+    return stmt.with_hint(concurrency_key, "FORCE INDEX (PRIMARY)", "mysql").with_hint(
+        concurrency_key, "FORCE INDEX (PRIMARY)", "mariadb").with_for_update(skip_locked=True)
+
+
+@functools.lru_cache(maxsize=8)
+def _pick_after_statement(flavour: str) -> sa.Select:
+    """The pick again, continuing after a (priority, id) in claim order: an index range that
+    starts where the last pick ended, so each look further reads at most its LIMIT more rows."""
+    after_p, after_id = sa.bindparam("after_priority", type_=sa.SmallInteger), sa.bindparam("after_id",
+                                                                                             type_=sa.BigInteger)
+    return pick_statement(flavour).where(sa.or_(jq.priority > after_p, sa.and_(jq.priority == after_p, jq.id > after_id)))
+
+
+def _pick_after(c: Connection, kind: str, queue: str, limit: int, last: tuple) -> list[tuple]:
+    return execute_fast(c, _pick_after_statement(kind), {"queue": queue, "limit": limit, "after_priority": last[3],
+                                                         "after_id": last[0]}).rows
 
 
 def ensure_keys(c: Connection, wanted: dict[str, int]) -> None:
