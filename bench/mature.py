@@ -228,14 +228,17 @@ def bench_prune(ctx) -> dict[str, Any]:
             with common.mysql_db("prune") as url:
                 load_done(url, rows)
                 enqueue(url, jobs)
-                work = run_workers(url, 2, 8, ctx.log_dir)
+                # The workers' own retention is off (keep forever): only the measured prune deletes.
+                work = run_workers(url, 2, 8, ctx.log_dir, env={"JOBQUEUE_KEEP_DONE_DAYS": "0",
+                                                               "JOBQUEUE_KEEP_FAILED_DAYS": "0"})
                 t0 = time.monotonic()
                 first_claim = None
                 prune_result: dict[str, Any] = {}
                 if variant == "with prune":
                     time.sleep(1.0)   # the workers are claiming
                     out = subprocess.run([*common.jobqueue_cmd(), "--database-url", url, "--log-level", "WARNING",
-                                          "prune"], capture_output=True, text=True, env=common.child_env(), timeout=900)
+                                          "prune", "--done-older-than", "7"], capture_output=True, text=True,
+                                         env=common.child_env(), timeout=900)
                     if out.returncode != 0:
                         raise RuntimeError(f"prune failed: {out.stderr}")
                     prune_result = json.loads(out.stdout)
