@@ -165,7 +165,7 @@ def run(ctx) -> dict[str, Any]:
             some_job = repository.get_job_by_key(conn, f"done-{rows // 2}")
             plan = repository.explain_claim(conn, "default", 8)
         env = {"JOBQUEUE_USERS": f"bench:admin:{generate_password_hash(PASSWORD)}", "JOBQUEUE_SECRET_KEY": "bench",
-               "JOBQUEUE_SECURE_COOKIES": "0", "JOBQUEUE_LOG_LEVEL": "WARNING"}
+               "JOBQUEUE_SECURE_COOKIES": "0", "JOBQUEUE_LOG_LEVEL": "WARNING", **common.KEEP_EVERYTHING}
         server = GunicornServer(url, ctx.log_dir, web_workers=1, embedded_workers=0, extra_env=env)
         try:
             client = Client(server.base)
