@@ -222,3 +222,29 @@ def test_three_worker_processes_enqueue_exactly_one_job_per_minute(mysql_url, my
 def _now(engine):
     with engine.connect() as conn:
         return repository.database_now(conn)
+
+
+def test_the_runner_reads_rarely_and_enqueues_when_due(engine):
+    from webapp.core.recurring import RecurringRunner
+
+    clock = [1000.0]
+    runner = RecurringRunner(engine, clock=lambda: clock[0])
+    with engine.connect() as conn:
+        repository.upsert_recurring(conn, "late", cron="* * * * *", task="noop", actor="tester")
+        now = repository.database_now(conn)
+        conn.execute(sa.update(recurring_job).values(next_run_at=now - timedelta(minutes=3)))
+        conn.commit()
+    assert runner.tick() == 1            # three ticks missed: one catch-up run, for the latest
+    with engine.connect() as conn:
+        assert keys(conn) == [run_key("late", latest_tick("* * * * *", now))]
+    calls = []
+    real = repository.enqueue_due_recurring
+    try:
+        repository.enqueue_due_recurring = lambda *a, **k: calls.append(1) or real(*a, **k)
+        clock[0] += 5                    # the next tick is still ahead: no read at all
+        assert runner.tick() == 0 and calls == []
+        clock[0] += 61                   # past the next tick: a read
+        runner.tick()
+        assert calls == [1]
+    finally:
+        repository.enqueue_due_recurring = real

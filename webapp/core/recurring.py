@@ -32,7 +32,7 @@ log = logging.getLogger("jobqueue.recurring")
 NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,50}$")
 ALIASES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 KEY_PREFIX = "recurring:"
-REREAD_SECONDS = 15.0      # how stale a process's idea of the next due tick may get
+REREAD_SECONDS = 30.0      # how stale a process's idea of the next due tick may get (one small read)
 
 
 def check_name(name: object) -> str:

@@ -2,7 +2,7 @@
 
 What the scheduler runs is the worker's own loop (one long job, `Worker.run`, the same loop a
 standalone `jobqueue worker` runs), the reaper's pass on an interval, the recurring jobs' check
-every second (it reads the database only when a tick is due, or every 15 s) and, when due, a
+every second (it reads the database only when a tick is due, or every 30 s) and, when due, a
 retention pass (see webapp/core/retention.py). Nothing starts at import
 or in a gunicorn master: `start()` is called in each worker process after the fork (see
 gunicorn_conf.py), and `stop()` on its way out, which releases unfinished jobs just as a

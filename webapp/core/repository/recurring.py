@@ -160,7 +160,7 @@ def sync_code_schedules(conn: Connection, *, registry: Registry = TASKS, actor: 
 
 @dataclass(frozen=True)
 class DueRuns:
-    now: datetime                                  # the clock the ticks were judged by
+    now: datetime | None                           # the clock the ticks were judged by (None: no schedule)
     enqueued: int = 0                              # jobs written (ticks nobody had enqueued yet)
     runs: tuple[Enqueued, ...] = ()                # every due run's enqueue result, new or duplicate
     names: tuple[str, ...] = ()
@@ -177,12 +177,18 @@ def enqueue_due_recurring(conn: Connection, *, now: datetime | None = None, regi
         now = now.astimezone(timezone.utc).replace(tzinfo=None)
 
     def due(c: Connection):
-        clock = now or database_now(c)
-        rows = c.execute(sa.select(recurring_job).where(rj.enabled == sa.true(), rj.next_run_at <= clock)
+        # One statement: every enabled schedule (a handful of rows) with the database's now; due
+        # ones and the next tick come from it. An idle worker sends this once per REREAD_SECONDS.
+        rows = c.execute(sa.select(recurring_job, db_now().label("db_now")).where(rj.enabled == sa.true())
                          .order_by(rj.next_run_at)).all()
+        clock = now or (as_datetime(rows[0].db_now) if rows else None)
         return clock, [_row(r) for r in rows]
 
-    clock, rows = transaction(conn, due, what="recurring_due")
+    clock, enabled = transaction(conn, due, what="recurring_due")
+    if clock is None:
+        return DueRuns(None)   # no enabled schedule
+    rows = [r for r in enabled if r["next_run_at"] <= clock]
+    upcoming = [r["next_run_at"] for r in enabled if r["next_run_at"] > clock]
     runs: list[Enqueued] = []
     names: list[str] = []
     skipped: list[str] = []
@@ -205,7 +211,7 @@ def enqueue_due_recurring(conn: Connection, *, now: datetime | None = None, regi
                               updated_at=db_now()))
 
         transaction(conn, advance, what="recurring_advance")
-    next_due = transaction(conn, lambda c: c.execute(sa.select(sa.func.min(rj.next_run_at))
-                                                     .where(rj.enabled == sa.true())).scalar(), what="recurring_due")
-    return DueRuns(clock, sum(1 for r in runs if not r.duplicate), tuple(runs), tuple(names), as_datetime(next_due),
+    # Advanced schedules move past `clock`; those another process advanced meanwhile too.
+    next_due = min(upcoming + [next_tick(r["cron"], clock) for r in rows], default=None)
+    return DueRuns(clock, sum(1 for r in runs if not r.duplicate), tuple(runs), tuple(names), next_due,
                    tuple(skipped))
