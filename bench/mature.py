@@ -178,7 +178,8 @@ def bench_limits(ctx) -> dict[str, Any]:
                 samples[key].append(res["jobs_per_s"])
                 log(f"limits round {r + 1}/{ctx.limit_rounds} {key}: {res['jobs_per_s']:.0f} jobs/s")
     med = {k: common.median(v) for k, v in samples.items()}
-    out: dict[str, Any] = {"jobs": jobs, "samples": samples, "median_jobs_per_s": med, "ratios_to_no_key": {}}
+    out: dict[str, Any] = {"jobs": jobs, "samples": samples, "median_jobs_per_s": med, "ratios_to_no_key": {},
+                           "claim_loop": claim_loop(ctx)}
     for p, t in shapes:
         base = f"{p}x{t} no key"
         for name in variants:
@@ -186,6 +187,47 @@ def bench_limits(ctx) -> dict[str, Any]:
             out["ratios_to_no_key"][key] = common.ratio(med[key], med[base])
             log(f"limits {key}: {med[key]:.0f} jobs/s, {out['ratios_to_no_key'][key]:.3f}x of no key")
     return out
+
+
+def claim_loop(ctx) -> dict[str, Any]:
+    """The claim path alone, in this process, on one connection: cycles of the worker's shape
+    (complete what the last cycle took, claim 8 more, one transaction), no handler, alternating
+    variants. Less noisy than whole runs on a shared machine."""
+    n = 2000 if ctx.quick else 6000
+    variants = {"no key": ("noop", None), "no key, without ix_running_key": ("noop", None),
+                "key per job, limit 1": ("keyed_noop", n), "100 keys, limit 1": ("keyed_noop", 100),
+                "5 keys, limit 1": ("keyed_noop", 5)}
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(ctx.rounds):
+        for name in (list(variants) if r % 2 == 0 else list(reversed(variants))):
+            task, keys = variants[name]
+            with common.mysql_db("claimloop") as url:
+                if "without" in name:
+                    with pymysql.connect(**{**connect_args(url), "autocommit": True}) as conn, conn.cursor() as cur:
+                        cur.execute("ALTER TABLE job_queue DROP INDEX ix_running_key")
+                enqueue(url, n, task=task, keys=keys)
+                engine = create_engine(url, pool_size=1)
+                try:
+                    with engine.connect() as conn:
+                        owners = [f"bench:1:{i}" for i in range(8)]
+                        done, held, t0 = 0, [], time.perf_counter()
+                        while done < n:
+                            cycle = repository.claim_cycle(conn, owners if not held else [], ["default"],
+                                                           lease_seconds=60, completions=held)
+                            done += sum(1 for o in cycle.completed.values() if o.value == "ok")
+                            held = [c.lease for c in cycle.claimed]
+                            if not held and done < n and not cycle.completed:
+                                raise RuntimeError(f"{name}: nothing claimed with {n - done} jobs left")
+                        rate = n / (time.perf_counter() - t0)
+                finally:
+                    engine.dispose()
+            samples[name].append(rate)
+            log(f"claim loop round {r + 1}/{ctx.rounds} {name}: {rate:.0f} jobs/s")
+    med = {k: common.median(v) for k, v in samples.items()}
+    for name in variants:
+        log(f"claim loop {name}: {med[name]:.0f} jobs/s, {med[name] / med['no key']:.3f}x of no key")
+    return {"jobs": n, "samples": samples, "median_jobs_per_s": med,
+            "ratios_to_no_key": {k: med[k] / med["no key"] for k in variants}}
 
 
 # --- pruning while claiming ------------------------------------------------------------------------

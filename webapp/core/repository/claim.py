@@ -56,7 +56,7 @@ PICK_INDEX = "ix_ready_pick"
 _FLAGS = {True: ("read_only", "innodb_read_only"), False: ("read_only", "innodb_read_only", "super_read_only")}
 KEY_AT = 9            # where the picked row's concurrency_key is
 FLAGS_AT = 10         # where the server's read-only flags start
-LOOKAHEAD_ROUNDS = 4  # extra picks past jobs whose concurrency key is full, per queue and claim
+LOOKAHEAD_ROUNDS = 2  # extra picks past jobs whose concurrency key is full, per queue and claim
 LOOKAHEAD_MAX = 200   # rows each of them may return
 ck = concurrency_key.c
 
