@@ -602,7 +602,11 @@ class Soak:
                                              f"{'still running' if code is None else f'exit {code}'}")
             self.note(f"worker {victim.name} exited with {code} after SIGTERM")
 
-        later(10.0, check_exit)
+        # A worker's shutdown is bounded by its grace, then the release writes and the last
+        # completions, each retried up to finish_retry_seconds (max(5 s, lease)) while the
+        # database is away: a worker SIGTERMed just after a SIGCONT, its leases lost and its
+        # connections killed, legitimately takes more than 10 s (found by the soak).
+        later(1.0 + 2 * max(5.0, LEASE_SECONDS) + 8.0, check_exit)
 
     def fault_sigstop_worker(self, later) -> None:
         choices = self.live_workers(started=True)
