@@ -204,8 +204,14 @@ def count_status(url: str) -> dict[str, int]:
 
 # --- subprocesses -----------------------------------------------------------------------------------
 
+# The workers' own retention would delete the finished rows some scenarios load on purpose (claim
+# cost at 1,000,000 done rows, the dashboard at a million rows): benchmarks keep everything
+# unless a scenario says otherwise (bench/mature.py measures pruning with its own prune).
+KEEP_EVERYTHING = {"JOBQUEUE_KEEP_DONE_DAYS": "0", "JOBQUEUE_KEEP_FAILED_DAYS": "0"}
+
+
 def child_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {**KEEP_EVERYTHING, **os.environ}
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)

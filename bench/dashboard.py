@@ -47,7 +47,6 @@ from webapp.core.schema import job_queue
 from webapp.core.db import create_engine
 from webapp.core.repository import JobFilter
 from webapp.core.models import Status
-from webapp.core.schema import job_queue
 
 PASSWORD = "bench-password-1"
 TOKEN = "bench-token-0123456789abcdef"
@@ -185,7 +184,7 @@ def run(ctx) -> dict[str, Any]:
             plan = repository.explain_claim(conn, "default", 8)
         env = {"JOBQUEUE_USERS": f"bench:admin:{generate_password_hash(PASSWORD)}", "JOBQUEUE_SECRET_KEY": "bench",
                "JOBQUEUE_SECURE_COOKIES": "0", "JOBQUEUE_LOG_LEVEL": "WARNING",
-               "JOBQUEUE_API_TOKENS": f"bench:viewer:{TOKEN}"}
+               "JOBQUEUE_API_TOKENS": f"bench:viewer:{TOKEN}", **common.KEEP_EVERYTHING}
         server = GunicornServer(url, ctx.log_dir, web_workers=1, embedded_workers=0, extra_env=env)
         try:
             client = Client(server.base)

@@ -12,7 +12,6 @@ job_queue.started_at/finished_at, procrastinate_events 'started'/'succeeded', pg
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sys
 import time

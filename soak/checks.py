@@ -1,7 +1,8 @@
 """The end-of-run checks, as pure functions over what the soak saw and what the tables hold.
 
 This is Jepsen's total-queue check adapted to a job queue: every task_key the queue acknowledged
-(HTTP 201/200, or `jobqueue enqueue` exiting 0) must come out `done` or `failed` with a reason.
+(HTTP 201/200, or `jobqueue enqueue` exiting 0) must come out `done` or `failed` with a reason,
+or `cancelled` when the soak cancelled it (a cancelled job counts as finished).
 A missing or unfinished one is lost and fails the run. Executions of the same job by several
 workers are counted and explained (a killed or stopped worker, a database outage), not failed:
 at-least-once execution is the contract. Two results for one task_key, or the same attempt run
@@ -14,7 +15,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-TERMINAL = ("done", "failed")
+TERMINAL = ("done", "failed", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class Observed:
     executions: list[Execution]
     attempts_backwards: list[dict[str, Any]] = field(default_factory=list)   # from the monitor
     terminal_regressions: list[dict[str, Any]] = field(default_factory=list)  # from the monitor
+    cancelled: set[str] = field(default_factory=set)   # task_keys the soak cancelled (answered changed)
+    paused_claims: list[dict[str, Any]] = field(default_factory=list)   # from the monitor: claims while paused
     killed_pids: set[int] = field(default_factory=set)
     stopped_pids: set[int] = field(default_factory=set)
     terminated_pids: set[int] = field(default_factory=set)
@@ -85,7 +88,10 @@ class Findings:
         "failed_without_error": "failed jobs without last_error",
         "attempts_over_max": "jobs with attempts > max_attempts",
         "attempts_backwards": "attempts that went backwards (monitor)",
-        "terminal_regressions": "done/failed jobs that changed status again (monitor)",
+        "terminal_regressions": "done/failed/cancelled jobs that changed status again (monitor)",
+        "cancelled_unasked": "cancelled jobs the soak never cancelled",
+        "cancel_undone": "jobs the soak cancelled (changed: true) that are not cancelled",
+        "claims_while_paused": "jobs claimed from the paused queue 2 s or more after the pause (monitor)",
         "double_claims": "the same attempt of a job executed twice",
         "attempt_history_gaps": "jobs whose unsuccessful attempts are not all in job_attempt",
         "executions_unknown": "executions of task_keys the table does not have",
@@ -109,7 +115,6 @@ def check(obs: Observed) -> Findings:
     for name in Findings.MUST_BE_ZERO:
         f.counts.setdefault(name, 0)
     by_key = {r.task_key: r for r in obs.rows}
-    by_id = {r.id: r for r in obs.rows}
 
     # --- what goes in must come out --------------------------------------------------------------
     for key, job_id in obs.acked.items():
@@ -135,13 +140,20 @@ def check(obs: Observed) -> Findings:
             f.add("failed_without_error", f"{row.task_key} (id {row.id})")
         if row.attempts > row.max_attempts:
             f.add("attempts_over_max", f"{row.task_key}: attempts {row.attempts} > max {row.max_attempts}")
-        if spec and spec.kind == "doomed" and row.status != "failed":
+        if spec and spec.kind == "doomed" and row.status not in ("failed", "cancelled"):
             f.add("doomed_not_failed", f"{row.task_key} is {row.status}")
+        if row.status == "cancelled" and row.task_key not in obs.cancelled:
+            f.add("cancelled_unasked", f"{row.task_key} (id {row.id})")
         if spec and spec.kind != "doomed" and row.status == "failed":
             f.unexpected_failures[_first_line(row.last_error)] += 1
         if spec and row.max_attempts > spec.max_attempts:
             f.add("max_attempts_raised")  # a release on shutdown gave a last attempt one more
     f.counts["failed_not_doomed"] = sum(f.unexpected_failures.values())
+    for key in obs.cancelled:
+        row = by_key.get(key)
+        if row is None or row.status != "cancelled":
+            f.add("cancel_undone", f"{key}: cancelled, now {row.status if row else 'missing'}")
+    f.counts["cancelled"] = sum(1 for r in obs.rows if r.status == "cancelled")
 
     # --- results: one per done task_key, none for anything else ----------------------------------
     results_per_key = Counter(key for key, _, _ in obs.results)
@@ -149,7 +161,8 @@ def check(obs: Observed) -> Findings:
         if n > 1:
             f.add("duplicate_results", f"{key}: {n} result rows")
         row = by_key.get(key)
-        if row is None or row.status != "done":
+        # A job cancelled while it ran may have recorded its result first: its work was done.
+        if row is None or row.status not in ("done", "cancelled"):
             f.add("results_not_done", f"{key}: result row but job is {row.status if row else 'missing'}")
         spec = obs.specs.get(key)
         if spec and spec.kind == "doomed":
@@ -209,6 +222,8 @@ def check(obs: Observed) -> Findings:
         f.add("attempts_backwards", item)
     for item in obs.terminal_regressions:
         f.add("terminal_regressions", item)
+    for item in obs.paused_claims:
+        f.add("claims_while_paused", item)
     return f
 
 

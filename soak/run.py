@@ -22,7 +22,9 @@ restart it; the shared server is never touched):
   its lease (a partition: its statements hang, nothing is refused), KILL CONNECTION random server
   connections, restart the server once, turn it read-only for a moment, force-requeue running
   jobs as an operator would, hold ready rows in a paused SELECT ... FOR UPDATE, SIGKILL a
-  gunicorn worker (its master starts another), replay slices of known task_keys through both doors.
+  gunicorn worker (its master starts another), replay slices of known task_keys through both doors,
+  pause the queue for a few seconds (`POST /api/queues/default/pause`, resumed by `jobqueue
+  resume`), and cancel random jobs in every state (`POST /api/jobs/<id>/cancel` and `jobqueue cancel`).
 
 Then the faults stop, the queue drains, every process gets SIGTERM (exit 0 expected), and
 soak/checks.py compares what was acknowledged with what the tables hold. One verdict line
@@ -64,7 +66,10 @@ REPO = Path(__file__).resolve().parents[1]
 DB_NAME = "soak"
 LEASE_SECONDS = 3
 FAULT_KINDS = ("sigkill_worker", "sigterm_worker", "sigstop_worker", "kill_connection", "db_restart", "hold_rows",
-               "sigkill_web_worker", "replay", "force_requeue", "read_only_flip", "partition_worker")
+               "sigkill_web_worker", "replay", "force_requeue", "read_only_flip", "partition_worker", "pause_queue",
+               "cancel")
+QUEUE = "default"
+PAUSE_NOTICE_SECONDS = 2.0   # a pause takes effect in every process within this (README: about a second)
 
 
 # --- the plan --------------------------------------------------------------------------------------
@@ -100,13 +105,19 @@ class Plan:
     partitions: int = 2                      # one worker cut off from the database past its lease
     partition_seconds: float = 2 * LEASE_SECONDS + 1
     replays: int = 5
+    pauses: int = 3
+    pause_seconds: float = 6.0
+    cancels: int = 5
+    cancel_api_keys: int = 20
+    cancel_cli_keys: int = 2
     replay_api_keys: int = 40
     replay_cli_keys: int = 2
     drain_timeout: float = 600.0
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(jobs=1200, cli_jobs=30, fault_seconds=30.0, kill_every=(3.0, 5.0), stops=1,
+        return cls(jobs=1200, cli_jobs=30, fault_seconds=30.0, kill_every=(3.0, 5.0), stops=1, pauses=2,
+                   pause_seconds=4.0, cancels=2, cancel_api_keys=10, cancel_cli_keys=1,
                    conn_kill_every=(2.0, 4.0), holds=2, web_kills=1, graceful_restarts=1, replays=2, replay_api_keys=20,
                    replay_cli_keys=1, drain_timeout=60.0, force_requeues=2, read_only_flips=1, partitions=1)
 
@@ -151,7 +162,7 @@ def fault_schedule(plan: Plan, rng: random.Random) -> list[tuple[float, str]]:
     for kind, n in (("sigstop_worker", plan.stops), ("hold_rows", plan.holds), ("sigkill_web_worker", plan.web_kills),
                     ("sigterm_worker", plan.graceful_restarts), ("replay", plan.replays),
                     ("force_requeue", plan.force_requeues), ("read_only_flip", plan.read_only_flips),
-                    ("partition_worker", plan.partitions)):
+                    ("partition_worker", plan.partitions), ("pause_queue", plan.pauses), ("cancel", plan.cancels)):
         for j in range(n):
             lo, hi = window * (0.05 + 0.8 * j / n), window * (0.05 + 0.8 * (j + 1) / n)
             at = rng.uniform(lo, hi)
@@ -276,6 +287,12 @@ class Soak:
         self.replayed = 0
         self.replay_mismatches: list[str] = []
         self.held_touched: list[str] = []
+        # Pauses and cancellations.
+        self.pause_windows: list[list[float]] = []    # [claims forbidden from, until] (monotonic)
+        self.paused_claims: list[dict] = []
+        self.pause_errors: list[str] = []
+        self.cancelled: set[str] = set()
+        self.cancel_answers: Counter = Counter()
         self.unexpected_exits: list[str] = []
         self.own_connection_ids: set[int] = set()
         self.restart_outage = 0.0
@@ -313,10 +330,13 @@ class Soak:
         self.worker_seq += 1
         name = f"w{self.worker_seq}" + ("p" if proxied else "")
         url = self.proxy.url(DB_NAME) if proxied else self.url
+        # Every other worker names its queue (it reads the paused set), the rest take every queue
+        # (their list of ready queues leaves paused ones out): pauses must hold for both.
+        queues = ["--queues", QUEUE] if self.worker_seq % 2 == 0 else []
         p = Proc(name, [sys.executable, "-m", "webapp.cli", "--database-url", url, "worker",
                         "--name", name, "--concurrency", str(self.plan.concurrency),
                         "--lease-seconds", str(LEASE_SECONDS), "--grace-seconds", str(self.plan.grace_seconds),
-                        "--tasks", "soak.tasks"],
+                        "--tasks", "soak.tasks", *queues],
                  self.base_env(), self.logs / f"worker-{name}.log")
         p.proxied = proxied
         self.workers.append(p)
@@ -499,9 +519,11 @@ class Soak:
         return conn
 
     def monitor(self) -> None:
-        """Every ~0.5 s: (id, attempts, status) of every row. Attempts must never go down, and a
-        done or failed job must stay so (nothing in the soak requeues)."""
+        """Every ~0.5 s: (id, attempts, status) of every row. Attempts must never go down, a
+        finished job must stay so (nothing in the soak requeues; a failed job may be cancelled),
+        and while the queue is paused no attempt may start."""
         conn = None
+        previous_start: float | None = None
         while not self.monitor_stop.is_set():
             started = time.monotonic()
             try:
@@ -510,6 +532,7 @@ class Soak:
                 with conn.cursor() as cur:
                     cur.execute("SELECT id, attempts, status FROM job_queue")
                     rows = cur.fetchall()
+                read_at = time.monotonic()
             except pymysql.MySQLError:
                 if conn is not None:
                     try:
@@ -517,8 +540,14 @@ class Soak:
                     except Exception:
                         pass
                 conn = None
+                previous_start = None   # the next sample has no comparable predecessor
                 self.monitor_stop.wait(0.5)
                 continue
+            # Both samples inside a pause window (after its notice time): any attempt started
+            # between them was a claim from the paused queue.
+            with self.lock:
+                in_pause = previous_start is not None and any(
+                    start <= previous_start and read_at <= end for start, end in self.pause_windows)
             counts: Counter = Counter()
             for job_id, attempts, status in rows:
                 counts[status] += 1
@@ -526,9 +555,16 @@ class Soak:
                 if before is not None:
                     if attempts < before[0]:
                         self.attempts_backwards.append({"id": job_id, "from": before[0], "to": attempts})
-                    if before[1] in ("done", "failed") and status != before[1]:
+                    if attempts > before[0] and in_pause:
+                        self.paused_claims.append({"id": job_id, "attempt": attempts})
+                    # Finished jobs stay finished; only an operator's cancel turns failed into cancelled.
+                    if before[1] in ("done", "failed", "cancelled") and status != before[1] \
+                            and not (before[1] == "failed" and status == "cancelled"):
                         self.terminal_regressions.append({"id": job_id, "from": before[1], "to": status})
+                elif in_pause and attempts > 0:
+                    self.paused_claims.append({"id": job_id, "attempt": attempts, "new": True})
                 self.last_seen[job_id] = (attempts, status)
+            previous_start = started
             self.monitor_samples += 1
             self.status_counts = counts
             self.timeline.append((time.monotonic() - self.t0, counts["done"] + counts["failed"]))
@@ -599,7 +635,11 @@ class Soak:
                                              f"{'still running' if code is None else f'exit {code}'}")
             self.note(f"worker {victim.name} exited with {code} after SIGTERM")
 
-        later(10.0, check_exit)
+        # A worker's shutdown is bounded by its grace, then the release writes and the last
+        # completions, each retried up to finish_retry_seconds (max(5 s, lease)) while the
+        # database is away: a worker SIGTERMed just after a SIGCONT, its leases lost and its
+        # connections killed, legitimately takes more than 10 s (found by the soak).
+        later(1.0 + 2 * max(5.0, LEASE_SECONDS) + 8.0, check_exit)
 
     def fault_sigstop_worker(self, later) -> None:
         choices = self.live_workers(started=True)
@@ -793,6 +833,96 @@ class Soak:
         self.replay_threads.append(t)
         self.note(f"replaying {self.plan.replay_api_keys} task_keys via the API and {self.plan.replay_cli_keys} via the CLI")
 
+    def _cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "webapp.cli", "--database-url", self.url, "--log-level", "WARNING",
+                               *args], capture_output=True, text=True, env=self.base_env(), cwd=REPO, timeout=timeout)
+
+    def _until_ok(self, what: str, attempt, deadline_s: float = 60) -> bool:
+        """Call `attempt()` (True when done) until it succeeds, through restarts and killed
+        connections; False (and recorded) if it never does."""
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            try:
+                if attempt():
+                    return True
+            except (OSError, http.client.HTTPException, subprocess.TimeoutExpired):
+                pass
+            time.sleep(0.3)
+        self.pause_errors.append(f"{what}: gave up after {deadline_s:g} s")
+        return False
+
+    def fault_pause_queue(self, later) -> None:
+        """Pause the queue through the API; resume it `pause_seconds` later with `jobqueue resume`.
+        From PAUSE_NOTICE_SECONDS after the pause answered until the resume is sent, the monitor
+        must see no attempt start."""
+        def pause() -> bool:
+            status, answer = self._http("POST", f"/api/queues/{QUEUE}/pause", {})
+            return status == 200 and answer.get("paused") is True
+
+        if not self._until_ok("pause", pause, 20):
+            raise NotNow("the pause did not go through")
+        window = [time.monotonic() + PAUSE_NOTICE_SECONDS, float("inf")]
+        with self.lock:
+            self.pause_windows.append(window)
+        self.note(f"paused queue {QUEUE} (API) for {self.plan.pause_seconds:g} s")
+
+        def resume():
+            with self.lock:
+                window[1] = time.monotonic()
+            ok = self._until_ok("resume", lambda: self._cli("resume", QUEUE).returncode == 0)
+            self.note(f"resumed queue {QUEUE} (CLI){'' if ok else ' FAILED'}")
+
+        later(self.plan.pause_seconds, resume)
+
+    def fault_cancel(self, later) -> None:
+        """Cancel a few acknowledged jobs, mostly recent ones (so some are ready, scheduled or
+        running), through both doors. A job already done answers 409 / exit 3 and stays done."""
+        with self.lock:
+            known = sorted(self.acked.items(), key=lambda kv: kv[1])
+        n = self.plan.cancel_api_keys + self.plan.cancel_cli_keys
+        if len(known) < n * 3:
+            raise NotNow("too few acknowledged keys to cancel yet")
+        recent = known[-n * 5:]
+        sample = self.rng.sample(recent, n - 2) + self.rng.sample(known[: -n * 5], 2)
+
+        def cancel():
+            box = [None]
+            for i, (key, job_id) in enumerate(sample):
+                via_api = i < self.plan.cancel_api_keys
+
+                def attempt(key=key, job_id=job_id, via_api=via_api) -> bool:
+                    if via_api:
+                        if box[0] is None:
+                            box[0] = http.client.HTTPConnection("127.0.0.1", self.web_port, timeout=15)
+                        try:
+                            status, answer = self._http("POST", f"/api/jobs/{job_id}/cancel", {"reason": "soak"},
+                                                        conn=box[0])
+                        except (OSError, http.client.HTTPException):
+                            box[0].close()
+                            box[0] = None
+                            raise
+                        outcome = ("ok" if status == 200 else "done" if status == 409 else "busy" if status == 423
+                                   else f"http {status}")
+                        changed = status == 200 and answer.get("changed")
+                    else:
+                        out = self._cli("cancel", str(job_id), "--reason", "soak")
+                        outcome = {0: "ok", 3: "done", 75: "busy"}.get(out.returncode, f"exit {out.returncode}")
+                        changed = out.returncode == 0 and json.loads(out.stdout).get("changed")
+                    with self.lock:
+                        self.cancel_answers[outcome] += 1
+                        if changed:
+                            self.cancelled.add(key)
+                    return outcome in ("ok", "done")
+
+                self._until_ok(f"cancel {key}", attempt, 60)
+            if box[0] is not None:
+                box[0].close()
+
+        t = threading.Thread(target=_guarded(cancel, self), name="cancel", daemon=True)
+        t.start()
+        self.replay_threads.append(t)
+        self.note(f"cancelling {len(sample)} jobs ({self.plan.cancel_api_keys} via the API)")
+
     def run_faults(self, schedule: list[tuple[float, str]]) -> None:
         """Run the schedule in real time; durational faults (stops, holds) end from the same loop."""
         self.replay_threads: list[threading.Thread] = []
@@ -848,6 +978,14 @@ class Soak:
     # --- drain and stop --------------------------------------------------------------------------
 
     def drain(self) -> bool:
+        # A pause still open (its resume failed) would stall the drain: resume, and say so.
+        with self.lock:
+            open_windows = [w for w in self.pause_windows if w[1] == float("inf")]
+        if open_windows:
+            self.pause_errors.append("a pause was still open at the drain")
+            for w in open_windows:
+                w[1] = time.monotonic()
+            self._until_ok("resume before the drain", lambda: self._cli("resume", QUEUE).returncode == 0)
         deadline = time.monotonic() + self.plan.drain_timeout
         last_progress = 0.0
         while time.monotonic() < deadline:
@@ -908,6 +1046,7 @@ class Soak:
         return Observed(specs=self.specs, acked=dict(self.acked), rows=rows, results=results,
                         attempt_rows=attempt_rows, executions=executions,
                         attempts_backwards=self.attempts_backwards, terminal_regressions=self.terminal_regressions,
+                        cancelled=set(self.cancelled), paused_claims=list(self.paused_claims),
                         killed_pids=self.killed_pids, stopped_pids=self.stopped_pids,
                         terminated_pids=self.terminated_pids, partitioned_pids=self.partitioned_pids,
                         forced=self.forced)
@@ -1040,6 +1179,10 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
         "executions": findings.get("executions"),
         "attempts_backwards": findings.get("attempts_backwards"),
         "terminal_regressions": findings.get("terminal_regressions"),
+        "cancelled": findings.get("cancelled"),
+        "cancel_answers": dict(soak.cancel_answers),
+        "pause_windows_seconds": [round(end - start + PAUSE_NOTICE_SECONDS, 1) for start, end in soak.pause_windows],
+        "claims_while_paused": findings.get("claims_while_paused"),
         "failed_not_doomed": findings.get("failed_not_doomed"),
         "unexpected_failure_reasons": dict(findings.unexpected_failures.most_common(5)),
         "max_attempts_raised": findings.get("max_attempts_raised"),
@@ -1070,6 +1213,8 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
         problems["replay_mismatches"] = len(soak.replay_mismatches)
     if soak.held_touched:
         problems["held_rows_touched"] = len(soak.held_touched)
+    if soak.pause_errors:
+        problems["pause_errors"] = len(soak.pause_errors)
     if soak.unexpected_exits:
         problems["unexpected_exits"] = len(soak.unexpected_exits)
     bad_codes = {k: v for k, v in codes.items() if v != 0}
@@ -1085,6 +1230,7 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
     numbers["details"] = {
         "enqueue_gave_up": soak.enqueue_gave_up[:10], "enqueue_rejected": soak.enqueue_rejected[:10],
         "replay_mismatches": soak.replay_mismatches[:10], "held_rows_touched": soak.held_touched[:10],
+        "pause_errors": soak.pause_errors[:10],
         "unexpected_exits": soak.unexpected_exits, "nonzero_exit_codes": bad_codes, "faults_not_injected": missing,
     }
     passed = not problems
@@ -1116,6 +1262,10 @@ def table(n: dict) -> str:
         ("duplicate executions", f"{n['duplicate_executions']} task_keys ({n['extra_executions']} extra runs of "
                                  f"{n['executions']}); superseded runs by cause: {causes}"),
         ("late writes refused by the fence (stopped workers)", str(n["fenced_late_writes"])),
+        ("pauses (claims while paused, must be 0)", f"{len(n['pause_windows_seconds'])} pauses of "
+                                                    f"{'/'.join(f'{s:g}' for s in n['pause_windows_seconds'])} s; "
+                                                    f"{n['claims_while_paused']} claims"),
+        ("cancellations", f"{n['cancelled']} jobs cancelled; answers {json.dumps(n['cancel_answers'], sort_keys=True)}"),
         ("attempts went backwards (must be 0)", f"{n['attempts_backwards']} in {n['monitor_samples']} samples"),
         ("other invariants (must be 0)", ", ".join(f"{k} {v}" for k, v in n["violations"].items()) or "all 0"),
         ("failed but not doomed", f"{n['failed_not_doomed']}"

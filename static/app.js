@@ -17,6 +17,14 @@
     }
   });
 
+  // Plain forms (no HTMX) that need a confirmation: <form data-confirm="question">.
+  document.addEventListener("submit", function (evt) {
+    var form = evt.target;
+    if (form.hasAttribute && form.hasAttribute("data-confirm") && !window.confirm(form.getAttribute("data-confirm"))) {
+      evt.preventDefault();
+    }
+  });
+
   // --- Ticked rows stay ticked. The live refresh swaps a row that changed, checkbox and all;
   // the ticks are kept here by job id and put back on the new row. A new filter (the whole
   // table swapped) starts with none.

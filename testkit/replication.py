@@ -58,7 +58,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 

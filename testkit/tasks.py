@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from webapp.core.builtin_tasks import export_orders
@@ -61,3 +62,46 @@ def runs(path) -> list[tuple[str, int]]:
     except FileNotFoundError:
         return []
     return [(parts[0], int(parts[1])) for parts in (line.split() for line in lines) if parts]
+def _append(path: str, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+@task("keyed_sleep", concurrency_key="key", concurrency_limit=1, max_attempts=5)
+def keyed_sleep(payload, ctx):
+    """At most one per payload["key"] at once. Sleeps, then appends `key job_id attempt start end`
+    (time.time()) to payload["log"], so a test can check from the jobs' own times that no two of
+    one key overlapped."""
+    started = time.time()
+    # "later_seconds": how long attempts after the first sleep (a first attempt killed mid-run).
+    later = payload.get("later_seconds")
+    time.sleep(later if later is not None and ctx.attempt > 1 else payload.get("seconds", 0.05))
+    if payload.get("log"):
+        _append(payload["log"], f"{payload['key']} {ctx.job_id} {ctx.attempt} {started:.6f} {time.time():.6f}\n")
+
+
+@task("keyed_pair", concurrency_key="key", concurrency_limit=2)
+def keyed_pair(payload, ctx):
+    """At most two per payload["key"] at once."""
+    time.sleep(payload.get("seconds", 0))
+
+
+@task("record_start", max_attempts=1)
+def record_start(payload, ctx):
+    """Appends `task_key job_id time.time()` to payload["log"] when it starts (which process ran
+    what, and when)."""
+    _append(payload["log"], f"{ctx.task_key} {ctx.job_id} {time.time():.6f} {os.getpid()}\n")
+    time.sleep(payload.get("seconds", 0))
+
+
+@task("until_lease_lost", max_attempts=2)
+def until_lease_lost(payload, ctx):
+    """Waits (up to payload["seconds"]) for ctx.lease_lost, logs `lease_lost_seen=<bool>`, then
+    returns normally: its worker then tries to complete it, which the fence must refuse."""
+    import logging
+
+    told = ctx.lease_lost.wait(payload.get("seconds", 30))
+    logging.getLogger("jobqueue.testkit").warning("event=handler_saw lease_lost_seen=%s job_id=%s", told, ctx.job_id)

@@ -11,7 +11,6 @@ waiting to take anything that is let go. Each case was a reproduced defect (issu
 from __future__ import annotations
 
 import signal
-import subprocess
 import threading
 import time
 

@@ -94,3 +94,61 @@ def test_requeue_a_failed_job_and_watch_it_finish(mysql_url, tmp_path, browser):
     with engine.connect() as conn:
         job = repository.get_job(conn, job_id)
     assert job.status is Status.DONE and job.attempts == 2
+
+
+def test_pause_a_queue_cancel_a_job_and_manage_a_recurring_job(mysql_url, tmp_path, browser):
+    """The controls of issue 13 in a real browser: every one asks for confirmation first (HTMX's
+    hx-confirm, or app.js for plain forms, with no inline script)."""
+    from playwright.sync_api import expect
+
+    engine = create_engine(mysql_url)
+    server = GunicornServer(mysql_url, tmp_path, web_workers=1, embedded_workers=0, extra_env=server_env(mysql_url))
+    try:
+        with engine.connect() as conn:
+            job_id = repository.enqueue(conn, "noop", "to-cancel", queue="mail").id
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(server.base + "/login")
+        page.fill("input[name=username]", "alice")
+        page.fill("input[name=password]", ADMIN_PASSWORD)
+        page.click("button[type=submit]")
+
+        mail = page.locator("#queue-table tr", has_text="mail")
+        page.once("dialog", lambda dialog: dialog.dismiss())   # a dismissed dialog changes nothing
+        mail.locator("button", has_text="Pause").click()
+        expect(mail.locator(".badge.active")).to_be_visible()
+        page.once("dialog", lambda dialog: dialog.accept())
+        mail.locator("button", has_text="Pause").click()
+        expect(page.locator("#flash")).to_contain_text("Queue mail paused.")
+        expect(page.locator("#queue-table tr", has_text="mail").locator(".badge.paused")).to_be_visible()
+
+        page.goto(server.base + "/jobs")
+        row = page.locator(f"#job-{job_id}")
+        page.once("dialog", lambda dialog: dialog.accept())
+        row.locator("button", has_text="Cancel").click()
+        expect(row.locator(".badge")).to_have_text("cancelled")
+
+        page.goto(server.base + "/recurring")
+        page.fill("input[name=name]", "nightly")
+        page.fill("input[name=cron]", "0 3 * * *")
+        page.select_option("select[name=task]", "noop")
+        page.once("dialog", lambda dialog: dialog.dismiss())
+        page.click("text=Save")
+        expect(page.locator("#recurring")).to_contain_text("No recurring jobs yet")
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.click("text=Save")
+        expect(page.locator("#flash")).to_contain_text("Recurring job nightly added")
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.locator("#recurring button", has_text="Disable").click()
+        expect(page.locator("#recurring .badge")).to_have_text("disabled")
+        page.screenshot(path=str(ARTIFACTS / "recurring.png"), full_page=True)
+        assert not errors, errors
+    finally:
+        assert server.stop() == 0
+        engine.dispose()
+    with engine.connect() as conn:
+        assert repository.get_job(conn, job_id).status is Status.CANCELLED
+        assert repository.paused_queues(conn) == {"mail"}
+        assert repository.get_recurring(conn, "nightly")["enabled"] is False

@@ -3,7 +3,6 @@ ticked under live refresh, and the live refresh is one request per page per inte
 
 from __future__ import annotations
 
-import re
 
 import pytest
 import sqlalchemy as sa

@@ -7,15 +7,12 @@ from __future__ import annotations
 import time
 
 import pytest
-import sqlalchemy as sa
 
 from testkit.procs import WorkerProcess, jobqueue, wait_until
 from webapp.core import repository
 from webapp.core.db import create_engine
 from webapp.core.errors import NotPrimary
 from webapp.core.migrate import init_db
-from webapp.core.models import Status
-from webapp.core.schema import job_queue
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ import hypothesis.strategies as st
 import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from webapp.core import db, repository
 from webapp.core.db import create_engine

@@ -90,3 +90,34 @@ def test_rows_nobody_enqueued_and_the_monitors_findings():
     f = check(obs)
     assert f.get("extra_rows") == 1
     assert f.get("attempts_backwards") == 1 and f.get("terminal_regressions") == 1
+
+
+def test_a_cancelled_job_counts_as_finished():
+    obs = clean_run()
+    obs.specs["k-cancel"] = Spec("k-cancel", "sleep", "api", 4)
+    obs.acked["k-cancel"] = 4
+    # Cancelled while it ran, after it had recorded its result: its attempt is in job_attempt.
+    obs.rows.append(Row(4, "k-cancel", "cancelled", 1, 4, None))
+    obs.results.append(("k-cancel", 4, 1))
+    obs.attempt_rows.append((4, 1, "cancelled", "soak"))
+    obs.executions.append(Execution("k-cancel", 1, "h:10:w1:2", 10))
+    obs.cancelled = {"k-cancel"}
+    f = check(obs)
+    assert f.violations() == {} and f.get("cancelled") == 1
+
+
+def test_a_cancel_that_did_not_stick_or_was_never_asked_for_is_caught():
+    obs = clean_run()
+    obs.rows[0] = Row(1, "k-noop", "cancelled", 0, 4, None)
+    obs.results = [r for r in obs.results if r[0] != "k-noop"]
+    obs.executions = [e for e in obs.executions if e.task_key != "k-noop"]
+    assert check(obs).violations() == {"cancelled_unasked": 1}
+    obs = clean_run()
+    obs.cancelled = {"k-noop"}   # answered changed, but the job ended done
+    assert check(obs).violations() == {"cancel_undone": 1}
+
+
+def test_claims_while_paused_fail_the_run():
+    obs = clean_run()
+    obs.paused_claims = [{"id": 1, "attempt": 1}]
+    assert check(obs).violations() == {"claims_while_paused": 1}

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-import pytest
 import sqlalchemy as sa
 
 from testkit.web import VIEWER_TOKEN, api, post

@@ -248,6 +248,198 @@ def fail_cmd(ctx: click.Context, job_id: int, reason: str | None, database_url: 
     _operator(ctx, database_url, lambda conn: repository.fail_job(conn, job_id, reason, actor=actor()))
 
 
+@main.command("cancel")
+@click.argument("job_id", type=int)
+@click.option("--reason", default=None, help="Kept in the audit log")
+@url_option
+@click.pass_context
+@answers_errors
+def cancel_cmd(ctx: click.Context, job_id: int, reason: str | None, database_url: str | None) -> None:
+    """Cancel a job: at once from ready, scheduled or failed; a running job's lease is fenced.
+    Exit 3 when the job is already done."""
+    from . import repository
+
+    _operator(ctx, database_url, lambda conn: repository.cancel_job(conn, job_id, reason, actor=actor()))
+
+
+def _queue_state(ctx: click.Context, database_url: str | None, queue: str, paused: bool) -> None:
+    from . import repository
+
+    with engine_of(ctx, database_url).connect() as conn:
+        verb = repository.pause_queue if paused else repository.resume_queue
+        state = verb(conn, queue, actor=actor())
+    print_json({"queue": state.queue, "paused": state.paused})
+
+
+@main.command()
+@click.argument("queue")
+@url_option
+@click.pass_context
+@answers_errors
+def pause(ctx: click.Context, queue: str, database_url: str | None) -> None:
+    """Stop claims from QUEUE within about a second (enqueue still works; running jobs finish)."""
+    _queue_state(ctx, database_url, queue, True)
+
+
+@main.command()
+@click.argument("queue")
+@url_option
+@click.pass_context
+@answers_errors
+def resume(ctx: click.Context, queue: str, database_url: str | None) -> None:
+    """Let workers claim from QUEUE again."""
+    _queue_state(ctx, database_url, queue, False)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output")
+@url_option
+@click.pass_context
+@answers_errors
+def queues(ctx: click.Context, as_json: bool, database_url: str | None) -> None:
+    """Every known queue: paused or not (who, when) and its jobs by status."""
+    from . import repository
+    from .models import Status
+
+    with engine_of(ctx, database_url).connect() as conn:
+        rows, _ = repository.list_queues(conn)
+    if as_json:
+        print_json({"queues": [{k: r[k] for k in ("queue", "paused", "changed_at", "changed_by", "counts")}
+                               for r in rows]})
+        return
+    columns = [s.value for s in Status]
+    click.echo(f"{'queue':<20}{'state':<9}" + "".join(f"{c:>11}" for c in columns) + "  changed")
+    for r in rows:
+        changed = f"  {r['changed_by']} at {r['changed_at']:%Y-%m-%d %H:%M:%S}" if r["changed_at"] else ""
+        click.echo(f"{r['queue']:<20}{'paused' if r['paused'] else 'active':<9}"
+                   + "".join(f"{r['counts'][c]:>11}" for c in columns) + changed)
+
+
+@main.group()
+def recurring() -> None:
+    """Recurring jobs: cron schedules (UTC) stored in the database, enqueued by any worker."""
+
+
+def _schedule_json(row: dict[str, Any]) -> dict[str, Any]:
+    return {"name": row["name"], "cron": row["cron"], "task": row["task_name"], "payload": row["payload"],
+            "queue": row["queue"], "enabled": row["enabled"], "source": row["source"],
+            "next_run_at": row["next_run_at"], "last_run_at": row["last_run_at"], "last_job_id": row["last_job_id"]}
+
+
+@recurring.command("add")
+@click.argument("name")
+@click.option("--cron", required=True, help='Five fields, UTC, e.g. "*/5 * * * *"; or @hourly, @daily, ...')
+@click.option("--task", required=True, help="The task each run enqueues")
+@click.option("--payload", default="{}", show_default=True, help="A JSON object")
+@click.option("--queue", default=None, help="Queue name (default: the task's queue)")
+@tasks_option
+@url_option
+@click.pass_context
+@answers_errors
+def recurring_add(ctx: click.Context, name: str, cron: str, task: str, payload: str, queue: str | None,
+                  tasks: str | None, database_url: str | None) -> None:
+    """Add a recurring job (or replace the definition of NAME); prints it."""
+    from . import repository
+    from .task_modules import load_task_modules
+
+    settings = settings_of(ctx, database_url)
+    load_task_modules(tasks if tasks is not None else settings.task_modules)
+    try:
+        data = json.loads(payload)
+    except (ValueError, RecursionError) as exc:
+        fail(EXIT_BAD_INPUT, f"--payload is not valid JSON: {exc}")
+    with engine_of(ctx, database_url).connect() as conn:
+        row, created = repository.upsert_recurring(conn, name, cron=cron, task=task, payload=data, queue=queue,
+                                                   actor=actor())
+    print_json({**_schedule_json(row), "created": created})
+
+
+@recurring.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output")
+@url_option
+@click.pass_context
+@answers_errors
+def recurring_list(ctx: click.Context, as_json: bool, database_url: str | None) -> None:
+    """Every recurring job: schedule, next and last run, the last run's job, enabled."""
+    from . import repository
+
+    with engine_of(ctx, database_url).connect() as conn:
+        rows, _ = repository.list_recurring(conn)
+    if as_json:
+        print_json({"recurring": [_schedule_json(r) for r in rows]})
+        return
+    click.echo(f"{'name':<24}{'cron':<18}{'task':<20}{'enabled':<9}{'next run (UTC)':<21}{'last run':<21}last job")
+    for r in rows:
+        last = f"{r['last_run_at']:%Y-%m-%d %H:%M}" if r["last_run_at"] else "-"
+        click.echo(f"{r['name']:<24}{r['cron']:<18}{r['task_name']:<20}{'yes' if r['enabled'] else 'no':<9}"
+                   f"{r['next_run_at']:%Y-%m-%d %H:%M}{'':<5}{last:<21}{r['last_job_id'] or '-'}")
+
+
+@recurring.command("remove")
+@click.argument("name")
+@url_option
+@click.pass_context
+@answers_errors
+def recurring_remove(ctx: click.Context, name: str, database_url: str | None) -> None:
+    """Delete a recurring job (its jobs stay). Exit 4 when there is none of that name."""
+    from . import repository
+
+    with engine_of(ctx, database_url).connect() as conn:
+        repository.remove_recurring(conn, name, actor=actor())
+    print_json({"name": name, "removed": True})
+
+
+def _set_enabled(ctx: click.Context, database_url: str | None, name: str, enabled: bool) -> None:
+    from . import repository
+
+    with engine_of(ctx, database_url).connect() as conn:
+        row, changed = repository.set_recurring_enabled(conn, name, enabled, actor=actor())
+    print_json({"name": name, "enabled": row["enabled"], "changed": changed, "next_run_at": row["next_run_at"]})
+
+
+@recurring.command("disable")
+@click.argument("name")
+@url_option
+@click.pass_context
+@answers_errors
+def recurring_disable(ctx: click.Context, name: str, database_url: str | None) -> None:
+    """Stop enqueueing runs of NAME."""
+    _set_enabled(ctx, database_url, name, False)
+
+
+@recurring.command("enable")
+@click.argument("name")
+@url_option
+@click.pass_context
+@answers_errors
+def recurring_enable(ctx: click.Context, name: str, database_url: str | None) -> None:
+    """Enqueue runs of NAME again, from its next tick (missed ticks are not caught up)."""
+    _set_enabled(ctx, database_url, name, True)
+
+
+@main.command()
+@click.option("--done-older-than", "done_days", type=click.FloatRange(0, 36500), default=None,
+              help="Days a done job is kept [default: JOBQUEUE_KEEP_DONE_DAYS, 7; 0 keeps them]")
+@click.option("--failed-older-than", "failed_days", type=click.FloatRange(0, 36500), default=None,
+              help="Days a failed or cancelled job is kept [default: JOBQUEUE_KEEP_FAILED_DAYS, 30; 0 keeps them]")
+@click.option("--dry-run", is_flag=True, help="Count what would be pruned; delete nothing")
+@url_option
+@click.pass_context
+@answers_errors
+def prune(ctx: click.Context, done_days: float | None, failed_days: float | None, dry_run: bool,
+          database_url: str | None) -> None:
+    """Delete finished jobs past their keep time, in batches of 1,000 with pauses (their task_keys
+    keep answering duplicate); prints the counts as JSON."""
+    from . import repository
+
+    settings = settings_of(ctx, database_url)
+    with engine_of(ctx, database_url).connect() as conn:
+        counts = repository.prune(conn, done_days=settings.keep_done_days if done_days is None else done_days,
+                                  failed_days=settings.keep_failed_days if failed_days is None else failed_days,
+                                  keys_days=settings.keep_keys_days, dry_run=dry_run, by=actor())
+    print_json(counts.as_dict())
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output")
 @url_option

@@ -54,9 +54,17 @@ class NotPrimary(UnsupportedDatabase):
     http_status = 503
 
 
-class JobNotFound(JobQueueError):
+class NotFound(JobQueueError):
     exit_code = EXIT_NOT_FOUND
     http_status = 404
+
+
+class JobNotFound(NotFound):
+    pass
+
+
+class ScheduleNotFound(NotFound):
+    """No recurring job of that name."""
 
 
 class InvalidState(JobQueueError):

@@ -52,7 +52,6 @@ _COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "SQL_ERRORS": ("jobqueue_sql_errors", "Database errors seen by the worker loop", ("operation",)),
     "NOT_PRIMARY": ("jobqueue_not_primary", "Claims and writes refused because the server was not a writable primary",
                     ("operation",)),
-    "OPERATOR_ACTIONS": ("jobqueue_operator_actions", "Operator requeue and fail actions", ("action", "outcome")),
     "LOGINS": ("jobqueue_login_attempts", "Dashboard sign-in attempts: ok, failed, throttled", ("outcome",)),
     "LOGINS_THROTTLED": ("jobqueue_logins_throttled",
                          "Sign-in attempts refused by the throttle, by the limit that held (address, address_user)",
@@ -60,6 +59,11 @@ _COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "SESSIONS_ENDED": ("jobqueue_sessions_ended",
                        "Dashboard sessions ended: logout, signed_out_all, idle, expired, credential_changed, ...",
                        ("reason",)),
+    "OPERATOR_ACTIONS": ("jobqueue_operator_actions", "Operator requeue, fail and cancel actions", ("action", "outcome")),
+    "CANCELLED": ("jobqueue_jobs_cancelled", "Jobs cancelled by an operator", ()),
+    "CONCURRENCY_LIMITED": ("jobqueue_concurrency_limited",
+                            "Ready jobs a claim left alone because their concurrency key was full", ()),
+    "PRUNED": ("jobqueue_jobs_pruned", "Finished jobs deleted by retention", ("status",)),
 }
 
 _HISTOGRAMS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {

@@ -16,12 +16,15 @@ class Status(str, enum.Enum):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
+    # An operator's decision that the job must not run (any more): terminal like done and
+    # failed, and its task_key stays taken.
+    CANCELLED = "cancelled"
 
     def __str__(self) -> str:
         return self.value
 
 
-TERMINAL = (Status.DONE, Status.FAILED)
+TERMINAL = (Status.DONE, Status.FAILED, Status.CANCELLED)
 
 
 def iso(value: datetime | None) -> str | None:
@@ -45,6 +48,7 @@ class Job:
     lease_owner: str | None = None
     lease_until: datetime | None = None
     run_at: datetime | None = None
+    concurrency_key: str | None = None
     started_at: datetime | None = None
     last_error: str | None = None
     created_at: datetime | None = None
@@ -95,6 +99,7 @@ class ClaimCycle:
     queues: list[str]                            # queues whose pick ran
     asked: int                                   # how many jobs the claim asked for
     report: EmptyClaimReport | None = None       # why it took fewer than it asked for
+    limited: int = 0                             # ready rows left alone: their concurrency key was full
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,7 @@ class EmptyClaim(str, enum.Enum):
     IDLE = "idle"                # nothing ready for these queues
     CONTENDED = "contended"      # ready rows exist, all locked by other transactions
     WAITING = "waiting_on_leases"  # nothing ready, but running jobs may come back when leases expire
+    LIMITED = "concurrency_limited"  # ready rows exist, but their concurrency keys are full
 
 
 @dataclass(frozen=True)

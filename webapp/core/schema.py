@@ -8,6 +8,10 @@ Indexes, and which statement each one serves:
 - `ix_due (status, run_at, queue)`: promoting due `scheduled` jobs; the oldest ready job's age
   per queue, index-only.
 - `ix_task (task_name, id)`: the dashboard's task filter, newest first.
+- `ix_running_key (running_key)`: running jobs per concurrency key, for the claim's limit check.
+  `running_key` is a virtual column, the job's `concurrency_key` while it runs and NULL
+  otherwise, so the index holds running keyed jobs only, and a job without a key never changes
+  it (its claim and completion pay nothing for it).
 - `uk_task_key`: idempotent enqueue.
 """
 
@@ -47,10 +51,15 @@ job_queue = sa.Table(
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("updated_at", Timestamp, nullable=False),
     sa.Column("finished_at", Timestamp, nullable=True),
+    # "<task>:<payload value>" for tasks with a concurrency limit (see concurrency_key below).
+    sa.Column("concurrency_key", sa.String(200), nullable=True),
+    sa.Column("running_key", sa.String(200),
+              sa.Computed("CASE WHEN status = 'running' THEN concurrency_key END", persisted=False)),
     sa.UniqueConstraint("task_key", name="uk_task_key"),
     sa.Index("ix_ready_pick", "status", "queue", "priority", "id"),
     sa.Index("ix_due", "status", "run_at", "queue"),
     sa.Index("ix_task", "task_name", "id"),
+    sa.Index("ix_running_key", "running_key"),
 )
 
 # One downstream result per task_key: a replayed task_key records nothing new.
@@ -164,4 +173,82 @@ login_throttle = sa.Table(
     sa.Column("blocked_until", Timestamp, nullable=True),
     sa.Column("expires_at", Timestamp, nullable=False),
     sa.Index("ix_throttle_expiry", "expires_at"),
+)
+
+# Paused queues (and queues resumed since): who changed it and when. Workers leave a paused
+# queue out of the queues they claim from; nothing else reads this on the hot path.
+queue_state = sa.Table(
+    "queue_state",
+    metadata,
+    sa.Column("queue", sa.String(64), primary_key=True),
+    sa.Column("paused", sa.Boolean(), nullable=False),
+    sa.Column("changed_at", Timestamp, nullable=False),
+    sa.Column("changed_by", sa.String(100), nullable=False),
+)
+
+# Recurring jobs: every tick of `cron` (UTC) enqueues one job whose task_key is
+# recurring:<name>:<tick as YYYY-MM-DDTHH:MM>, so however many processes see a tick due, the
+# existing idempotency makes it one job. `source` is `operator` (CLI, API, dashboard) or `code`
+# (@task(..., cron=...)).
+recurring_job = sa.Table(
+    "recurring_job",
+    metadata,
+    sa.Column("name", sa.String(50), primary_key=True),
+    sa.Column("cron", sa.String(100), nullable=False),
+    sa.Column("task_name", sa.String(100), nullable=False),
+    sa.Column("payload", sa.JSON(), nullable=False),
+    sa.Column("queue", sa.String(64), nullable=True),         # None: the task's queue
+    sa.Column("enabled", sa.Boolean(), nullable=False),
+    sa.Column("source", sa.String(10), nullable=False),
+    sa.Column("next_run_at", Timestamp, nullable=False),
+    sa.Column("last_run_at", Timestamp, nullable=True),       # the last tick enqueued
+    sa.Column("last_job_id", sa.BigInteger(), nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Column("updated_by", sa.String(100), nullable=False),
+)
+
+# One row per concurrency key ("<task>:<value>"), with its limit. A claim that picked keyed jobs
+# locks their key rows with SKIP LOCKED before counting the key's running jobs, so two claims
+# never both take the last place of one key; a claim that finds a key row held elsewhere leaves
+# that key's jobs ready for the next turn instead of waiting. The places themselves are the
+# running rows (ix_running_key), so they come back by themselves whenever a job stops running:
+# completed, retried, failed, reaped, released, requeued or cancelled.
+concurrency_key = sa.Table(
+    "concurrency_key",
+    metadata,
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("max_running", sa.Integer(), nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+)
+
+# What is left of a pruned job: its task_key, so that a replay still answers duplicate: true and
+# never runs again. Kept JOBQUEUE_KEEP_KEYS_DAYS after pruning (see retention.py).
+pruned_key = sa.Table(
+    "pruned_key",
+    metadata,
+    sa.Column("task_key", sa.String(80), primary_key=True),
+    sa.Column("job_id", sa.BigInteger(), nullable=False),
+    sa.Column("status", sa.String(10), nullable=False),
+    sa.Column("finished_at", Timestamp, nullable=True),
+    sa.Column("pruned_at", Timestamp, nullable=False),
+    sa.Index("ix_pruned_at", "pruned_at"),
+)
+
+# One row per prune pass (any process), for the dashboard's "last prune" and so that processes
+# do not all prune at once.
+prune_run = sa.Table(
+    "prune_run",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("started_at", Timestamp, nullable=False),
+    sa.Column("finished_at", Timestamp, nullable=True),
+    sa.Column("run_by", sa.String(100), nullable=False),
+    sa.Column("done_rows", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("failed_rows", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("cancelled_rows", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("attempt_rows", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("keys_expired", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("batches", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("seconds", sa.Float(), nullable=True),
 )

@@ -98,6 +98,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("GRACE_SECONDS", "grace_seconds", _number(float, 0, 86400), 20.0,
             "on shutdown, how long the embedded workers' running jobs may finish before they are released"),
     Setting("METRICS_ADDR", "metrics_addr", _text, "127.0.0.1", "address of `jobqueue worker --metrics-port`"),
+    # retention
+    Setting("KEEP_DONE_DAYS", "keep_done_days", _number(float, 0, 36500), 7.0,
+            "days a `done` job is kept before it is pruned (0: forever)", "`7`"),
+    Setting("KEEP_FAILED_DAYS", "keep_failed_days", _number(float, 0, 36500), 30.0,
+            "days a `failed` or `cancelled` job is kept before it is pruned (0: forever)", "`30`"),
+    Setting("KEEP_KEYS_DAYS", "keep_keys_days", _number(float, 0, 36500), 365.0,
+            "days a pruned job's task_key is still answered `duplicate: true` (0: forever)", "`365`"),
     # the web process
     Setting("USERS", "users", _secret, None, "dashboard users, `name:role:hash` separated by `;` (see Security)",
             "none: the dashboard refuses to start"),
@@ -138,6 +145,9 @@ class Settings:
     lease_seconds: float = 60.0
     grace_seconds: float = 20.0
     metrics_addr: str | None = "127.0.0.1"
+    keep_done_days: float = 7.0
+    keep_failed_days: float = 30.0
+    keep_keys_days: float = 365.0
     users: str | None = field(default=None, repr=False)
     secret_key: str | None = field(default=None, repr=False)
     api_tokens: str | None = field(default=None, repr=False)

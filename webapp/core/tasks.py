@@ -7,6 +7,11 @@
         ...                                   # runs after the claim committed, never inside it
         ctx.record_result({"invoice": n})     # at most one result per task_key
 
+Options: `timeout_seconds=N` (an attempt still running after N s fails as `timeout` and is
+retried by the usual backoff), `cron="0 * * * *"` (a recurring job named after the task, UTC),
+`concurrency_key="customer_id", concurrency_limit=1` (at most that many jobs with the same
+`payload["customer_id"]` run at once, across every process and host).
+
 Point workers at the module with `--tasks myapp.tasks` or `JOBQUEUE_TASKS=myapp.tasks`
 (`task_modules.load_task_modules` imports them, with the built-in tasks).
 """
@@ -40,6 +45,26 @@ class TaskSpec:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry_base_seconds: float = 1.0
     retry_cap_seconds: float = 3600.0
+    timeout_seconds: float | None = None       # an attempt running longer fails as `timeout`
+    cron: str | None = None                    # a recurring job named after the task (UTC)
+    concurrency_key: str | None = None         # payload field whose value limits concurrency
+    concurrency_limit: int | None = None       # jobs per value running at once (default 1)
+
+    def __post_init__(self) -> None:
+        if self.timeout_seconds is not None and not self.timeout_seconds > 0:
+            raise ValueError(f"task {self.name!r}: timeout_seconds must be positive")
+        if self.concurrency_limit is not None:
+            if self.concurrency_key is None:
+                raise ValueError(f"task {self.name!r}: concurrency_limit needs a concurrency_key")
+            if isinstance(self.concurrency_limit, bool) or not isinstance(self.concurrency_limit, int) \
+                    or self.concurrency_limit < 1:
+                raise ValueError(f"task {self.name!r}: concurrency_limit must be a whole number >= 1")
+        if self.concurrency_key is not None and self.concurrency_limit is None:
+            object.__setattr__(self, "concurrency_limit", 1)
+        if self.cron is not None:
+            from .recurring import parse_cron
+
+            parse_cron(self.cron)   # a bad expression fails at import, not at the first tick
 
 
 class Registry:
@@ -79,13 +104,16 @@ class TaskFunction(Protocol):
 
 
 def task(name: str | None = None, *, queue: str = DEFAULT_QUEUE, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-         retry_base_seconds: float = 1.0, retry_cap_seconds: float = 3600.0,
+         retry_base_seconds: float = 1.0, retry_cap_seconds: float = 3600.0, timeout_seconds: float | None = None,
+         cron: str | None = None, concurrency_key: str | None = None, concurrency_limit: int | None = None,
          registry: Registry = TASKS) -> Callable[[Handler], TaskFunction]:
     """Register `fn(payload, ctx)` as the handler of task `name` (default: the function's name)."""
 
     def decorate(fn: Handler) -> TaskFunction:
         task_name = name or fn.__name__
-        registry.register(TaskSpec(task_name, fn, queue, max_attempts, retry_base_seconds, retry_cap_seconds))
+        registry.register(TaskSpec(task_name, fn, queue, max_attempts, retry_base_seconds, retry_cap_seconds,
+                                   timeout_seconds=timeout_seconds, cron=cron, concurrency_key=concurrency_key,
+                                   concurrency_limit=concurrency_limit))
 
         def enqueue(task_key: str, payload: dict[str, Any] | None = None, **options: Any) -> Enqueued:
             from .client import default_client

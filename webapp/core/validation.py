@@ -3,6 +3,7 @@ write, so the CLI (exit 2), the HTTP API (4xx) and Python callers reject the sam
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -37,6 +38,8 @@ class NewJob:
     priority: int
     delay_seconds: float
     max_attempts: int
+    concurrency_key: str | None = None      # "<task>:<value of payload[spec.concurrency_key]>"
+    concurrency_limit: int | None = None
 
 
 def _is_int(value: Any) -> bool:
@@ -149,7 +152,31 @@ def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = 
     if not _is_int(max_attempts) or not MAX_ATTEMPTS_RANGE[0] <= max_attempts <= MAX_ATTEMPTS_RANGE[1]:
         raise ValidationError(f"max_attempts must be an integer in {MAX_ATTEMPTS_RANGE[0]}..{MAX_ATTEMPTS_RANGE[1]}",
                               "max_attempts")
-    return NewJob(task_name, task_key, payload, queue, priority, float(delay), max_attempts)
+    key = None
+    if spec.concurrency_key is not None:
+        key = concurrency_key_of(task_name, spec.concurrency_key, payload)
+    return NewJob(task_name, task_key, payload, queue, priority, float(delay), max_attempts, key,
+                  spec.concurrency_limit if key is not None else None)
+
+
+MAX_KEY_CHARS = 200
+
+
+def concurrency_key_of(task_name: str, field: str, payload: dict[str, Any]) -> str:
+    """The job's concurrency key, `<task>:<payload[field]>`; a payload without the field is
+    refused (the job could not be placed under its limit). Long values are hashed to fit."""
+    if field not in payload:
+        raise ValidationError(f"payload lacks {field!r}: task {task_name!r} limits how many jobs with the same "
+                              f"{field!r} run at once", "payload")
+    value = payload[field]
+    if value is None or isinstance(value, (dict, list)):
+        raise ValidationError(f"payload[{field!r}] must be a string or a number (it is task {task_name!r}'s "
+                              "concurrency key)", "payload")
+    text = value if isinstance(value, str) else json.dumps(value)
+    key = f"{task_name}:{text}"
+    if len(key) > MAX_KEY_CHARS:
+        key = f"{task_name}:sha256:{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()}"
+    return key
 
 
 # --- listing jobs (the dashboard's filters, GET /api/jobs, `jobqueue list`) --------------------------

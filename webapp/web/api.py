@@ -12,6 +12,15 @@ POST /api/jobs/<id>/requeue    {"force": bool, "again": bool}: 200, 404, 409 (st
                                needs force, done: needs again), 423 busy
 POST /api/jobs/<id>/fail       {"reason": str}: 200, 404, 409, 423 busy
 GET  /api/openapi.json         the contract (webapp/web/openapi.py; keep it in step with the routes)
+POST /api/jobs/<id>/cancel     {"reason": str}: 200, 404, 409 (already done), 423 busy
+GET  /api/queues               every known queue, paused or not, with counts
+POST /api/queues/<q>/pause     200 {queue, paused: true}; /resume: {queue, paused: false}; 422 bad name
+GET  /api/recurring            the recurring jobs
+POST /api/recurring            {name, cron, task, payload, queue}: 201 added, 200 replaced, 422 invalid
+POST /api/recurring/<n>/enable, /disable; DELETE /api/recurring/<n>: 200, 404
+GET  /api/retention            the keep times and the last prune
+POST /api/prune                {done_older_than, failed_older_than, dry_run}: counts; works at most
+                               10 s per request ("finished": false: call again)
 """
 
 from __future__ import annotations
@@ -19,10 +28,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import time
+
 from flask import Blueprint, g, jsonify, request
 
 from ..core import repository
-from ..core.errors import JobBusy, JobQueueError, ValidationError, answer_for
+from ..core.errors import JobBusy, JobQueueError, NotFound, PayloadTooLarge, ValidationError, answer_for
 from ..core.models import Job, Status, iso
 from ..core.tasks import TASKS
 from ..core.validation import check_reason, job_query
@@ -102,8 +113,10 @@ def enqueue():
     except ValidationError as exc:
         answer = answer_for(exc)
         return error(answer.http_status, answer.message, **answer.extra)
+    # A pruned job's key answers with the status its record kept.
+    status = job.status.value if job else (res.status.value if res.status else None)
     return jsonify({"id": res.id, "task_key": res.task_key, "duplicate": res.duplicate,
-                    "status": job.status.value if job else None}), (200 if res.duplicate else 201)
+                    "status": status}), (200 if res.duplicate else 201)
 
 
 @bp.get("/jobs")
@@ -193,3 +206,176 @@ def fail(job_id: int):
     except ValidationError as exc:
         return error(422, str(exc), field=exc.field)
     return _operator(job_id, lambda conn: repository.fail_job(conn, job_id, reason, actor=_actor()))
+
+
+@bp.post("/jobs/<int:job_id>/cancel")
+@token_required(admin=True)
+def cancel(job_id: int):
+    try:
+        reason = check_reason(json_object(fields={"reason"}, required=False).get("reason"))
+    except ValidationError as exc:
+        return error(422, str(exc), field=exc.field)
+    return _operator(job_id, lambda conn: repository.cancel_job(conn, job_id, reason, actor=_actor()))
+
+
+# --- queues ----------------------------------------------------------------------------------------
+
+def queue_json(row: dict[str, Any]) -> dict[str, Any]:
+    return {"queue": row["queue"], "paused": row["paused"], "changed_at": iso(row["changed_at"]),
+            "changed_by": row["changed_by"], "counts": row["counts"], "capped": row["capped"]}
+
+
+@bp.get("/queues")
+@token_required()
+def queues():
+    with db() as conn:
+        rows, now = repository.list_queues(conn)
+    return jsonify({"queues": [queue_json(r) for r in rows], "now": iso(now)})
+
+
+def _pause(queue: str, paused: bool):
+    try:
+        with db() as conn:
+            verb = repository.pause_queue if paused else repository.resume_queue
+            state = verb(conn, queue, actor=_actor())
+    except ValidationError as exc:
+        return error(422, str(exc), field=exc.field)
+    return jsonify({"queue": state.queue, "paused": state.paused, "changed": state.changed})
+
+
+@bp.post("/queues/<queue>/pause")
+@token_required(admin=True)
+def pause_queue(queue: str):
+    return _pause(queue, True)
+
+
+@bp.post("/queues/<queue>/resume")
+@token_required(admin=True)
+def resume_queue(queue: str):
+    return _pause(queue, False)
+
+
+# --- recurring jobs ------------------------------------------------------------------------------
+
+RECURRING_FIELDS = {"name", "cron", "task", "payload", "queue"}
+
+
+def schedule_json(row: dict[str, Any]) -> dict[str, Any]:
+    return {"name": row["name"], "cron": row["cron"], "task": row["task_name"], "payload": row["payload"],
+            "queue": row["queue"], "enabled": row["enabled"], "source": row["source"],
+            "next_run_at": iso(row["next_run_at"]), "last_run_at": iso(row["last_run_at"]),
+            "last_job_id": row["last_job_id"], "updated_by": row["updated_by"], "updated_at": iso(row["updated_at"])}
+
+
+@bp.get("/recurring")
+@token_required()
+def list_recurring():
+    with db() as conn:
+        rows, now = repository.list_recurring(conn)
+    return jsonify({"recurring": [schedule_json(r) for r in rows], "now": iso(now)})
+
+
+@bp.post("/recurring")
+@token_required(admin=True)
+def add_recurring():
+    body = request.get_json(silent=True) if request.is_json else None
+    if not isinstance(body, dict):
+        return error(400, "send the recurring job as a JSON object with Content-Type: application/json")
+    unknown = sorted(set(body) - RECURRING_FIELDS)
+    if unknown:
+        return error(422, f"unknown fields: {', '.join(map(str, unknown))[:200]}", field=unknown[0])
+    try:
+        with db() as conn:
+            row, created = repository.upsert_recurring(conn, body.get("name"), cron=body.get("cron"),
+                                                       task=body.get("task"), payload=body.get("payload"),
+                                                       queue=body.get("queue"), actor=_actor())
+    except ValidationError as exc:
+        return error(413 if isinstance(exc, PayloadTooLarge) else 422, str(exc), field=exc.field)
+    return jsonify({**schedule_json(row), "created": created}), (201 if created else 200)
+
+
+def _schedule_action(action):
+    try:
+        with db() as conn:
+            return action(conn)
+    except NotFound as exc:
+        return error(404, str(exc))
+
+
+@bp.post("/recurring/<name>/enable")
+@token_required(admin=True)
+def enable_recurring(name: str):
+    def act(conn):
+        row, changed = repository.set_recurring_enabled(conn, name, True, actor=_actor())
+        return jsonify({**schedule_json(row), "changed": changed})
+    return _schedule_action(act)
+
+
+@bp.post("/recurring/<name>/disable")
+@token_required(admin=True)
+def disable_recurring(name: str):
+    def act(conn):
+        row, changed = repository.set_recurring_enabled(conn, name, False, actor=_actor())
+        return jsonify({**schedule_json(row), "changed": changed})
+    return _schedule_action(act)
+
+
+@bp.delete("/recurring/<name>")
+@token_required(admin=True)
+def remove_recurring(name: str):
+    def act(conn):
+        repository.remove_recurring(conn, name, actor=_actor())
+        return jsonify({"name": name, "removed": True})
+    return _schedule_action(act)
+
+
+# --- retention -----------------------------------------------------------------------------------
+
+PRUNE_TIME_BUDGET = 10.0
+
+
+def retention_json(settings, last: dict[str, Any] | None) -> dict[str, Any]:
+    return {"keep_done_days": settings.keep_done_days, "keep_failed_days": settings.keep_failed_days,
+            "keep_keys_days": settings.keep_keys_days,
+            "last_prune": None if last is None else {
+                "started_at": iso(last["started_at"]), "finished_at": iso(last["finished_at"]), "by": last["run_by"],
+                "done": last["done_rows"], "failed": last["failed_rows"], "cancelled": last["cancelled_rows"],
+                "attempts": last["attempt_rows"], "keys_expired": last["keys_expired"], "batches": last["batches"],
+                "seconds": last["seconds"]}}
+
+
+@bp.get("/retention")
+@token_required()
+def retention():
+    from .state import extension
+
+    with db() as conn:
+        last = repository.last_prune(conn)
+    return jsonify(retention_json(extension().settings.core, last))
+
+
+def _days(body: dict[str, Any], name: str, default: float) -> float:
+    value = body.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 36500:
+        raise ValidationError(f"{name} must be a number of days in 0..36500", name)
+    return float(value)
+
+
+@bp.post("/prune")
+@token_required(admin=True)
+def prune():
+    from .state import extension
+
+    settings = extension().settings.core
+    body = json_object(fields={"done_older_than", "failed_older_than", "dry_run"}, required=False)
+    try:
+        done_days = _days(body, "done_older_than", settings.keep_done_days)
+        failed_days = _days(body, "failed_older_than", settings.keep_failed_days)
+    except ValidationError as exc:
+        return error(422, str(exc), field=exc.field)
+    deadline = time.monotonic() + PRUNE_TIME_BUDGET
+    with db() as conn:
+        counts = repository.prune(conn, done_days=done_days, failed_days=failed_days,
+                                  keys_days=settings.keep_keys_days, dry_run=body.get("dry_run") is True,
+                                  by=_actor(), stop=lambda: time.monotonic() > deadline)
+    return jsonify(counts.as_dict())

@@ -1,5 +1,6 @@
-"""The operations dashboard: overview, jobs, job detail, workers, audit log, and the requeue and
-fail actions. Every read and write goes through webapp.core.repository."""
+"""The operations dashboard: overview, jobs, job detail, workers, recurring jobs, audit log, and
+the actions (requeue, fail, cancel; pause and resume a queue; add, enable, disable and remove a
+recurring job). Every read and write goes through webapp.core.repository."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from typing import Any
 from flask import Blueprint, abort, flash, g, redirect, render_template, request, url_for
 
 from ..core import repository
-from ..core.errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, RunAgainNeeded, ValidationError
+from ..core.errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, NotFound, RunAgainNeeded, ValidationError
 from ..core.models import Job, Status
 from ..core.repository import JobFilter
+from ..core.tasks import TASKS
 from ..core.validation import JobQuery, job_query
 from .auth import admin_required, login_required
 from .health import health_summary
-from .state import db
+from .state import db, extension
 
 bp = Blueprint("dashboard", __name__)
 
@@ -107,7 +109,9 @@ def overview_panels():
 
 def overview_context() -> dict[str, Any]:
     with db() as conn:
-        summaries, now = repository.queue_summaries(conn)
+        # Every known queue, with its paused state: dicts with the QueueSummary fields.
+        summaries, now = repository.list_queues(conn)
+        last_prune = repository.last_prune(conn)
         running = repository.running_jobs(conn, limit=20)
         since = now.replace(second=0, microsecond=0) - timedelta(minutes=CHART_MINUTES - 1)
         minutes = repository.activity(conn, since)
@@ -116,9 +120,10 @@ def overview_context() -> dict[str, Any]:
         audit = repository.list_audit(conn, limit=5)
     minutes = add_operator_failures(minutes, by_operator)
     held = held_by_process(running)
-    totals = {s.value: sum(q.counts[s.value] for q in summaries) for s in Status}
+    totals = {s.value: sum(q["counts"][s.value] for q in summaries) for s in Status}
     return {
         "summaries": summaries, "totals": totals, "now": now, "running": running,
+        "retention": {"settings": extension().settings.core, "last": last_prune},
         "chart": bar_chart(minutes, since, ("completed", "failed")), "activity": sum_activity(minutes),
         "activity_charts": {k: bar_chart(minutes, since, (k,), height=30) for k in ACTIVITY_CHARTS},
         "operator_failed": sum(by_operator.values()),
@@ -470,12 +475,12 @@ def fail(job_id: int):
 
 
 # Bulk actions: what each does, in the words of its button and its report.
-BULK_VERBS = {"requeue": ("Requeue", "requeued"), "fail": ("Fail", "failed")}
+BULK_VERBS = {"requeue": ("Requeue", "requeued"), "fail": ("Fail", "failed"), "cancel": ("Cancel", "cancelled")}
 # Per-queue actions on the overview: (bulk action, the status it is applied to, button label), each
 # through the same bounded bulk mechanism and confirmation as the jobs page. When cancellation
 # lands (status `cancelled`, a "cancel" entry in repository.BULK_ELIGIBLE and BULK_VERBS), its
 # "discard all failed" is one more line here: ("cancel", "failed", "Discard all failed").
-QUEUE_ACTIONS = (("requeue", "failed", "Retry all failed"),)
+QUEUE_ACTIONS = (("requeue", "failed", "Retry all failed"), ("cancel", "failed", "Discard all failed"))
 
 
 def _bulk_request(*, allow_none: bool = False) -> dict[str, Any]:
@@ -558,6 +563,110 @@ def bulk():
         return redirect(url_for("dashboard.jobs", **context["args"]))
     return render_template("dashboard/_bulk_progress.html", message=bulk_message(action, totals, result.finished),
                            **context)
+
+
+@bp.post("/jobs/<int:job_id>/cancel")
+@admin_required
+def cancel(job_id: int):
+    _require_confirm()
+    reason = (request.form.get("reason") or "").strip()[:1000] or None
+    try:
+        with db() as conn:
+            result = repository.cancel_job(conn, job_id, reason, actor=actor())
+    except JobNotFound:
+        abort(404, description=f"job {job_id} not found")
+    except InvalidState as exc:
+        return _action_response(job_id, str(exc), "error")
+    except JobBusy:
+        return _action_response(job_id, f"Job {job_id} is busy (a worker is claiming it right now); try again.",
+                                "warning")
+    message = (f"Job {job_id} cancelled ({result.before.value} → cancelled)." if result.changed
+               else f"Job {job_id} is already cancelled.")
+    return _action_response(job_id, message, "success")
+
+
+# --- queues: pause and resume --------------------------------------------------------------------
+
+def _queue_action(queue: str, paused: bool):
+    _require_confirm()
+    try:
+        with db() as conn:
+            verb = repository.pause_queue if paused else repository.resume_queue
+            state = verb(conn, queue, actor=actor())
+    except ValidationError as exc:
+        abort(400, description=str(exc))
+    word = "paused" if paused else "resumed"
+    message = f"Queue {queue} {word}." if state.changed else f"Queue {queue} was already {'paused' if paused else 'active'}."
+    if not is_htmx():
+        flash(message, "success")
+        return redirect(url_for("dashboard.overview"))
+    return render_template("dashboard/_overview.html", **overview_context(), flash_message=message,
+                           flash_category="success")
+
+
+@bp.post("/queues/<queue>/pause")
+@admin_required
+def pause_queue(queue: str):
+    return _queue_action(queue, True)
+
+
+@bp.post("/queues/<queue>/resume")
+@admin_required
+def resume_queue(queue: str):
+    return _queue_action(queue, False)
+
+
+# --- recurring jobs ------------------------------------------------------------------------------
+
+@bp.get("/recurring")
+@login_required
+def recurring():
+    with db() as conn:
+        schedules, now = repository.list_recurring(conn)
+    return render_template("dashboard/recurring.html", schedules=schedules, now=now, tasks=TASKS.names())
+
+
+def _recurring_done(message: str, category: str = "success"):
+    flash(message, category)
+    return redirect(url_for("dashboard.recurring"))
+
+
+@bp.post("/recurring")
+@admin_required
+def add_recurring():
+    _require_confirm()
+    form = request.form
+    name = (form.get("name") or "").strip()
+    try:
+        payload = json.loads(form.get("payload") or "{}")
+    except ValueError as exc:
+        return _recurring_done(f"The payload is not valid JSON: {exc}", "error")
+    try:
+        with db() as conn:
+            row, created = repository.upsert_recurring(
+                conn, name, cron=(form.get("cron") or "").strip(), task=(form.get("task") or "").strip(),
+                payload=payload, queue=(form.get("queue") or "").strip() or None, actor=actor())
+    except ValidationError as exc:
+        return _recurring_done(str(exc), "error")
+    return _recurring_done(f"Recurring job {name} {'added' if created else 'replaced'}; next run "
+                           f"{row['next_run_at']:%Y-%m-%d %H:%M} UTC.")
+
+
+@bp.post("/recurring/<name>/<verb>")
+@admin_required
+def recurring_action(name: str, verb: str):
+    _require_confirm()
+    if verb not in ("enable", "disable", "remove"):
+        abort(404)
+    try:
+        with db() as conn:
+            if verb == "remove":
+                repository.remove_recurring(conn, name, actor=actor())
+            else:
+                repository.set_recurring_enabled(conn, name, verb == "enable", actor=actor())
+    except NotFound as exc:
+        return _recurring_done(str(exc), "error")
+    return _recurring_done(f"Recurring job {name} {verb}d." if verb != "remove" else f"Recurring job {name} removed.")
 
 
 def bulk_message(action: str, totals: dict[str, int], finished: bool) -> str:

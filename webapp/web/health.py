@@ -143,7 +143,7 @@ def api_health():
 
 class QueueCollector:
     """Gauges read from the database when scraped: jobs by queue and status (capped counts, see
-    repository.queue_summaries) and the oldest ready job's age per queue."""
+    repository.queue_summaries), the oldest ready job's age per queue, and which queues are paused."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -152,17 +152,20 @@ class QueueCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         with self.engine.connect() as conn:
-            summaries, now = repository.queue_summaries(conn)
+            queues, now = repository.list_queues(conn)
         jobs = GaugeMetricFamily("jobqueue_queue_jobs", "Jobs by queue and status (capped at 100,000 per pair)",
                                  labels=["queue", "status"])
         oldest = GaugeMetricFamily("jobqueue_queue_oldest_ready_age_seconds",
                                    "How long the oldest ready job of each queue has waited", labels=["queue"])
-        for q in summaries:
-            for status, n in q.counts.items():
-                jobs.add_metric([q.queue, status], n)
-            oldest.add_metric([q.queue], (now - q.oldest_ready).total_seconds() if q.oldest_ready else 0.0)
+        paused = GaugeMetricFamily("jobqueue_queue_paused", "1 while a queue is paused", labels=["queue"])
+        for q in queues:
+            for status, n in q["counts"].items():
+                jobs.add_metric([q["queue"], status], n)
+            oldest.add_metric([q["queue"]], (now - q["oldest_ready"]).total_seconds() if q["oldest_ready"] else 0.0)
+            paused.add_metric([q["queue"]], 1.0 if q["paused"] else 0.0)
         yield jobs
         yield oldest
+        yield paused
 
 
 @bp.get("/metrics")

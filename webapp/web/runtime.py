@@ -1,7 +1,9 @@
 """Embedded workers and the reaper inside a web process, scheduled by APScheduler.
 
 What the scheduler runs is the worker's own loop (one long job, `Worker.run`, the same loop a
-standalone `jobqueue worker` runs) and the reaper's pass on an interval. Nothing starts at import
+standalone `jobqueue worker` runs), the reaper's pass on an interval, the recurring jobs' check
+every second (it reads the database only when a tick is due, or every 30 s) and, when due, a
+retention pass (see webapp/core/retention.py). Nothing starts at import
 or in a gunicorn master: `start()` is called in each worker process after the fork (see
 gunicorn_conf.py), and `stop()` on its way out, which releases unfinished jobs just as a
 standalone worker does on SIGTERM. Several web processes with embedded workers are safe: SKIP
@@ -18,16 +20,18 @@ from datetime import datetime, timezone
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.engine import Engine
 
-from ..core import preflight, repository
+from ..core import preflight
 from ..core.errors import UnsupportedDatabase
 from ..core.logs import event
 from ..core.reaper import Reaper
+from ..core.recurring import RecurringRunner
+from ..core.retention import Pruner
 from ..core.worker import DB_ERRORS, Worker, WorkerConfig
 from .config import WebSettings
 
 log = logging.getLogger("jobqueue.web.runtime")
 
-PRUNE_EVERY_SECONDS = 3600
+PRUNE_CHECK_SECONDS = 60
 
 
 class Runtime:
@@ -36,9 +40,10 @@ class Runtime:
         self.settings = settings
         self.worker: Worker | None = None
         self.reaper = Reaper(engine, name="web-reaper")
+        self.recurring = RecurringRunner(engine, name="web")
+        self.pruner = Pruner(engine, name="web", settings=settings.core)
         self.scheduler: BackgroundScheduler | None = None
         self._lock = threading.Lock()
-        self._last_prune = 0.0
         self.refused: str | None = None
 
     @property
@@ -66,6 +71,9 @@ class Runtime:
             reap_every = min(15.0, max(1.0, self.settings.lease_seconds / 4))
             scheduler.add_job(self._reap, "interval", seconds=reap_every, id="jobqueue-reaper",
                               next_run_time=datetime.now(timezone.utc))
+            scheduler.add_job(self._recurring, "interval", seconds=1, id="jobqueue-recurring",
+                              next_run_time=datetime.now(timezone.utc))
+            scheduler.add_job(self._prune, "interval", seconds=PRUNE_CHECK_SECONDS, id="jobqueue-prune")
             scheduler.start()
             self.scheduler = scheduler
         event(log, logging.INFO, "embedded_started", workers=n, reap_every=f"{reap_every:g}")
@@ -106,12 +114,25 @@ class Runtime:
             return
         try:
             self.reaper.run_once()
-            if time.monotonic() - self._last_prune > PRUNE_EVERY_SECONDS:
-                self._last_prune = time.monotonic()
-                with self.engine.connect() as conn:
-                    repository.prune_history(conn)
         except DB_ERRORS as exc:
             event(log, logging.ERROR, "sql_error", operation="reap", error=f"{type(exc).__name__}: {exc}"[:300])
+
+    def _recurring(self) -> None:
+        if self.refused is not None and not self._verified():
+            return
+        try:
+            self.recurring.tick()
+        except DB_ERRORS as exc:
+            event(log, logging.ERROR, "sql_error", operation="recurring", error=f"{type(exc).__name__}: {exc}"[:300])
+
+    def _prune(self) -> None:
+        """A retention pass in the scheduler's thread when no process started one lately."""
+        if not self._verified():
+            return
+        try:
+            self.pruner.run_if_due()
+        except DB_ERRORS as exc:
+            event(log, logging.ERROR, "sql_error", operation="prune", error=f"{type(exc).__name__}: {exc}"[:300])
 
     def stop(self) -> None:
         with self._lock:
@@ -120,6 +141,7 @@ class Runtime:
             return
         if self.worker is not None:
             self.worker.stop("web process stopping")
+        self.pruner.stop(timeout=0)   # a pass in progress stops after its current batch
         # Waits for the worker's loop to return: its shutdown releases what is still running.
         scheduler.shutdown(wait=True)
         event(log, logging.INFO, "embedded_stopped")

@@ -5,7 +5,11 @@ verb. The worker loop, the reaper, the dashboard, the CLI and the HTTP API all c
     claim.py        claim, claim_cycle, classify_empty (the claim query; why a claim found nothing)
     leases.py       renew, complete, retry, fail, release, record_result (fenced by the lease)
     maintenance.py  reap, promote_due, prune_history   (what happens when a worker dies)
-    operator.py     requeue_job, fail_job, bulk_action, list_audit, JobFilter (the job filter and search)
+    retention.py    prune, last_prune, prune_due       (finished jobs past their keep time; their keys kept)
+    queues.py       pause_queue, resume_queue, queue_states
+    recurring.py    upsert_recurring, list_recurring, enqueue_due_recurring, ...
+    operator.py     requeue_job, fail_job, cancel_job, bulk_action, list_audit, JobFilter (the job filter and search)
+    sessions.py     dashboard sessions and the login throttle
     processes.py    register_process, heartbeat, list_processes
     reads.py        get_job, page_jobs, count_matching, get_result, list_attempts, ...
     stats.py        queue_summaries, count_by_status, activity, operator_failures
@@ -22,6 +26,9 @@ State machine of a row in `job_queue`:
          │        ^                 │ │ └──fail──────> failed
          v        │                 │ └──retry──> scheduled ──promote_due──> ready
      scheduled ───┘                 └──reap (lease expired) / release ──> ready (or failed)
+
+    ready, scheduled, running, failed ──cancel (operator)──> cancelled
+    done, failed, cancelled ──prune (after the keep time)──> gone; the task_key stays in pruned_key
 """
 
 from __future__ import annotations
@@ -44,16 +51,22 @@ from . import enqueue as _enqueue
 from . import leases as _leases
 from . import maintenance as _maintenance
 from . import operator as _operator
-from .claim import (classify_empty, classify_row, classify_statement, explain_claim, flavour, pick_statement,
-                    read_only_flags, ready_queues)
+from . import queues as _queues
+from . import recurring as _recurring
+from . import retention as _retention
+from .claim import (classify_empty, classify_row, classify_statement, ensure_keys, explain_claim, flavour,
+                    paused_queues, pick_statement, read_only_flags, ready_queues)
 from .maintenance import PROMOTE_BATCH, REAP_BATCH, ReapResult, Reclaimed, prune_history
 from .operator import BULK_ELIGIBLE, SEARCH_WINDOW, ActionResult, BulkResult, JobFilter, list_audit
 from .processes import heartbeat, list_processes, mark_stopped, register_process
+from .queues import QueueState, queue_states
 from .reads import COUNT_CAP, JobPage, count_matching, database_now, distinct_values, get_job, get_job_by_key, \
     get_result, jobs_by_id, list_attempts, list_jobs, page_jobs, running_jobs
+from .recurring import DueRuns, get_recurring, list_recurring
+from .retention import PRUNE_BATCH, PruneCounts, forget_prune_runs, last_prune, prune_due
 from .sessions import (LoginGate, SessionState, ThrottleKey, ThrottleRule, end_session, end_sessions, list_sessions,
                        login_attempt, login_succeeded, prune_sign_in, session_state, start_session, touch_session)
-from .stats import QueueSummary, activity, count_by_status, operator_failures, queue_summaries
+from .stats import QueueSummary, activity, count_by_status, list_queues, operator_failures, queue_summaries
 
 log = logging.getLogger("jobqueue.repository")
 
@@ -130,6 +143,8 @@ def _report_cycle(cycle: ClaimCycle) -> None:
         metrics.CLAIMED.labels(queue=item.job.queue).inc()
     if cycle.skipped:
         metrics.SKIPPED.inc(cycle.skipped)
+    if cycle.limited:
+        metrics.CONCURRENCY_LIMITED.inc(cycle.limited)
     _report_losses(cycle.losses)
 
 
@@ -275,10 +290,18 @@ def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor:
     return _operator_action("fail", job_id, actor, lambda: _operator.fail_job(conn, job_id, reason, actor=actor))
 
 
+def cancel_job(conn: Connection, job_id: int, reason: str | None = None, *, actor: str = "operator") -> ActionResult:
+    """Cancel a job now (NOWAIT): a running job's lease is fenced; a done job is refused."""
+    result = _operator_action("cancel", job_id, actor, lambda: _operator.cancel_job(conn, job_id, reason, actor=actor))
+    if result.changed:
+        metrics.CANCELLED.inc()
+    return result
+
+
 def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int] | None = None,
                 job_filter: JobFilter | None = None, after_id: int | None = None, reason: str | None = None,
                 force: bool = False, batch_size: int = 500, deadline: float | None = None) -> BulkResult:
-    """Requeue or fail many jobs in bounded SKIP LOCKED batches (see operator.bulk_action)."""
+    """Requeue, fail or cancel many jobs in bounded SKIP LOCKED batches (see operator.bulk_action)."""
     result = _operator.bulk_action(conn, action, actor=actor, ids=ids, job_filter=job_filter, after_id=after_id,
                                    reason=reason, force=force, batch_size=batch_size, deadline=deadline)
     metrics.OPERATOR_ACTIONS.labels(action=f"bulk_{action}", outcome="ok").inc(result.changed)
@@ -286,18 +309,101 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
           changed=result.changed, busy=result.busy, skipped=result.skipped, finished=result.finished)
     if result.changed and action == "requeue":
         wakeup.notify()
+    if result.changed and action == "cancel":
+        metrics.CANCELLED.inc(result.changed)
     return result
 
 
+# --- queues: pause and resume ----------------------------------------------------------------------
+
+def pause_queue(conn: Connection, queue: str, *, actor: str) -> QueueState:
+    """Stop claims from `queue` (within about a second, in every process); enqueue still works."""
+    state = _queues.set_paused(conn, queue, True, actor=actor)
+    if state.changed:
+        event(log, logging.WARNING, "queue_paused", queue=queue, actor=actor)
+    return state
+
+
+def resume_queue(conn: Connection, queue: str, *, actor: str) -> QueueState:
+    """Let claims from `queue` go on; idle workers in this process wake at once."""
+    state = _queues.set_paused(conn, queue, False, actor=actor)
+    if state.changed:
+        event(log, logging.WARNING, "queue_resumed", queue=queue, actor=actor)
+        wakeup.notify()
+    return state
+
+
+# --- recurring jobs --------------------------------------------------------------------------------
+
+def upsert_recurring(conn: Connection, name: str, *, cron: str, task: str, payload: dict | None = None,
+                     queue: str | None = None, actor: str, registry: Registry = TASKS) -> tuple[dict, bool]:
+    """Add a recurring job or replace its definition; validated first, nothing written on error."""
+    row, created = _recurring.upsert_recurring(conn, name, cron=cron, task=task, payload=payload, queue=queue,
+                                               actor=actor, registry=registry)
+    event(log, logging.INFO, "recurring_added" if created else "recurring_changed", schedule=name, cron=row["cron"],
+          task=task, actor=actor)
+    return row, created
+
+
+def remove_recurring(conn: Connection, name: str, *, actor: str) -> None:
+    _recurring.remove_recurring(conn, name, actor=actor)
+    event(log, logging.INFO, "recurring_removed", schedule=name, actor=actor)
+
+
+def set_recurring_enabled(conn: Connection, name: str, enabled: bool, *, actor: str) -> tuple[dict, bool]:
+    row, changed = _recurring.set_recurring_enabled(conn, name, enabled, actor=actor)
+    if changed:
+        event(log, logging.INFO, "recurring_enabled" if enabled else "recurring_disabled", schedule=name, actor=actor)
+    return row, changed
+
+
+def sync_code_schedules(conn: Connection, *, registry: Registry = TASKS, actor: str = "code") -> int:
+    """Add the schedules declared in code (@task(..., cron=...)) that the table lacks."""
+    return _recurring.sync_code_schedules(conn, registry=registry, actor=actor)
+
+
+def enqueue_due_recurring(conn: Connection, *, now=None, registry: Registry = TASKS) -> DueRuns:
+    """Enqueue the runs that are due: one job per tick, whoever else does the same."""
+    result = _recurring.enqueue_due_recurring(conn, now=now, registry=registry)
+    for name, res in zip(result.names, result.runs):
+        if not res.duplicate:
+            event(log, logging.INFO, "recurring_enqueued", schedule=name, job_id=res.id, task_key=res.task_key)
+    _report_enqueued([r for r in result.runs if not r.duplicate])
+    return result
+
+
+# --- retention -------------------------------------------------------------------------------------
+
+def prune(conn: Connection, *, done_days: float | None, failed_days: float | None, keys_days: float | None = None,
+          dry_run: bool = False, by: str = "operator", **options) -> PruneCounts:
+    """Delete finished jobs past their keep time in batches of at most 1,000 with pauses; their
+    attempts and results go with them, their task_keys stay in pruned_key."""
+    counts = _retention.prune(conn, done_days=done_days, failed_days=failed_days, keys_days=keys_days,
+                              dry_run=dry_run, by=by, **options)
+    if not dry_run and (counts.done or counts.failed or counts.cancelled or counts.keys_expired):
+        metrics.PRUNED.labels(status="done").inc(counts.done)
+        metrics.PRUNED.labels(status="failed").inc(counts.failed)
+        metrics.PRUNED.labels(status="cancelled").inc(counts.cancelled)
+        event(log, logging.INFO, "pruned", by=by, done=counts.done, failed=counts.failed, cancelled=counts.cancelled,
+              attempts=counts.attempts, keys_expired=counts.keys_expired, batches=counts.batches,
+              seconds=f"{counts.seconds:.1f}", finished=counts.finished)
+    return counts
+
+
 __all__ = [
-    "ActionResult", "BULK_ELIGIBLE", "BulkResult", "COUNT_CAP", "JobFilter", "JobPage", "LoginGate", "QueueSummary",
-    "ReapResult", "Reclaimed", "SEARCH_WINDOW", "SessionState", "ThrottleKey", "ThrottleRule", "count_matching",
-    "end_session", "end_sessions", "jobs_by_id", "list_sessions", "login_attempt", "login_succeeded",
-    "operator_failures", "page_jobs", "prune_sign_in", "session_state", "start_session", "touch_session",
-    "activity", "bulk_action", "claim", "claim_cycle", "classify_empty", "classify_row", "classify_statement",
-    "complete", "complete_many", "complete_with", "count_by_status", "database_now", "distinct_values", "enqueue", "enqueue_many",
-    "explain_claim", "fail", "fail_job", "flavour", "get_job", "get_job_by_key", "get_result", "heartbeat",
-    "list_attempts", "list_audit", "list_jobs", "list_processes", "mark_stopped", "pick_statement", "promote_due",
-    "prune_history", "queue_summaries", "read_only_flags", "ready_queues", "reap", "record_result", "register_process", "release",
-    "renew", "renew_leases", "requeue_job", "retry", "running_jobs",
+    "ActionResult", "BULK_ELIGIBLE", "BulkResult", "COUNT_CAP", "DueRuns", "JobFilter", "JobPage",
+    "LoginGate", "PRUNE_BATCH", "PruneCounts", "QueueState", "QueueSummary", "ReapResult", "Reclaimed",
+    "SEARCH_WINDOW", "SessionState", "ThrottleKey", "ThrottleRule", "activity", "bulk_action", "cancel_job",
+    "claim", "claim_cycle", "classify_empty", "classify_row", "classify_statement", "complete",
+    "complete_many", "complete_with", "count_by_status", "count_matching", "database_now", "distinct_values",
+    "end_session", "end_sessions", "enqueue", "enqueue_due_recurring", "enqueue_many", "ensure_keys",
+    "explain_claim", "fail", "fail_job", "flavour", "forget_prune_runs", "get_job", "get_job_by_key",
+    "get_recurring", "get_result", "heartbeat", "jobs_by_id", "last_prune", "list_attempts", "list_audit",
+    "list_jobs", "list_processes", "list_queues", "list_recurring", "list_sessions", "login_attempt",
+    "login_succeeded", "mark_stopped", "operator_failures", "page_jobs", "pause_queue", "paused_queues",
+    "pick_statement", "promote_due", "prune", "prune_due", "prune_history", "prune_sign_in", "queue_states",
+    "queue_summaries", "read_only_flags", "ready_queues", "reap", "record_result", "register_process",
+    "release", "remove_recurring", "renew", "renew_leases", "requeue_job", "resume_queue", "retry",
+    "running_jobs", "session_state", "set_recurring_enabled", "start_session", "sync_code_schedules",
+    "touch_session", "upsert_recurring",
 ]

@@ -20,10 +20,22 @@ primary (or a replica) rolls back before its UPDATE: no claim is ever written on
 
 A claim may first complete the jobs that finished since the last one (`completions`), in the
 same transaction: one COMMIT per cycle of the worker instead of two.
+
+Concurrency limits (tasks with a `concurrency_key`): when the pick returned keyed jobs, the claim
+locks those keys' rows in `concurrency_key` with SKIP LOCKED and counts each key's running jobs
+(ix_running_key). A key at its limit, or whose row another claim holds this instant, keeps its
+jobs `ready` for a later turn; the claim then looks a little further down the same index for
+jobs of other keys (at most LOOKAHEAD_ROUNDS ranges of LOOKAHEAD_MAX rows, each starting where
+the last one ended, so a long backlog of one full key costs a claim a bounded read, not a scan). Nothing waits on a lock, so the claim stays
+deadlock-free, and a place is just a running row: it comes back whenever the job stops running.
+
+Paused queues are not the claim's business: workers leave them out of the queues they pass in
+(see ready_queues and paused_queues), so the claim's statement is the same with or without them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Sequence
@@ -36,12 +48,17 @@ from sqlalchemy.exc import DBAPIError
 from ..db import db_after, db_now, error_code, is_mysql, transaction
 from ..errors import NotPrimary
 from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Job, Lease, Outcome, Status
-from ..schema import job_queue
+from ..schema import concurrency_key, job_queue, queue_state
 from .common import as_datetime, execute_fast, jq
 from .leases import complete_in
 
 PICK_INDEX = "ix_ready_pick"
 _FLAGS = {True: ("read_only", "innodb_read_only"), False: ("read_only", "innodb_read_only", "super_read_only")}
+KEY_AT = 9            # where the picked row's concurrency_key is
+FLAGS_AT = 10         # where the server's read-only flags start
+LOOKAHEAD_ROUNDS = 2  # extra picks past jobs whose concurrency key is full, per queue and claim
+LOOKAHEAD_MAX = 200   # rows each of them may return
+ck = concurrency_key.c
 
 
 ER_NO_SUCH_KEY = 1176
@@ -55,7 +72,7 @@ def pick_statement(flavour: str, hinted: bool = True) -> sa.Select:
     """The claim's locking SELECT for 'mariadb', 'mysql' or 'sqlite'. Built once: the claim is
     the hot path."""
     columns = [jq.id, jq.task_key, jq.task_name, jq.priority, jq.payload, jq.attempts, jq.max_attempts,
-               jq.run_at, db_now()]
+               jq.run_at, db_now(), jq.concurrency_key]
     if flavour != "sqlite":
         columns += [sa.literal_column(f"@@global.{flag}") for flag in _FLAGS[flavour == "mariadb"]]
     stmt = (sa.select(*columns)
@@ -100,6 +117,7 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
     are counted as skipped.
     """
     lease_us = int(round(lease_seconds * 1_000_000))
+    missing: set[str] = set()
 
     def write(c: Connection) -> ClaimCycle:
         completed, losses = complete_in(c, completions)
@@ -111,24 +129,39 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
         picked: list[tuple[tuple, str]] = []
         tried: list[str] = []
         kind = flavour(c)
+        places = _Places(c, kind)
         if limit and queues:
             for queue in queues:
                 tried.append(queue)
-                rows = _pick(c, kind, {"queue": queue, "limit": limit - len(picked)})
-                if rows and kind != "sqlite" and any(str(v) in ("1", "ON") for v in rows[0][9:]):
-                    flags = [f for f, v in zip(_FLAGS[kind == "mariadb"], rows[0][9:]) if str(v) in ("1", "ON")]
+                room = limit - len(picked)
+                rows = _pick(c, kind, {"queue": queue, "limit": room})
+                if rows and kind != "sqlite" and any(str(v) in ("1", "ON") for v in rows[0][FLAGS_AT:]):
+                    flags = [f for f, v in zip(_FLAGS[kind == "mariadb"], rows[0][FLAGS_AT:]) if str(v) in ("1", "ON")]
                     raise NotPrimary(f"the server turned read-only ({', '.join(flags)} is ON); nothing claimed")
-                picked.extend((row, queue) for row in rows)
+                taken, refused = places.admit(rows, room)
+                more_there = len(rows) >= room
+                rounds = 0
+                # Only jobs of full keys at the head of the queue: look a bounded way past them for
+                # jobs of other keys (the rows passed stay ready; our locks on them end at COMMIT).
+                # A pick that took something does not look further: the next turn will if needed.
+                while refused and not taken and more_there and rounds < LOOKAHEAD_ROUNDS:
+                    rounds += 1
+                    asked = min(LOOKAHEAD_MAX, (room * 4 + 16) << (rounds - 1))
+                    rows = _pick_after(c, kind, queue, asked, rows[-1])
+                    taken, refused = places.admit(rows, room)
+                    more_there = len(rows) >= asked
+                picked.extend((row, queue) for row in taken)
                 if len(picked) >= limit:
                     break
+        missing.update(places.missing)
         claimed: list[ClaimedJob] = []
         if picked:
             owner_of = {row[0]: slots[i] for i, (row, _) in enumerate(picked)}
             params: dict[str, Any] = {"lease_us": lease_us}
             for i, (row, _) in enumerate(picked):
                 params[f"id_{i}"], params[f"owner_{i}"] = row[0], owner_of[row[0]]
-            taken = execute_fast(c, _take(len(picked)), params).rowcount
-            if taken != len(picked):
+            taken_n = execute_fast(c, _take(len(picked)), params).rowcount
+            if taken_n != len(picked):
                 # We hold these rows' locks, so this should not happen; if it does, trust only
                 # the rows that now carry our lease.
                 mine = {r.id: r.attempts for r in c.execute(
@@ -143,15 +176,122 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
                 claimed.append(ClaimedJob(
                     job=Job(id=job_id, task_key=task_key, task_name=task_name, queue=queue, priority=priority,
                             payload=payload, status=Status.RUNNING, attempts=attempts + 1,
-                            max_attempts=max_attempts, lease_owner=owner, run_at=as_datetime(run_at)),
+                            max_attempts=max_attempts, lease_owner=owner, run_at=as_datetime(run_at),
+                            concurrency_key=row[KEY_AT]),
                     lease=Lease(job_id, owner, attempts + 1), claimed_at=as_datetime(now)))
         report = None
         if limit and len(claimed) < limit:
             report = classify_row(tuple(c.execute(classify_statement(classify_queues)).one()))
+            if places.refused:
+                # We left ready rows for their concurrency key, and did not look at all the others:
+                # the ready rows the read counts are not known to be held by anyone else.
+                report = dataclasses.replace(report, skipped=0, kind=EmptyClaim.LIMITED)
         return ClaimCycle(claimed, {(lease.job_id, lease.attempt): o for lease, o in completed.items()}, losses,
-                          report.skipped if report else 0, tried, limit, report)
+                          report.skipped if report else 0, tried, limit, report, places.refused)
 
-    return transaction(conn, write, what="claim")
+    cycle = transaction(conn, write, what="claim")
+    if missing:
+        # A keyed job whose key row is gone (removed by hand): recreate it with the safest limit
+        # (the next enqueue of that task sets the task's own); its jobs wait until then.
+        transaction(conn, lambda c: ensure_keys(c, {key: 1 for key in missing}), what="concurrency_keys")
+    return cycle
+
+
+class _Places:
+    """The concurrency places one claim transaction may hand out: for each key it met, the key
+    row locked by this transaction (SKIP LOCKED) and how many more of its jobs may run."""
+
+    def __init__(self, c: Connection, kind: str):
+        self.c = c
+        self.kind = kind
+        self.left: dict[str, int] = {}      # key -> places left (keys whose row we hold)
+        self.blocked: set[str] = set()      # keys that are full, held by another claim, or missing
+        self.missing: set[str] = set()
+        self.refused = 0                    # rows left ready for their key
+
+    def admit(self, rows: list[tuple], room: int) -> tuple[list[tuple], int]:
+        """The rows (in claim order) this claim may take, at most `room`, and how many it left
+        for their key."""
+        new = sorted({row[KEY_AT] for row in rows if row[KEY_AT] is not None} - set(self.left) - self.blocked)
+        if new:
+            self._acquire(new)
+        out: list[tuple] = []
+        refused = 0
+        for row in rows:
+            if len(out) >= room:
+                break
+            key = row[KEY_AT]
+            if key is None:
+                out.append(row)
+            elif self.left.get(key, 0) > 0:
+                self.left[key] -= 1
+                out.append(row)
+            else:
+                refused += 1
+                self.blocked.add(key)
+        self.refused += refused
+        return out, refused
+
+    def _acquire(self, keys: list[str]) -> None:
+        held = dict(self.c.execute(_lock_keys(self.kind), {"keys": keys}).all())
+        others = [k for k in keys if k not in held]
+        if others:
+            self.blocked.update(others)
+            present = set(self.c.execute(_KEYS_PRESENT, {"keys": others}).scalars().all())
+            self.missing.update(k for k in others if k not in present)
+        if held:
+            running = dict(self.c.execute(_RUNNING_PER_KEY, {"keys": list(held)}).all())
+            for key, max_running in held.items():
+                self.left[key] = max(0, int(max_running) - int(running.get(key, 0)))
+
+
+# Built once (expanding IN lists keep them in SQLAlchemy's statement cache whatever the count).
+_KEYS = sa.bindparam("keys", expanding=True)
+_KEYS_PRESENT = sa.select(ck.name).where(ck.name.in_(_KEYS))
+_RUNNING_PER_KEY = sa.select(jq.running_key, sa.func.count()).where(jq.running_key.in_(_KEYS)).group_by(jq.running_key)
+
+
+@functools.lru_cache(maxsize=4)
+def _lock_keys(flavour: str) -> sa.Select:
+    """The key rows, locked by this claim unless another holds them this instant (SKIP LOCKED:
+    never a wait, so never a deadlock)."""
+    stmt = sa.select(ck.name, ck.max_running).where(ck.name.in_(_KEYS))
+    if flavour == "sqlite":
+        return stmt
+    return stmt.with_hint(concurrency_key, "FORCE INDEX (PRIMARY)", "mysql").with_hint(
+        concurrency_key, "FORCE INDEX (PRIMARY)", "mariadb").with_for_update(skip_locked=True)
+
+
+@functools.lru_cache(maxsize=8)
+def _pick_after_statement(flavour: str) -> sa.Select:
+    """The pick again, continuing after a (priority, id) in claim order: an index range that
+    starts where the last pick ended, so each look further reads at most its LIMIT more rows."""
+    after_p, after_id = sa.bindparam("after_priority", type_=sa.SmallInteger), sa.bindparam("after_id",
+                                                                                             type_=sa.BigInteger)
+    return pick_statement(flavour).where(sa.or_(jq.priority > after_p, sa.and_(jq.priority == after_p, jq.id > after_id)))
+
+
+def _pick_after(c: Connection, kind: str, queue: str, limit: int, last: tuple) -> list[tuple]:
+    return execute_fast(c, _pick_after_statement(kind), {"queue": queue, "limit": limit, "after_priority": last[3],
+                                                         "after_id": last[0]}).rows
+
+
+def ensure_keys(c: Connection, wanted: dict[str, int]) -> None:
+    """Make sure each concurrency key has its row, with `wanted[key]` as its limit. Missing rows
+    are inserted in key order (two enqueues never wait on each other in a cycle); a limit that
+    changed (the task's code did) is updated."""
+    if not wanted:
+        return
+    have = dict(c.execute(sa.select(ck.name, ck.max_running).where(ck.name.in_(sorted(wanted)))).all())
+    missing = [key for key in sorted(wanted) if key not in have]
+    if missing:
+        insert = (sa.insert(concurrency_key)
+                  .values(name=sa.bindparam("key"), max_running=sa.bindparam("limit"), updated_at=db_now())
+                  .prefix_with("IGNORE", dialect="mysql").prefix_with("IGNORE", dialect="mariadb")
+                  .prefix_with("OR IGNORE", dialect="sqlite"))
+        c.execute(insert, [{"key": key, "limit": wanted[key]} for key in missing])
+    for key in sorted(k for k, n in have.items() if n != wanted[k]):
+        c.execute(sa.update(concurrency_key).where(ck.name == key).values(max_running=wanted[key], updated_at=db_now()))
 
 
 def _pick(c: Connection, kind: str, params: dict[str, Any]) -> list[tuple]:
@@ -178,11 +318,21 @@ def claim(conn: Connection, worker_id: str | Sequence[str], limit: int, queues: 
     return claim_cycle(conn, owners, queues, lease_seconds=lease_seconds)
 
 
+def _paused():
+    return sa.select(queue_state.c.queue).where(queue_state.c.paused == sa.true())
+
+
 def ready_queues(conn: Connection) -> list[str]:
-    """Queues that have ready jobs right now (a loose scan of ix_ready_pick, no locks)."""
+    """Queues that have ready jobs right now and are not paused (a loose scan of ix_ready_pick,
+    no locks): what a worker on every queue claims from."""
     return list(transaction(conn, lambda c: c.execute(
-        sa.select(jq.queue).where(jq.status == Status.READY.value).distinct()).scalars().all(),
-        what="ready_queues"))
+        sa.select(jq.queue).where(jq.status == Status.READY.value, jq.queue.notin_(_paused())).distinct()
+    ).scalars().all(), what="ready_queues"))
+
+
+def paused_queues(conn: Connection) -> set[str]:
+    """The paused queues: what a worker with a list of queues leaves out of it."""
+    return set(transaction(conn, lambda c: c.execute(_paused()).scalars().all(), what="paused_queues"))
 
 
 def explain_claim(conn: Connection, queue: str = "default", limit: int = 1) -> list[dict[str, Any]]:
@@ -207,11 +357,14 @@ def explain_claim(conn: Connection, queue: str = "default", limit: int = 1) -> l
 # --- why a claim found nothing ----------------------------------------------------------------
 
 def classify_statement(queues: Sequence[str] | None, flavour_name: str | None = None) -> sa.Select:
-    """The plain read behind classify_empty: ready rows (up to 1000), the next lease expiry and
+    """The plain read behind classify_empty: ready rows of queues not paused (up to 1000), the next lease expiry and
     the next scheduled job, for these queues, and the database's now. With a server flavour
     ('mariadb' / 'mysql') it also reads the read-only flags, for the idle worker's probe."""
     in_queues = (lambda q: q) if queues is None else (lambda q: q.where(jq.queue.in_(list(queues))))
-    ready_sample = in_queues(sa.select(sa.literal(1)).where(jq.status == Status.READY.value)).limit(1000).subquery()
+    # Ready jobs of a paused queue are nobody's to claim: they count as nothing to do, not as
+    # rows held by someone else (which would make idle workers retry fast).
+    ready_sample = in_queues(sa.select(sa.literal(1)).where(jq.status == Status.READY.value,
+                                                            jq.queue.notin_(_paused()))).limit(1000).subquery()
     columns = [
         sa.select(sa.func.count()).select_from(ready_sample).scalar_subquery().label("ready"),
         in_queues(sa.select(sa.func.min(jq.lease_until)).where(jq.status == Status.RUNNING.value))

@@ -30,7 +30,7 @@ def job_from_row(row: Row | Mapping[str, Any]) -> Job:
         status=Status(m["status"]), attempts=m["attempts"], max_attempts=m["max_attempts"],
         lease_owner=m.get("lease_owner"), lease_until=m.get("lease_until"), run_at=m.get("run_at"),
         started_at=m.get("started_at"), last_error=m.get("last_error"), created_at=m.get("created_at"),
-        updated_at=m.get("updated_at"), finished_at=m.get("finished_at"),
+        updated_at=m.get("updated_at"), finished_at=m.get("finished_at"), concurrency_key=m.get("concurrency_key"),
     )
 
 

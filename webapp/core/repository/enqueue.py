@@ -1,4 +1,8 @@
-"""enqueue: new jobs, idempotent by task_key."""
+"""enqueue: new jobs, idempotent by task_key.
+
+A task_key is taken while its job is in job_queue and, once the job has been pruned, while its
+record in pruned_key lasts (JOBQUEUE_KEEP_KEYS_DAYS): a replay of a pruned job's key answers
+duplicate: true with the old job's id and status, and writes nothing."""
 
 from __future__ import annotations
 
@@ -15,10 +19,13 @@ from .. import retry
 from ..db import db_after, db_now, require_primary, transaction
 from ..errors import ValidationError
 from ..models import Enqueued, Status
-from ..schema import Timestamp, job_queue
+from ..schema import Timestamp, job_queue, pruned_key
 from ..tasks import TASKS, Registry
 from ..validation import NewJob, new_job
+from .claim import ensure_keys
 from .common import database_now, is_duplicate_key, jq
+
+pk = pruned_key.c
 
 
 def _insert_values(job: NewJob, now: datetime | None = None) -> dict[str, Any]:
@@ -26,7 +33,7 @@ def _insert_values(job: NewJob, now: datetime | None = None) -> dict[str, Any]:
         "task_key": job.task_key, "task_name": job.task_name, "queue": job.queue,
         "priority": job.priority, "payload": job.payload,
         "status": (Status.SCHEDULED if job.delay_seconds > 0 else Status.READY).value,
-        "max_attempts": job.max_attempts,
+        "max_attempts": job.max_attempts, "concurrency_key": job.concurrency_key,
     }
     if now is None:
         values["delay_us"] = int(round(job.delay_seconds * 1_000_000))
@@ -38,7 +45,8 @@ def _insert_values(job: NewJob, now: datetime | None = None) -> dict[str, Any]:
 _JOB_COLUMNS = dict(task_key=sa.bindparam("task_key"), task_name=sa.bindparam("task_name"),
                     queue=sa.bindparam("queue"), priority=sa.bindparam("priority"),
                     payload=sa.bindparam("payload", type_=sa.JSON), status=sa.bindparam("status"),
-                    attempts=0, max_attempts=sa.bindparam("max_attempts"))
+                    attempts=0, max_attempts=sa.bindparam("max_attempts"),
+                    concurrency_key=sa.bindparam("concurrency_key"))
 # One job: created_at, updated_at and run_at (now + delay) straight from the database clock.
 _INSERT_ONE = sa.insert(job_queue).values(
     **_JOB_COLUMNS, run_at=db_after(micros=sa.bindparam("delay_us", type_=sa.BigInteger)),
@@ -85,12 +93,15 @@ def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *
     if not validated:
         return []
     seen_absent: set[str] = set()
+    inserting: set[str] = set()   # the keys the current pass tries to insert
 
     def write(c: Connection) -> list[Enqueued]:
         require_primary(c)
         keys = list({job.task_key: None for job in validated})
-        existing = {row.task_key: row for row in c.execute(
-            sa.select(jq.task_key, jq.id, jq.status).where(jq.task_key.in_(keys))).all()}
+        # Known keys: jobs in the table, and the records of pruned ones (one statement).
+        existing = {row.task_key: row for row in c.execute(sa.union_all(
+            sa.select(jq.task_key, jq.id, sa.cast(jq.status, sa.String).label("status")).where(jq.task_key.in_(keys)),
+            sa.select(pk.task_key, pk.job_id.label("id"), pk.status).where(pk.task_key.in_(keys)))).all()}
         ours = {}
         maybe_ours = [key for key in existing if key in seen_absent]
         if maybe_ours:   # a retry, and keys that were absent before are there now
@@ -103,6 +114,10 @@ def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *
         for job in validated:
             if job.task_key not in existing and job.task_key not in ours and job.task_key not in fresh:
                 fresh[job.task_key] = job
+        inserting.clear()
+        inserting.update(fresh)
+        ensure_keys(c, {job.concurrency_key: job.concurrency_limit for job in fresh.values()
+                        if job.concurrency_key is not None})
         if len(fresh) == 1:
             (job,) = fresh.values()
             ids = {job.task_key: c.execute(_INSERT_ONE, _insert_values(job)).inserted_primary_key[0]}
@@ -127,6 +142,10 @@ def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *
 
     def classify(exc: BaseException) -> str | None:
         if isinstance(exc, IntegrityError) and is_duplicate_key(exc) and not conn.in_transaction():
+            # Our insert was refused and rolled back: whoever holds those keys now is another
+            # enqueue of the same job (two processes enqueueing one recurring tick), not a
+            # COMMIT of ours whose reply was lost.
+            seen_absent.difference_update(inserting)
             return "duplicate_key"
         return None
 

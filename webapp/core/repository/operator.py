@@ -1,6 +1,10 @@
-"""Operator actions: requeue and fail one job (NOWAIT: an answer now, never a wait) or many
-(bounded batches with SKIP LOCKED), each recorded in the audit log in the same transaction; the
-filter the dashboard, the API and the CLI select jobs with."""
+"""Operator actions: requeue, fail and cancel one job (NOWAIT: an answer now, never a wait) or
+many (bounded batches with SKIP LOCKED), each recorded in the audit log in the same transaction;
+the filter the dashboard, the API and the CLI select jobs with.
+
+Failing or cancelling a running job changes its status, which is what every write of its worker
+is fenced on: that worker's completion changes nothing, and its next renewal tells it the lease
+is gone (ctx.lease_lost)."""
 
 from __future__ import annotations
 
@@ -91,7 +95,7 @@ def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor:
         require_primary(c)
         row = _lock_nowait(c, job_id)
         before = Status(row.status)
-        if before in (Status.DONE, Status.FAILED):
+        if before in (Status.DONE, Status.FAILED, Status.CANCELLED):
             raise InvalidState(f"job {job_id} is already {before.value}", before.value)
         if before is Status.RUNNING:
             record_attempts(c, jq.id == job_id, "failed_by_operator", reason)
@@ -102,6 +106,30 @@ def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor:
         return ActionResult(job_id, before, Status.FAILED, True)
 
     return transaction(conn, act, what="fail")
+
+
+def cancel_job(conn: Connection, job_id: int, reason: str | None = None, *, actor: str = "operator") -> ActionResult:
+    """Cancel a job now: from ready, scheduled or failed at once; a running job's lease is fenced
+    (its completion changes nothing, its handler hears of it at its next renewal). A done job is
+    refused; an already cancelled one is left as it is. Its task_key stays taken."""
+    reason = truncate_error(reason or f"cancelled by {actor}")
+
+    def act(c: Connection) -> ActionResult:
+        require_primary(c)
+        row = _lock_nowait(c, job_id)
+        before = Status(row.status)
+        if before is Status.DONE:
+            raise InvalidState(f"job {job_id} is already done; a finished job is not cancelled", before.value)
+        if before is Status.CANCELLED:
+            return ActionResult(job_id, before, before, False)
+        if before is Status.RUNNING:
+            record_attempts(c, jq.id == job_id, "cancelled", reason)
+        c.execute(sa.update(job_queue).where(jq.id == job_id).values(
+            status=Status.CANCELLED.value, lease_until=None, finished_at=db_now(), updated_at=db_now()))
+        audit(c, actor, "cancel", job_id=job_id, before=before.value, after=Status.CANCELLED.value, detail=reason)
+        return ActionResult(job_id, before, Status.CANCELLED, True)
+
+    return transaction(conn, act, what="cancel")
 
 
 # --- bulk ----------------------------------------------------------------------------------------
@@ -213,9 +241,12 @@ class BulkResult:
 
 
 BULK_ELIGIBLE = {
-    "requeue": (Status.FAILED, Status.SCHEDULED, Status.RUNNING),
+    "requeue": (Status.FAILED, Status.SCHEDULED, Status.RUNNING, Status.CANCELLED),
     "fail": (Status.READY, Status.SCHEDULED, Status.RUNNING),
+    "cancel": (Status.READY, Status.SCHEDULED, Status.FAILED, Status.RUNNING),
 }
+BULK_AFTER = {"requeue": Status.READY, "fail": Status.FAILED, "cancel": Status.CANCELLED}
+ATTEMPT_OUTCOME = {"requeue": "requeued", "fail": "failed_by_operator", "cancel": "cancelled"}
 
 
 def _ids_text(ids: Sequence[int]) -> str:
@@ -226,7 +257,7 @@ def _ids_text(ids: Sequence[int]) -> str:
 def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int] | None = None,
                 job_filter: JobFilter | None = None, after_id: int | None = None, reason: str | None = None,
                 force: bool = False, batch_size: int = 500, deadline: float | None = None) -> BulkResult:
-    """Requeue or fail many jobs: the given ids, or every job matching a filter (newest first).
+    """Requeue, fail or cancel many jobs: the given ids, or every job matching a filter (newest first).
 
     Each batch is its own short transaction that locks its rows with SKIP LOCKED, so a bulk action
     over 100,000 jobs never holds many locks at once and never waits on a worker's claim: rows held
@@ -238,7 +269,7 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
     if (ids is None) == (job_filter is None):
         raise ValueError("give either ids or a filter")
     eligible = [s.value for s in BULK_ELIGIBLE[action]]
-    reason = truncate_error(reason or f"failed by {actor}")
+    reason = truncate_error(reason or f"{BULK_AFTER[action].value} by {actor}")
     selection = (f"ids: {','.join(map(str, ids[:50]))}{'...' if len(ids) > 50 else ''}" if ids is not None
                  else job_filter.describe())
     changed = busy = skipped = 0
@@ -277,21 +308,24 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
             target_ids = [r.id for r in targets]
             running = [r.id for r in targets if r.status == Status.RUNNING.value]
             if running:
-                record_attempts(c, jq.id.in_(running), "requeued" if action == "requeue" else "failed_by_operator",
+                record_attempts(c, jq.id.in_(running), ATTEMPT_OUTCOME[action],
                                 f"{action} by {actor} (bulk) while running")
             guard = sa.and_(jq.id.in_(target_ids), jq.status.in_(eligible))
             if action == "requeue":
                 n = c.execute(sa.update(job_queue).where(guard).values(
                     status=Status.READY.value, run_at=db_now(), lease_owner=None, lease_until=None, finished_at=None,
                     max_attempts=one_more_attempt(), updated_at=db_now())).rowcount
-            else:
+            elif action == "fail":
                 n = c.execute(sa.update(job_queue).where(guard).values(
                     status=Status.FAILED.value, lease_until=None, finished_at=db_now(), last_error=reason,
                     updated_at=db_now())).rowcount
+            else:
+                n = c.execute(sa.update(job_queue).where(guard).values(
+                    status=Status.CANCELLED.value, lease_until=None, finished_at=db_now(), updated_at=db_now())).rowcount
             before = ",".join(sorted({r.status for r in targets}))
             audit(c, actor, f"bulk_{action}", selection=selection, before=before,
-                  after=Status.READY.value if action == "requeue" else Status.FAILED.value, count=n,
-                  detail=_ids_text(target_ids) + (f"; reason: {reason}" if action == "fail" else ""))
+                  after=BULK_AFTER[action].value, count=n,
+                  detail=_ids_text(target_ids) + (f"; reason: {reason}" if action != "requeue" else ""))
             return n, n_busy, n_skipped
 
         n, n_busy, n_skipped = transaction(conn, act, what=f"bulk_{action}")

@@ -88,3 +88,23 @@ def operator_failures(conn: Connection, since: datetime, *, newest: int = 2000) 
         minute = as_datetime(at).replace(second=0, microsecond=0)
         out[minute] = out.get(minute, 0) + int(count)
     return out
+def list_queues(conn: Connection) -> tuple[list[dict[str, Any]], datetime]:
+    """Every known queue (with jobs, or paused or resumed once, even with no job yet): its paused
+    state, who changed it and when, and its counts by status (capped as in queue_summaries)."""
+    from .queues import queue_states
+
+    summaries, now = queue_summaries(conn)
+    states = queue_states(conn)
+    by_name = {q.queue: q for q in summaries}
+    out = []
+    for name in sorted(set(by_name) | set(states)):
+        state = states.get(name)
+        summary = by_name.get(name)
+        out.append({
+            "queue": name, "paused": bool(state and state.paused),
+            "changed_at": state.changed_at if state else None, "changed_by": state.changed_by if state else None,
+            "counts": summary.counts if summary else {s.value: 0 for s in Status},
+            "capped": sorted(summary.capped) if summary else [],
+            "oldest_ready": summary.oldest_ready if summary else None,
+        })
+    return out, now

@@ -19,7 +19,9 @@ class WorkerConfig:
     reap_interval: float | None = None           # default: a quarter of the lease, 1..15 s
     queue_refresh_seconds: float = 1.0
     finish_retry_seconds: float | None = None    # how long to keep retrying a job's last write
-    reap_in_loop: bool = True                    # off when a scheduler runs the reaper (embedded mode)
+    reap_in_loop: bool = True                    # off when a scheduler runs maintenance (embedded mode):
+                                                 # reaping, recurring runs and retention
+    prune_every_seconds: float = 3600.0          # retention passes (any process) at most this often
     heartbeat_seconds: float = 15.0
     kind: str = "worker"                         # how the dashboard lists this process: worker | embedded
     refuse_read_only_at_start: bool = True       # a standalone worker on a replica exits 3 at once

@@ -4,13 +4,19 @@ One worker process holds up to `concurrency + prefetch` leases ("lease slots") a
 `concurrency` handler threads. Its loop reads like this:
 
     while not stopping:
-        maintenance()            # promote due retries/delayed jobs, reap expired leases
+        maintenance()            # promote due retries/delayed jobs, reap expired leases, enqueue
+                                 # due recurring runs, start a retention pass when one is due
         one cycle, one transaction: complete the jobs whose handlers returned since the last
             cycle, and claim a job for every free lease slot (the completed ones included)
         hand each claimed job to a thread (slots.py); a thread whose handler raised schedules
             the retry or fails the job itself
         nothing claimed? the same transaction said why (idle / contended / waiting on leases):
             back off accordingly, reading before claiming while idle
+
+Paused queues: a worker on every queue claims from the queues with ready jobs that are not
+paused (read at most every second); a worker with a list of queues leaves out the paused ones
+(the paused set read at most every second). So within about a second of a pause no new claim
+touches that queue; jobs already running finish normally.
 
 The renewer thread (renewer.py) renews every lease in hand every third of the lease, until its
 final write has committed, loses leases whose local deadline passed (leases.py), and sends the
@@ -44,6 +50,8 @@ from ..errors import JobQueueError, LeaseLostError, NotPrimary, TransientDatabas
 from ..logs import RateLimited, event
 from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Outcome
 from ..reaper import Reaper
+from ..recurring import RecurringRunner
+from ..retention import Pruner
 from ..tasks import TASKS, JobContext, Registry
 from .config import WorkerConfig
 from .leases import Held, LeaseKeeper, LeaseState
@@ -95,6 +103,8 @@ class Worker:
         self.id = process_id(self.config.name)
         self.keeper = LeaseKeeper(self.config.lease_seconds)
         self.reaper = Reaper(engine, name=self.id)
+        self.recurring = RecurringRunner(engine, registry=registry, name=self.id)
+        self.pruner = Pruner(engine, name=self.id, every_seconds=self.config.prune_every_seconds)
         self.slots = Slots(self, self.config.concurrency)
         self.renewer = Renewer(self)
         self._stop = threading.Event()
@@ -255,7 +265,8 @@ class Worker:
                 cycle = repository.claim_cycle(conn, owners, self._rotated(), lease_seconds=self.config.lease_seconds,
                                                completions=[h.lease for h in finished],
                                                classify_queues=self.config.queues, refill=refill)
-                if refill and not cycle.claimed and cycle.asked and not refreshed and self._refresh_queues(conn, force=True):
+                if refill and not cycle.claimed and cycle.asked and not refreshed and self.config.queues is None \
+                        and self._refresh_queues(conn, force=True):
                     # The cached list of queues with ready jobs was stale: try the fresh one
                     # before calling this an empty claim.
                     slots = self._slots_after(cycle, finished, free)
@@ -364,21 +375,25 @@ class Worker:
             event(log, logging.INFO, report.kind.value, worker=self.id, skipped=report.skipped or None,
                   next_lease_expiry=report.next_lease_expiry, next_scheduled=report.next_scheduled,
                   repeats=suppressed or None)
-        if self.config.burst and report.kind is not EmptyClaim.CONTENDED:
+        if self.config.burst and report.kind not in (EmptyClaim.CONTENDED, EmptyClaim.LIMITED):
             if not len(self.keeper):
                 return None
             return 0.05
         return self._backoff.next(report)
 
     def _refresh_queues(self, conn, force: bool = False) -> bool:
-        """For a worker on every queue: which queues have ready jobs (cached for a second, a loose
-        index scan). True when the list was read now."""
-        if self.config.queues is not None:
-            return False
+        """The queues to claim from, read at most every second: for a worker on every queue, the
+        queues with ready jobs that are not paused (a loose index scan); for a worker with a list
+        of queues, that list without the paused ones. True when the list was read now (with
+        `force`: and changed)."""
         if not force and time.monotonic() - self._queues_at <= self.config.queue_refresh_seconds:
             return False
         before = self._known_queues
-        self._known_queues = repository.ready_queues(conn)
+        if self.config.queues is None:
+            self._known_queues = repository.ready_queues(conn)
+        else:
+            paused = repository.paused_queues(conn)
+            self._known_queues = [q for q in self.config.queues if q not in paused]
         self._queues_at = time.monotonic()
         return not force or self._known_queues != before
 
@@ -396,11 +411,22 @@ class Worker:
         An idle worker's read also triggers it as soon as it sees an expiry or a due job."""
         if not self.config.reap_in_loop:
             return
+        self._schedules()
         since = time.monotonic() - self._last_reap
         if (self._busy and since >= self.config.reap_interval) or since >= SWEEP_SECONDS:
             self._busy = False
             if self._reap() + self._promote():
                 self._queues_at = 0.0
+
+    def _schedules(self) -> None:
+        """Recurring runs that are due (cheap unless one is), and a retention pass in the
+        background when no process has started one lately."""
+        try:
+            if self.recurring.tick():
+                self._queues_at = 0.0
+        except DB_ERRORS as exc:
+            self._sql_error("recurring", exc)
+        self.pruner.maybe_start()
 
     def _reap(self) -> int:
         self._last_reap = time.monotonic()
@@ -507,8 +533,11 @@ class Worker:
         policy = retry.RetryPolicy(seconds=self.config.finish_retry_seconds, first_delay=FINISH.first_delay,
                                    max_delay=FINISH.max_delay)
         try:
+            # A lease given up by its local deadline or its task's timeout may still be valid in the
+            # database: its last write is worth retrying. One the fence refused is gone.
             return retry.call(once, policy, reachability, on_retry=on_retry,
-                              give_up=lambda: all(h.lost and h.lost_reason != "deadline" for h in items))
+                              give_up=lambda: all(h.lost and h.lost_reason not in ("deadline", "timeout")
+                                                  for h in items))
         except (retry.RetriesExhausted, *DB_ERRORS) as exc:
             self._sql_error(operation, getattr(exc, "last", exc))
             for held in items:
@@ -612,6 +641,7 @@ class Worker:
                 self._wake.clear()
         self.slots.stop()
         self.renewer.stop()
+        self.pruner.stop()
         if self._probe is not None:
             self._probe.close()
         try:

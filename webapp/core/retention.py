@@ -1,0 +1,96 @@
+"""Retention: how an install that runs for months keeps its tables small.
+
+Finished jobs are deleted once they are old enough: `done` after JOBQUEUE_KEEP_DONE_DAYS (7),
+`failed` and `cancelled` after JOBQUEUE_KEEP_FAILED_DAYS (30); 0 keeps them forever. Their
+attempts and results go with them. Their task_keys do not: each is kept in `pruned_key` for
+JOBQUEUE_KEEP_KEYS_DAYS (365) after the prune, so a replay of a pruned job's key still answers
+`duplicate: true` and never runs again (see README, Retention, for what that costs).
+
+Every worker process takes part, standalone or embedded: its maintenance starts a pass in a
+thread of its own when no process has started one for `every_seconds` (the prune_run table says,
+by the database clock), so one process usually does the work and the others skip. A pass deletes
+in batches of at most 1,000 rows, each one short transaction locking its rows by primary key with
+SKIP LOCKED, and pauses between batches as long as the batch took, so claims going on meanwhile
+keep most of their throughput and replicas see no burst. `jobqueue prune` runs the same pass by
+hand. The pass also drops old per-minute activity and dead process rows (repository.prune_history).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+
+from sqlalchemy.engine import Engine
+
+from . import repository
+from .logs import event
+from .settings import Settings, current
+
+log = logging.getLogger("jobqueue.retention")
+
+PRUNE_EVERY_SECONDS = 3600.0
+PRUNE_LOG_RETENTION = timedelta(days=30)
+
+
+class Pruner:
+    """One process's share of retention: `maybe_start()` from a maintenance step (cheap: it
+    looks at the database at most every `every_seconds`), the pass itself in a daemon thread."""
+
+    def __init__(self, engine: Engine, *, name: str = "pruner", every_seconds: float = PRUNE_EVERY_SECONDS,
+                 settings: Settings | None = None):
+        self.engine = engine
+        self.name = name
+        self.every_seconds = every_seconds
+        self.settings = settings
+        self._checked = float("-inf")
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.last: repository.PruneCounts | None = None
+
+    def maybe_start(self) -> bool:
+        """Start a pass in the background if one is due and none runs here. True when started."""
+        if self._stop.is_set() or (self._thread is not None and self._thread.is_alive()):
+            return False
+        if time.monotonic() - self._checked < min(self.every_seconds, 60.0):
+            return False
+        self._checked = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="jobqueue-pruner", daemon=True)
+        self._thread.start()
+        return True
+
+    def _run(self) -> None:
+        try:
+            self.run_if_due()
+        except Exception as exc:   # a database error: counted and logged, tried again later
+            from . import metrics
+
+            metrics.SQL_ERRORS.labels(operation="prune").inc()
+            event(log, logging.ERROR, "sql_error", operation="prune", by=self.name,
+                  error=f"{type(exc).__name__}: {str(getattr(exc, 'orig', None) or exc)[:300]}")
+
+    def run_if_due(self) -> repository.PruneCounts | None:
+        """One pass now if no process started one within `every_seconds`."""
+        with self.engine.connect() as conn:
+            if not repository.prune_due(conn, self.every_seconds):
+                return None
+        return self.run_once()
+
+    def run_once(self) -> repository.PruneCounts:
+        settings = self.settings or current()
+        with self.engine.connect() as conn:
+            counts = repository.prune(conn, done_days=settings.keep_done_days, failed_days=settings.keep_failed_days,
+                                      keys_days=settings.keep_keys_days, by=self.name, stop=self._stop.is_set,
+                                      sleep=self._stop.wait)
+            repository.prune_history(conn)
+            repository.forget_prune_runs(conn, PRUNE_LOG_RETENTION)
+        self.last = counts
+        return counts
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop a pass between two batches (a shutdown) and wait for it."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout)
