@@ -294,11 +294,15 @@ def mark_not_primary(conn: Connection, reason: str) -> None:
 
 def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10,
                   lock_wait_seconds: int | None = None, statement_timeout_seconds: float | None = None,
-                  settings: Settings | None = None) -> Engine:
+                  settings: Settings | None = None, read_only: bool = False) -> Engine:
     """An engine for the queue. `url` is one URL or several candidate primaries (default: the
     settings). `statement_timeout_seconds` bounds every statement and metadata-lock wait (web
     requests use it, so a table held by LOCK TABLES answers 503 quickly instead of tying up a
-    thread); workers leave it off, since their statements are short by construction."""
+    thread); workers leave it off, since their statements are short by construction.
+
+    `read_only` makes an engine for reads from a replica (JOBQUEUE_READ_URL): its sessions are
+    READ ONLY, so not even an account with SUPER could write through it, and its server's role is
+    not watched (a replica is expected to be read-only)."""
     settings = settings or current()
     urls = resolve_urls(url, settings)
     if lock_wait_seconds is None:
@@ -323,6 +327,9 @@ def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10
             try:
                 sets = init + ([timeout_sql(_is_mariadb(conn))] if timeout_sql else [])
                 cursor.execute("SET SESSION " + ", ".join(sets))
+                if read_only:
+                    # The same syntax on MySQL 8.0 and MariaDB (their variables' names differ).
+                    cursor.execute("SET SESSION TRANSACTION READ ONLY")
             finally:
                 cursor.close()
             return conn
@@ -340,7 +347,8 @@ def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10
             pool_reset_on_return=None,
         )
         engine.candidates = candidates
-        _watch_roles(engine, candidates)
+        if not read_only:
+            _watch_roles(engine, candidates)
         return engine
     if backend == "sqlite":
         if len(urls) > 1:

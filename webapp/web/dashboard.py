@@ -1,5 +1,8 @@
 """The operations dashboard: overview, jobs, job detail, workers, audit log, and the requeue and
-fail actions. Every read and write goes through webapp.core.repository."""
+fail actions. Every read and write goes through webapp.core.repository.
+
+The pages that only read use `read_db()` (a replica when JOBQUEUE_READ_URL is set, its lag in the
+page header); the actions, and the row or panel an action answers with, use `db()`, the primary."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from ..core.models import Status
 from ..core.repository import JobFilter
 from .auth import admin_required, login_required
 from .health import health_summary
-from .state import db
+from .state import db, read_db
 
 bp = Blueprint("dashboard", __name__)
 
@@ -87,11 +90,12 @@ def activity_labels() -> dict[str, str]:
 @bp.get("/overview/panels")
 @login_required
 def overview_panels():
-    return render_template("dashboard/_overview.html", **overview_context())
+    # refreshed: the page header's replica lag comes along, swapped out of band.
+    return render_template("dashboard/_overview.html", refreshed=True, **overview_context())
 
 
 def overview_context() -> dict[str, Any]:
-    with db() as conn:
+    with read_db() as conn:
         summaries, now = repository.queue_summaries(conn)
         running = repository.running_jobs(conn, limit=20)
         since = now.replace(second=0, microsecond=0) - timedelta(minutes=CHART_MINUTES - 1)
@@ -145,7 +149,7 @@ def process_state(p: dict[str, Any], now: datetime) -> str:
 def jobs():
     job_filter = parse_filter(request.args)
     before = _int_arg(request.args, "before")
-    with db() as conn:
+    with read_db() as conn:
         page = repository.list_jobs(conn, job_filter, before_id=before, limit=PAGE_SIZE + 1)
         queues, tasks = repository.distinct_values(conn)
         now = repository.database_now(conn)
@@ -162,7 +166,7 @@ def jobs():
 @bp.get("/jobs/<int:job_id>")
 @login_required
 def job_detail(job_id: int):
-    with db() as conn:
+    with read_db() as conn:
         job = repository.get_job(conn, job_id)
         if job is None:
             abort(404, description=f"job {job_id} not found")
@@ -192,7 +196,7 @@ def job_summary(job_id: int):
 
 
 def _job_partial(job_id: int, template: str):
-    with db() as conn:
+    with read_db() as conn:
         job = repository.get_job(conn, job_id)
         now = repository.database_now(conn)
     if job is None:
@@ -215,7 +219,7 @@ def current_attempt(job, attempts: list[dict[str, Any]]) -> dict[str, Any] | Non
 @bp.get("/workers")
 @login_required
 def workers():
-    with db() as conn:
+    with read_db() as conn:
         processes, now = repository.list_processes(conn)
         running = repository.running_jobs(conn, limit=500)
     held: dict[str, list] = {}
@@ -230,7 +234,7 @@ def workers():
 @login_required
 def audit():
     before = _int_arg(request.args, "before")
-    with db() as conn:
+    with read_db() as conn:
         entries = repository.list_audit(conn, before_id=before, limit=PAGE_SIZE + 1)
     more = len(entries) > PAGE_SIZE
     entries = entries[:PAGE_SIZE]

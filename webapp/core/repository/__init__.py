@@ -9,6 +9,7 @@ verb. The worker loop, the reaper, the dashboard, the CLI and the HTTP API all c
     processes.py    register_process, heartbeat, list_processes
     reads.py        get_job, list_jobs, get_result, list_attempts, ...
     stats.py        queue_summaries, count_by_status, activity
+    replicas.py     replica_lag                        (for pages that read from a replica)
 
 Each function there takes the Connection it runs on and is just its transaction (see
 `db.transaction`, retried on deadlocks, lock-wait timeouts and lost connections); it returns what
@@ -50,6 +51,7 @@ from .operator import BULK_ELIGIBLE, ActionResult, BulkResult, JobFilter, list_a
 from .processes import heartbeat, list_processes, mark_stopped, register_process
 from .reads import database_now, distinct_values, get_job, get_job_by_key, get_result, list_attempts, list_jobs, \
     running_jobs
+from .replicas import ReplicaLag, replica_lag
 from .stats import QueueSummary, activity, count_by_status, queue_summaries
 
 log = logging.getLogger("jobqueue.repository")
@@ -291,5 +293,5 @@ __all__ = [
     "explain_claim", "fail", "fail_job", "flavour", "get_job", "get_job_by_key", "get_result", "heartbeat",
     "list_attempts", "list_audit", "list_jobs", "list_processes", "mark_stopped", "pick_statement", "promote_due",
     "prune_history", "queue_summaries", "read_only_flags", "ready_queues", "reap", "record_result", "register_process", "release",
-    "renew", "renew_leases", "requeue_job", "retry", "running_jobs",
+    "renew", "renew_leases", "replica_lag", "ReplicaLag", "requeue_job", "retry", "running_jobs",
 ]
