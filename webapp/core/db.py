@@ -54,6 +54,10 @@ T = TypeVar("T")
 
 DEFAULT_LOCK_WAIT_SECONDS = 5
 PRIMARY_CHECK_SECONDS = 5.0
+# A connection to a server that was not writable when last checked, with other candidates to try,
+# is checked again this soon: during a failover the new primary is found within about a second
+# of its promotion, not PRIMARY_CHECK_SECONDS later (by then 5 s leases have run out).
+NOT_WRITABLE_CHECK_SECONDS = 1.0
 
 # MySQL / MariaDB error codes we act on.
 ER_LOCK_WAIT_TIMEOUT = 1205   # also MariaDB's answer to NOWAIT on a locked row
@@ -248,17 +252,21 @@ def _watch_roles(engine: Engine, candidates: Candidates) -> None:
     def _on_connect(dbapi_conn, record) -> None:
         record.info["role"] = getattr(dbapi_conn, "_jobqueue_role", None)
 
+    several = len(candidates.urls) > 1
+
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_conn, record, proxy) -> None:
         role: ServerRole | None = record.info.get("role")
-        if role is not None and time.monotonic() - role.checked_at < PRIMARY_CHECK_SECONDS:
-            return
+        if role is not None:
+            interval = PRIMARY_CHECK_SECONDS if role.writable or not several else NOT_WRITABLE_CHECK_SECONDS
+            if time.monotonic() - role.checked_at < interval:
+                return
         try:
             refusal = server_refusal(dbapi_conn)
         except Exception as exc:
             raise DisconnectionError(f"primary check failed: {exc}") from exc
         address = role.address if role else "?"
-        if refusal is not None and len(candidates.urls) > 1:
+        if refusal is not None and several:
             raise DisconnectionError(f"{address} is no longer writable: {refusal}")
         if (role is None or role.writable) and refusal is not None:
             log_event(log, logging.ERROR, "not_primary", address=address, reason=refusal)
@@ -283,10 +291,13 @@ def require_primary(conn: Connection) -> None:
 
 
 def mark_not_primary(conn: Connection, reason: str) -> None:
-    """A write was refused as read-only: remember it, so the next checkout checks again and
-    writes are refused at once meanwhile."""
+    """A write was refused as read-only, or a claim read the read-only flags: remember it, so the
+    next checkout checks again and writes are refused at once meanwhile. A connection already
+    known not to be writable keeps its schedule (NOT_WRITABLE_CHECK_SECONDS)."""
     if is_mysql(conn) and not conn.invalidated:
         role = conn.connection.info.get("role")
+        if role is not None and not role.writable:
+            return
         conn.connection.info["role"] = ServerRole(role.address if role else "?", reason, 0.0)
 
 
@@ -505,6 +516,11 @@ def transaction(conn: Connection, fn: Callable[[Connection], T], *, what: str,
             if error_code(exc) in NOT_PRIMARY_ERRORS:
                 mark_not_primary(conn, f"refused a write as read-only: {exc.orig}")
                 raise NotPrimary(f"{what}: the server refused the write as read-only ({exc.orig})") from exc
+            raise
+        except NotPrimary as exc:
+            # The transaction read the flags itself (a claim, a fenced write): the connection's
+            # role must say so too, or the next uses would go on trying this server.
+            mark_not_primary(conn, str(exc))
             raise
 
     def on_retry(kind: str, attempt: int, delay: float, exc: BaseException) -> None:

@@ -33,7 +33,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from ..db import db_after, db_now, error_code, is_mysql, transaction
+from ..db import db_after, db_now, error_code, is_mysql, require_primary, transaction
 from ..errors import NotPrimary
 from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Job, Lease, Outcome, Status
 from ..schema import job_queue
@@ -102,6 +102,9 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
     lease_us = int(round(lease_seconds * 1_000_000))
 
     def write(c: Connection) -> ClaimCycle:
+        # Known not to be the primary (checked on this connection at most a second or a few ago):
+        # send it nothing; the flags in the locking SELECT below catch a demotion since.
+        require_primary(c)
         completed, losses = complete_in(c, completions)
         # A finished job's slot takes new work unless its row was held elsewhere (BUSY: the lease
         # is still ours, and its completion is tried again next cycle).
