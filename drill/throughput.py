@@ -30,6 +30,7 @@ class Steps:
     host_counts: tuple[int, ...] = (1, 2, 3)
     concurrency: int = 8
     rounds: int = 2
+    enqueue_jobs: int = 2000
 
 
 def measure(topo: Topology, steps: Steps, workdir: Path, say=print) -> list[dict]:
@@ -38,6 +39,7 @@ def measure(topo: Topology, steps: Steps, workdir: Path, say=print) -> list[dict
         s.execute("SET GLOBAL general_log = OFF")   # the drill's general logs are not for this
     results = []
     try:
+        results.append(enqueue_cost(topo, steps.enqueue_jobs, say))
         for round_ in range(steps.rounds):
             for hosts in steps.host_counts:
                 results.append(step(topo, hosts, steps, workdir, round_, say))
@@ -47,9 +49,45 @@ def measure(topo: Topology, steps: Steps, workdir: Path, say=print) -> list[dict
     return results
 
 
+def enqueue_cost(topo: Topology, jobs: int, say) -> dict:
+    """What one enqueue costs the primary when jobs come one at a time (an API request or a
+    `jobqueue enqueue` each: one transaction per job), measured from this process."""
+    from webapp.core import repository
+    from webapp.core.db import create_engine
+    from webapp.core.task_modules import load_task_modules
+
+    load_task_modules([])
+    database = "bench_enqueue"
+    topo.create_database(database)
+    primary = topo.cluster.primary
+    engine = create_engine(server_url(primary, database, APP_USER, APP_PASSWORD), pool_size=1)
+    conn = pymysql.connect(host=primary.host, port=primary.port, user="root", password="", database=database,
+                           autocommit=True, connect_timeout=5)
+    try:
+        a = snapshot(conn, primary)
+        with engine.connect() as c:
+            for i in range(jobs):
+                repository.enqueue(c, "noop", f"e-{i}")
+        b = snapshot(conn, primary)
+    finally:
+        conn.close()
+        engine.dispose()
+        primary.execute(f"DROP DATABASE `{database}`")
+    seconds = b["t"] - a["t"]
+    out = {"kind": "enqueue", "jobs": jobs, "jobs_per_second": round(jobs / seconds, 1),
+           "commits_per_job": round((b["Binlog_commits"] - a["Binlog_commits"]) / jobs, 3),
+           "primary_cpu_ms_per_job": round(1000 * (b["cpu"] - a["cpu"]) / jobs, 3)}
+    say(f"throughput: enqueue one at a time from one client: {out['jobs_per_second']} jobs/s, "
+        f"{out['commits_per_job']} commits and {out['primary_cpu_ms_per_job']} ms of primary CPU per job")
+    return out
+
+
 def step(topo: Topology, hosts: int, steps: Steps, workdir: Path, round_: int, say) -> dict:
     from webapp.core import repository
     from webapp.core.db import create_engine
+    from webapp.core.task_modules import load_task_modules
+
+    load_task_modules([])   # the built-in `noop`
 
     database = f"bench_{hosts}_{round_}"
     topo.create_database(database)
@@ -91,7 +129,7 @@ def step(topo: Topology, hosts: int, steps: Steps, workdir: Path, round_: int, s
     seconds = b["t"] - a["t"]
     jobs = b["done"] - a["done"]
     out = {
-        "hosts": hosts, "threads_per_host": steps.concurrency, "round": round_, "jobs": steps.jobs,
+        "kind": "hosts", "hosts": hosts, "threads_per_host": steps.concurrency, "round": round_, "jobs": steps.jobs,
         "jobs_per_second": round(jobs / seconds, 1),
         "commits_per_second": round((b["Binlog_commits"] - a["Binlog_commits"]) / seconds, 1),
         "group_commits_per_second": round((b["Binlog_group_commits"] - a["Binlog_group_commits"]) / seconds, 1),
@@ -149,8 +187,13 @@ def snapshot(conn, primary) -> dict:
 def by_hosts(results: list[dict]) -> dict[int, list[dict]]:
     out: dict[int, list[dict]] = {}
     for r in results:
-        out.setdefault(r["hosts"], []).append(r)
+        if r.get("kind", "hosts") == "hosts":
+            out.setdefault(r["hosts"], []).append(r)
     return dict(sorted(out.items()))
+
+
+def enqueue_row(results: list[dict]) -> dict | None:
+    return next((r for r in results if r.get("kind") == "enqueue"), None)
 
 
 def _mean(rows: list[dict], key: str) -> float:
@@ -167,6 +210,12 @@ def steps_table(results: list[dict]) -> str:
                      f"| {_mean(rows, 'commits_per_second'):,.0f} | {_mean(rows, 'group_commits_per_second'):,.0f} "
                      f"| {_mean(rows, 'primary_cpu_cores'):.2f} | {_mean(rows, 'machine_cpu_cores'):.2f} "
                      f"| {_mean(rows, 'commits_per_job'):.3f} | {_mean(rows, 'primary_cpu_ms_per_job'):.3f} ms |")
+    enq = enqueue_row(results)
+    if enq:
+        lines.append("")
+        lines.append(f"Enqueueing one job at a time from one client (one transaction each, as an API request or "
+                     f"`jobqueue enqueue` does): {enq['jobs_per_second']:,.0f} jobs/s, {enq['commits_per_job']:.2f} "
+                     f"transactions and {enq['primary_cpu_ms_per_job']:.3f} ms of primary CPU per job.")
     return "\n".join(lines)
 
 
@@ -198,7 +247,7 @@ def plot(results: list[dict], path: Path) -> Path:
     right.set_ylim(0, max(os.cpu_count() or 2, 1) * 1.1)
     handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
     labels = left.get_legend_handles_labels()[1] + right.get_legend_handles_labels()[1]
-    left.legend(handles, labels, loc="upper left", fontsize=8)
+    left.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, fontsize=8, frameon=False)
     left.set_title("No-op jobs against application hosts, one MariaDB primary (all on one machine)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
@@ -207,41 +256,58 @@ def plot(results: list[dict], path: Path) -> Path:
 
 
 HEY_JOBS_PER_DAY = 18_000_000
+HEY_PEAK_PER_SECOND = 500      # "a few hundred claims a second"
 
 
 def arithmetic(results: list[dict]) -> str:
     groups = by_hosts(results)
+    hosts = list(groups)
     rows = [r for rs in groups.values() for r in rs]
-    cpu_ms = _mean(rows, "primary_cpu_ms_per_job")
-    commits = _mean(rows, "commits_per_job")
-    fsyncs = sum(r["group_commits_per_second"] for r in rows) / max(1e-9, sum(r["jobs_per_second"] for r in rows))
-    best = max(rows, key=lambda r: r["jobs_per_second"])
+    cores = os.cpu_count() or 2
+    rate = {h: _mean(groups[h], "jobs_per_second") for h in hosts}
+    machine = {h: _mean(groups[h], "machine_cpu_cores") for h in hosts}
+    primary = {h: _mean(groups[h], "primary_cpu_cores") for h in hosts}
+    run_ms = _mean(rows, "primary_cpu_ms_per_job")
+    run_commits = _mean(rows, "commits_per_job")
+    enq = enqueue_row(results) or {"primary_cpu_ms_per_job": 0.0, "commits_per_job": 1.0, "jobs_per_second": 0.0}
+    job_ms = run_ms + enq["primary_cpu_ms_per_job"]
+    job_commits = run_commits + enq["commits_per_job"]
+    first, last = hosts[0], hosts[-1]
+    scaling = ", ".join(f"{h} hosts ×{rate[h] / rate[first]:.2f}" for h in hosts[1:])
+    limit = ("the machine: its cores are the application hosts' and the database's at once, and with "
+             f"{last} hosts they were busy {machine[last]:.2f} of {cores}"
+             if machine[last] > 0.8 * cores else "not reached: the machine still had idle CPU")
     hey_avg = HEY_JOBS_PER_DAY / 86_400
-    peak = 500
-    cores_at_peak = peak * cpu_ms / 1000
     return f"""### Where the one primary becomes the limit, and the arithmetic for bigger machines
 
-On this machine the application hosts and the database share the same {os.cpu_count()} cores
-(machine CPU is at or near all of them in every step), so adding hosts adds threads that compete
-for the cores the primary needs: the table shows throughput flat or falling past one host, and
-the primary's share of the CPU going down with it. What carries over to real machines is the
-cost of a job on the primary, which depends on the queue, not on the hosts:
+From {first} to more hosts with {groups[first][0]['threads_per_host']} threads each, throughput went
+{scaling}; the machine's CPU went from {machine[first]:.2f} to {machine[last]:.2f} of its {cores} cores, the
+primary's from {primary[first]:.2f} to {primary[last]:.2f}. The limit here is {limit}. The primary itself
+was never the bottleneck on this machine: it used at most {max(primary.values()):.2f} cores. What carries
+over to bigger machines is the cost of a job on the primary, which depends on the queue, not on the
+hosts or on this machine's load:
 
-- **{cpu_ms:.3f} ms of primary CPU per job** (claim, completion and enqueue; mean of all steps),
-- **{commits:.3f} binlog transactions per job** and {fsyncs:.3f} group commits (fsyncs) per job:
-  claims and completions are batched, so one transaction carries several jobs under load.
+- running a job (claim, complete; no-op handler, measured in the steps above):
+  **{run_ms:.3f} ms of primary CPU and {run_commits:.3f} transactions per job**, since claims and
+  completions are batched and one transaction carries several jobs under load;
+- enqueueing it one at a time (one transaction per API request or `jobqueue enqueue`):
+  **{enq['primary_cpu_ms_per_job']:.3f} ms and {enq['commits_per_job']:.2f} transactions per job**
+  (`enqueue_many` batches them instead);
+- together about **{job_ms:.3f} ms of primary CPU and {job_commits:.2f} commits per job**, so one
+  primary core carries about {1000 / job_ms:,.0f} jobs/s end to end, and the fsyncs behind
+  {job_commits:.2f} commits a job (fewer with group commit) are the other budget to watch.
 
-Solid Queue at HEY runs about {HEY_JOBS_PER_DAY:,} jobs a day on one MySQL: {hey_avg:,.0f} jobs/s
-on average, a few hundred claims a second at peak. At our cost per job, {peak} jobs/s need about
-**{cores_at_peak:.2f} cores** of the primary and {peak * commits:,.0f} transactions a second
-({peak * fsyncs:,.0f} fsyncs with group commit), which a dedicated server with an NVMe log device
-(tens of thousands of fsyncs a second, 16+ cores) carries with most of its capacity to spare:
-18 million jobs a day would use about {hey_avg * cpu_ms / 1000:.2f} core on average. The best step
-here reached {best['jobs_per_second']:,.0f} jobs/s with the primary using {best['primary_cpu_cores']:.2f}
-cores; at {cpu_ms:.3f} ms per job one fully used primary core is about {1000 / cpu_ms:,.0f} jobs/s, so
-the primary of an 8-core database server would saturate near {8 * 1000 / cpu_ms:,.0f} jobs/s (long
-before that, lock contention on the `ix_ready_pick` prefix and the fsync rate are worth watching:
-give workers more threads rather than more processes, so that their claims and completion
-batches grow, see docs/benchmarks.md). The application hosts scale out freely: they hold no state,
-and SKIP LOCKED keeps their claims apart.
+Solid Queue at HEY runs about {HEY_JOBS_PER_DAY / 1e6:.0f} million jobs a day on one MySQL:
+{hey_avg:,.0f} jobs/s on average, a few hundred claims a second at peak. At our cost, {hey_avg:,.0f}
+jobs/s use about {hey_avg * job_ms / 1000:.2f} of a primary core and {hey_avg * job_commits:,.0f}
+commits/s; a peak of {HEY_PEAK_PER_SECOND} jobs/s about {HEY_PEAK_PER_SECOND * job_ms / 1000:.2f} cores and
+{HEY_PEAK_PER_SECOND * job_commits:,.0f} commits/s, which a dedicated database server (8-16 cores, an
+NVMe log device good for tens of thousands of fsyncs a second) carries with most of its capacity
+to spare. Extrapolated on CPU alone, an 8-core primary would saturate near
+{8 * 1000 / job_ms:,.0f} jobs/s; long before that, watch the fsync rate (group commit helps: the
+drill's primary wrote {_mean(rows, 'group_commits_per_second') / max(1e-9, _mean(rows, 'commits_per_second')):.2f}
+fsyncs per transaction here) and lock contention on the head of `ix_ready_pick`, and give workers
+more threads rather than more processes, so that their claims and completion batches grow
+(docs/benchmarks.md). The application hosts scale out freely: they hold no state, and SKIP
+LOCKED keeps their claims apart.
 """
