@@ -9,6 +9,8 @@ import platform
 from datetime import datetime, timezone
 from pathlib import Path
 
+from drill.topology import SEMI_SYNC_TIMEOUT_MS
+
 
 def table(n: dict) -> str:
     kinds = ", ".join(f"{k} {sum(v.values())} ({'/'.join(f'{s} {c}' for s, c in sorted(v.items()))})"
@@ -104,7 +106,7 @@ seed {n['seed']}.
 
 Every machine is a network namespace on one bridge (`testkit.netns`): `db1` and `db2` run a
 throwaway mariadbd each, `db1` the GTID primary and `db2` its semi-synchronous replica
-(`--read-only`, AFTER_SYNC, a {60}-second ack timeout so that the primary never falls back to
+(`--read-only`, AFTER_SYNC, a {SEMI_SYNC_TIMEOUT_MS // 1000}-second ack timeout so that the primary never falls back to
 asynchronous replication unnoticed: commits without an ack before the kill,
 `Rpl_semi_sync_master_no_tx`, were {semi.get('Rpl_semi_sync_master_no_tx', '?')} against
 {semi.get('Rpl_semi_sync_master_yes_tx', '?')} acknowledged). `app1`..`app{plan.hosts}` run gunicorn
