@@ -87,8 +87,11 @@ def _gtid_server_ids(server: ThrowawayMariaDB) -> list[int]:
 
 def binlog_verdict(old_primary: ThrowawayMariaDB, new_primary: ThrowawayMariaDB, old_id: int = 1,
                    new_id: int = 2) -> BinlogVerdict:
-    new_ids = _gtid_server_ids(new_primary)
-    old_ids = _gtid_server_ids(old_primary)
+    return compare_origins(_gtid_server_ids(old_primary), _gtid_server_ids(new_primary), old_id, new_id)
+
+
+def compare_origins(old_ids: list[int], new_ids: list[int], old_id: int = 1, new_id: int = 2) -> BinlogVerdict:
+    """From the originating server ids of the transactions in each server's binlog, in order."""
     last_replicated = max((i for i, sid in enumerate(new_ids) if sid == old_id), default=-1)
     own_before = sum(1 for sid in new_ids[:last_replicated] if sid == new_id)
     extra = Counter(old_ids)[old_id] - Counter(new_ids)[old_id]

@@ -116,7 +116,8 @@ all configured with the same two candidate URLs, `JOBQUEUE_DATABASE_URL="<db1> <
 account `jq_app` (SELECT, INSERT, UPDATE, DELETE on its database and SLAVE MONITOR: no SUPER, so
 `read_only` binds it; see docs/deploy.md). The schema was created by `jq_migrate`.
 
-Jobs were enqueued at an even pace over {plan.window_seconds:g} s through `POST /api/jobs` on the
+Jobs were enqueued at an even pace over {plan.window_seconds:g} s, or as fast as the hosts answered
+when that was slower (the enqueue took {n['enqueue_seconds']} s), through `POST /api/jobs` on the
 three hosts in turn and through `jobqueue enqueue` run on the hosts, each retried with the same
 `task_key` on 5xx, connection errors and exit codes 1 and 75 (and sent to another host when one
 did not answer). Faults on a seeded schedule: SIGKILL of standalone workers (a new one started at
