@@ -16,11 +16,14 @@ goes to the first one that answers and is writable (not read_only / super_read_o
 innodb_read_only, not a replica, not on statement binlogs), as libpq's
 target_session_attrs=read-write does. A pooled connection is checked again when it is checked out
 after PRIMARY_CHECK_SECONDS, so a primary demoted under running processes is noticed within that
-time, and with several candidates the pool moves on to the new primary by itself. When no
+time, and with several candidates the pool moves on to the new primary by itself (a connection
+to a server that was not writable is checked again after NOT_WRITABLE_CHECK_SECONDS, so a newly
+promoted primary is found within about a second). When no
 candidate is writable, connections still go to one that answers, marked not writable: reads (the
 dashboard) keep working, and every write path refuses with NotPrimary before it sends anything
-(`require_primary`). The claim itself re-reads the flags in its own locking SELECT (see
-repository.claim), so not even a claim sent between two checks can land on a demoted server.
+(`require_primary`; the claim too, so nothing is sent to a server known to be read-only). The
+claim also re-reads the flags in its own locking SELECT (see repository.claim), so not even a
+claim sent between two checks can land on a demoted server.
 """
 
 from __future__ import annotations

@@ -15,8 +15,10 @@ that MySQL and MariaDB take the same plan whatever their statistics say (Solid Q
 same hint, its issue 694). Only rows the guarded UPDATE really took are returned; the handler
 runs after the COMMIT, never inside it.
 
-The locking SELECT also reads the server's read-only flags, so a claim that reaches a demoted
-primary (or a replica) rolls back before its UPDATE: no claim is ever written on a read-only server.
+A claim is not sent at all on a connection whose server was not writable when last checked
+(db.require_primary), and its locking SELECT also reads the server's read-only flags, so a claim
+that reaches a demoted primary (or a replica) rolls back before its UPDATE: no claim is ever
+written on a read-only server.
 
 A claim may first complete the jobs that finished since the last one (`completions`), in the
 same transaction: one COMMIT per cycle of the worker instead of two.
