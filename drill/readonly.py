@@ -5,7 +5,7 @@ A server's read-only periods in the drill:
 - the replica (db2) from its start until its promotion: the general log entries before the
   `SET GLOBAL read_only = OFF` that promote() sends;
 - the old primary (db1) after the failover: everything it logged after its restart (the general
-  log's second run), since demote() starts it with --read-only.
+  log from the size it had when the server died), since demote() starts it with --read-only.
 
 The binary logs say the same from the other side, by server id: every transaction carries the id
 of the server that wrote it first. The replica must have no transaction of its own before its
@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from testkit.replication import binlog_events, read_general_log
 from testkit.throwaway_mariadb import ThrowawayMariaDB
@@ -63,9 +64,15 @@ def replica_before_promotion(replica: ThrowawayMariaDB, app_user: str) -> ReadOn
     return window_of(entries[:cut], "db2 (the replica) before its promotion", app_user)
 
 
-def old_primary_after_demotion(old: ThrowawayMariaDB, app_user: str) -> ReadOnlyWindow:
-    entries = [e for e in read_general_log(old) if e.run >= 1]
-    return window_of(entries, "db1 (the old primary) after its restart as a read-only replica", app_user)
+def old_primary_after_demotion(old: ThrowawayMariaDB, app_user: str, offset: int, scratch: Path) -> ReadOnlyWindow:
+    """What the old primary logged after `offset`, the size of its general log once it was dead
+    (a header line does not mark the restart: turning the general log on at run time writes one
+    too)."""
+    with open(old.general_log_file, "rb") as f:
+        f.seek(offset)
+        scratch.write_bytes(f.read())
+    return window_of(read_general_log(scratch), "db1 (the old primary) after its restart as a read-only replica",
+                     app_user)
 
 
 @dataclass

@@ -44,6 +44,7 @@ import queue as queue_mod
 import random
 import re
 import secrets
+import shutil
 import signal
 import sys
 import threading
@@ -504,6 +505,7 @@ class Drill:
         killed_at = time.time()
         poller.start(killed_at)
         old.kill()
+        general_log_at_kill = old.general_log_file.stat().st_size
         self.note("failover: SIGKILL the primary db1")
         new_primary = cluster.promote(new)
         promoted_at = time.time()
@@ -514,6 +516,7 @@ class Drill:
         self.note(f"failover: db1 back as a read-only replica of db2 {demoted_at - killed_at:.2f} s after the kill")
         self.failover = {"killed_at": killed_at, "promoted_at": promoted_at, "demoted_at": demoted_at,
                          "writable_at": writable[0] if writable else None,
+                         "general_log_at_kill": general_log_at_kill,
                          "poller": poller, "semi_sync_before_kill": semi_sync,
                          "processes_at_kill": self.process_ids()}
 
@@ -848,7 +851,9 @@ def run(plan: Plan, seed: int, workdir: Path, say=print, throughput_steps=None) 
             failover = drill.failover_figures()
             if drill.failover:
                 read_only_windows = [readonly.replica_before_promotion(drill.topo.db2, APP_USER),
-                                     readonly.old_primary_after_demotion(drill.topo.db1, APP_USER)]
+                                     readonly.old_primary_after_demotion(
+                                         drill.topo.db1, APP_USER, drill.failover["general_log_at_kill"],
+                                         workdir / "db1-general-after-demotion.log")]
                 binlog = readonly.binlog_verdict(drill.topo.db1, drill.topo.db2)
         except Exception:
             drill.fault_errors.append(f"reading the failover figures crashed:\n{traceback.format_exc()}")
@@ -857,6 +862,8 @@ def run(plan: Plan, seed: int, workdir: Path, say=print, throughput_steps=None) 
         drill.kill_everything()
         if drill.topo is not None:
             drill.topo.cleanup()
+            for name in ("db1", "db2"):   # the data (hundreds of MB); the logs stay
+                shutil.rmtree(workdir / "servers" / name / "data", ignore_errors=True)
 
     findings = check(obs)
     duplicates = duplicate_runs(obs)

@@ -160,7 +160,9 @@ def test_no_claim_is_sent_while_no_candidate_is_writable(two_logged_servers, tmp
         wait_until(lambda: status_on(a, "busy-3") == "done", timeout=15, message="the worker is busy on A")
         a.execute("SET GLOBAL read_only = ON")      # demoted; B is still read-only: no primary
         w.wait_for_log(r"event=not_primary ", timeout=15)
-        time.sleep(1.5)                              # the claims in flight when it noticed
+        # Statements in flight when it noticed, and pooled connections last checked before the
+        # demotion (each is checked again before its next use once PRIMARY_CHECK_SECONDS passed).
+        time.sleep(PRIMARY_CHECK_SECONDS + 0.5)
         before = claims_sent(a, b)
         time.sleep(3)
         assert claims_sent(a, b) == before, "claims were sent to read-only servers"
