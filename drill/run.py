@@ -70,7 +70,7 @@ FAULT_KINDS = ("sigkill_worker", "sigkill_web_worker", "link_down", "replay", "f
 @dataclass
 class Plan:
     jobs: int = 20_000
-    cli_jobs: int = 300
+    cli_jobs: int = 200
     hosts: int = 3
     web_workers: int = 2
     embedded_workers: int = 2
@@ -86,7 +86,7 @@ class Plan:
     replay_cli_keys: int = 3
     kills_after_failover: int = 1
     api_threads_per_host: int = 3
-    cli_threads_per_host: int = 1
+    cli_threads_per_host: int = 2     # a CLI enqueue is a process start: seconds each on a busy machine
     grace_seconds: float = 8.0
     drain_timeout: float = 300.0
 
@@ -581,6 +581,13 @@ class Drill:
     # --- drain and stop --------------------------------------------------------------------------
 
     def drain(self, enqueuers_done: threading.Event) -> bool:
+        """Until every acknowledged job is finished; first, until the enqueuers are done (stopping
+        the workers under a late enqueue would leave its job ready)."""
+        deadline = time.monotonic() + self.plan.drain_timeout
+        while not enqueuers_done.wait(5):
+            self.progress()
+            if time.monotonic() > deadline:
+                return False
         deadline = time.monotonic() + self.plan.drain_timeout
         last_progress = 0.0
         while time.monotonic() < deadline:

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from testkit.procs import WorkerProcess, jobqueue, wait_until
 from testkit.replication import read_general_log
 from webapp.core import repository
-from webapp.core.db import PRIMARY_CHECK_SECONDS, create_engine
+from webapp.core.db import PRIMARY_CHECK_SECONDS, create_engine, role_of
 from webapp.core.errors import NotPrimary
 from webapp.core.migrate import init_db
 from webapp.core.models import Status
@@ -34,11 +34,11 @@ def two_servers(throwaway_mariadb):
     return a, b, urls
 
 
-def insert_ready(server, key: str, task: str = "noop", payload: str = "{}") -> None:
+def insert_ready(server, key: str, task: str = "noop", payload: str = "{}", *more_keys: str) -> None:
+    values = ", ".join(f"('{k}', '{task}', 'default', 0, '{payload}', 'ready', UTC_TIMESTAMP(6), 0, 5, "
+                       "UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))" for k in (key, *more_keys))
     server.execute("INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
-                   "max_attempts, created_at, updated_at) VALUES "
-                   f"('{key}', '{task}', 'default', 0, '{payload}', 'ready', UTC_TIMESTAMP(6), 0, 5, UTC_TIMESTAMP(6), "
-                   "UTC_TIMESTAMP(6))", database="jq")
+                   f"max_attempts, created_at, updated_at) VALUES {values}", database="jq")
 
 
 def status_on(server, key: str) -> str | None:
@@ -145,28 +145,32 @@ def claims_sent(*servers) -> int:
                for s in servers)
 
 
-def test_no_claim_is_sent_while_no_candidate_is_writable(two_logged_servers, tmp_path):
-    """A worker that learns its server turned read-only (the claim's own SELECT reads the flags)
-    stops sending claims there, and sends none to a candidate known to be read-only: it only
-    checks, about once a second, whether one became writable."""
+def test_no_claim_is_sent_to_a_server_known_to_be_read_only(two_logged_servers):
+    """A claim that reads the read-only flags of its server (demoted under an open connection)
+    marks the connection, and a claim on a connection whose server is known not to be writable
+    sends nothing: a worker with no writable candidate only checks, about once a second, whether
+    one became writable, instead of sending claims a replica refuses."""
     (a, b), (url_a, url_b) = two_logged_servers
     b.execute("SET GLOBAL read_only = ON")
-    w = WorkerProcess(f"{url_a} {url_b}", tmp_path, "w", "--concurrency", "2", "--lease-seconds", "5",
-                      "--idle-cap-seconds", "0.2")
+    insert_ready(a, "ready-on-a")
+    engine = create_engine(f"{url_a} {url_b}", pool_size=1)
     try:
-        # Busy (claiming in a loop, not idle behind its probe) when its primary is demoted.
-        for n in range(40):
-            insert_ready(a, f"busy-{n}", "slow_noop", '{"seconds": 0.2}')
-        wait_until(lambda: status_on(a, "busy-3") == "done", timeout=15, message="the worker is busy on A")
-        a.execute("SET GLOBAL read_only = ON")      # demoted; B is still read-only: no primary
-        w.wait_for_log(r"event=not_primary ", timeout=15)
-        # Statements in flight when it noticed, and pooled connections last checked before the
-        # demotion (each is checked again before its next use once PRIMARY_CHECK_SECONDS passed).
-        time.sleep(PRIMARY_CHECK_SECONDS + 0.5)
-        before = claims_sent(a, b)
-        time.sleep(3)
-        assert claims_sent(a, b) == before, "claims were sent to read-only servers"
-        assert status_on(a, "busy-39") == "ready"
-        assert w.alive()
+        with engine.connect() as conn:
+            assert role_of(conn).writable
+            a.execute("SET GLOBAL read_only = ON")      # demoted under the open connection
+            before = claims_sent(a, b)
+            with pytest.raises(NotPrimary):
+                repository.claim_cycle(conn, ["t:1:1"], ["default"], lease_seconds=5)
+            assert claims_sent(a, b) == before + 1, "the first claim went out, and read the flags"
+            assert not role_of(conn).writable, "which marked the connection"
+            for _ in range(3):
+                with pytest.raises(NotPrimary):
+                    repository.claim_cycle(conn, ["t:1:1"], ["default"], lease_seconds=5)
+            assert claims_sent(a, b) == before + 1, "nothing more was sent to a server known to be read-only"
+        with engine.connect() as conn:   # the next checkout, within NOT_WRITABLE_CHECK_SECONDS
+            with pytest.raises(NotPrimary):
+                repository.claim_cycle(conn, ["t:1:1"], ["default"], lease_seconds=5)
+        assert claims_sent(a, b) == before + 1
     finally:
-        w.stop()
+        engine.dispose()
+    assert status_on(a, "ready-on-a") == "ready"
