@@ -74,7 +74,7 @@ def table(n: dict) -> str:
 
 def markdown(outcome, command: str, plan, docs_dir: Path) -> str:
     n = outcome.numbers
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = n.get("finished_at") or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     f = n.get("failover") or {}
     semi = f.get("semi_sync_before_kill", {})
     throughput = ""
@@ -135,6 +135,23 @@ of its promotion, `db1` after its restart) and their binlogs for what they wrote
 originating server id); the failover times from the rows' `started_at` (the database clock at
 the claim; both servers share this machine's clock). A duplicate execution is a handler run
 again because its first run could not finish under its lease; each is explained by its cause.
+
+What the first runs of the drill found, both fixed (tests in
+`tests/integration/test_candidate_primaries.py`):
+
+- After the promotion, processes sat on the new primary's connections as if it were still a
+  replica for up to 5 s more: a connection that had landed on the replica while no primary was
+  writable kept that verdict for `PRIMARY_CHECK_SECONDS`. With 5 s leases, jobs in flight lost
+  their leases and a finished handler's result write gave up (its run superseded with
+  "retried: NotPrimary"); processes first claimed there 4-6 s after the promotion. Such a
+  connection is now checked again after `NOT_WRITABLE_CHECK_SECONDS` (1 s): in the run above the
+  first claim came {f.get('first_claim_after_writable_seconds')} s after the promotion.
+- Busy workers sent their claims to the replica while no primary was writable (9 claim SELECTs in
+  a 600-job run, each refused with error 1290); and, as the test for it showed, a claim that read
+  the read-only flags of a demoted primary did not mark its connection, so the next claims on it
+  went there too for up to 5 s. Now a claim is
+  not sent on a connection whose server is known not to be writable, and a transaction that finds
+  the flags on marks its connection.
 
 Enqueue retries (same task_key): {json.dumps(n['enqueue_retries'], sort_keys=True)}. Fresh keys
 acknowledged with `duplicate: true` (an earlier try had committed but its answer was lost):

@@ -911,6 +911,7 @@ def run(plan: Plan, seed: int, workdir: Path, say=print, throughput_steps=None) 
         "examples": {k: v for k, v in findings.examples.items() if k in findings.violations()},
         "duplicate_runs": duplicates[:40],
         "throughput": throughput,
+        "finished_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     problems = dict(findings.violations())
     if not drained:
@@ -1036,6 +1037,9 @@ def main(argv: list[str] | None = None) -> int:
         from drill.report import markdown
 
         given = list(argv if argv is not None else sys.argv[1:])
+        if "--workdir" in given:   # where the logs went: not part of what to run again
+            i = given.index("--workdir")
+            del given[i:i + 2]
         command = " ".join(["python -m drill.run", *given] + ([] if "--seed" in given else ["--seed", str(seed)]))
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(markdown(outcome, command, plan, Path(out).parent))
