@@ -39,7 +39,6 @@ import heapq
 import http.client
 import json
 import os
-import platform
 import queue as queue_mod
 import random
 import re
