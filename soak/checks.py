@@ -65,6 +65,9 @@ class Observed:
     terminated_pids: set[int] = field(default_factory=set)
     partitioned_pids: set[int] = field(default_factory=set)
     forced: set[tuple[str, int]] = field(default_factory=set)   # (task_key, attempt) requeued while running
+    # (task_key, attempt) -> why it was superseded, when the caller knows better than the pids
+    # (the failover drill: an attempt in flight when the primary died).
+    explained: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
 @dataclass
@@ -237,6 +240,8 @@ def _cause(ex: Execution, attempt_row: tuple[str, str] | None, obs: Observed) ->
         return "process SIGSTOPped past its lease"
     if ex.pid in obs.terminated_pids:
         return "process SIGTERMed (job released)"
+    if (ex.task_key, ex.attempt) in obs.explained:
+        return obs.explained[(ex.task_key, ex.attempt)]
     if attempt_row is None:
         return "no attempt record"
     outcome, error = attempt_row

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from testkit.procs import WorkerProcess, jobqueue, wait_until
+from testkit.replication import read_general_log
 from webapp.core import repository
-from webapp.core.db import create_engine
+from webapp.core.db import PRIMARY_CHECK_SECONDS, create_engine, role_of
 from webapp.core.errors import NotPrimary
 from webapp.core.migrate import init_db
 
@@ -30,11 +31,11 @@ def two_servers(throwaway_mariadb):
     return a, b, urls
 
 
-def insert_ready(server, key: str) -> None:
+def insert_ready(server, key: str, task: str = "noop", payload: str = "{}", *more_keys: str) -> None:
+    values = ", ".join(f"('{k}', '{task}', 'default', 0, '{payload}', 'ready', UTC_TIMESTAMP(6), 0, 5, "
+                       "UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))" for k in (key, *more_keys))
     server.execute("INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
-                   "max_attempts, created_at, updated_at) VALUES "
-                   f"('{key}', 'noop', 'default', 0, '{{}}', 'ready', UTC_TIMESTAMP(6), 0, 5, UTC_TIMESTAMP(6), "
-                   "UTC_TIMESTAMP(6))", database="jq")
+                   f"max_attempts, created_at, updated_at) VALUES {values}", database="jq")
 
 
 def status_on(server, key: str) -> str | None:
@@ -87,3 +88,86 @@ def test_a_worker_follows_the_primary_when_roles_change(two_servers, tmp_path):
     finally:
         w.stop()
     assert "event=primary_found" in w.log()
+
+
+def test_a_process_finds_a_newly_promoted_primary_within_about_a_second(two_servers):
+    """While no candidate is writable the pool keeps a connection to one that answers, marked not
+    writable. Such a connection must be checked again soon, not after the 5 s a connection to a
+    writable primary waits: in the failover drill, processes that reconnected to the replica just
+    before its promotion sat on it up to 5 s more, their leases ran out and finished handlers'
+    results waited (docs/scale-out.md)."""
+    a, b, (url_a, url_b) = two_servers
+    a.execute("SET GLOBAL read_only = ON")
+    b.execute("SET GLOBAL read_only = ON")
+    engine = create_engine(f"{url_a} {url_b}", pool_size=1)
+    try:
+        with engine.connect() as conn:
+            with pytest.raises(NotPrimary):
+                repository.enqueue(conn, "noop", "while-none-is-writable")
+        b.execute("SET GLOBAL read_only = OFF")   # B is promoted
+        time.sleep(1.5)
+        assert 1.5 < PRIMARY_CHECK_SECONDS
+        with engine.connect() as conn:
+            repository.enqueue(conn, "noop", "after-the-promotion")
+    finally:
+        engine.dispose()
+    assert status_on(b, "after-the-promotion") == "ready"
+
+
+@pytest.fixture
+def two_logged_servers(throwaway_mariadb, tmp_path):
+    servers, urls = [], []
+    for n in range(2):
+        server = throwaway_mariadb("--log-bin", "--binlog-format=ROW", "--general-log=ON",
+                                   f"--general-log-file={tmp_path / f'general-{n}.log'}")
+        server.general_log_path = tmp_path / f"general-{n}.log"
+        url = server.create_database("jq")
+        engine = create_engine(url)
+        init_db(engine)
+        engine.dispose()
+        servers.append(server)
+        urls.append(url)
+    return servers, urls
+
+
+def executed_statements_in(path, pattern: str) -> list[str]:
+    import re
+
+    wanted = re.compile(pattern, re.IGNORECASE | re.DOTALL)
+    return [e.argument for e in read_general_log(path) if e.command in ("Query", "Execute") and wanted.search(e.argument)]
+
+
+def claims_sent(*servers) -> int:
+    return sum(len(executed_statements_in(s.general_log_path, r"FROM job_queue .*FOR UPDATE SKIP LOCKED"))
+               for s in servers)
+
+
+def test_no_claim_is_sent_to_a_server_known_to_be_read_only(two_logged_servers):
+    """A claim that reads the read-only flags of its server (demoted under an open connection)
+    marks the connection, and a claim on a connection whose server is known not to be writable
+    sends nothing: a worker with no writable candidate only checks, about once a second, whether
+    one became writable, instead of sending claims a replica refuses."""
+    (a, b), (url_a, url_b) = two_logged_servers
+    b.execute("SET GLOBAL read_only = ON")
+    insert_ready(a, "ready-on-a")
+    engine = create_engine(f"{url_a} {url_b}", pool_size=1)
+    try:
+        with engine.connect() as conn:
+            assert role_of(conn).writable
+            a.execute("SET GLOBAL read_only = ON")      # demoted under the open connection
+            before = claims_sent(a, b)
+            with pytest.raises(NotPrimary):
+                repository.claim_cycle(conn, ["t:1:1"], ["default"], lease_seconds=5)
+            assert claims_sent(a, b) == before + 1, "the first claim went out, and read the flags"
+            assert not role_of(conn).writable, "which marked the connection"
+            for _ in range(3):
+                with pytest.raises(NotPrimary):
+                    repository.claim_cycle(conn, ["t:1:1"], ["default"], lease_seconds=5)
+            assert claims_sent(a, b) == before + 1, "nothing more was sent to a server known to be read-only"
+        with engine.connect() as conn:   # the next checkout, within NOT_WRITABLE_CHECK_SECONDS
+            with pytest.raises(NotPrimary):
+                repository.claim_cycle(conn, ["t:1:1"], ["default"], lease_seconds=5)
+        assert claims_sent(a, b) == before + 1
+    finally:
+        engine.dispose()
+    assert status_on(a, "ready-on-a") == "ready"

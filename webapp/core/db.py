@@ -16,11 +16,14 @@ goes to the first one that answers and is writable (not read_only / super_read_o
 innodb_read_only, not a replica, not on statement binlogs), as libpq's
 target_session_attrs=read-write does. A pooled connection is checked again when it is checked out
 after PRIMARY_CHECK_SECONDS, so a primary demoted under running processes is noticed within that
-time, and with several candidates the pool moves on to the new primary by itself. When no
+time, and with several candidates the pool moves on to the new primary by itself (a connection
+to a server that was not writable is checked again after NOT_WRITABLE_CHECK_SECONDS, so a newly
+promoted primary is found within about a second). When no
 candidate is writable, connections still go to one that answers, marked not writable: reads (the
 dashboard) keep working, and every write path refuses with NotPrimary before it sends anything
-(`require_primary`). The claim itself re-reads the flags in its own locking SELECT (see
-repository.claim), so not even a claim sent between two checks can land on a demoted server.
+(`require_primary`; the claim too, so nothing is sent to a server known to be read-only). The
+claim also re-reads the flags in its own locking SELECT (see repository.claim), so not even a
+claim sent between two checks can land on a demoted server.
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ T = TypeVar("T")
 
 DEFAULT_LOCK_WAIT_SECONDS = 5
 PRIMARY_CHECK_SECONDS = 5.0
+# A connection to a server that was not writable when last checked, with other candidates to try,
+# is checked again this soon: during a failover the new primary is found within about a second
+# of its promotion, not PRIMARY_CHECK_SECONDS later (by then 5 s leases have run out).
+NOT_WRITABLE_CHECK_SECONDS = 1.0
 
 # MySQL / MariaDB error codes we act on.
 ER_LOCK_WAIT_TIMEOUT = 1205   # also MariaDB's answer to NOWAIT on a locked row
@@ -248,17 +255,21 @@ def _watch_roles(engine: Engine, candidates: Candidates) -> None:
     def _on_connect(dbapi_conn, record) -> None:
         record.info["role"] = getattr(dbapi_conn, "_jobqueue_role", None)
 
+    several = len(candidates.urls) > 1
+
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_conn, record, proxy) -> None:
         role: ServerRole | None = record.info.get("role")
-        if role is not None and time.monotonic() - role.checked_at < PRIMARY_CHECK_SECONDS:
-            return
+        if role is not None:
+            interval = PRIMARY_CHECK_SECONDS if role.writable or not several else NOT_WRITABLE_CHECK_SECONDS
+            if time.monotonic() - role.checked_at < interval:
+                return
         try:
             refusal = server_refusal(dbapi_conn)
         except Exception as exc:
             raise DisconnectionError(f"primary check failed: {exc}") from exc
         address = role.address if role else "?"
-        if refusal is not None and len(candidates.urls) > 1:
+        if refusal is not None and several:
             raise DisconnectionError(f"{address} is no longer writable: {refusal}")
         if (role is None or role.writable) and refusal is not None:
             log_event(log, logging.ERROR, "not_primary", address=address, reason=refusal)
@@ -283,10 +294,13 @@ def require_primary(conn: Connection) -> None:
 
 
 def mark_not_primary(conn: Connection, reason: str) -> None:
-    """A write was refused as read-only: remember it, so the next checkout checks again and
-    writes are refused at once meanwhile."""
+    """A write was refused as read-only, or a claim read the read-only flags: remember it, so the
+    next checkout checks again and writes are refused at once meanwhile. A connection already
+    known not to be writable keeps its schedule (NOT_WRITABLE_CHECK_SECONDS)."""
     if is_mysql(conn) and not conn.invalidated:
         role = conn.connection.info.get("role")
+        if role is not None and not role.writable:
+            return
         conn.connection.info["role"] = ServerRole(role.address if role else "?", reason, 0.0)
 
 
@@ -294,13 +308,17 @@ def mark_not_primary(conn: Connection, reason: str) -> None:
 
 def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10,
                   lock_wait_seconds: int | None = None, statement_timeout_seconds: float | None = None,
-                  settings: Settings | None = None) -> Engine:
+                  settings: Settings | None = None, read_only: bool = False) -> Engine:
     """An engine for the queue. `url` is one URL or several candidate primaries (default: the
     settings). `statement_timeout_seconds` bounds every statement, and makes metadata-lock
     waits as short as row-lock waits and lock-wait timeouts answered without a second try (web
     requests use it, so a table held by LOCK TABLES answers 503 within `lock_wait_seconds`
     instead of tying up a thread); workers leave it off, since their statements are short by
-    construction."""
+    construction.
+
+    `read_only` makes an engine for reads from a replica (JOBQUEUE_READ_URL): its sessions are
+    READ ONLY, so not even an account with SUPER could write through it, and its server's role is
+    not watched (a replica is expected to be read-only)."""
     settings = settings or current()
     urls = resolve_urls(url, settings)
     if lock_wait_seconds is None:
@@ -327,6 +345,9 @@ def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10
             try:
                 sets = init + ([timeout_sql(_is_mariadb(conn))] if timeout_sql else [])
                 cursor.execute("SET SESSION " + ", ".join(sets))
+                if read_only:
+                    # The same syntax on MySQL 8.0 and MariaDB (their variables' names differ).
+                    cursor.execute("SET SESSION TRANSACTION READ ONLY")
             finally:
                 cursor.close()
             return conn
@@ -346,7 +367,8 @@ def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10
         engine.candidates = candidates
         if statement_timeout_seconds:
             engine.transaction_policy = REQUEST_TRANSACTION
-        _watch_roles(engine, candidates)
+        if not read_only:
+            _watch_roles(engine, candidates)
         return engine
     if backend == "sqlite":
         if len(urls) > 1:
@@ -509,6 +531,11 @@ def transaction(conn: Connection, fn: Callable[[Connection], T], *, what: str,
             if error_code(exc) in NOT_PRIMARY_ERRORS:
                 mark_not_primary(conn, f"refused a write as read-only: {exc.orig}")
                 raise NotPrimary(f"{what}: the server refused the write as read-only ({exc.orig})") from exc
+            raise
+        except NotPrimary as exc:
+            # The transaction read the flags itself (a claim, a fenced write): the connection's
+            # role must say so too, or the next uses would go on trying this server.
+            mark_not_primary(conn, str(exc))
             raise
 
     def on_retry(kind: str, attempt: int, delay: float, exc: BaseException) -> None:

@@ -83,6 +83,10 @@ SETTINGS: tuple[Setting, ...] = (
             "the database: `mysql+pymysql://user:pass@host/db` (`mysql://` works too) or `sqlite:///path`; "
             "several URLs separated by spaces name candidate primaries, and the queue uses the one that is writable",
             "SQLite under `./instance/`"),
+    Setting("READ_URL", "read_url", _text, None,
+            "a replica for the dashboard's read-only pages (overview, jobs, job detail, workers, audit log), its lag "
+            "shown on each; claims, enqueues, operator actions, health checks and the API always use the primary",
+            "none: every page reads from the primary"),
     Setting("INSTANCE_PATH", "instance_path", _text, None, "folder of the default SQLite database", "`./instance`"),
     Setting("LOCK_WAIT_SECONDS", "lock_wait_seconds", _number(int, 1, 3600), 5,
             "how long a fenced write or an operator action waits for a row lock (`innodb_lock_wait_timeout`)"),
@@ -136,6 +140,7 @@ SETTINGS: tuple[Setting, ...] = (
 @dataclass(frozen=True)
 class Settings:
     database_urls: tuple[str, ...] = ()
+    read_url: str | None = None
     instance_path: str | None = None
     lock_wait_seconds: int = 5
     task_modules: tuple[str, ...] | None = None

@@ -1,6 +1,9 @@
 """The operations dashboard: overview, jobs, job detail, workers, recurring jobs, audit log, and
 the actions (requeue, fail, cancel; pause and resume a queue; add, enable, disable and remove a
-recurring job). Every read and write goes through webapp.core.repository."""
+recurring job). Every read and write goes through webapp.core.repository.
+
+The pages that only read use `read_db()` (a replica when JOBQUEUE_READ_URL is set, its lag in the
+page header); the actions, and the row or panel an action answers with, use `db()`, the primary."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from ..core.tasks import TASKS
 from ..core.validation import JobQuery, job_query
 from .auth import admin_required, login_required
 from .health import health_summary
-from .state import db, extension
+from .state import db, extension, read_db
 
 bp = Blueprint("dashboard", __name__)
 
@@ -104,11 +107,12 @@ def activity_labels() -> dict[str, str]:
 @bp.get("/overview/panels")
 @login_required
 def overview_panels():
-    return render_template("dashboard/_overview.html", **overview_context())
+    # refreshed: the page header's replica lag comes along, swapped out of band.
+    return render_template("dashboard/_overview.html", refreshed=True, **overview_context())
 
 
 def overview_context() -> dict[str, Any]:
-    with db() as conn:
+    with read_db() as conn:
         # Every known queue, with its paused state: dicts with the QueueSummary fields.
         summaries, now = repository.list_queues(conn)
         last_prune = repository.last_prune(conn)
@@ -218,7 +222,7 @@ def _row_version(job: Job) -> str:
 @login_required
 def jobs():
     query = parse_query(request.args)
-    with db() as conn:
+    with read_db() as conn:
         page = repository.page_jobs(conn, query.job_filter, before=query.before, after=query.after, limit=PAGE_SIZE,
                                     cap=MATCH_COUNT_CAP)
         queues, tasks = repository.distinct_values(conn)
@@ -269,7 +273,7 @@ def jobs_live():
 @bp.get("/jobs/<int:job_id>")
 @login_required
 def job_detail(job_id: int):
-    with db() as conn:
+    with read_db() as conn:
         job = repository.get_job(conn, job_id)
         if job is None:
             abort(404, description=f"job {job_id} not found")
@@ -307,7 +311,7 @@ def job_summary(job_id: int):
 
 
 def _job_partial(job_id: int, template: str):
-    with db() as conn:
+    with read_db() as conn:
         job = repository.get_job(conn, job_id)
         now = repository.database_now(conn)
     if job is None:
@@ -357,7 +361,7 @@ def merge_slots(p: dict[str, Any], held: list[Job], now: datetime) -> list[dict[
 
 
 def workers_context() -> dict[str, Any]:
-    with db() as conn:
+    with read_db() as conn:
         processes, now = repository.list_processes(conn)
         running = repository.running_jobs(conn, limit=500)
     held = held_by_process(running)
@@ -384,7 +388,7 @@ def workers_panel():
 @login_required
 def audit():
     before = _int_arg(request.args, "before")
-    with db() as conn:
+    with read_db() as conn:
         entries = repository.list_audit(conn, before_id=before, limit=PAGE_SIZE + 1)
         now = repository.database_now(conn)
     more = len(entries) > PAGE_SIZE

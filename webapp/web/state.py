@@ -1,19 +1,21 @@
 """The web process's handle on the queue: its settings, engines and embedded runtime (flaskr's
-db.py, for the queue): `init_app` sets them up, `db()` lends a request a connection."""
+db.py, for the queue): `init_app` sets them up, `db()` lends a request a connection to the
+primary, `read_db()` one for a read-only page (the replica of JOBQUEUE_READ_URL when set)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from flask import Flask, current_app
+from flask import Flask, current_app, g
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from ..core import logs, preflight
+from ..core import logs, preflight, repository
 from ..core.db import create_engine
 from ..core.errors import TransientDatabaseError, UnsupportedDatabase
 from ..core.settings import use
@@ -21,10 +23,13 @@ from ..core.task_modules import load_task_modules
 from .config import WebSettings
 from .runtime import Runtime
 
+log = logging.getLogger("jobqueue.web")
+
 # A request's statements and lock waits are bounded, so a table held by LOCK TABLES (or a
 # runaway query) answers 503 within seconds instead of tying up every web thread.
 REQUEST_STATEMENT_SECONDS = 5.0
 REQUEST_LOCK_WAIT_SECONDS = 2
+READ_REPLICA_RETRY_SECONDS = 10.0
 
 
 @dataclass
@@ -33,6 +38,8 @@ class QueueExtension:
     settings: WebSettings
     runtime: Runtime               # embedded workers and the reaper, on an engine of their own
     sign_in_pruned_at: float = 0.0      # when this process last pruned sessions and throttle rows
+    read_engine: Engine | None = None   # JOBQUEUE_READ_URL: read-only pages, READ ONLY sessions
+    read_engine_down_until: float = 0.0  # after a failed connect, pages skip the replica a while
     _refusal: tuple[float, str | None] = (0.0, None)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -69,7 +76,17 @@ def init_app(app: Flask, settings: WebSettings) -> None:
                            statement_timeout_seconds=REQUEST_STATEMENT_SECONDS)
     runtime_engine = create_engine(settings.core.database_urls or None, pool_size=max(4, settings.embedded_workers + 4),
                                    settings=settings.core)
-    app.extensions["jobqueue"] = QueueExtension(engine, settings, Runtime(runtime_engine, settings))
+    read_engine = None
+    if settings.core.read_url:
+        read_engine = create_engine(settings.core.read_url, pool_size=4, settings=settings.core, read_only=True,
+                                    lock_wait_seconds=REQUEST_LOCK_WAIT_SECONDS,
+                                    statement_timeout_seconds=REQUEST_STATEMENT_SECONDS)
+    app.extensions["jobqueue"] = QueueExtension(engine, settings, Runtime(runtime_engine, settings),
+                                                read_engine=read_engine)
+
+    @app.context_processor
+    def read_source_context():
+        return {"read_source": g.get("read_source")}
 
 
 def extension() -> QueueExtension:
@@ -81,4 +98,44 @@ def db() -> Iterator[Connection]:
     """A pooled connection for the length of a request's work; every statement on it goes
     through webapp.core.repository."""
     with extension().engine.connect() as conn:
+        yield conn
+
+
+@dataclass(frozen=True)
+class ReadSource:
+    """Where a page's reads came from, for its header: the replica and its lag."""
+
+    address: str
+    lag: repository.ReplicaLag | None
+    fallback: str | None = None    # why the page read from the primary instead
+
+
+@contextmanager
+def read_db() -> Iterator[Connection]:
+    """A connection for a page that only reads: the replica of JOBQUEUE_READ_URL when set, with
+    its lag in `g.read_source` (shown by the page header), else the primary. Never for claims,
+    enqueues, operator actions or anything fenced: those use db(). A replica that cannot be
+    reached is skipped for the primary, and the page says so."""
+    ext = extension()
+    if ext.read_engine is None:
+        with db() as conn:
+            yield conn
+        return
+    address = ext.read_engine.candidates.address(0)
+    conn = None
+    if time.monotonic() >= ext.read_engine_down_until:
+        try:
+            conn = ext.read_engine.connect()
+        except DBAPIError as exc:
+            # A replica whose host is cut off costs a connect timeout: not on every page.
+            ext.read_engine_down_until = time.monotonic() + READ_REPLICA_RETRY_SECONDS
+            logs.event(log, logging.WARNING, "read_replica_unreachable", address=address,
+                       error=str(getattr(exc, "orig", exc))[:200])
+    if conn is None:
+        g.read_source = ReadSource(address, None, fallback="the replica did not answer; read from the primary")
+        with db() as primary:
+            yield primary
+        return
+    with conn:
+        g.read_source = ReadSource(address, repository.replica_lag(conn))
         yield conn

@@ -14,6 +14,7 @@ verb. The worker loop, the reaper, the dashboard, the CLI and the HTTP API all c
     reads.py        get_job, page_jobs, count_matching, get_result, list_attempts, ...
     stats.py        queue_summaries, count_by_status, activity, operator_failures
     sessions.py     start_session, session_state, end_session(s), login_attempt, ... (sign-in state)
+    replicas.py     replica_lag                        (for pages that read from a replica)
 
 Each function there takes the Connection it runs on and is just its transaction (see
 `db.transaction`, retried on deadlocks, lock-wait timeouts and lost connections); it returns what
@@ -63,6 +64,7 @@ from .queues import QueueState, queue_states
 from .reads import COUNT_CAP, JobPage, count_matching, database_now, distinct_values, get_job, get_job_by_key, \
     get_result, jobs_by_id, list_attempts, list_jobs, page_jobs, running_jobs
 from .recurring import DueRuns, get_recurring, list_recurring
+from .replicas import ReplicaLag, replica_lag
 from .retention import PRUNE_BATCH, PruneCounts, forget_prune_runs, last_prune, prune_due
 from .sessions import (LoginGate, SessionState, ThrottleKey, ThrottleRule, end_session, end_sessions, list_sessions,
                        login_attempt, login_succeeded, prune_sign_in, session_state, start_session, touch_session)
@@ -393,8 +395,8 @@ def prune(conn: Connection, *, done_days: float | None, failed_days: float | Non
 __all__ = [
     "ActionResult", "BULK_ELIGIBLE", "BulkResult", "COUNT_CAP", "DueRuns", "JobFilter", "JobPage",
     "LoginGate", "PRUNE_BATCH", "PruneCounts", "QueueState", "QueueSummary", "ReapResult", "Reclaimed",
-    "SEARCH_WINDOW", "SessionState", "ThrottleKey", "ThrottleRule", "activity", "bulk_action", "cancel_job",
-    "claim", "claim_cycle", "classify_empty", "classify_row", "classify_statement", "complete",
+    "ReplicaLag", "SEARCH_WINDOW", "SessionState", "ThrottleKey", "ThrottleRule", "activity", "bulk_action",
+    "cancel_job", "claim", "claim_cycle", "classify_empty", "classify_row", "classify_statement", "complete",
     "complete_many", "complete_with", "count_by_status", "count_matching", "database_now", "distinct_values",
     "end_session", "end_sessions", "enqueue", "enqueue_due_recurring", "enqueue_many", "ensure_keys",
     "explain_claim", "fail", "fail_job", "flavour", "forget_prune_runs", "get_job", "get_job_by_key",
@@ -403,7 +405,7 @@ __all__ = [
     "login_succeeded", "mark_stopped", "operator_failures", "page_jobs", "pause_queue", "paused_queues",
     "pick_statement", "promote_due", "prune", "prune_due", "prune_history", "prune_sign_in", "queue_states",
     "queue_summaries", "read_only_flags", "ready_queues", "reap", "record_result", "register_process",
-    "release", "remove_recurring", "renew", "renew_leases", "requeue_job", "resume_queue", "retry",
-    "running_jobs", "session_state", "set_recurring_enabled", "start_session", "sync_code_schedules",
+    "release", "remove_recurring", "renew", "renew_leases", "replica_lag", "requeue_job", "resume_queue",
+    "retry", "running_jobs", "session_state", "set_recurring_enabled", "start_session", "sync_code_schedules",
     "touch_session", "upsert_recurring",
 ]

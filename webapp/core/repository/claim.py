@@ -15,8 +15,10 @@ that MySQL and MariaDB take the same plan whatever their statistics say (Solid Q
 same hint, its issue 694). Only rows the guarded UPDATE really took are returned; the handler
 runs after the COMMIT, never inside it.
 
-The locking SELECT also reads the server's read-only flags, so a claim that reaches a demoted
-primary (or a replica) rolls back before its UPDATE: no claim is ever written on a read-only server.
+A claim is not sent at all on a connection whose server was not writable when last checked
+(db.require_primary), and its locking SELECT also reads the server's read-only flags, so a claim
+that reaches a demoted primary (or a replica) rolls back before its UPDATE: no claim is ever
+written on a read-only server.
 
 A claim may first complete the jobs that finished since the last one (`completions`), in the
 same transaction: one COMMIT per cycle of the worker instead of two.
@@ -45,7 +47,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from ..db import db_after, db_now, error_code, is_mysql, transaction
+from ..db import db_after, db_now, error_code, is_mysql, require_primary, transaction
 from ..errors import NotPrimary
 from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Job, Lease, Outcome, Status
 from ..schema import concurrency_key, job_queue, queue_state
@@ -120,6 +122,9 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
     missing: set[str] = set()
 
     def write(c: Connection) -> ClaimCycle:
+        # Known not to be the primary (checked on this connection at most a second or a few ago):
+        # send it nothing; the flags in the locking SELECT below catch a demotion since.
+        require_primary(c)
         completed, losses = complete_in(c, completions)
         # A finished job's slot takes new work unless its row was held elsewhere (BUSY: the lease
         # is still ours, and its completion is tried again next cycle).

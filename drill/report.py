@@ -1,0 +1,160 @@
+"""The drill's table and docs/scale-out.md: the verdict with its figures, the throughput steps with
+their plot, and the arithmetic for bigger machines."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+
+from drill.topology import SEMI_SYNC_TIMEOUT_MS
+
+
+def table(n: dict) -> str:
+    kinds = ", ".join(f"{k} {sum(v.values())} ({'/'.join(f'{s} {c}' for s, c in sorted(v.items()))})"
+                      for k, v in n["by_kind"].items())
+    faults = ", ".join(f"{k} {v}" for k, v in n["faults"].items())
+    causes = "; ".join(f"{k}: {v}" for k, v in n["duplicate_causes"].items()) or "none"
+    codes = ", ".join(f"{k} {v}" for k, v in n["exit_codes"].items())
+    f = n.get("failover") or {}
+    rows = [
+        ("jobs enqueued", f"{n['jobs']} from {n['hosts']} hosts ({n['jobs_api']} via HTTP API, {n['jobs_cli']} via CLI), "
+                          f"{n['acked']} acknowledged"),
+        ("jobs by kind (final status)", kinds),
+        ("faults injected", f"{faults}; {n['replayed_keys']} task_keys replayed"),
+        ("**lost** (must be 0)", str(n["lost"])),
+        ("**duplicate results** (must be 0)", str(n["duplicate_results"])),
+        ("duplicate executions", f"{n['duplicate_executions']} task_keys ({n['extra_executions']} extra runs of "
+                                 f"{n['executions']}); superseded runs by cause: {causes}"),
+    ]
+    if f:
+        rows += [
+            ("failover: replica promoted (by the drill)", f"writable {f['writable_seconds']} s after the primary's SIGKILL "
+                                                          f"(promote() returned at {f['promoted_seconds']} s); old primary back "
+                                                          f"as a read-only replica at {f['demoted_seconds']} s"),
+            ("**failover: first claim on the new primary**", f"{f['first_claim_seconds']} s after the primary died, "
+                                                             f"{f['first_claim_after_writable_seconds']} s after the new one "
+                                                             "turned writable"),
+            ("failover: first enqueue acknowledged after it", f"{f['first_ack_seconds']} s after the primary died "
+                                                              f"(longest silence between acknowledgements around it {f['enqueue_gap_seconds']} s)"),
+            ("failover: processes that found the new primary", f"{f['processes_claiming_on_new_primary']} of "
+                                                               f"{f['processes_through_failover']} that lived through it claimed there "
+                                                               f"(median first claim {f['median_process_first_claim_seconds']} s, "
+                                                               f"slowest {f['slowest_process_first_claim_seconds']} s after the kill)"
+                                                               + (f"; never: {', '.join(f['processes_never_claimed_on_new_primary'])}"
+                                                                  if f['processes_never_claimed_on_new_primary'] else "")),
+        ]
+    for w in n.get("read_only") or []:
+        rows.append((f"**on {w['server']}**",
+                     f"{w['claim_updates']} claims took rows, {w['writes']} writes received (must be 0); "
+                     f"{w['claims']} claim SELECTs received (refused by read_only: error 1290); "
+                     f"{w['statements']} statements from the application in all"))
+    b = n.get("binlog")
+    if b:
+        rows.append(("**binlogs: transactions written while read-only**",
+                     f"{b['own_before_promotion']} by db2 before its promotion, {b['extra_on_old_primary']} by db1 "
+                     f"after its demotion (must be 0); transactions by origin: {json.dumps(b['gtids'], sort_keys=True)}"))
+    rows += [
+        ("attempts went backwards (must be 0)", f"{n['attempts_backwards']} in {n['monitor_samples']} samples"),
+        ("other invariants (must be 0)", ", ".join(f"{k} {v}" for k, v in n["violations"].items()) or "all 0"),
+        ("failed but not doomed", f"{n['failed_not_doomed']}"
+                                  + (f" ({'; '.join(f'{k[:60]}: {v}' for k, v in n['unexpected_failure_reasons'].items())})"
+                                     if n["unexpected_failure_reasons"] else "")),
+        ("duration", f"{n['duration_seconds']} s (enqueue {n['enqueue_seconds']} s, {n['throughput_overall']} jobs/s "
+                     f"overall; set-up {n['setup_seconds']} s)"),
+        ("exit codes after SIGTERM", codes),
+        ("problems", ", ".join(f"{k}={v}" for k, v in n["problems"].items()) or "none"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    return "\n".join([f"| {'measure':<{width}} | value |", f"|{'-' * (width + 2)}|-------|"]
+                     + [f"| {a:<{width}} | {b} |" for a, b in rows])
+
+
+def markdown(outcome, command: str, plan, docs_dir: Path) -> str:
+    n = outcome.numbers
+    when = n.get("finished_at") or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    f = n.get("failover") or {}
+    semi = f.get("semi_sync_before_kill", {})
+    throughput = ""
+    if n.get("throughput"):
+        from drill.throughput import arithmetic, plot, steps_table
+
+        image = plot(n["throughput"], docs_dir / "scale-out-throughput.png")
+        throughput = f"""
+## Throughput against application hosts
+
+{steps_table(n['throughput'])}
+
+![jobs per second against application hosts, with the primary's commits and CPU]({image.name})
+
+{arithmetic(n['throughput'])}
+"""
+    return f"""# Scale-out and failover drill: last result
+
+`{command}` on {when} ({platform.machine()}, {os.cpu_count()} cores shared with other work: load
+average {n['load_average_1min'][0]} at the start, {n['load_average_1min'][1]} at the end; Python
+{platform.python_version()}, MariaDB from `{os.environ.get('JOBQUEUE_TEST_MARIADBD', '/usr/sbin/mariadbd')}`),
+seed {n['seed']}.
+
+**{outcome.verdict}**
+
+{outcome.table}
+
+## What ran
+
+Every machine is a network namespace on one bridge (`testkit.netns`): `db1` and `db2` run a
+throwaway mariadbd each, `db1` the GTID primary and `db2` its semi-synchronous replica
+(`--read-only`, AFTER_SYNC, a {SEMI_SYNC_TIMEOUT_MS // 1000}-second ack timeout so that the primary never falls back to
+asynchronous replication unnoticed: commits without an ack before the kill,
+`Rpl_semi_sync_master_no_tx`, were {semi.get('Rpl_semi_sync_master_no_tx', '?')} against
+{semi.get('Rpl_semi_sync_master_yes_tx', '?')} acknowledged). `app1`..`app{plan.hosts}` run gunicorn
+({plan.web_workers} web processes with {plan.embedded_workers} embedded workers each, and the
+reaper) and a standalone `jobqueue worker --concurrency {plan.concurrency} --lease-seconds 5`,
+all configured with the same two candidate URLs, `JOBQUEUE_DATABASE_URL="<db1> <db2>"`, as the
+account `jq_app` (SELECT, INSERT, UPDATE, DELETE on its database and SLAVE MONITOR: no SUPER, so
+`read_only` binds it; see docs/deploy.md). The schema was created by `jq_migrate`.
+
+Jobs were enqueued at an even pace over {plan.window_seconds:g} s, or as fast as the hosts answered
+when that was slower (the enqueue took {n['enqueue_seconds']} s), through `POST /api/jobs` on the
+three hosts in turn and through `jobqueue enqueue` run on the hosts, each retried with the same
+`task_key` on 5xx, connection errors and exit codes 1 and 75 (and sent to another host when one
+did not answer). Faults on a seeded schedule: SIGKILL of standalone workers (a new one started at
+once), SIGKILL of a gunicorn worker (its master starts another), a host's link taken down for
+{plan.link_down_seconds:g} s (the lease is 5 s), replays of known `task_key`s through both doors;
+then, at {plan.failover_at:.0%} of the window, the failover: SIGKILL of `db1`, `promote()` of
+`db2` (apply the relay log, stop replicating, `read_only=OFF`), `db1` restarted `--read-only`
+as `db2`'s replica from its GTID position. No process was told: each found the new primary by
+itself (the connection pool re-checks the server's role, see `webapp/core/db.py`).
+
+How it is judged: `soak/checks.py` over the final tables and the execution log (one line per
+handler that did its work), as for the soak; the general logs of both servers for what the
+application sent them while they were read-only (`db2` before the `SET GLOBAL read_only = OFF`
+of its promotion, `db1` after its restart) and their binlogs for what they wrote then (by
+originating server id); the failover times from the rows' `started_at` (the database clock at
+the claim; both servers share this machine's clock). A duplicate execution is a handler run
+again because its first run could not finish under its lease; each is explained by its cause.
+
+What the first runs of the drill found, both fixed (tests in
+`tests/integration/test_candidate_primaries.py`):
+
+- After the promotion, processes sat on the new primary's connections as if it were still a
+  replica for up to 5 s more: a connection that had landed on the replica while no primary was
+  writable kept that verdict for `PRIMARY_CHECK_SECONDS`. With 5 s leases, jobs in flight lost
+  their leases and a finished handler's result write gave up (its run superseded with
+  "retried: NotPrimary"); processes first claimed there 4-6 s after the promotion. Such a
+  connection is now checked again after `NOT_WRITABLE_CHECK_SECONDS` (1 s): in the run above the
+  first claim came {f.get('first_claim_after_writable_seconds')} s after the promotion.
+- Busy workers sent their claims to the replica while no primary was writable (9 claim SELECTs in
+  a 600-job run, each refused with error 1290); and, as the test for it showed, a claim that read
+  the read-only flags of a demoted primary did not mark its connection, so the next claims on it
+  went there too for up to 5 s. Now a claim is
+  not sent on a connection whose server is known not to be writable, and a transaction that finds
+  the flags on marks its connection.
+
+Enqueue retries (same task_key): {json.dumps(n['enqueue_retries'], sort_keys=True)}. Fresh keys
+acknowledged with `duplicate: true` (an earlier try had committed but its answer was lost):
+{json.dumps(n['fresh_keys_acknowledged_as_duplicate'], sort_keys=True)}. Log events across all
+processes: {json.dumps(n['log_events'], sort_keys=True)}.
+{throughput}"""
