@@ -10,7 +10,7 @@
   for a worker on every queue and one with --queues; alternating runs, fresh database each.
 - limits: throughput of no-op jobs without a concurrency key, and with one (limit 1) over many
   keys (never full: the cost of the key lock and count), 100 keys, and 5 keys (bounded by design
-  to 5 at once); also without ix_running_key, to show unkeyed jobs do not pay for it.
+  to 5 at once); also without ix_concurrency, to show unkeyed jobs do not pay for it.
 - prune: workers claiming while `jobqueue prune` deletes 200,000 done rows (20,000 with --quick)
   in batches of 1,000 with pauses, against the same run without the prune: jobs/s over the time
   the prune ran (finished_at from the database), ratio target >= 0.8.
@@ -154,7 +154,7 @@ def bench_limits(ctx) -> dict[str, Any]:
     jobs = ctx.jobs
     variants = {
         "no key": {"task": "noop"},
-        "no key, without ix_running_key": {"task": "noop", "drop_index": True},
+        "no key, without ix_concurrency": {"task": "noop", "drop_index": True},
         f"key per job ({jobs} keys), limit 1": {"task": "keyed_noop", "keys": jobs},
         "100 keys, limit 1": {"task": "keyed_noop", "keys": 100},
         # Bounded by design to 5 jobs at once: fewer jobs, or this one run takes minutes.
@@ -170,7 +170,7 @@ def bench_limits(ctx) -> dict[str, Any]:
                 with common.mysql_db("limits") as url:
                     if v.get("drop_index"):
                         with pymysql.connect(**{**connect_args(url), "autocommit": True}) as conn, conn.cursor() as cur:
-                            cur.execute("ALTER TABLE job_queue DROP INDEX ix_running_key")
+                            cur.execute("ALTER TABLE job_queue DROP INDEX ix_concurrency")
                     n = v.get("jobs", jobs)
                     enqueue(url, n, task=v["task"], keys=v.get("keys"))
                     res = measure(url, p, t, ctx.log_dir, n)
@@ -194,7 +194,7 @@ def claim_loop(ctx) -> dict[str, Any]:
     (complete what the last cycle took, claim 8 more, one transaction), no handler, alternating
     variants. Less noisy than whole runs on a shared machine."""
     n = 2000 if ctx.quick else 6000
-    variants = {"no key": ("noop", None), "no key, without ix_running_key": ("noop", None),
+    variants = {"no key": ("noop", None), "no key, without ix_concurrency": ("noop", None),
                 "key per job, limit 1": ("keyed_noop", n), "100 keys, limit 1": ("keyed_noop", 100),
                 "5 keys, limit 1": ("keyed_noop", 5)}
     samples: dict[str, list[float]] = {k: [] for k in variants}
@@ -204,7 +204,7 @@ def claim_loop(ctx) -> dict[str, Any]:
             with common.mysql_db("claimloop") as url:
                 if "without" in name:
                     with pymysql.connect(**{**connect_args(url), "autocommit": True}) as conn, conn.cursor() as cur:
-                        cur.execute("ALTER TABLE job_queue DROP INDEX ix_running_key")
+                        cur.execute("ALTER TABLE job_queue DROP INDEX ix_concurrency")
                 enqueue(url, n, task=task, keys=keys)
                 engine = create_engine(url, pool_size=1)
                 try:

@@ -53,7 +53,7 @@ def test_upgrade_from_0003_keeps_the_jobs_and_adds_cancelled(empty_url):
                 "old-0": "ready", "old-1": "running", "old-2": "done", "old-3": "failed", "old-4": "scheduled"}
             assert repository.cancel_job(conn, jobs["old-0"].id).after is Status.CANCELLED
             assert repository.get_job(conn, jobs["old-0"].id).status is Status.CANCELLED
-            running = conn.execute(sa.text("SELECT COUNT(*) FROM job_queue WHERE running_key IS NOT NULL")).scalar()
+            running = conn.execute(sa.text("SELECT COUNT(*) FROM job_queue WHERE concurrency_key IS NOT NULL")).scalar()
             assert running == 0   # no old job has a concurrency key
     finally:
         engine.dispose()

@@ -8,10 +8,10 @@ Indexes, and which statement each one serves:
 - `ix_due (status, run_at, queue)`: promoting due `scheduled` jobs; the oldest ready job's age
   per queue, index-only.
 - `ix_task (task_name, id)`: the dashboard's task filter, newest first.
-- `ix_running_key (running_key)`: running jobs per concurrency key, for the claim's limit check.
-  `running_key` is a virtual column, the job's `concurrency_key` while it runs and NULL
-  otherwise, so the index holds running keyed jobs only, and a job without a key never changes
-  it (its claim and completion pay nothing for it).
+- `ix_concurrency (concurrency_key, status)`: running jobs per concurrency key, for the claim's
+  limit check (`concurrency_key IN (...) AND status = 'running'`: exact index ranges, however
+  many done jobs a key has). Not an indexed virtual column: with one, MariaDB refuses every
+  later online ADD COLUMN on this table (see migration 0005).
 - `uk_task_key`: idempotent enqueue.
 """
 
@@ -53,13 +53,11 @@ job_queue = sa.Table(
     sa.Column("finished_at", Timestamp, nullable=True),
     # "<task>:<payload value>" for tasks with a concurrency limit (see concurrency_key below).
     sa.Column("concurrency_key", sa.String(200), nullable=True),
-    sa.Column("running_key", sa.String(200),
-              sa.Computed("CASE WHEN status = 'running' THEN concurrency_key END", persisted=False)),
     sa.UniqueConstraint("task_key", name="uk_task_key"),
     sa.Index("ix_ready_pick", "status", "queue", "priority", "id"),
     sa.Index("ix_due", "status", "run_at", "queue"),
     sa.Index("ix_task", "task_name", "id"),
-    sa.Index("ix_running_key", "running_key"),
+    sa.Index("ix_concurrency", "concurrency_key", "status"),
 )
 
 # One downstream result per task_key: a replayed task_key records nothing new.
@@ -212,7 +210,7 @@ recurring_job = sa.Table(
 # locks their key rows with SKIP LOCKED before counting the key's running jobs, so two claims
 # never both take the last place of one key; a claim that finds a key row held elsewhere leaves
 # that key's jobs ready for the next turn instead of waiting. The places themselves are the
-# running rows (ix_running_key), so they come back by themselves whenever a job stops running:
+# running rows (ix_concurrency), so they come back by themselves whenever a job stops running:
 # completed, retried, failed, reaped, released, requeued or cancelled.
 concurrency_key = sa.Table(
     "concurrency_key",

@@ -25,7 +25,7 @@ same transaction: one COMMIT per cycle of the worker instead of two.
 
 Concurrency limits (tasks with a `concurrency_key`): when the pick returned keyed jobs, the claim
 locks those keys' rows in `concurrency_key` with SKIP LOCKED and counts each key's running jobs
-(ix_running_key). A key at its limit, or whose row another claim holds this instant, keeps its
+(ix_concurrency). A key at its limit, or whose row another claim holds this instant, keeps its
 jobs `ready` for a later turn; the claim then looks a little further down the same index for
 jobs of other keys (at most LOOKAHEAD_ROUNDS ranges of LOOKAHEAD_MAX rows, each starting where
 the last one ended, so a long backlog of one full key costs a claim a bounded read, not a scan). Nothing waits on a lock, so the claim stays
@@ -253,7 +253,9 @@ class _Places:
 # Built once (expanding IN lists keep them in SQLAlchemy's statement cache whatever the count).
 _KEYS = sa.bindparam("keys", expanding=True)
 _KEYS_PRESENT = sa.select(ck.name).where(ck.name.in_(_KEYS))
-_RUNNING_PER_KEY = sa.select(jq.running_key, sa.func.count()).where(jq.running_key.in_(_KEYS)).group_by(jq.running_key)
+_RUNNING_PER_KEY = (sa.select(jq.concurrency_key, sa.func.count())
+                    .where(jq.concurrency_key.in_(_KEYS), jq.status == Status.RUNNING.value)
+                    .group_by(jq.concurrency_key))
 
 
 @functools.lru_cache(maxsize=4)

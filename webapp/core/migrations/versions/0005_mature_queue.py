@@ -7,7 +7,10 @@ Create Date: 2026-12-02
 
 On MySQL/MariaDB every change to job_queue is metadata only: an ENUM value appended at the end
 and nullable columns at the end are INSTANT (MariaDB 10.3+, MySQL 8.0), and the index on the
-virtual column is built INPLACE with concurrent DML (LOCK=NONE). Nothing copies the table.
+index on (concurrency_key, status) is built INPLACE with concurrent DML (LOCK=NONE). Nothing
+copies the table. (Not an indexed virtual column "the key while running": with one, MariaDB
+refuses every later ADD COLUMN on job_queue both INSTANT (1845) and INPLACE, LOCK=NONE (1846), so
+each future migration would have to copy the queue's hot table.)
 """
 
 import sqlalchemy as sa
@@ -25,7 +28,6 @@ TABLE_ARGS = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_colla
               "mariadb_engine": "InnoDB", "mariadb_charset": "utf8mb4", "mariadb_collate": "utf8mb4_bin"}
 OLD_STATUSES = "'scheduled','ready','running','done','failed'"
 NEW_STATUSES = OLD_STATUSES + ",'cancelled'"
-RUNNING_KEY = "CASE WHEN status = 'running' THEN concurrency_key END"
 
 
 def _mysql() -> bool:
@@ -36,15 +38,12 @@ def upgrade() -> None:
     if _mysql():
         op.execute(f"ALTER TABLE job_queue MODIFY COLUMN status ENUM({NEW_STATUSES}) NOT NULL, ALGORITHM=INSTANT")
         op.execute("ALTER TABLE job_queue ADD COLUMN concurrency_key VARCHAR(200) NULL, ALGORITHM=INSTANT")
-        # A virtual column cannot share an INSTANT ALTER with other changes.
-        op.execute(f"ALTER TABLE job_queue ADD COLUMN running_key VARCHAR(200) AS ({RUNNING_KEY}) VIRTUAL, "
-                   "ALGORITHM=INSTANT")
-        op.execute("ALTER TABLE job_queue ADD INDEX ix_running_key (running_key), ALGORITHM=INPLACE, LOCK=NONE")
+        op.execute("ALTER TABLE job_queue ADD INDEX ix_concurrency (concurrency_key, status), "
+                   "ALGORITHM=INPLACE, LOCK=NONE")
     else:
         # SQLite stores the status as text: nothing to change for a new value.
         op.add_column("job_queue", sa.Column("concurrency_key", sa.String(200), nullable=True))
-        op.add_column("job_queue", sa.Column("running_key", sa.String(200), sa.Computed(RUNNING_KEY, persisted=False)))
-        op.create_index("ix_running_key", "job_queue", ["running_key"])
+        op.create_index("ix_concurrency", "job_queue", ["concurrency_key", "status"])
 
     op.create_table(
         "queue_state",
@@ -111,8 +110,7 @@ def downgrade() -> None:
     op.drop_table("concurrency_key")
     op.drop_table("recurring_job")
     op.drop_table("queue_state")
-    op.drop_index("ix_running_key", table_name="job_queue")
-    op.drop_column("job_queue", "running_key")
+    op.drop_index("ix_concurrency", table_name="job_queue")
     op.drop_column("job_queue", "concurrency_key")
     # A cancelled job becomes failed: the nearest status the old schema has.
     op.execute("UPDATE job_queue SET status = 'failed' WHERE status = 'cancelled'")
