@@ -29,14 +29,14 @@ from .logs import RateLimited, event
 
 log = logging.getLogger("jobqueue.recurring")
 
-NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,50}$")
+NAME = re.compile(r"[A-Za-z0-9_.\-]{1,50}")     # fullmatch: "$" would let a final newline through
 ALIASES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 KEY_PREFIX = "recurring:"
 REREAD_SECONDS = 30.0      # how stale a process's idea of the next due tick may get (one small read)
 
 
 def check_name(name: object) -> str:
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise ValidationError("a recurring job's name must be 1-50 characters of letters, digits, '_', '.' or '-'",
                               "name")
     return name

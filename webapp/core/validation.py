@@ -54,6 +54,12 @@ def _whole(value: Any) -> Any:
     return value
 
 
+def check_queue(queue: object) -> str:
+    if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
+        raise ValidationError("queue must be 1-64 characters of letters, digits, '_', '.' or '-'", "queue")
+    return queue
+
+
 def check_task_key(task_key: Any) -> str:
     if not isinstance(task_key, str):
         raise ValidationError("task_key must be a string", "task_key")
@@ -136,9 +142,7 @@ def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = 
     task_key = check_task_key(task_key)
     payload = check_payload(payload)
 
-    queue = spec.queue if queue is None else queue
-    if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
-        raise ValidationError("queue must be 1-64 characters of letters, digits, '_', '.' or '-'", "queue")
+    queue = check_queue(spec.queue if queue is None else queue)
 
     priority = _whole(priority)
     if not _is_int(priority) or not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:

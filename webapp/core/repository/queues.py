@@ -16,9 +16,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..db import require_primary, transaction
-from ..errors import ValidationError
 from ..schema import queue_state
-from ..validation import QUEUE_NAME
+from ..validation import check_queue
 from .common import audit, database_now, upsert
 
 qs = queue_state.c
@@ -31,12 +30,6 @@ class QueueState:
     changed_at: datetime | None = None
     changed_by: str | None = None
     changed: bool = False            # for pause/resume: whether this call changed it
-
-
-def check_queue(queue: object) -> str:
-    if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
-        raise ValidationError("queue must be 1-64 characters of letters, digits, '_', '.' or '-'", "queue")
-    return queue
 
 
 def set_paused(conn: Connection, queue: str, paused: bool, *, actor: str) -> QueueState:
