@@ -9,6 +9,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
+from schemathesis.checks import positive_data_acceptance
 
 from testkit.web import ADMIN_TOKEN, app_config
 from webapp import create_app
@@ -60,11 +61,16 @@ def test_every_endpoint_answers_as_documented(mysql_url, mode):
         # Every operation but the document itself, which schemathesis leaves out.
         assert len(operations) == sum(len(item) for item in openapi.PATHS.values()) - 1
         for operation in operations:
+            # A cron expression's grammar is not a JSON schema: a schema-valid string may not parse
+            # (422, documented). Every other operation takes every schema-valid request.
+            excluded = [positive_data_acceptance] if operation.definition.raw.get("operationId") == "add_recurring" \
+                else []
+
             @given(case=operation.as_strategy(generation_mode=mode))
             @settings(max_examples=EXAMPLES, deadline=None, database=None,
                       suppress_health_check=list(HealthCheck))
             def check(case):
-                case.call_and_validate(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+                case.call_and_validate(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, excluded_checks=excluded)
 
             check()
     finally:

@@ -76,7 +76,7 @@ def json_object(*, fields: set[str], required: bool) -> dict[str, Any]:
     answered with a RecursionError."""
     if not request.get_data(cache=True):
         if required:
-            raise BadBody(400, "send the job as a JSON object with Content-Type: application/json")
+            raise BadBody(400, "send a JSON object with Content-Type: application/json")
         return {}
     if not request.is_json:
         raise BadBody(400, "send a JSON object with Content-Type: application/json")
@@ -141,7 +141,9 @@ def list_jobs():
 @bp.get("/openapi.json")
 def openapi_document():
     """This API's contract (OpenAPI 3.1); public, like any API's documentation."""
-    return jsonify(openapi.document(TASKS.names()))
+    keyed = {name: spec.concurrency_key for name in TASKS.names()
+             if (spec := TASKS.get(name)) is not None and spec.concurrency_key is not None}
+    return jsonify(openapi.document(TASKS.names(), keyed))
 
 
 @bp.get("/jobs/<int:job_id>")
@@ -278,12 +280,7 @@ def list_recurring():
 @bp.post("/recurring")
 @token_required(admin=True)
 def add_recurring():
-    body = request.get_json(silent=True) if request.is_json else None
-    if not isinstance(body, dict):
-        return error(400, "send the recurring job as a JSON object with Content-Type: application/json")
-    unknown = sorted(set(body) - RECURRING_FIELDS)
-    if unknown:
-        return error(422, f"unknown fields: {', '.join(map(str, unknown))[:200]}", field=unknown[0])
+    body = json_object(fields=RECURRING_FIELDS, required=True)
     try:
         with db() as conn:
             row, created = repository.upsert_recurring(conn, body.get("name"), cron=body.get("cron"),

@@ -46,6 +46,11 @@ BAD_BODY = _error("the body is not JSON, not an object, or nested too deeply to 
 TOO_LARGE = _error("the body is larger than the payload limit allows")
 INVALID_FIELD = _json({"allOf": [_ref("Error"), {"type": "object", "required": ["field"]}]},
                       "a field is unknown or has a value the queue does not take (`field` names it)")
+NAME_PATTERN = "^[A-Za-z0-9_.\\-]{{1,{n}}}(?![\\s\\S])"
+QUEUE_PARAM = {"name": "queue", "in": "path", "required": True,
+               "schema": {"type": "string", "pattern": NAME_PATTERN.format(n=64)}}
+NAME_PARAM = {"name": "name", "in": "path", "required": True,
+              "schema": {"type": "string", "pattern": NAME_PATTERN.format(n=50)}}
 JOB_ID = {"name": "job_id", "in": "path", "required": True,
           "schema": {"type": "integer", "minimum": 0, "maximum": MAX_JOB_ID}}
 
@@ -125,6 +130,80 @@ PATHS: dict[str, dict[str, Any]] = {
         {"type": "object", "properties": {"reason": {"type": ["string", "null"], "maxLength": MAX_REASON_CHARS}},
          "additionalProperties": False},
         "fail")},
+    "/api/jobs/{job_id}/cancel": {"post": _operator_action(
+        "Cancel a job that has not finished (ready, scheduled, failed; a running one is told to stop and ends "
+        "cancelled), with the reason kept; NOWAIT",
+        {"type": "object", "properties": {"reason": {"type": ["string", "null"], "maxLength": MAX_REASON_CHARS}},
+         "additionalProperties": False},
+        "cancel")},
+    "/api/queues": {"get": {
+        "summary": "Every known queue: paused or not, who changed it and when, its counts by status (capped)",
+        "operationId": "list_queues",
+        "responses": {"200": _json(_ref("Queues"), "the queues"), "401": UNAUTHORIZED, "503": UNAVAILABLE},
+    }},
+    **{f"/api/queues/{{queue}}/{verb}": {"post": {
+        "summary": f"{verb.capitalize()} a queue ({what}); doing it twice is not an error (`changed: false`)",
+        "operationId": f"{verb}_queue",
+        "parameters": [QUEUE_PARAM],
+        "responses": {"200": _json(_ref("QueuePaused"), "done"), "401": UNAUTHORIZED, "403": FORBIDDEN,
+                      "422": INVALID_FIELD, "503": UNAVAILABLE},
+    }} for verb, what in (("pause", "no worker claims from it; running jobs finish"),
+                          ("resume", "workers claim from it again"))},
+    "/api/recurring": {"get": {
+        "summary": "Every recurring job (cron schedule) by name",
+        "operationId": "list_recurring",
+        "responses": {"200": _json(_ref("RecurringList"), "the schedules"), "401": UNAUTHORIZED, "503": UNAVAILABLE},
+    }, "post": {
+        "summary": "Add a recurring job, or replace the definition of the one of that name (it stays enabled or "
+                   "disabled); validated whole before anything is written",
+        "operationId": "add_recurring",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("NewRecurring")}}},
+        "responses": {
+            "201": _json(_ref("Recurring"), "added (`created: true`)"),
+            "200": _json(_ref("Recurring"), "replaced (`created: false`)"),
+            "400": BAD_BODY, "401": UNAUTHORIZED, "403": FORBIDDEN, "413": TOO_LARGE,
+            "422": _json({"allOf": [_ref("Error"), {"type": "object", "required": ["field"]}]},
+                         "a field is unknown or has a value the queue does not take, such as a cron expression "
+                         "that does not parse (`field` names it)"),
+            "503": UNAVAILABLE,
+        },
+    }},
+    **{f"/api/recurring/{{name}}/{verb}": {"post": {
+        "summary": f"{verb.capitalize()} a recurring job{extra}; doing it twice is not an error (`changed: false`)",
+        "operationId": f"{verb}_recurring",
+        "parameters": [NAME_PARAM],
+        "responses": {"200": _json(_ref("Recurring"), "done"), "401": UNAUTHORIZED, "403": FORBIDDEN,
+                      "404": _error("no recurring job of that name"), "503": UNAVAILABLE},
+    }} for verb, extra in (("enable", " (from the next tick after now: missed ticks are not caught up)"),
+                           ("disable", ""))},
+    "/api/recurring/{name}": {"delete": {
+        "summary": "Remove a recurring job; the jobs it enqueued stay",
+        "operationId": "remove_recurring",
+        "parameters": [NAME_PARAM],
+        "responses": {"200": _json({"type": "object", "required": ["name", "removed"], "properties": {
+            "name": {"type": "string"}, "removed": {"const": True}}}, "removed"),
+            "401": UNAUTHORIZED, "403": FORBIDDEN, "404": _error("no recurring job of that name"),
+            "503": UNAVAILABLE},
+    }},
+    "/api/retention": {"get": {
+        "summary": "How long finished jobs and their keys are kept, and the last prune",
+        "operationId": "retention",
+        "responses": {"200": _json(_ref("Retention"), "the settings and the last prune"), "401": UNAUTHORIZED,
+                      "503": UNAVAILABLE},
+    }},
+    "/api/prune": {"post": {
+        "summary": "Delete done, failed and cancelled jobs older than the given days (default: the retention "
+                   "settings) in small batches, for at most 10 s per request (`finished: false`: call again)",
+        "operationId": "prune",
+        "requestBody": {"required": False, "content": {"application/json": {"schema": {
+            "type": "object", "additionalProperties": False, "properties": {
+                "done_older_than": {"type": "number", "minimum": 0, "maximum": 36500},
+                "failed_older_than": {"type": "number", "minimum": 0, "maximum": 36500},
+                "dry_run": {"type": "boolean"}}}}}},
+        "responses": {"200": _json(_ref("PruneResult"), "what was (or, with dry_run, would be) deleted"),
+                      "400": BAD_BODY, "401": UNAUTHORIZED, "403": FORBIDDEN, "413": TOO_LARGE,
+                      "422": INVALID_FIELD, "503": UNAVAILABLE},
+    }},
     "/api/stats": {"get": {
         "summary": "Counts by queue and status (capped), the oldest ready job's age per queue",
         "operationId": "stats",
@@ -164,7 +243,7 @@ SCHEMAS: dict[str, Any] = {
                          "description": "unique per job: no control characters, line separators or edge spaces"},
             "payload": {"type": ["object", "null"],
                         "description": "at most JOBQUEUE_MAX_PAYLOAD_BYTES as JSON, 20 levels deep; null means {}"},
-            "queue": {"type": ["string", "null"], "pattern": "^[A-Za-z0-9_.\\-]{1,64}(?![\\s\\S])",
+            "queue": {"type": ["string", "null"], "pattern": NAME_PATTERN.format(n=64),
                       "description": "null: the task's own queue"},
             "priority": {"type": "integer", "minimum": PRIORITY_RANGE[0], "maximum": PRIORITY_RANGE[1]},
             "delay": {"type": "number", "minimum": 0, "maximum": MAX_DELAY_SECONDS},
@@ -206,6 +285,51 @@ SCHEMAS: dict[str, Any] = {
             "capped": {"type": "array", "items": {"enum": STATUSES}}}}},
         "totals": {"type": "object", "properties": {s: {"type": "integer", "minimum": 0} for s in STATUSES}},
         "now": TIMESTAMP}},
+    "Queues": {"type": "object", "required": ["queues", "now"], "properties": {
+        "queues": {"type": "array", "items": {"type": "object", "required": ["queue", "paused", "counts"],
+                                              "properties": {
+            "queue": {"type": "string"}, "paused": {"type": "boolean"}, "changed_at": TIMESTAMP,
+            "changed_by": {"type": ["string", "null"]},
+            "counts": {"type": "object", "properties": {s: {"type": "integer", "minimum": 0} for s in STATUSES}},
+            "capped": {"type": "array", "items": {"enum": STATUSES}}}}},
+        "now": TIMESTAMP}},
+    "QueuePaused": {"type": "object", "required": ["queue", "paused", "changed"], "properties": {
+        "queue": {"type": "string"}, "paused": {"type": "boolean"}, "changed": {"type": "boolean"}}},
+    "NewRecurring": {
+        "type": "object", "required": ["name", "cron", "task"], "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string", "pattern": NAME_PATTERN.format(n=50)},
+            "cron": {"type": "string", "description": "five fields (minute hour day month weekday) or @hourly, "
+                                                      "@daily, @weekly, @monthly, @yearly; UTC"},
+            "task": {"type": "string", "description": "a registered task name"},
+            "payload": {"type": ["object", "null"], "description": "the payload of each run's job; null means {}"},
+            "queue": {"type": ["string", "null"], "pattern": NAME_PATTERN.format(n=64),
+                      "description": "null: the task's own queue"},
+        },
+    },
+    "Recurring": {"type": "object", "required": ["name", "cron", "task", "enabled", "next_run_at"], "properties": {
+        "name": {"type": "string"}, "cron": {"type": "string"}, "task": {"type": "string"},
+        "payload": {"type": "object"}, "queue": {"type": ["string", "null"]}, "enabled": {"type": "boolean"},
+        "source": {"enum": ["operator", "code"]}, "next_run_at": TIMESTAMP, "last_run_at": TIMESTAMP,
+        "last_job_id": {"type": ["integer", "null"]}, "updated_by": {"type": ["string", "null"]},
+        "updated_at": TIMESTAMP, "created": {"type": "boolean"}, "changed": {"type": "boolean"}}},
+    "RecurringList": {"type": "object", "required": ["recurring", "now"], "properties": {
+        "recurring": {"type": "array", "items": _ref("Recurring")}, "now": TIMESTAMP}},
+    "Retention": {"type": "object", "required": ["keep_done_days", "keep_failed_days", "keep_keys_days",
+                                                 "last_prune"], "properties": {
+        "keep_done_days": {"type": "number"}, "keep_failed_days": {"type": "number"},
+        "keep_keys_days": {"type": "number"},
+        "last_prune": {"type": ["object", "null"], "properties": {
+            "started_at": TIMESTAMP, "finished_at": TIMESTAMP, "by": {"type": "string"},
+            **{k: {"type": "integer", "minimum": 0} for k in ("done", "failed", "cancelled", "attempts",
+                                                                "keys_expired", "batches")},
+            "seconds": {"type": ["number", "null"]}}}}},
+    "PruneResult": {"type": "object", "required": ["done", "failed", "cancelled", "dry_run", "finished"],
+                    "properties": {
+        **{k: {"type": "integer", "minimum": 0} for k in ("done", "failed", "cancelled", "attempts", "results",
+                                                            "keys_expired", "batches")},
+        "seconds": {"type": "number"}, "dry_run": {"type": "boolean"}, "finished": {"type": "boolean"},
+        "cutoffs": {"type": "object", "additionalProperties": {"type": ["string", "null"]}}}},
     "Health": {"type": "object", "required": ["status", "checks"], "properties": {
         "status": {"enum": ["ok", "warning", "problem", "error"]},
         "checks": {"type": "array", "items": {"type": "object", "required": ["name", "verdict", "detail"],
@@ -217,10 +341,28 @@ SCHEMAS: dict[str, Any] = {
 }
 
 
-def document(task_names: list[str]) -> dict[str, Any]:
-    """The document for an app whose registry holds `task_names` (the enqueue body lists them)."""
-    schemas = {**SCHEMAS, "NewJob": {**SCHEMAS["NewJob"], "properties": {
-        **SCHEMAS["NewJob"]["properties"], "task": {**SCHEMAS["NewJob"]["properties"]["task"], "enum": task_names}}}}
+def _for_tasks(schema: dict[str, Any], task_names: list[str], keyed: dict[str, str]) -> dict[str, Any]:
+    """`schema` (a body naming a task) with the registry's task names, and for each task with a
+    concurrency limit the payload field it is keyed by (a string or a number; a job without it
+    could not be placed under its limit)."""
+    out = {**schema, "properties": {**schema["properties"],
+                                    "task": {**schema["properties"]["task"], "enum": task_names}}}
+    conditions = [{"if": {"properties": {"task": {"const": name}}, "required": ["task"]},
+                   "then": {"required": ["payload"], "properties": {"payload": {
+                       "type": "object", "required": [field],
+                       "properties": {field: {"type": ["string", "number"]}}}}}}
+                  for name, field in sorted(keyed.items())]
+    if conditions:
+        out["allOf"] = conditions
+    return out
+
+
+def document(task_names: list[str], keyed: dict[str, str] | None = None) -> dict[str, Any]:
+    """The document for an app whose registry holds `task_names` (the enqueue body lists them);
+    `keyed`: task name -> the payload field of its concurrency key."""
+    keyed = keyed or {}
+    schemas = {**SCHEMAS, "NewJob": _for_tasks(SCHEMAS["NewJob"], task_names, keyed),
+               "NewRecurring": _for_tasks(SCHEMAS["NewRecurring"], task_names, keyed)}
     return {
         "openapi": "3.1.0",
         "info": {"title": "jobqueue", "version": "1",
