@@ -72,7 +72,7 @@ def test_the_jobs_table_carries_its_filter_into_the_bulk_form(client, engine):
     assert "disabled" not in form
     empty = client.get("/jobs?status=done", headers={"HX-Request": "true", "HX-Target": "jobs-table"})
     form = re.search(r'<form id="bulk-form".*?</form>', empty.get_data(as_text=True), re.S).group(0)
-    assert form.count("disabled") == 2          # both buttons, on "No jobs match"
+    assert form.count("disabled") == 3          # every button (requeue, fail, cancel), on "No jobs match"
 
 
 def test_jobs_page_counts_matches_and_pages_both_ways(client, engine):
@@ -153,8 +153,9 @@ def test_overview_offers_retry_all_failed_per_queue_through_the_bulk_confirmatio
     make_failed(engine, ["d1"])
     html = client.get("/overview/panels").get_data(as_text=True)
     forms = re.findall(r'<form method="post" action="/jobs/bulk/confirm".*?</form>', html, re.S)
-    assert len(forms) == 2 and all('name="status" value="failed"' in f for f in forms)
-    assert "Retry all failed of queue mail" in html
+    # Per queue with failed jobs: retry all failed, and discard (cancel) all failed.
+    assert len(forms) == 4 and all('name="status" value="failed"' in f for f in forms)
+    assert "Retry all failed of queue mail" in html and "Discard all failed of queue default" in html
     assert "Retry all failed" not in viewer.get("/overview/panels").get_data(as_text=True)
     confirm = post(client, "/jobs/bulk/confirm", {"action": "requeue", "scope": "filter", "status": "failed",
                                                   "queue": "mail"}).get_data(as_text=True)

@@ -120,7 +120,7 @@ def test_cancel_button_single_and_bulk(client, viewer, engine):
                                        "ids": [str(i) for i in ids[1:3]]})
     assert "2 jobs cancelled" in bulk.get_data(as_text=True)
     by_filter = post(client, "/jobs/bulk", {"confirm": "yes", "action": "cancel", "scope": "filter", "status": "ready"})
-    assert "1 jobs cancelled" in by_filter.get_data(as_text=True)
+    assert "1 job cancelled" in by_filter.get_data(as_text=True)
     assert {job(engine, i).status for i in ids} == {Status.CANCELLED}
     with engine.connect() as conn:
         actions = [a["action"] for a in repository.list_audit(conn)]
@@ -138,7 +138,7 @@ def test_pause_and_resume_from_the_overview(client, viewer, engine):
     assert post(viewer, "/queues/mail/pause", {"confirm": "yes"}).status_code == 403
     html = post(client, "/queues/mail/pause", {"confirm": "yes"}).get_data(as_text=True)
     assert 'id="overview-panels"' in html and "Queue mail paused." in html
-    assert re.search(r"paused by web:alice, [\d.]+ s ago", html)
+    assert re.search(r"paused by web:alice, [\d.]+ m?s ago", html)
     assert 'action="/queues/mail/resume"' in html
     with engine.connect() as conn:
         assert repository.paused_queues(conn) == {"mail"}
