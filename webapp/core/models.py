@@ -147,3 +147,35 @@ class Outcome(str, enum.Enum):
     OK = "ok"
     LEASE_LOST = "lease_lost"
     BUSY = "busy"                   # the row was held by another transaction this instant; try again
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One reason in the explanation of a job: a code (runnable, scheduled, retry_backoff,
+    queue_paused, no_live_worker, concurrency_limit, locked_by_transaction, lease_held,
+    lease_expired, attempts_exhausted, cancelled, done, failed), one sentence, and the facts behind
+    it (`data`: JSON-ready values, times as ISO 8601)."""
+
+    code: str
+    detail: str
+    data: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "detail": self.detail, **self.data}
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why a job is (or is not) running, the main reason first."""
+
+    job_id: int
+    status: Status
+    reasons: list[Reason]
+
+    @property
+    def codes(self) -> list[str]:
+        return [r.code for r in self.reasons]
+
+    def as_dict(self) -> dict[str, Any]:
+        """As `jobqueue explain --json` and GET /api/jobs/<id>/explain answer."""
+        return {"job_id": self.job_id, "status": self.status.value, "reasons": [r.as_dict() for r in self.reasons]}

@@ -15,6 +15,8 @@ verb. The worker loop, the reaper, the dashboard, the CLI and the HTTP API all c
     stats.py        queue_summaries, count_by_status, activity, operator_failures
     sessions.py     start_session, session_state, end_session(s), login_attempt, ... (sign-in state)
     replicas.py     replica_lag                        (for pages that read from a replica)
+    explain.py      explain                            (why a job is not running: ordered reasons)
+    locks.py        row_lock, lock_report, kill_connection, latest_deadlock (who holds job rows)
 
 Each function there takes the Connection it runs on and is just its transaction (see
 `db.transaction`, retried on deadlocks, lock-wait timeouts and lost connections); it returns what
@@ -50,6 +52,7 @@ from ..validation import NewJob
 from . import claim as _claim
 from . import enqueue as _enqueue
 from . import leases as _leases
+from . import locks as _locks
 from . import maintenance as _maintenance
 from . import operator as _operator
 from . import queues as _queues
@@ -57,6 +60,8 @@ from . import recurring as _recurring
 from . import retention as _retention
 from .claim import (classify_empty, classify_row, classify_statement, ensure_keys, explain_claim, flavour,
                     paused_queues, pick_statement, read_only_flags, ready_queues)
+from .explain import explain
+from .locks import LockReport, RowLock, Transaction, latest_deadlock, lock_report, row_lock
 from .maintenance import PROMOTE_BATCH, REAP_BATCH, ReapResult, Reclaimed, prune_history
 from .operator import BULK_ELIGIBLE, SEARCH_WINDOW, ActionResult, BulkResult, JobFilter, list_audit
 from .processes import heartbeat, list_processes, mark_stopped, register_process
@@ -316,6 +321,26 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
     return result
 
 
+# --- locks ----------------------------------------------------------------------------------------
+
+def kill_connection(conn: Connection, connection_id: int, *, actor: str) -> Transaction:
+    """End a connection that holds job_queue rows (KILL CONNECTION), audited; InvalidState for
+    any other connection."""
+    try:
+        found = _locks.kill_connection(conn, connection_id, actor=actor)
+    except InvalidState as exc:
+        metrics.OPERATOR_ACTIONS.labels(action="kill", outcome="refused").inc()
+        event(log, logging.INFO, "operator_refused", action="kill", connection_id=connection_id, actor=actor,
+              reason=str(exc))
+        raise
+    metrics.OPERATOR_ACTIONS.labels(action="kill", outcome="ok").inc()
+    event(log, logging.WARNING, "operator_kill", connection_id=connection_id, actor=actor, account=found.account,
+          jobs=",".join(map(str, found.jobs)) or None, age_seconds=found.age_seconds)
+    if found.jobs:
+        wakeup.notify()   # the rows it held are claimable again
+    return found
+
+
 # --- queues: pause and resume ----------------------------------------------------------------------
 
 def pause_queue(conn: Connection, queue: str, *, actor: str) -> QueueState:
@@ -394,7 +419,8 @@ def prune(conn: Connection, *, done_days: float | None, failed_days: float | Non
 
 __all__ = [
     "ActionResult", "BULK_ELIGIBLE", "BulkResult", "COUNT_CAP", "DueRuns", "JobFilter", "JobPage",
-    "LoginGate", "PRUNE_BATCH", "PruneCounts", "QueueState", "QueueSummary", "ReapResult", "Reclaimed",
+    "LockReport", "LoginGate", "RowLock", "Transaction", "explain", "kill_connection", "latest_deadlock",
+    "lock_report", "row_lock", "PRUNE_BATCH", "PruneCounts", "QueueState", "QueueSummary", "ReapResult", "Reclaimed",
     "ReplicaLag", "SEARCH_WINDOW", "SessionState", "ThrottleKey", "ThrottleRule", "activity", "bulk_action",
     "cancel_job", "claim", "claim_cycle", "classify_empty", "classify_row", "classify_statement", "complete",
     "complete_many", "complete_with", "count_by_status", "count_matching", "database_now", "distinct_values",
