@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .core.client import JobQueue, set_default
-    from .core.models import Enqueued, Job, Status
+    from .core.models import Enqueued, Explanation, Job, Reason, Status
     from .core.tasks import JobContext, task
 
-__all__ = ["Enqueued", "Job", "JobContext", "JobQueue", "Status", "create_app", "set_default", "task"]
+__all__ = ["Enqueued", "Explanation", "Job", "JobContext", "JobQueue", "Reason", "Status", "create_app", "set_default", "task"]
 
 _LAZY = {"JobQueue": "webapp.core.client", "set_default": "webapp.core.client", "task": "webapp.core.tasks",
          "JobContext": "webapp.core.tasks", "Enqueued": "webapp.core.models", "Job": "webapp.core.models",
+         "Explanation": "webapp.core.models", "Reason": "webapp.core.models",
          "Status": "webapp.core.models"}
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from webapp import Enqueued, Job, JobContext, JobQueue, Status, set_default, task
+from webapp import Enqueued, Explanation, Job, JobContext, JobQueue, Status, set_default, task
 
 
 @task("send_invoice", queue="billing", max_attempts=10)
@@ -32,5 +32,7 @@ def application(engine: sa.Engine) -> list[int]:
     ready: list[Job] = jq.list(status=Status.READY, queue="billing", limit=10)
     if job is not None and job.status is Status.FAILED:
         jq.requeue(job.id)
+    why: Explanation = jq.explain(first.id)
+    codes: list[str] = [reason.code for reason in why.reasons] + why.codes
     jq.close()
     return [first.id, again.id] + [j.id for j in ready]

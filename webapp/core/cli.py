@@ -548,6 +548,28 @@ def show(ctx: click.Context, job_id: int, as_json: bool, database_url: str | Non
 
 
 @main.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help='{"job_id", "status", "reasons": [{"code", "detail", ...}]}')
+@url_option
+@click.pass_context
+@answers_errors
+def explain(ctx: click.Context, job_id: int, as_json: bool, database_url: str | None) -> None:
+    """Why a job is (not) running: its reasons, the main one first (exit 4 when there is no such
+    job). Reads only; waits at most about a second on a held row."""
+    from . import repository
+
+    # Two connections: a held row's holder is named by a probe on a second one.
+    with engine_of(ctx, database_url, pool_size=2).connect() as conn:
+        explanation = repository.explain(conn, job_id)
+    if as_json:
+        print_json(explanation.as_dict())
+        return
+    click.echo(f"job {explanation.job_id}: {explanation.status.value}")
+    for reason in explanation.reasons:
+        click.echo(f"  {reason.code}: {reason.detail}")
+
+
+@main.command()
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of {name, verdict, detail, advice}")
 @click.option("--queue", default="default", show_default=True, help="Queue whose claim plan is EXPLAINed")
 @url_option

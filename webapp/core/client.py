@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Connection, Engine
 
 from . import repository
-from .models import Enqueued, Job, Status
+from .models import Enqueued, Explanation, Job, Status
 from .repository import ActionResult, JobFilter
 from .settings import Settings
 from .tasks import TASKS, Registry
@@ -115,6 +115,12 @@ class JobQueue:
         job_filter = JobFilter(status=Status(status) if status else None, queue=queue, task=task, key_prefix=key)
         with self.engine.connect() as c:
             return repository.list_jobs(c, job_filter, before_id=before, limit=limit)
+
+    def explain(self, job_id: int) -> Explanation:
+        """Why a job is (not) running: its reasons, the main one first (JobNotFound when there is
+        no such job). Reads only; waits at most about a second on a row another transaction holds."""
+        with self.engine.connect() as c:
+            return repository.explain(c, job_id)
 
     # --- act ---------------------------------------------------------------------------------
 

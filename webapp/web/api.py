@@ -7,6 +7,8 @@ GET  /api/jobs                 ?status, queue, task, key, q, before, limit (<= 5
                                {jobs, next_before, matches, matches_capped, search_window...};
                                400 {error, field} on a bad argument
 GET  /api/jobs/<id>            the job, its result and its attempts
+GET  /api/jobs/<id>/explain    why it is (not) running: {job_id, status, reasons: [{code, detail, ...}]};
+                               404; SQL statement text (locked_by_transaction) only for admin tokens
 GET  /api/stats                counts by queue and status
 POST /api/jobs/<id>/requeue    {"force": bool, "again": bool}: 200, 404, 409 (state, lease still valid:
                                needs force, done: needs again), 423 busy
@@ -160,6 +162,24 @@ def get_job(job_id: int):
     data["attempt_history"] = [{**a, "started_at": iso(a["started_at"]), "finished_at": iso(a["finished_at"])}
                                for a in attempts]
     return jsonify(data)
+
+
+@bp.get("/jobs/<int:job_id>/explain")
+@token_required()
+def explain(job_id: int):
+    # On the primary, never a replica: row locks live there. Waits at most about a second.
+    with db() as conn:
+        try:
+            data = repository.explain(conn, job_id).as_dict()
+        except NotFound as exc:
+            return error(404, str(exc))
+    return jsonify(hide_statements(data) if g.api_token.role != "admin" else data)
+
+
+def hide_statements(explanation: dict[str, Any]) -> dict[str, Any]:
+    """An explanation without other connections' SQL text (it may carry data): for viewers."""
+    return {**explanation, "reasons": [{**r, "statement": None} if "statement" in r else r
+                                       for r in explanation["reasons"]]}
 
 
 @bp.get("/stats")

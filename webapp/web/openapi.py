@@ -10,10 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.models import Status
+from ..core.repository.explain import CODES as EXPLAIN_CODES
 from ..core.validation import (MAX_ATTEMPTS_RANGE, MAX_DELAY_SECONDS, MAX_FILTER_CHARS, MAX_LIST_LIMIT, MAX_REASON_CHARS,
                                MAX_SEARCH_CHARS, PRIORITY_RANGE)
 
 STATUSES = [s.value for s in Status]
+REASON_CODES = list(EXPLAIN_CODES)
 MAX_JOB_ID = 2 ** 63 - 1
 MAX_LIST_ID = 10 ** 18 - 1                  # validation.whole_number: 18 digits at most
 # A listing's text filters: no Cc control character anywhere (validation.job_query, strict).
@@ -117,6 +119,14 @@ PATHS: dict[str, dict[str, Any]] = {
         "operationId": "get_job",
         "parameters": [JOB_ID],
         "responses": {"200": _json(_ref("JobDetail"), "the job"), "401": UNAUTHORIZED,
+                      "404": _error("no such job"), "503": UNAVAILABLE},
+    }},
+    "/api/jobs/{job_id}/explain": {"get": {
+        "summary": "Why a job is (not) running: its reasons, the main one first. Reads only, and waits at most "
+                   "about a second on a row another transaction holds; SQL text only for admin tokens",
+        "operationId": "explain_job",
+        "parameters": [JOB_ID],
+        "responses": {"200": _json(_ref("Explanation"), "the reasons"), "401": UNAUTHORIZED,
                       "404": _error("no such job"), "503": UNAVAILABLE},
     }},
     "/api/jobs/{job_id}/requeue": {"post": _operator_action(
@@ -267,6 +277,17 @@ SCHEMAS: dict[str, Any] = {
         "attempt_history": {"type": "array", "items": {"type": "object", "properties": {
             "attempt": {"type": "integer"}, "worker": {"type": ["string", "null"]}, "started_at": TIMESTAMP,
             "finished_at": TIMESTAMP, "outcome": {"type": "string"}, "error": {"type": ["string", "null"]}}}}}}]},
+    "Explanation": {"type": "object", "required": ["job_id", "status", "reasons"], "properties": {
+        "job_id": {"type": "integer"}, "status": {"enum": STATUSES},
+        "reasons": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["code", "detail"], "properties": {
+                "code": {"enum": REASON_CODES}, "detail": {"type": "string", "minLength": 1},
+                "connection_id": {"type": ["integer", "null"]}, "statement": {"type": ["string", "null"]}},
+            "description": "the facts behind each code are fields beside it: ahead (runnable), run_at "
+                           "(scheduled), ready_at (retry_backoff), since and by (queue_paused), processes "
+                           "(no_live_worker), key and holders (concurrency_limit), connection_id, account, "
+                           "transaction_age_seconds, state, statement (locked_by_transaction), owner, "
+                           "lease_until, owner_alive (lease_held, lease_expired), last_error (terminal)"}}}},
     "ActionResult": {"type": "object", "required": ["id", "before", "after", "changed"], "properties": {
         "id": {"type": "integer"}, "before": {"enum": STATUSES}, "after": {"enum": STATUSES},
         "changed": {"type": "boolean"}}},

@@ -28,6 +28,8 @@ from ..schema import concurrency_key, job_queue, queue_state, worker_process
 from .common import as_datetime, database_now, jq, job_from_row
 from .locks import RowLock, row_lock
 
+CODES = ("runnable", "scheduled", "retry_backoff", "queue_paused", "no_live_worker", "concurrency_limit",
+         "locked_by_transaction", "lease_held", "lease_expired", "attempts_exhausted", "cancelled", "done", "failed")
 AHEAD_CAP = 1000          # ready jobs counted ahead of a runnable one, at most
 ALIVE_SECONDS = 45        # a heartbeat every 15 s: a process silent longer is not counted as live
 REAP_EVERY_MAX = 15       # every live process reaps at least this often (a quarter of its lease, 1..15 s)
@@ -214,4 +216,4 @@ def _first_line(text: str | None, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-__all__ = ["AHEAD_CAP", "explain"]
+__all__ = ["AHEAD_CAP", "CODES", "explain"]
