@@ -139,13 +139,16 @@ def _reasons(job: Job, facts: dict[str, Any], lock: RowLock) -> list[Reason]:
         process = owner.rsplit(":", 1)[0] if owner.rsplit(":", 1)[-1].isdigit() else owner
         proc = next((p for p in processes if p["id"] == process), None)
         owner_alive = proc is not None and _alive(proc, now)
+        heard = (round((now - as_datetime(proc["last_heartbeat"])).total_seconds(), 1)
+                 if proc is not None and proc["stopped_at"] is None else None)
         left = _seconds(job.lease_until, now)
         if left is not None and left > 0:
             heart = "its heartbeat is alive" if owner_alive else "its process is silent or gone"
             out.append(Reason("lease_held", f"Running under {owner}'s lease until {iso(job.lease_until)} "
                               f"({left:.0f} s left); {heart}.",
                               {"owner": owner, "process": process, "lease_until": iso(job.lease_until),
-                               "lease_left_seconds": left, "owner_alive": owner_alive}))
+                               "lease_left_seconds": left, "owner_alive": owner_alive,
+                               "owner_heartbeat_seconds_ago": heard}))
         else:
             if live:
                 by = iso(job.lease_until + timedelta(seconds=REAP_EVERY_MAX)) if job.lease_until else None
@@ -154,10 +157,14 @@ def _reasons(job: Job, facts: dict[str, Any], lock: RowLock) -> list[Reason]:
                 by = None
                 when = "no live process runs the reaper, so it stays until one starts"
             back = "ready" if job.attempts < job.max_attempts else "failed (its attempts are used up)"
-            out.append(Reason("lease_expired", f"{owner}'s lease ran out at {iso(job.lease_until)} and its owner is "
-                              f"{'still heard from' if owner_alive else 'silent or gone'}; {when}, to {back}.",
+            # A live owner renews its leases every third of the lease: one that ran out means the
+            # owner is gone or stuck, whatever its last heartbeat (every 15 s) still says.
+            last = f"last heartbeat {heard:.0f} s ago" if heard is not None else "no heartbeat on record"
+            out.append(Reason("lease_expired", f"{owner}'s lease ran out at {iso(job.lease_until)} without a renewal "
+                              f"(its process: {last}); {when}, to {back}.",
                               {"owner": owner, "process": process, "lease_until": iso(job.lease_until),
-                               "owner_alive": owner_alive, "reaped_by": by, "reaped_to": back.split(" ")[0]}))
+                               "owner_alive": owner_alive, "owner_heartbeat_seconds_ago": heard, "reaped_by": by,
+                               "reaped_to": back.split(" ")[0]}))
 
     if lock.held:
         out.append(_locked(lock))
