@@ -281,11 +281,97 @@ def job_detail(job_id: int):
         attempts = repository.list_attempts(conn, job_id)
         audit = repository.list_audit(conn, job_id=job_id, limit=20)
         now = repository.database_now(conn)
+    explanation = explain_for_page(job_id)
     return render_template("dashboard/job.html", job=job, result=result, attempts=attempts, audit=audit, now=now,
+                           explanation=explanation,
                            payload=json.dumps(job.payload, indent=2, sort_keys=True, ensure_ascii=False),
                            result_json=json.dumps(result["result"], indent=2, sort_keys=True, ensure_ascii=False)
                            if result else None,
                            current_attempt=current_attempt(job, attempts))
+
+
+def explain_for_page(job_id: int) -> dict[str, Any] | None:
+    """The job's explanation as the panel shows it (on the primary: row locks live there); the SQL
+    text of another connection only for admins. None when the job is gone."""
+    try:
+        with db() as conn:
+            data = repository.explain(conn, job_id).as_dict()
+    except JobNotFound:
+        return None
+    if not g.user.can_act:
+        data["reasons"] = [{**r, "statement": None} if "statement" in r else r for r in data["reasons"]]
+    return data
+
+
+@bp.get("/jobs/<int:job_id>/explain")
+@login_required
+def job_explain(job_id: int):
+    """The "Why isn't it running?" panel alone, for its Refresh button."""
+    explanation = explain_for_page(job_id)
+    if explanation is None:
+        abort(404, description=f"job {job_id} not found")
+    return render_template("dashboard/_explain.html", explanation=explanation)
+
+
+# --- locks ----------------------------------------------------------------------------------------
+
+def locks_context() -> dict[str, Any]:
+    with db() as conn:
+        report = repository.lock_report(conn)
+        deadlock, deadlock_unavailable = repository.latest_deadlock(conn) if g.user.can_act else (None, None)
+    lease = extension().settings.core.lease_seconds
+    return {"report": report, "lease_seconds": lease, "deadlock": deadlock,
+            "deadlock_unavailable": deadlock_unavailable, "show_sql": g.user.can_act,
+            "long": {t.connection_id for t in report.transactions if (t.age_seconds or 0) > lease}}
+
+
+@bp.get("/locks")
+@login_required
+def locks():
+    """Every transaction holding or waiting on job_queue rows (on the primary)."""
+    return render_template("dashboard/locks.html", **locks_context())
+
+
+@bp.get("/locks/panel")
+@login_required
+def locks_panel():
+    return render_template("dashboard/_locks.html", **locks_context())
+
+
+def _kill_target(connection_id: int):
+    with db() as conn:
+        report = repository.lock_report(conn)
+    return next((t for t in report.transactions if t.connection_id == connection_id and t.jobs), None)
+
+
+@bp.post("/locks/<int:connection_id>/kill/confirm")
+@admin_required
+def kill_confirm(connection_id: int):
+    """The second confirmation of "Kill connection": what the connection holds, read now. Nothing
+    is done here."""
+    target = _kill_target(connection_id)
+    if target is None:
+        flash(f"Connection {connection_id} holds no job_queue rows now; nothing to kill.", "info")
+        return redirect(url_for("dashboard.locks"))
+    return render_template("dashboard/kill_confirm.html", target=target,
+                           lease_seconds=extension().settings.core.lease_seconds)
+
+
+@bp.post("/locks/<int:connection_id>/kill")
+@admin_required
+def kill(connection_id: int):
+    _require_confirm()
+    try:
+        with db() as conn:
+            found = repository.kill_connection(conn, connection_id, actor=actor())
+    except InvalidState as exc:
+        flash(str(exc), "error")
+    else:
+        jobs = ", ".join(map(str, found.jobs))
+        flash(f"Connection {connection_id} killed; its transaction rolled back"
+              + (f" and job{'s' if len(found.jobs) != 1 else ''} {jobs} can be claimed again." if jobs else "."),
+              "success")
+    return redirect(url_for("dashboard.locks"))
 
 
 @bp.get("/jobs/<int:job_id>/row")

@@ -1,0 +1,182 @@
+"""The lock inspector and the job page's "Why isn't it running?", through the Flask test client on
+MariaDB, with rows held by real second connections."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import pymysql
+import pytest
+import sqlalchemy as sa
+
+from testkit.locks import hold_rows
+from testkit.procs import wait_until
+from testkit.web import VIEWER_TOKEN, api, post
+from webapp.core import repository
+
+
+def enqueue(engine, key):
+    with engine.connect() as conn:
+        return repository.enqueue(conn, "noop", key).id
+
+
+@pytest.fixture
+def held_job(engine):
+    """A ready job whose row a second connection holds (SELECT ... FOR UPDATE, left open)."""
+    enqueue(engine, "free")
+    job_id = enqueue(engine, "held")
+    holder = hold_rows(engine, [job_id])
+    holder_id = holder.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
+    yield job_id, holder_id, holder
+    try:
+        holder.close()
+    except sa.exc.DBAPIError:
+        pass   # killed by the test
+
+
+def test_the_job_page_says_which_connection_holds_its_row(client, held_job):
+    job_id, holder_id, _ = held_job
+    page = client.get(f"/jobs/{job_id}").get_data(as_text=True)
+    assert "Why isn&#39;t it running?" in page or "Why isn't it running?" in page
+    assert "locked_by_transaction" in page and f"Connection {holder_id} " in page
+    assert f'href="/locks#connection-{holder_id}"' in page
+    panel = client.get(f"/jobs/{job_id}/explain")
+    assert panel.status_code == 200 and f"Connection {holder_id} " in panel.get_data(as_text=True)
+    assert client.get("/jobs/99999/explain").status_code == 404
+
+
+def test_the_locks_page_lists_the_holder_and_killing_it_frees_the_job(client, engine, held_job):
+    job_id, holder_id, holder = held_job
+    page = client.get("/locks").get_data(as_text=True)
+    row = re.search(rf'<tr id="connection-{holder_id}".*?</tr>', page, re.S).group(0)
+    assert f'href="/jobs/{job_id}"' in row and "root@" in row and "Kill connection" in row
+    assert 'href="/locks"' in client.get("/").get_data(as_text=True)            # in the nav
+
+    # Two confirmations: the button's dialog, then the server's page naming what it holds.
+    confirm = post(client, f"/locks/{holder_id}/kill/confirm", htmx=False)
+    assert confirm.status_code == 200
+    text = confirm.get_data(as_text=True)
+    assert f"Kill connection {holder_id}" in text and str(job_id) in text and 'name="confirm" value="yes"' in text
+    assert post(client, f"/locks/{holder_id}/kill", htmx=False).status_code == 400   # no confirm: nothing done
+    with engine.connect() as conn:
+        assert repository.row_lock(conn, job_id).held
+
+    done = post(client, f"/locks/{holder_id}/kill", {"confirm": "yes"}, htmx=False)
+    assert done.status_code == 302
+    with engine.connect() as conn:
+        wait_until(lambda: not repository.row_lock(conn, job_id).held, message="row let go")
+        claimed = repository.claim(conn, "w:1", 2, ["default"], lease_seconds=30)
+        assert job_id in [c.job.id for c in claimed]
+        (audit,) = [a for a in repository.list_audit(conn, limit=5) if a["action"] == "kill"]
+    assert audit["actor"] == "web:alice" and audit["job_id"] == job_id
+    assert f"connection {holder_id}" in audit["selection"]
+    assert "No transaction holds" in client.get("/locks").get_data(as_text=True)
+
+
+def test_a_viewer_sees_the_holder_but_no_sql_and_cannot_kill(viewer, held_job):
+    job_id, holder_id, _ = held_job
+    page = viewer.get("/locks").get_data(as_text=True)
+    assert f'id="connection-{holder_id}"' in page
+    assert "Kill connection" not in page and "Latest deadlock" not in page
+    assert post(viewer, f"/locks/{holder_id}/kill/confirm", htmx=False).status_code == 403
+    assert post(viewer, f"/locks/{holder_id}/kill", {"confirm": "yes"}, htmx=False).status_code == 403
+
+
+def test_another_connection_is_not_killed_from_the_page(client, engine):
+    enqueue(engine, "a")
+    idle = engine.connect()
+    try:
+        idle_id = idle.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
+        response = post(client, f"/locks/{idle_id}/kill", {"confirm": "yes"}, htmx=False)
+        assert response.status_code == 302
+        assert idle.exec_driver_sql("SELECT 1").scalar() == 1
+    finally:
+        idle.close()
+
+
+def _waiting_statement(mysql_url_parts, job_id, started: threading.Event):
+    """A third connection waiting for the held row, with SQL text that says whose it is."""
+    conn = pymysql.connect(**mysql_url_parts)
+    cur = conn.cursor()
+    cur.execute("SET SESSION innodb_lock_wait_timeout = 20")
+    started.set()
+    try:
+        cur.execute(f"SELECT id /* secret-marker */ FROM job_queue WHERE id = {int(job_id)} FOR UPDATE")
+    except pymysql.err.Error:
+        pass
+    finally:
+        conn.rollback()
+        conn.close()
+
+
+def test_sql_text_is_for_admins_only(client, viewer, engine, held_job):
+    job_id, holder_id, holder = held_job
+    url = engine.url
+    parts = dict(host=url.host, port=url.port or 3306, user=url.username, password=url.password or "",
+                 database=url.database)
+    started = threading.Event()
+    waiter = threading.Thread(target=_waiting_statement, args=(parts, job_id, started), daemon=True)
+    waiter.start()
+    try:
+        started.wait(5)
+        with engine.connect() as conn:
+            wait_until(lambda: any(t.waiting_for for t in repository.lock_report(conn).transactions),
+                       message="the waiter shows")
+        assert "secret-marker" in client.get("/locks").get_data(as_text=True)
+        assert "secret-marker" not in viewer.get("/locks").get_data(as_text=True)
+    finally:
+        holder.rollback()        # the waiter gets the row, then lets go
+        waiter.join(25)
+
+
+def test_the_explain_api(client, held_job):
+    job_id, holder_id, _ = held_job
+    answer = api(client, "GET", f"/api/jobs/{job_id}/explain")
+    assert answer.status_code == 200
+    data = answer.get_json()
+    assert data["job_id"] == job_id and data["status"] == "ready"
+    assert data["reasons"][0]["code"] == "locked_by_transaction" and data["reasons"][0]["connection_id"] == holder_id
+    assert "statement" in data["reasons"][0]
+    seen = api(client, "GET", f"/api/jobs/{job_id}/explain", token=VIEWER_TOKEN).get_json()
+    assert seen["reasons"][0]["connection_id"] == holder_id and seen["reasons"][0]["statement"] is None
+    assert api(client, "GET", "/api/jobs/99999/explain").status_code == 404
+
+
+def test_the_latest_deadlock_is_shown_to_admins(client, viewer, engine):
+    a_id, b_id = enqueue(engine, "a"), enqueue(engine, "b")
+    a, b = engine.connect(), engine.connect()
+    lock = "SELECT id FROM job_queue WHERE id = {} FOR UPDATE"
+    outcome: list[BaseException | None] = []
+    try:
+        a.begin()
+        b.begin()
+        a.exec_driver_sql(lock.format(a_id))
+        b.exec_driver_sql(lock.format(b_id))
+
+        def a_takes_b():
+            try:
+                a.exec_driver_sql(lock.format(b_id))
+                outcome.append(None)
+            except sa.exc.DBAPIError as exc:
+                outcome.append(exc)
+
+        t = threading.Thread(target=a_takes_b)
+        t.start()
+        with engine.connect() as conn:
+            wait_until(lambda: any(tr.waiting_for for tr in repository.lock_report(conn).transactions),
+                       message="a waits for b")
+        try:
+            b.exec_driver_sql(lock.format(a_id))     # the cycle: one of the two is chosen as the victim
+        except sa.exc.DBAPIError as exc:
+            outcome.append(exc)
+        b.rollback()
+        t.join(10)
+        a.rollback()
+    finally:
+        a.close()
+        b.close()
+    assert any(e is not None and e.orig.args[0] == 1213 for e in outcome)
+    page = client.get("/locks").get_data(as_text=True)
+    assert "Latest deadlock" in page and "TRANSACTION" in page
+    assert "Latest deadlock" not in viewer.get("/locks").get_data(as_text=True)
