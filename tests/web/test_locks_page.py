@@ -180,3 +180,34 @@ def test_the_latest_deadlock_is_shown_to_admins(client, viewer, engine):
     page = client.get("/locks").get_data(as_text=True)
     assert "Latest deadlock" in page and "TRANSACTION" in page
     assert "Latest deadlock" not in viewer.get("/locks").get_data(as_text=True)
+
+
+def test_the_overview_counts_deadlocks_and_lock_wait_timeouts_per_minute(client, engine):
+    from webapp.web.dashboard import LOCK_MINUTES, LockCounterMinutes
+
+    LOCK_MINUTES.__init__()                      # this process's samples start now
+    assert "deadlocks (server)" in client.get("/").get_data(as_text=True)
+    job_id = enqueue(engine, "t")
+    holder = hold_rows(engine, [job_id])
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1")
+            with pytest.raises(sa.exc.OperationalError):
+                conn.exec_driver_sql(f"SELECT id FROM job_queue WHERE id = {job_id} FOR UPDATE")
+            conn.invalidate()                  # not back into the pool with a 1 s lock wait
+    finally:
+        holder.close()
+    page = client.get("/overview/panels").get_data(as_text=True)
+    count = re.search(r"lock-wait timeouts \(server\): <strong[^>]*>([\d,]+)</strong>", page).group(1)
+    assert int(count.replace(",", "")) >= 1
+
+    # The sums per minute, from running totals sampled at any moments.
+    from datetime import datetime, timedelta
+    history, t0 = LockCounterMinutes(minutes=3), datetime(2026, 1, 1, 12, 0, 10)
+    assert history.record(t0, {"deadlocks": 5, "lock_timeouts": 9}) == [
+        {"minute": t0.replace(second=0), "deadlocks": 0, "lock_timeouts": 0}]
+    history.record(t0 + timedelta(seconds=20), {"deadlocks": 7, "lock_timeouts": 9})
+    rows = history.record(t0 + timedelta(minutes=2), {"deadlocks": 8, "lock_timeouts": 12})
+    assert [(r["deadlocks"], r["lock_timeouts"]) for r in rows] == [(2, 0), (1, 3)]
+    rows = history.record(t0 + timedelta(minutes=4), None)          # the oldest minute drops out
+    assert [(r["deadlocks"], r["lock_timeouts"]) for r in rows] == [(1, 3)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,7 +39,40 @@ EPOCH = datetime(1970, 1, 1)
 ACTIVITY_CHARTS = {"empty_idle": "empty claims: idle", "empty_contended": "empty claims: contended",
                    "empty_waiting": "empty claims: waiting on leases", "skipped": "ready rows skipped (locked)",
                    "reclaimed": "reclaimed by the reaper", "lease_lost": "leases lost", "retried": "retries",
-                   "sql_errors": "SQL errors"}
+                   "sql_errors": "SQL errors", "deadlocks": "deadlocks (server)",
+                   "lock_timeouts": "lock-wait timeouts (server)"}
+
+
+class LockCounterMinutes:
+    """Per-minute deadlocks and lock-wait timeouts, from the server's running totals (InnoDB's
+    counters, every client's) as this web process samples them at each overview refresh. Each
+    process keeps its own samples, so a process that just started shows only the minutes since;
+    a minute with no sample adds its count to the next one sampled."""
+
+    def __init__(self, minutes: int = CHART_MINUTES):
+        self.minutes = minutes
+        self.last: dict[datetime, dict[str, int]] = {}    # minute -> the totals last seen in it
+        self.before: dict[str, int] | None = None          # the totals before the oldest minute kept
+        self._lock = threading.Lock()
+
+    def record(self, now: datetime, totals: dict[str, int] | None) -> list[dict[str, Any]]:
+        """Add a sample; the per-minute counts of the minutes kept, as the activity rows."""
+        minute = now.replace(second=0, microsecond=0)
+        with self._lock:
+            if totals is not None:
+                if self.before is None:
+                    self.before = dict(totals)      # the first sample: counts start from here
+                self.last[minute] = dict(totals)
+            for old in sorted(m for m in self.last if m <= minute - timedelta(minutes=self.minutes)):
+                self.before = self.last.pop(old)
+            out, previous = [], self.before
+            for m in sorted(self.last):
+                out.append({"minute": m, **{k: max(0, v - (previous or {}).get(k, v)) for k, v in self.last[m].items()}})
+                previous = self.last[m]
+            return out
+
+
+LOCK_MINUTES = LockCounterMinutes()
 
 
 def is_htmx() -> bool:
@@ -122,7 +156,10 @@ def overview_context() -> dict[str, Any]:
         by_operator = repository.operator_failures(conn, since)
         processes, _ = repository.list_processes(conn, limit=20)
         audit = repository.list_audit(conn, limit=5)
-    minutes = add_operator_failures(minutes, by_operator)
+    with db() as conn:
+        # The primary's own counters: a replica's would not count the primary's deadlocks.
+        lock_minutes = LOCK_MINUTES.record(now, repository.lock_counters(conn))
+    minutes = add_lock_counts(add_operator_failures(minutes, by_operator), lock_minutes)
     held = held_by_process(running)
     totals = {s.value: sum(q["counts"][s.value] for q in summaries) for s in Status}
     return {
@@ -144,6 +181,14 @@ def add_operator_failures(minutes: list[dict[str, Any]], by_operator: dict[datet
     for minute, n in by_operator.items():
         out.setdefault(minute, {"minute": minute})
         out[minute]["failed"] = out[minute].get("failed", 0) + n
+    return [out[k] for k in sorted(out)]
+
+
+def add_lock_counts(minutes: list[dict[str, Any]], lock_minutes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = {m["minute"]: dict(m) for m in minutes}
+    for row in lock_minutes:
+        out.setdefault(row["minute"], {"minute": row["minute"]}).update(
+            {k: v for k, v in row.items() if k != "minute"})
     return [out[k] for k in sorted(out)]
 
 

@@ -16,7 +16,7 @@ verb. The worker loop, the reaper, the dashboard, the CLI and the HTTP API all c
     sessions.py     start_session, session_state, end_session(s), login_attempt, ... (sign-in state)
     replicas.py     replica_lag                        (for pages that read from a replica)
     explain.py      explain                            (why a job is not running: ordered reasons)
-    locks.py        row_lock, lock_report, kill_connection, latest_deadlock (who holds job rows)
+    locks.py        row_lock, lock_report, kill_connection, latest_deadlock, lock_counters (job row locks)
 
 Each function there takes the Connection it runs on and is just its transaction (see
 `db.transaction`, retried on deadlocks, lock-wait timeouts and lost connections); it returns what
@@ -61,7 +61,7 @@ from . import retention as _retention
 from .claim import (classify_empty, classify_row, classify_statement, ensure_keys, explain_claim, flavour,
                     paused_queues, pick_statement, read_only_flags, ready_queues)
 from .explain import explain
-from .locks import LockReport, RowLock, Transaction, latest_deadlock, lock_report, row_lock
+from .locks import LockReport, RowLock, Transaction, latest_deadlock, lock_counters, lock_report, row_lock
 from .maintenance import PROMOTE_BATCH, REAP_BATCH, ReapResult, Reclaimed, prune_history
 from .operator import BULK_ELIGIBLE, SEARCH_WINDOW, ActionResult, BulkResult, JobFilter, list_audit
 from .processes import heartbeat, list_processes, mark_stopped, register_process
@@ -420,7 +420,7 @@ def prune(conn: Connection, *, done_days: float | None, failed_days: float | Non
 __all__ = [
     "ActionResult", "BULK_ELIGIBLE", "BulkResult", "COUNT_CAP", "DueRuns", "JobFilter", "JobPage",
     "LockReport", "LoginGate", "RowLock", "Transaction", "explain", "kill_connection", "latest_deadlock",
-    "lock_report", "row_lock", "PRUNE_BATCH", "PruneCounts", "QueueState", "QueueSummary", "ReapResult", "Reclaimed",
+    "lock_counters", "lock_report", "row_lock", "PRUNE_BATCH", "PruneCounts", "QueueState", "QueueSummary", "ReapResult", "Reclaimed",
     "ReplicaLag", "SEARCH_WINDOW", "SessionState", "ThrottleKey", "ThrottleRule", "activity", "bulk_action",
     "cancel_job", "claim", "claim_cycle", "classify_empty", "classify_row", "classify_statement", "complete",
     "complete_many", "complete_with", "count_by_status", "count_matching", "database_now", "distinct_values",

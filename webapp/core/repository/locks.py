@@ -368,6 +368,27 @@ def kill_connection(conn: Connection, connection_id: int, *, actor: str) -> Tran
     return found
 
 
+# --- the server's lock counters -------------------------------------------------------------------
+
+_COUNTERS = sa.text("SELECT NAME, `COUNT` FROM information_schema.INNODB_METRICS "
+                    "WHERE NAME IN ('lock_deadlocks', 'lock_timeouts')")
+
+
+def lock_counters(conn: Connection) -> dict[str, int] | None:
+    """The server's deadlocks and lock-wait timeouts since it started (InnoDB's own counters,
+    every client's, on MySQL 8.0 and MariaDB alike): {"deadlocks", "lock_timeouts"}, or None
+    where they cannot be read (SQLite, no PROCESS privilege)."""
+    if not is_mysql(conn):
+        return None
+    try:
+        rows = dict(transaction(conn, lambda c: c.execute(_COUNTERS).all(), what="lock_counters"))
+    except DBAPIError as exc:
+        if error_code(exc) in ER_ACCESS_DENIED:
+            return None
+        raise
+    return {"deadlocks": int(rows.get("lock_deadlocks", 0)), "lock_timeouts": int(rows.get("lock_timeouts", 0))}
+
+
 # --- deadlocks -------------------------------------------------------------------------------------
 
 _DEADLOCK = re.compile(r"LATEST DETECTED DEADLOCK\n-+\n(.*?)\n-+\n[A-Z /]+\n-+\n", re.S)
@@ -397,4 +418,4 @@ def latest_deadlock(conn: Connection) -> tuple[str | None, str | None]:
 
 
 __all__ = ["LockReport", "RowLock", "Transaction", "deadlock_section", "job_of_lock", "kill_connection",
-           "latest_deadlock", "lock_report", "row_lock"]
+           "latest_deadlock", "lock_counters", "lock_report", "row_lock"]

@@ -1,0 +1,132 @@
+"""The lock inspector on MySQL 8.0 without a MySQL 8.0 server: its answers, recorded (as 8.0.36
+gives them), against our reading of them. MySQL has no INNODB_LOCKS / INNODB_LOCK_WAITS; it lists
+every record lock in performance_schema.data_locks, so no waiting probe is needed there."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pymysql
+import pytest
+from sqlalchemy.dialects import mysql
+from sqlalchemy.exc import OperationalError
+
+from webapp.core.repository import locks
+
+# performance_schema.data_locks joined to threads: (PROCESSLIST_ID, INDEX_NAME, LOCK_DATA, LOCK_STATUS).
+# Connection 41 holds job 12 by primary key and job 13 through ix_ready_pick (a claim-like read);
+# connection 57 waits for job 12; the supremum pseudo-record names no job.
+DATA_LOCKS = [
+    (41, "PRIMARY", "12", "GRANTED"),
+    (41, "ix_ready_pick", "'ready', 'default', 0, 13", "GRANTED"),
+    (41, "PRIMARY", "13", "GRANTED"),
+    (41, "ix_ready_pick", "supremum pseudo-record", "GRANTED"),
+    (57, "PRIMARY", "12", "WAITING"),
+]
+# information_schema.INNODB_TRX joined to threads and events_statements_current.
+TRX = [
+    (41, "app", "10.0.0.7", datetime(2026, 12, 2, 9, 0, 0), 754, "RUNNING", "Sleep", None,
+     "SELECT * FROM job_queue WHERE id IN (12, 13) FOR UPDATE", 3),
+    (41, "app", "10.0.0.7", datetime(2026, 12, 2, 9, 0, 0), 754, "RUNNING", "Sleep", None, "SELECT 1", 3),
+    (57, "ops", "bastion", datetime(2026, 12, 2, 9, 12, 30), 4, "LOCK WAIT", "Query", "executing",
+     "UPDATE job_queue SET status = 'failed' WHERE id = 12", 1),
+]
+STATUS = """
+=====================================
+2026-12-02 09:12:34 0x7f01 INNODB MONITOR OUTPUT
+=====================================
+------------------------
+LATEST DETECTED DEADLOCK
+------------------------
+2026-12-02 09:10:01 140646
+*** (1) TRANSACTION:
+TRANSACTION 4211, ACTIVE 0 sec starting index read
+*** (2) TRANSACTION:
+TRANSACTION 4212, ACTIVE 0 sec starting index read
+*** WE ROLL BACK TRANSACTION (2)
+------------
+TRANSACTIONS
+------------
+Trx id counter 4300
+"""
+
+
+class Result:
+    def __init__(self, rows):
+        self.rows = rows
+
+    def all(self):
+        return list(self.rows)
+
+    def first(self):
+        return self.rows[0] if self.rows else None
+
+
+class MySQL80:
+    """A connection that answers as MySQL 8.0.36 does, and remembers what it was sent."""
+
+    class dialect:
+        name = "mysql"
+        is_mariadb = False
+
+    def __init__(self):
+        self.sent: list[str] = []
+
+    def execute(self, stmt, params=None):
+        sql = str(stmt.compile(dialect=mysql.dialect()))
+        self.sent.append(sql)
+        if sql.endswith("FOR UPDATE NOWAIT"):
+            raise OperationalError(sql, {}, pymysql.err.OperationalError(
+                3572, "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set."))
+        if "performance_schema.data_locks" in sql:
+            return Result(DATA_LOCKS)
+        if "information_schema.INNODB_TRX" in sql:
+            return Result([r for r in TRX if r[0] in params["ids"]])
+        raise AssertionError(f"unexpected statement: {sql}")
+
+    def exec_driver_sql(self, sql):
+        self.sent.append(sql)
+        assert sql == "SHOW ENGINE INNODB STATUS"
+        return Result([("InnoDB", "", STATUS)])
+
+    def in_transaction(self):
+        return False
+
+    def rollback(self):
+        pass
+
+
+@pytest.mark.parametrize("index, data, job", [
+    ("PRIMARY", "12", 12), ("ix_ready_pick", "'ready', 'default', 0, 13", 13),
+    ("ix_due", "'scheduled', '2026-12-02 09:00:00.000000', 'default', 77", 77),
+    ("PRIMARY", "supremum pseudo-record", None), ("PRIMARY", None, None),
+])
+def test_the_job_of_a_record_lock(index, data, job):
+    assert locks.job_of_lock(index, data) == job
+
+
+def test_who_holds_a_row_is_read_from_data_locks_without_waiting():
+    conn = MySQL80()
+    lock = locks.row_lock(conn, 12)
+    assert conn.sent[0].endswith("FOR UPDATE NOWAIT")                       # tried first, refused (3572)
+    assert lock.held and [t.connection_id for t in lock.holders] == [41]     # the waiter 57 holds nothing
+    holder = lock.holders[0]
+    assert (holder.account, holder.age_seconds, holder.rows_locked) == ("app@10.0.0.7", 754.0, 3)
+    assert holder.statement.startswith("SELECT * FROM job_queue WHERE id IN (12, 13)")   # its last statement
+    assert not any("INNODB_LOCK" in s for s in conn.sent)        # MySQL 8.0 has no such tables
+    assert any("events_statements_current" in s for s in conn.sent)
+
+
+def test_the_inspector_on_mysql80_lists_holders_and_waiters():
+    report = locks.lock_report(MySQL80())
+    by_id = {t.connection_id: t for t in report.transactions}
+    assert by_id[41].jobs == (12, 13) and by_id[41].waiting_for == ()
+    assert by_id[57].jobs == () and by_id[57].waiting_for == (12,) and by_id[57].waiting
+    assert by_id[57].statement.startswith("UPDATE job_queue")
+
+
+def test_the_latest_deadlock_section():
+    text, why = locks.latest_deadlock(MySQL80())
+    assert why is None and text.startswith("2026-12-02 09:10:01") and "WE ROLL BACK TRANSACTION (2)" in text
+    assert "Trx id counter" not in text
+    assert locks.deadlock_section("no deadlock here") is None
