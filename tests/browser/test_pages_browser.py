@@ -73,7 +73,7 @@ def test_every_page_is_accessible_in_light_dark_and_narrow(busy_server, browser)
     server, failed = busy_server
     pages = {"overview": "/", "jobs": "/jobs", "jobs failed": "/jobs?status=failed",
              "search": "/jobs?q=recipients", "failed job": f"/jobs/{failed}", "workers": "/workers",
-             "audit": "/audit", "health": "/health", "not found": "/jobs/999999"}
+             "audit": "/audit", "health": "/health", "locks": "/locks", "not found": "/jobs/999999"}
     problems: dict[str, list] = {}
     for scheme in ("light", "dark"):
         watched = sign_in(browser, server.base, color_scheme=scheme)
@@ -114,7 +114,7 @@ def test_narrow_screen_keeps_the_navigation(busy_server, browser):
     server, _ = busy_server
     watched = sign_in(browser, server.base, viewport={"width": 390, "height": 844})
     page = watched.page
-    for path in ("/", "/jobs", "/workers", "/audit", "/health"):
+    for path in ("/", "/jobs", "/workers", "/audit", "/health", "/locks"):
         page.goto(server.base + path)
         page.wait_for_timeout(200)
         width = page.evaluate("document.documentElement.scrollWidth")

@@ -50,6 +50,19 @@ def test_the_queue_runs_on_least_privilege_and_doctor_warns_about_the_rest(throw
     try:
         c = app.test_client()
         assert login(c).status_code == 302 and c.get("/jobs").status_code == 200
+        # Other connections' transactions need PROCESS: the Locks page and explain say so.
+        assert c.get("/").status_code == 200
+        assert "needs the PROCESS privilege" in c.get("/locks").get_data(as_text=True)
+        held = json.loads(jobqueue(app_url, "enqueue", "noop", "--key", "lp-held").stdout)["id"]
+        holder = pymysql.connect(host=server.host, port=server.port, user="root", database="jq")
+        try:
+            holder.cursor().execute(f"SELECT id FROM job_queue WHERE id = {held} FOR UPDATE")
+            out = jobqueue(app_url, "explain", str(held), "--json")
+            assert out.returncode == 0, out.stderr
+            locked = json.loads(out.stdout)["reasons"]
+            assert locked[0]["code"] == "locked_by_transaction" and "PROCESS" in locked[0]["unknown_why"]
+        finally:
+            holder.close()
         assert c.post("/logout", data={"csrf_token": csrf_token(c)}).status_code == 302
     finally:
         app.extensions["jobqueue"].engine.dispose()

@@ -132,7 +132,10 @@ def row_lock(conn: Connection, job_id: int) -> RowLock:
         if kind == "mysql":
             ids = {cid for cid, job, granted in _mysql_record_locks(conn) if job == job_id and granted}
         else:
-            ids = set(_probe(conn, job_id))
+            blockers = _probe(conn, job_id)
+            if blockers is None:
+                return RowLock(False)
+            ids = set(blockers)
         if not ids:
             return RowLock(True, unknown_why="it was let go, or its holder could not be read, while we looked")
         return RowLock(True, tuple(_details(conn, kind, ids, jobs={cid: (job_id,) for cid in ids})))
@@ -145,10 +148,10 @@ def row_lock(conn: Connection, job_id: int) -> RowLock:
             conn.rollback()
 
 
-def _probe(conn: Connection, job_id: int) -> list[int]:
+def _probe(conn: Connection, job_id: int) -> list[int] | None:
     """MariaDB: the connection ids that block a FOR UPDATE on the row, read from the lock-wait
     tables while a probe connection waits for it (at most PROBE_SECONDS; ended as soon as the
-    blockers are read). The probe connection is thrown away afterwards, so its session setting
+    blockers are read); None when the probe got the row at once (nobody holds it any more). The probe connection is thrown away afterwards, so its session setting
     and a late KILL QUERY never reach another user of the pool."""
     probe = conn.engine.connect()
     try:
@@ -156,10 +159,12 @@ def _probe(conn: Connection, job_id: int) -> list[int]:
         probe.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {PROBE_SECONDS}")
         probe.commit()
         done = threading.Event()
+        got: list[bool] = []
 
         def wait_for_row() -> None:
             try:
                 probe.execute(sa.select(jq.id).where(jq.id == job_id).with_for_update()).first()
+                got.append(True)
             except Exception:   # noqa: BLE001 - 1205 after PROBE_SECONDS, 1317 when we end it: expected
                 pass
             finally:
@@ -181,6 +186,8 @@ def _probe(conn: Connection, job_id: int) -> list[int]:
                 if error_code(exc) != ER_UNKNOWN_THREAD:
                     raise
         thread.join(PROBE_SECONDS + 1)
+        if got and not blockers:
+            return None   # the row was let go (a claim's or a completion's moment) before we looked
         return blockers
     finally:
         probe.invalidate()
@@ -333,7 +340,7 @@ def _mariadb_report(c: Connection) -> LockReport:
             unattributed.append(job)
             continue
         probes += 1
-        for blocker in _probe(c, job):
+        for blocker in _probe(c, job) or ():
             holds.setdefault(blocker, set()).add(job)
     report = _details(c, "mariadb", set(holds) | set(waits), jobs=holds, waiting=waits)
     return LockReport(report, unattributed)
