@@ -29,11 +29,12 @@ class Config:
     procs: int
     threads: int
     batch: int = 0       # raw loop's claim size; ours claims up to its idle threads
+    prefetch: int = 0    # ours: --prefetch (jobs claimed ahead of a free thread)
 
     @property
     def key(self) -> str:
         if self.kind == "ours":
-            return f"ours p{self.procs} t{self.threads}"
+            return f"ours p{self.procs} t{self.threads}" + (f" f{self.prefetch}" if self.prefetch else "")
         return f"raw p{self.procs} t{self.threads} b{self.batch}"
 
     @property
@@ -41,12 +42,15 @@ class Config:
         procs = f"{self.procs} processes x " if self.procs > 1 else ""
         threads = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
         if self.kind == "ours":
+            if self.prefetch:
+                return f"jobqueue worker, {procs}{threads}, --prefetch {self.prefetch}"
             return f"jobqueue worker, {procs}{threads} (claims <= idle threads)"
         return f"raw loop, {procs}{threads}, claim {self.batch}"
 
     def cmds(self, url: str) -> list[list[str]]:
         if self.kind == "ours":
-            return [common.worker_cmd(url, self.threads)] * self.procs
+            extra = ["--prefetch", str(self.prefetch)] if self.prefetch else []
+            return [common.worker_cmd(url, self.threads, *extra)] * self.procs
         return [[sys.executable, "-m", "bench.raw_loop", "--url", url, "--threads", str(self.threads),
                  "--batch", str(self.batch)]] * self.procs
 
@@ -91,6 +95,8 @@ WHOLE = [
 ]
 # Shapes our worker cannot take (its claim is capped by its idle threads): for reference.
 REFERENCE = [
+    # Prefetch: as many jobs in flight as the raw loop claiming 4 on 4 threads has.
+    ("4 threads + prefetch 4, raw claim 4", Config("ours", 1, 4, prefetch=4), Config("raw", 1, 4, 4)),
     ("8 threads, raw claim 10", Config("ours", 1, 8), Config("raw", 1, 8, 10)),
     ("8 threads, raw claim 50", Config("ours", 1, 8), Config("raw", 1, 8, 50)),
     ("2 processes x 8 threads, raw claim 8", Config("ours", 2, 8), Config("raw", 2, 8, 8)),
@@ -103,7 +109,7 @@ REFERENCE = [
 
 def run(ctx) -> dict[str, Any]:
     jobs = ctx.jobs
-    points = GATED + (REFERENCE if not ctx.quick else REFERENCE[1:2])
+    points = GATED + (REFERENCE if not ctx.quick else REFERENCE[:1])
     configs: list[Config] = []
     for _, ours, raw in points:
         for c in (ours, raw):
