@@ -32,5 +32,8 @@ def application(engine: sa.Engine) -> list[int]:
     ready: list[Job] = jq.list(status=Status.READY, queue="billing", limit=10)
     if job is not None and job.status is Status.FAILED:
         jq.requeue(job.id)
+    elif job is not None and job.status is Status.READY:
+        cancelled: Status | None = jq.cancel(job.id, "not needed", actor="app:billing").after
+        assert cancelled is Status.CANCELLED
     jq.close()
     return [first.id, again.id] + [j.id for j in ready]
