@@ -146,7 +146,7 @@ def openapi_document():
     return jsonify(openapi.document(TASKS.names(), keyed))
 
 
-@bp.get("/jobs/<int:job_id>")
+@bp.get("/jobs/<bigint:job_id>")
 @token_required()
 def get_job(job_id: int):
     with db() as conn:
@@ -188,7 +188,7 @@ def _operator(job_id: int, action):
                     "changed": result.changed})
 
 
-@bp.post("/jobs/<int:job_id>/requeue")
+@bp.post("/jobs/<bigint:job_id>/requeue")
 @token_required(admin=True)
 def requeue(job_id: int):
     body = json_object(fields={"force", "again"}, required=False)
@@ -200,7 +200,7 @@ def requeue(job_id: int):
                                                                  actor=_actor()))
 
 
-@bp.post("/jobs/<int:job_id>/fail")
+@bp.post("/jobs/<bigint:job_id>/fail")
 @token_required(admin=True)
 def fail(job_id: int):
     try:
@@ -210,7 +210,7 @@ def fail(job_id: int):
     return _operator(job_id, lambda conn: repository.fail_job(conn, job_id, reason, actor=_actor()))
 
 
-@bp.post("/jobs/<int:job_id>/cancel")
+@bp.post("/jobs/<bigint:job_id>/cancel")
 @token_required(admin=True)
 def cancel(job_id: int):
     try:
