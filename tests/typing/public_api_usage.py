@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
+from flask import Flask, Request, session
 from sqlalchemy.orm import Session
 
 from webapp import Enqueued, Job, JobContext, JobQueue, Status, set_default, task
+from webapp.web import init_dashboard
 
 
 @task("send_invoice", queue="billing", max_attempts=10)
@@ -37,3 +39,12 @@ def application(engine: sa.Engine) -> list[int]:
         assert cancelled is Status.CANCELLED
     jq.close()
     return [first.id, again.id] + [j.id for j in ready]
+
+
+def shop(app: Flask) -> None:
+    """The dashboard mounted in the application's own Flask app, behind its own login."""
+
+    def role(req: Request) -> str | None:
+        return "admin" if session.get("staff") == "ada" else None
+
+    init_dashboard(app, "/jobs-admin", authorize=role, user_name=lambda req: str(session["staff"]))

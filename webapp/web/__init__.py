@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, Flask, Request
-from jinja2 import FileSystemLoader, PrefixLoader
-from werkzeug.routing import IntegerConverter
+from jinja2 import BaseLoader, FileSystemLoader, PrefixLoader
+from werkzeug.routing import IntegerConverter, Map
 
 from . import api, auth, dashboard, errors, filters, health, security, state
 from .auth import HostAccess
@@ -25,7 +26,7 @@ __all__ = ["create_app", "init_dashboard"]
 
 
 class BigIntConverter(IntegerConverter):
-    def __init__(self, url_map, fixed_digits: int = 0, min: int | None = None, max: int | None = 2 ** 63 - 1,
+    def __init__(self, url_map: Map, fixed_digits: int = 0, min: int | None = None, max: int | None = 2 ** 63 - 1,
                  signed: bool = False):
         super().__init__(url_map, fixed_digits=fixed_digits, min=min, max=max, signed=signed)
 
@@ -44,8 +45,8 @@ class _QueueBlueprint(Blueprint):
     """Its templates are found as "jobqueue/<name>", so a host app's own base.html, error.html or
     auth/login.html never stands in for ours (Flask searches the app's folder first)."""
 
-    @property
-    def jinja_loader(self):
+    @cached_property
+    def jinja_loader(self) -> BaseLoader:
         return PrefixLoader({"jobqueue": FileSystemLoader(_asset_folder("templates"))})
 
 
@@ -74,7 +75,7 @@ def _install(app: Flask, settings: WebSettings, url_prefix: str, access: HostAcc
     app.register_blueprint(bp, url_prefix=url_prefix or None)
 
 
-def create_app(test_config: dict | None = None) -> Flask:
+def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     """Build the app. `test_config` overrides settings by their JOBQUEUE_* names without the
     prefix (DATABASE_URL, USERS, DEV, ...) and Flask config keys."""
     test_config = dict(test_config or {})
