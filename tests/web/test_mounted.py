@@ -156,6 +156,8 @@ def test_the_api_under_the_prefix_takes_bearer_tokens(host):
     assert signed_in(host, "ada").get("/jobs-admin/api/stats").status_code == 401
     missing = client.get("/jobs-admin/api/jobs/999999999", headers={"Authorization": f"Bearer {VIEWER_TOKEN}"})
     assert missing.status_code == 404 and missing.is_json
+    contract = client.get("/jobs-admin/api/openapi.json").json
+    assert contract["servers"] == [{"url": "/jobs-admin"}] and "/api/jobs" in contract["paths"]
 
 
 def test_the_api_works_beside_the_hosts_own_csrf_protection(mysql_url, tmp_path):

@@ -39,7 +39,7 @@ from ..core.tasks import TASKS
 from ..core.validation import check_reason, job_query
 from . import openapi
 from .auth import token_required
-from .state import db
+from .state import db, extension
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 
@@ -143,7 +143,11 @@ def openapi_document():
     """This API's contract (OpenAPI 3.1); public, like any API's documentation."""
     keyed = {name: spec.concurrency_key for name in TASKS.names()
              if (spec := TASKS.get(name)) is not None and spec.concurrency_key is not None}
-    return jsonify(openapi.document(TASKS.names(), keyed))
+    document = openapi.document(TASKS.names(), keyed)
+    if extension().url_prefix:
+        # Mounted in a host app (init_dashboard): the paths are relative to its prefix.
+        document["servers"] = [{"url": extension().url_prefix}]
+    return jsonify(document)
 
 
 @bp.get("/jobs/<bigint:job_id>")
