@@ -224,8 +224,12 @@ def jobqueue_cmd() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "webapp.cli"]
 
 
-def worker_cmd(url: str, concurrency: int, *extra: str, burst: bool = True, tasks: str = "bench.gate_tasks") -> list[str]:
-    return [*jobqueue_cmd(), "--database-url", url, "--log-level", "WARNING", "worker",
+def worker_cmd(url: str, concurrency: int, *extra: str, burst: bool = True, tasks: str = "bench.gate_tasks",
+               log_level: str | None = None) -> list[str]:
+    """`jobqueue worker` as an operator runs it: at the default log level (INFO: one line per
+    finished attempt) unless `log_level` says otherwise."""
+    level = ["--log-level", log_level] if log_level else []
+    return [*jobqueue_cmd(), "--database-url", url, *level, "worker",
             "--concurrency", str(concurrency), *(["--burst"] if burst else []), "--tasks", tasks, *extra]
 
 
@@ -272,8 +276,11 @@ class ProcRun:
     cpu_total: list[float] = field(default_factory=list)
     db_cpu_at_gate: float = float("nan")
     db_cpu: float = float("nan")
+    gated: bool = True      # False: no start gate, the clock starts before the first spawn
+    t_spawn: float = 0.0
     t_gate: float = 0.0
     t_end: float = 0.0
+    commits: int | None = None   # COMMITs the processes counted (bench/gate.py), None if any did not
     returncodes: list[int | None] = field(default_factory=list)
 
     def start(self, log_dir: Path, before_open=None) -> None:
@@ -281,13 +288,21 @@ class ProcRun:
         attach a profiler), then open the gate."""
         self._tmp = tempfile.mkdtemp(prefix="gate-", dir=log_dir)
         self.gate = Gate(self._tmp)
-        env = child_env(**self.env, **self.gate.env)
+        self._counts = tempfile.mkdtemp(prefix="counts-", dir=log_dir)
+        env = child_env(**self.env, **(self.gate.env if self.gated else {}), BENCH_COUNT_DIR=self._counts)
         _live_runs.add(self)
+        self.t_spawn = time.perf_counter()
         for i, cmd in enumerate(self.cmds):
             path = log_dir / f"proc-{os.getpid()}-{time.monotonic_ns()}-{i}.log"
             self.logs.append(path)
             with open(path, "w") as fh:
                 self.procs.append(subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO))
+        if not self.gated:
+            self.cpu_at_gate = [0.0] * len(self.procs)
+            pid = mariadbd_pid()
+            self.db_cpu_at_gate = cpu_seconds(pid) if pid else float("nan")
+            self.t_gate = self.t_spawn
+            return
         self.gate.wait_ready(len(self.procs), alive=lambda: not any(p.poll() is not None for p in self.procs))
         time.sleep(0.2)   # let every process get from the gate file to its wait loop
         if before_open:
@@ -346,7 +361,10 @@ class ProcRun:
         pid = mariadbd_pid()
         if pid:
             self.db_cpu = cpu_seconds(pid) - self.db_cpu_at_gate
+        counted = list(Path(self._counts).glob("commits-*"))
+        self.commits = sum(int(p.read_text() or 0) for p in counted) if len(counted) == len(self.procs) else None
         shutil.rmtree(self._tmp, ignore_errors=True)
+        shutil.rmtree(self._counts, ignore_errors=True)
 
     @property
     def cpu(self) -> float:

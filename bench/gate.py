@@ -14,6 +14,32 @@ import os
 import time
 
 ENV = "BENCH_GATE_DIR"
+COUNT_ENV = "BENCH_COUNT_DIR"
+
+
+def write_count(name: str, value: int) -> None:
+    folder = os.environ.get(COUNT_ENV)
+    if folder:
+        with open(os.path.join(folder, f"{name}-{os.getpid()}"), "w") as fh:
+            fh.write(str(value))
+
+
+def count_commits() -> None:
+    """Count every COMMIT this process's SQLAlchemy engines send; written at exit (see
+    ProcRun.commits). Costs one Python call per transaction, the same for every configuration."""
+    if not os.environ.get(COUNT_ENV):
+        return
+    import atexit
+
+    import sqlalchemy as sa
+
+    commits = [0]
+
+    @sa.event.listens_for(sa.engine.Engine, "commit")
+    def _commit(conn) -> None:
+        commits[0] += 1
+
+    atexit.register(lambda: write_count("commits", commits[0]))
 
 
 def wait(timeout: float = 120.0) -> None:

@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     loop = RawLoop(a.url, a.threads, a.batch, skip_locked=not a.no_skip_locked, queue=a.queue,
                    max_seconds=a.max_seconds)
     out = loop.run(before_start=wait)
+    from bench.gate import write_count
+    write_count("commits", out["claims"] + out["processed"] + out["lost"])   # one per claim and per completion
     print(json.dumps(out), flush=True)
     return 1 if out["errors"] else 0
 

@@ -109,7 +109,8 @@ class GunicornServer:
     """The dashboard for real: gunicorn with our config file, embedded workers and the reaper."""
 
     def __init__(self, url: str, log_dir: Path, *, web_workers: int = 2, embedded_workers: int = 2,
-                 extra_env: dict | None = None, tls: tuple[Path, Path] | None = None, name: str = "gunicorn"):
+                 extra_env: dict | None = None, tls: tuple[Path, Path] | None = None, name: str = "gunicorn",
+                 app_uri: str | None = None, chdir: Path | None = None, ready_path: str = "/healthz"):
         import ssl
         import urllib.request
 
@@ -125,12 +126,16 @@ class GunicornServer:
         if tls:
             env.update(JOBQUEUE_TLS_CERT=str(tls[0]), JOBQUEUE_TLS_KEY=str(tls[1]))
         env.update(extra_env or {})
-        self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(REPO / "webapp/web/gunicorn_conf.py")],
+        # app_uri: another application (a host app with the dashboard mounted) under our config.
+        command = [sys.executable, "-m", "gunicorn", "-c", str(REPO / "webapp/web/gunicorn_conf.py")]
+        if chdir is not None:
+            command += ["--chdir", str(chdir)]
+        self.proc = subprocess.Popen(command + ([app_uri] if app_uri else []),
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         deadline = time.monotonic() + 30
         while True:
             try:
-                with urllib.request.urlopen(self.base + "/healthz", timeout=2, context=self.ssl_context) as r:
+                with urllib.request.urlopen(self.base + ready_path, timeout=2, context=self.ssl_context) as r:
                     if r.status == 200:
                         break
             except OSError:

@@ -15,7 +15,7 @@ from testkit.procs import wait_until
 from webapp import JobQueue, task
 from webapp.core import repository
 from webapp.core.builtin_tasks import noop
-from webapp.core.errors import LeaseLostError
+from webapp.core.errors import InvalidState, LeaseLostError
 from webapp.core.models import Status
 from webapp.core.schema import job_queue
 from webapp.core.tasks import Registry, TaskSpec
@@ -57,6 +57,22 @@ def test_the_client_enqueues_looks_and_acts(engine):
     assert len(jq.list(key="m-")) == 3
     assert jq.fail(first.id, "no").after is Status.FAILED
     assert jq.requeue(first.id).after is Status.READY
+
+
+def test_the_client_cancels_with_its_actor_in_the_audit_log(engine):
+    jq = JobQueue(engine)
+    job = jq.enqueue("noop", "c-cancel")
+    result = jq.cancel(job.id, "order withdrawn", actor="app:shop")
+    assert (result.before, result.after, result.changed) == (Status.READY, Status.CANCELLED, True)
+    assert jq.cancel(job.id).changed is False          # already cancelled: nothing to do
+    with engine.connect() as conn:
+        entries = repository.list_audit(conn, job_id=job.id, limit=5)
+    assert [e["actor"] for e in entries] == ["app:shop"] and "order withdrawn" in entries[0]["detail"]
+    done = jq.enqueue("noop", "c-done")
+    with engine.begin() as conn:
+        conn.execute(job_queue.update().where(job_queue.c.id == done.id).values(status="done"))
+    with pytest.raises(InvalidState):
+        jq.cancel(done.id)
 
 
 def test_a_task_enqueues_itself_and_is_still_a_function(engine, monkeypatch):

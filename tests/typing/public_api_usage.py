@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
+from flask import Flask, Request, session
 from sqlalchemy.orm import Session
 
 from webapp import Enqueued, Explanation, Job, JobContext, JobQueue, Status, set_default, task
+from webapp.web import init_dashboard
 
 
 @task("send_invoice", queue="billing", max_attempts=10)
@@ -32,7 +34,19 @@ def application(engine: sa.Engine) -> list[int]:
     ready: list[Job] = jq.list(status=Status.READY, queue="billing", limit=10)
     if job is not None and job.status is Status.FAILED:
         jq.requeue(job.id)
+    elif job is not None and job.status is Status.READY:
+        cancelled: Status | None = jq.cancel(job.id, "not needed", actor="app:billing").after
+        assert cancelled is Status.CANCELLED
     why: Explanation = jq.explain(first.id)
     codes: list[str] = [reason.code for reason in why.reasons] + why.codes
     jq.close()
     return [first.id, again.id] + [j.id for j in ready]
+
+
+def shop(app: Flask) -> None:
+    """The dashboard mounted in the application's own Flask app, behind its own login."""
+
+    def role(req: Request) -> str | None:
+        return "admin" if session.get("staff") == "ada" else None
+
+    init_dashboard(app, "/jobs-admin", authorize=role, user_name=lambda req: str(session["staff"]))

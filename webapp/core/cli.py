@@ -168,6 +168,8 @@ def enqueue(ctx: click.Context, task: str, task_key: str, payload: str, queue: s
 @click.option("--prefetch", type=click.IntRange(0, 256), default=0, show_default=True,
               help="Jobs claimed ahead of a free thread (leased and renewed while they wait)")
 @click.option("--burst", is_flag=True, help="Exit when nothing is ready for this worker and it holds nothing")
+@click.option("--no-doorbell", is_flag=True,
+              help="Do not listen for other processes' enqueues while idle (MySQL); poll only")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
               help="Serve this process's Prometheus metrics on 127.0.0.1:PORT/metrics")
 @tasks_option
@@ -175,8 +177,8 @@ def enqueue(ctx: click.Context, task: str, task_key: str, payload: str, queue: s
 @click.pass_context
 @answers_errors
 def worker(ctx: click.Context, concurrency: int, queues: str | None, name: str | None, lease_seconds: float,
-           grace_seconds: float, idle_cap_seconds: float, prefetch: int, burst: bool, metrics_port: int | None,
-           tasks: str | None, database_url: str | None) -> None:
+           grace_seconds: float, idle_cap_seconds: float, prefetch: int, burst: bool, no_doorbell: bool,
+           metrics_port: int | None, tasks: str | None, database_url: str | None) -> None:
     """Run a worker process with N threads."""
     from .task_modules import load_task_modules
     from .worker import Worker, WorkerConfig
@@ -190,7 +192,7 @@ def worker(ctx: click.Context, concurrency: int, queues: str | None, name: str |
     queue_list = [q.strip() for q in queues.split(",") if q.strip()] if queues else None
     config = WorkerConfig(concurrency=concurrency, queues=queue_list, name=name, lease_seconds=lease_seconds,
                           grace_seconds=grace_seconds, idle_cap_seconds=idle_cap_seconds, burst=burst,
-                          prefetch=prefetch,
+                          prefetch=prefetch, doorbell=not no_doorbell,
                           # With several candidate primaries a read-only one at start is a failover
                           # under way: wait for the new primary instead of refusing.
                           refuse_read_only_at_start=len(settings.database_urls) <= 1)

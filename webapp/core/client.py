@@ -132,6 +132,12 @@ class JobQueue:
         with self.engine.connect() as c:
             return repository.fail_job(c, job_id, reason, actor=actor)
 
+    def cancel(self, job_id: int, reason: str | None = None, *, actor: str = "python") -> ActionResult:
+        """Cancel a job now: a running job's lease is fenced (its handler's `ctx.transaction()`
+        then commits nothing); a done job is refused (InvalidState)."""
+        with self.engine.connect() as c:
+            return repository.cancel_job(c, job_id, reason, actor=actor)
+
 
 _default: JobQueue | None = None
 _default_lock = threading.Lock()

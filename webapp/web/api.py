@@ -41,7 +41,7 @@ from ..core.tasks import TASKS
 from ..core.validation import check_reason, job_query
 from . import openapi
 from .auth import token_required
-from .state import db
+from .state import db, extension
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 
@@ -145,10 +145,14 @@ def openapi_document():
     """This API's contract (OpenAPI 3.1); public, like any API's documentation."""
     keyed = {name: spec.concurrency_key for name in TASKS.names()
              if (spec := TASKS.get(name)) is not None and spec.concurrency_key is not None}
-    return jsonify(openapi.document(TASKS.names(), keyed))
+    document = openapi.document(TASKS.names(), keyed)
+    if extension().url_prefix:
+        # Mounted in a host app (init_dashboard): the paths are relative to its prefix.
+        document["servers"] = [{"url": extension().url_prefix}]
+    return jsonify(document)
 
 
-@bp.get("/jobs/<int:job_id>")
+@bp.get("/jobs/<bigint:job_id>")
 @token_required()
 def get_job(job_id: int):
     with db() as conn:
@@ -208,7 +212,7 @@ def _operator(job_id: int, action):
                     "changed": result.changed})
 
 
-@bp.post("/jobs/<int:job_id>/requeue")
+@bp.post("/jobs/<bigint:job_id>/requeue")
 @token_required(admin=True)
 def requeue(job_id: int):
     body = json_object(fields={"force", "again"}, required=False)
@@ -220,7 +224,7 @@ def requeue(job_id: int):
                                                                  actor=_actor()))
 
 
-@bp.post("/jobs/<int:job_id>/fail")
+@bp.post("/jobs/<bigint:job_id>/fail")
 @token_required(admin=True)
 def fail(job_id: int):
     try:
@@ -230,7 +234,7 @@ def fail(job_id: int):
     return _operator(job_id, lambda conn: repository.fail_job(conn, job_id, reason, actor=_actor()))
 
 
-@bp.post("/jobs/<int:job_id>/cancel")
+@bp.post("/jobs/<bigint:job_id>/cancel")
 @token_required(admin=True)
 def cancel(job_id: int):
     try:

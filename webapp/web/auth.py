@@ -1,7 +1,8 @@
 """Who may look and who may act: session login for the dashboard, bearer tokens for the API.
 
 Closed by default: every route except the login page, static files and /healthz needs a user.
-Roles: `admin` acts (requeue, fail), `viewer` only looks.
+Roles: `admin` acts (requeue, fail), `viewer` only looks. Mounted in a host app
+(init_dashboard), the host's login decides instead (HostAccess); the API's tokens are the same.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import math
 import secrets
 import time
 import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from flask import (Blueprint, abort, current_app, flash, g, jsonify, redirect, render_template, request,
                    session, url_for)
@@ -23,7 +26,7 @@ from werkzeug.security import check_password_hash, generate_password_hash
 from ..core import metrics, repository
 from ..core.logs import event
 from ..core.repository import ThrottleKey, ThrottleRule
-from .config import ApiToken, User
+from .config import ROLES, ApiToken, ConfigError, User
 from .state import db, extension
 
 bp = Blueprint("auth", __name__)
@@ -87,10 +90,32 @@ def _shown(name: str) -> str:
 
 # --- sessions ------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class HostAccess:
+    """The host app's answer to "who is this?" (init_dashboard): `authorize(request)` gives None,
+    "viewer" or "admin"; `user_name(request)` the name the audit log records."""
+
+    authorize: Callable[..., str | None]
+    user_name: Callable[..., str]
+
+    def user(self) -> User | None:
+        role = self.authorize(request)
+        if role is None:
+            return None
+        if role not in ROLES:
+            raise ConfigError(f"authorize() answered {role!r}; it must answer None, 'viewer' or 'admin'")
+        name = self.user_name(request)
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError("user_name() must answer the signed-in user's name (a non-empty string)")
+        return User(_shown(name.strip())[:90], role, password_hash="")  # "web:<name>" fits the audit log
+
+
 def current_user() -> User | None:
-    """The signed-in user of this request, checked against web_session once per request."""
+    """The signed-in user of this request, checked once per request: against web_session, or,
+    mounted in a host app, by its authorize()."""
     if "jobqueue_user" not in g:
-        g.jobqueue_user = _signed_in_user()
+        access = extension().access
+        g.jobqueue_user = access.user() if access is not None else _signed_in_user()
     return g.jobqueue_user
 
 
@@ -155,12 +180,16 @@ def login_required(view):
     def wrapped(*args, **kwargs):
         user = current_user()
         if user is None:
+            if extension().access is not None:
+                # Mounted: the host's authorize() said no (to send signed-out users to the host's
+                # login page instead, authorize raises that redirect itself).
+                abort(403, description="You have no access to the job queue's dashboard.")
             if request.headers.get("HX-Request"):
                 # An expired session during polling: make HTMX load the login page as a whole.
                 response = current_app.make_response(("", 401))
-                response.headers["HX-Redirect"] = url_for("auth.login", next=request.path)
+                response.headers["HX-Redirect"] = url_for("jobqueue.auth.login", next=request.path)
                 return response
-            return redirect(url_for("auth.login", next=request.full_path if request.query_string else request.path))
+            return redirect(url_for("jobqueue.auth.login", next=request.full_path if request.query_string else request.path))
         g.user = user
         return view(*args, **kwargs)
 
@@ -237,7 +266,7 @@ def safe_next(target: str | None) -> str:
     """Where to go after signing in: a path on this site, judged after the same clean-up a
     browser applies to a Location header, or the overview. `/%09/evil.example` (a tab) is
     `//evil.example` to a browser, another site, so it is judged as that and never passed on."""
-    fallback = url_for("dashboard.overview")
+    fallback = url_for("jobqueue.dashboard.overview")
     if not target:
         return fallback
     cleaned = target.strip(_URL_EDGES).translate(_URL_DROPPED).replace("\\", "/")
@@ -255,7 +284,7 @@ def safe_next(target: str | None) -> str:
 @bp.route("/login", methods=["GET", "POST"])
 def login():
     if request.method == "GET":
-        return render_template("auth/login.html", error=None)
+        return render_template("jobqueue/auth/login.html", error=None)
     name = request.form.get("username", "")[:100]
     password = request.form.get("password", "")[:1000]
     address = client_address()
@@ -270,7 +299,7 @@ def login():
         event(log, logging.WARNING, "login_throttled", user=_shown(name), addr=request.remote_addr, limit=gate.limit,
               retry_after=wait)
         response = current_app.make_response(
-            (render_template("auth/login.html", error=f"Too many failed attempts; try again in {wait} s."), 429))
+            (render_template("jobqueue/auth/login.html", error=f"Too many failed attempts; try again in {wait} s."), 429))
         response.headers["Retry-After"] = str(wait)
         return response
     user = settings().users.get(name)
@@ -289,7 +318,7 @@ def login():
         return redirect(safe_next(request.args.get("next")))
     metrics.LOGINS.labels(outcome="failed").inc()
     event(log, logging.WARNING, "login_failed", user=_shown(name), addr=request.remote_addr)
-    return render_template("auth/login.html", error="Wrong user name or password."), 401
+    return render_template("jobqueue/auth/login.html", error="Wrong user name or password."), 401
 
 
 @bp.post("/logout")
@@ -302,7 +331,7 @@ def logout():
                 event(log, logging.INFO, "logout", user=_shown(str(session.get("user", ""))))
     session.clear()
     flash("Signed out.")
-    return redirect(url_for("auth.login"))
+    return redirect(url_for("jobqueue.auth.login"))
 
 
 @bp.get("/sessions")
@@ -315,7 +344,7 @@ def sessions():
                                         user_name=None if g.user.can_act else g.user.name)
         now = repository.database_now(conn)
     current = _digest("session", session.get("sid", ""))
-    return render_template("auth/sessions.html", sessions=rows, now=now, current=current,
+    return render_template("jobqueue/auth/sessions.html", sessions=rows, now=now, current=current,
                            users=sorted(settings().users), idle_minutes=round(settings().session_idle_seconds / 60),
                            max_hours=f"{settings().session_max_seconds / 3600:g}")
 
@@ -342,9 +371,9 @@ def end_sessions():
     if current_user_session_ended(target):
         session.clear()
         flash(f"Signed out everywhere ({n} sessions ended).")
-        return redirect(url_for("auth.login"))
+        return redirect(url_for("jobqueue.auth.login"))
     flash(f"{n} sessions of {target or 'every user'} ended.", "success")
-    return redirect(url_for("auth.sessions"))
+    return redirect(url_for("jobqueue.auth.sessions"))
 
 
 def current_user_session_ended(target: str | None) -> bool:

@@ -88,9 +88,12 @@ def parse_tokens(text: str) -> tuple[ApiToken, ...]:
     return tuple(tokens)
 
 
-def load_settings(overrides: dict | None = None, *, settings: Settings | None = None) -> WebSettings:
+def load_settings(overrides: dict | None = None, *, settings: Settings | None = None,
+                  hosted: bool = False) -> WebSettings:
     """The web process's settings, from the process's Settings (the environment) with
-    `overrides` by JOBQUEUE_* name without the prefix (create_app's test_config)."""
+    `overrides` by JOBQUEUE_* name without the prefix (create_app's test_config). `hosted`: the
+    dashboard is mounted in another app (init_dashboard), whose login and session secret are
+    used, so no users or secret key of our own are needed."""
     o = {k: v for k, v in (overrides or {}).items() if k in SETTING_KEYS}
     try:
         base = settings or Settings.from_env()
@@ -100,7 +103,9 @@ def load_settings(overrides: dict | None = None, *, settings: Settings | None = 
         raise ConfigError(str(exc)) from None
     users = parse_users(base.users or "")
     dev_password = None
-    if not users:
+    if hosted:
+        users = {}
+    elif not users:
         if not base.dev:
             raise ConfigError(
                 "no users configured: the dashboard is closed by default. Set JOBQUEUE_USERS to "
@@ -110,8 +115,8 @@ def load_settings(overrides: dict | None = None, *, settings: Settings | None = 
         # --dev passes the same one to every gunicorn worker) or made up and logged.
         dev_password = base.dev_password or secrets.token_urlsafe(12)
         users = {"admin": User("admin", "admin", generate_password_hash(dev_password))}
-    secret = base.secret_key
-    if not secret:
+    secret = base.secret_key or ""
+    if not secret and not hosted:
         if not base.dev:
             raise ConfigError("JOBQUEUE_SECRET_KEY is not set: sessions need a secret shared by every web "
                               "process (for example: python -c 'import secrets; print(secrets.token_hex(32))')")
@@ -122,7 +127,7 @@ def load_settings(overrides: dict | None = None, *, settings: Settings | None = 
         secret_key=secret,
         users=users,
         api_tokens=parse_tokens(base.api_tokens or ""),
-        dev=base.dev,
+        dev=base.dev and not hosted,
         embedded_workers=base.embedded_workers,
         embedded_queues=base.embedded_queues,
         lease_seconds=base.lease_seconds,

@@ -130,7 +130,7 @@ def filter_args(f: JobFilter) -> dict[str, str]:
 @bp.get("/")
 @login_required
 def overview():
-    return render_template("dashboard/overview.html", **overview_context())
+    return render_template("jobqueue/dashboard/overview.html", **overview_context())
 
 
 @bp.app_template_global()
@@ -142,7 +142,7 @@ def activity_labels() -> dict[str, str]:
 @login_required
 def overview_panels():
     # refreshed: the page header's replica lag comes along, swapped out of band.
-    return render_template("dashboard/_overview.html", refreshed=True, **overview_context())
+    return render_template("jobqueue/dashboard/_overview.html", refreshed=True, **overview_context())
 
 
 def overview_context() -> dict[str, Any]:
@@ -278,8 +278,8 @@ def jobs():
                "live": any(moving(j) for j in page.jobs), "search_window": repository.SEARCH_WINDOW,
                "bulk_window": bulk_window(query, page)}
     if is_htmx() and request.headers.get("HX-Target") == "jobs-table":
-        return render_template("dashboard/_jobs_table.html", **context)
-    return render_template("dashboard/jobs.html", **context)
+        return render_template("jobqueue/dashboard/_jobs_table.html", **context)
+    return render_template("jobqueue/dashboard/jobs.html", **context)
 
 
 def bulk_window(query: JobQuery, page: repository.JobPage) -> tuple[int, int | None] | None:
@@ -312,10 +312,10 @@ def jobs_live():
         rows = repository.jobs_by_id(conn, list(given))
         now = repository.database_now(conn)
     changed = sorted((j for j in rows if row_version(j) != given.get(j.id)), key=lambda j: -j.id)
-    return render_template("dashboard/_jobs_live.html", live=any(moving(j) for j in rows), changed=changed, now=now)
+    return render_template("jobqueue/dashboard/_jobs_live.html", live=any(moving(j) for j in rows), changed=changed, now=now)
 
 
-@bp.get("/jobs/<int:job_id>")
+@bp.get("/jobs/<bigint:job_id>")
 @login_required
 def job_detail(job_id: int):
     with read_db() as conn:
@@ -327,7 +327,7 @@ def job_detail(job_id: int):
         audit = repository.list_audit(conn, job_id=job_id, limit=20)
         now = repository.database_now(conn)
     explanation = explain_for_page(job_id)
-    return render_template("dashboard/job.html", job=job, result=result, attempts=attempts, audit=audit, now=now,
+    return render_template("jobqueue/dashboard/job.html", job=job, result=result, attempts=attempts, audit=audit, now=now,
                            explanation=explanation,
                            payload=json.dumps(job.payload, indent=2, sort_keys=True, ensure_ascii=False),
                            result_json=json.dumps(result["result"], indent=2, sort_keys=True, ensure_ascii=False)
@@ -355,7 +355,7 @@ def job_explain(job_id: int):
     explanation = explain_for_page(job_id)
     if explanation is None:
         abort(404, description=f"job {job_id} not found")
-    return render_template("dashboard/_explain.html", explanation=explanation)
+    return render_template("jobqueue/dashboard/_explain.html", explanation=explanation)
 
 
 # --- locks ----------------------------------------------------------------------------------------
@@ -374,13 +374,13 @@ def locks_context() -> dict[str, Any]:
 @login_required
 def locks():
     """Every transaction holding or waiting on job_queue rows (on the primary)."""
-    return render_template("dashboard/locks.html", **locks_context())
+    return render_template("jobqueue/dashboard/locks.html", **locks_context())
 
 
 @bp.get("/locks/panel")
 @login_required
 def locks_panel():
-    return render_template("dashboard/_locks.html", **locks_context())
+    return render_template("jobqueue/dashboard/_locks.html", **locks_context())
 
 
 def _kill_target(connection_id: int):
@@ -397,8 +397,8 @@ def kill_confirm(connection_id: int):
     target = _kill_target(connection_id)
     if target is None:
         flash(f"Connection {connection_id} holds no job_queue rows now; nothing to kill.", "info")
-        return redirect(url_for("dashboard.locks"))
-    return render_template("dashboard/kill_confirm.html", target=target,
+        return redirect(url_for("jobqueue.dashboard.locks"))
+    return render_template("jobqueue/dashboard/kill_confirm.html", target=target,
                            lease_seconds=extension().settings.core.lease_seconds)
 
 
@@ -416,17 +416,18 @@ def kill(connection_id: int):
         flash(f"Connection {connection_id} killed; its transaction rolled back"
               + (f" and job{'s' if len(found.jobs) != 1 else ''} {jobs} can be claimed again." if jobs else "."),
               "success")
-    return redirect(url_for("dashboard.locks"))
+    return redirect(url_for("jobqueue.dashboard.locks"))
 
 
 @bp.get("/jobs/<int:job_id>/row")
+@bp.get("/jobs/<bigint:job_id>/row")
 @login_required
 def job_row(job_id: int):
     """One row of the jobs table (the page refreshes its rows through jobs_live)."""
-    return _job_partial(job_id, "dashboard/_job_row.html")
+    return _job_partial(job_id, "jobqueue/dashboard/_job_row.html")
 
 
-@bp.get("/jobs/<int:job_id>/summary")
+@bp.get("/jobs/<bigint:job_id>/summary")
 @login_required
 def job_summary(job_id: int):
     """The detail page's status and actions panel; it polls itself while the job is in motion.
@@ -438,7 +439,7 @@ def job_summary(job_id: int):
         abort(404, description=f"job {job_id} not found")
     if request.args.get("v") == row_version(job):
         return "", 204
-    return render_template("dashboard/_job_actions.html", job=job, now=now)
+    return render_template("jobqueue/dashboard/_job_actions.html", job=job, now=now)
 
 
 def _job_partial(job_id: int, template: str):
@@ -506,13 +507,13 @@ def workers_context() -> dict[str, Any]:
 @bp.get("/workers")
 @login_required
 def workers():
-    return render_template("dashboard/workers.html", **workers_context())
+    return render_template("jobqueue/dashboard/workers.html", **workers_context())
 
 
 @bp.get("/workers/panel")
 @login_required
 def workers_panel():
-    return render_template("dashboard/_workers.html", **workers_context())
+    return render_template("jobqueue/dashboard/_workers.html", **workers_context())
 
 
 @bp.get("/audit")
@@ -524,8 +525,8 @@ def audit():
         now = repository.database_now(conn)
     more = len(entries) > PAGE_SIZE
     entries = entries[:PAGE_SIZE]
-    template = "dashboard/_audit_page.html" if is_htmx() and request.headers.get("HX-Target") == "audit-page" \
-        else "dashboard/audit.html"
+    template = "jobqueue/dashboard/_audit_page.html" if is_htmx() and request.headers.get("HX-Target") == "audit-page" \
+        else "jobqueue/dashboard/audit.html"
     return render_template(template, entries=entries, next_before=entries[-1]["id"] if more else None,
                            before=before, now=now)
 
@@ -542,13 +543,13 @@ def _action_response(job_id: int, message: str, category: str, *, needs: str | N
     as an out-of-band flash. Without HTMX: back to where the click came from."""
     if not is_htmx():
         flash(message, category)
-        return redirect(request.referrer if _same_site(request.referrer) else url_for("dashboard.job_detail",
+        return redirect(request.referrer if _same_site(request.referrer) else url_for("jobqueue.dashboard.job_detail",
                                                                                        job_id=job_id))
     with db() as conn:
         job = repository.get_job(conn, job_id)
         now = repository.database_now(conn)
     detail = request.form.get("view") == "detail"
-    template = "dashboard/_job_actions.html" if detail else "dashboard/_job_row.html"
+    template = "jobqueue/dashboard/_job_actions.html" if detail else "jobqueue/dashboard/_job_row.html"
     return render_template(template, job=job, now=now, flash_message=message, flash_category=category,
                            needs_force=needs == "force", needs_again=needs == "again",
                            # A row that moves again restarts the page's live refresh.
@@ -559,7 +560,7 @@ def _same_site(url: str | None) -> bool:
     return bool(url) and url.startswith(request.host_url)
 
 
-@bp.post("/jobs/<int:job_id>/requeue")
+@bp.post("/jobs/<bigint:job_id>/requeue")
 @admin_required
 def requeue(job_id: int):
     _require_confirm()
@@ -591,7 +592,7 @@ def requeue(job_id: int):
     return _action_response(job_id, message, "success")
 
 
-@bp.post("/jobs/<int:job_id>/fail")
+@bp.post("/jobs/<bigint:job_id>/fail")
 @admin_required
 def fail(job_id: int):
     _require_confirm()
@@ -669,8 +670,8 @@ def bulk_confirm():
     context = dict(req, count=count, capped=capped, description=description, eligible=eligible,
                    verb=BULK_VERBS[req["action"]][0], args=filter_args(req["filter"]) if req["filter"] else {})
     if not is_htmx():
-        return render_template("dashboard/bulk_confirm.html", **context)
-    return render_template("dashboard/_bulk_confirm.html", **context)
+        return render_template("jobqueue/dashboard/bulk_confirm.html", **context)
+    return render_template("jobqueue/dashboard/_bulk_confirm.html", **context)
 
 
 @bp.post("/jobs/bulk")
@@ -695,12 +696,12 @@ def bulk():
                "reason": req["reason"], "args": filter_args(job_filter) if job_filter else {}}
     if not is_htmx():
         flash(bulk_message(action, totals, result.finished), "success")
-        return redirect(url_for("dashboard.jobs", **context["args"]))
-    return render_template("dashboard/_bulk_progress.html", message=bulk_message(action, totals, result.finished),
+        return redirect(url_for("jobqueue.dashboard.jobs", **context["args"]))
+    return render_template("jobqueue/dashboard/_bulk_progress.html", message=bulk_message(action, totals, result.finished),
                            **context)
 
 
-@bp.post("/jobs/<int:job_id>/cancel")
+@bp.post("/jobs/<bigint:job_id>/cancel")
 @admin_required
 def cancel(job_id: int):
     _require_confirm()
@@ -734,8 +735,8 @@ def _queue_action(queue: str, paused: bool):
     message = f"Queue {queue} {word}." if state.changed else f"Queue {queue} was already {'paused' if paused else 'active'}."
     if not is_htmx():
         flash(message, "success")
-        return redirect(url_for("dashboard.overview"))
-    return render_template("dashboard/_overview.html", **overview_context(), flash_message=message,
+        return redirect(url_for("jobqueue.dashboard.overview"))
+    return render_template("jobqueue/dashboard/_overview.html", **overview_context(), flash_message=message,
                            flash_category="success")
 
 
@@ -758,12 +759,12 @@ def resume_queue(queue: str):
 def recurring():
     with db() as conn:
         schedules, now = repository.list_recurring(conn)
-    return render_template("dashboard/recurring.html", schedules=schedules, now=now, tasks=TASKS.names())
+    return render_template("jobqueue/dashboard/recurring.html", schedules=schedules, now=now, tasks=TASKS.names())
 
 
 def _recurring_done(message: str, category: str = "success"):
     flash(message, category)
-    return redirect(url_for("dashboard.recurring"))
+    return redirect(url_for("jobqueue.dashboard.recurring"))
 
 
 @bp.post("/recurring")

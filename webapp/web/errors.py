@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify, render_template, request
+from flask import Blueprint, Flask, jsonify, render_template, request
 from flask_wtf.csrf import CSRFError
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException
@@ -24,11 +24,12 @@ def page(code: int, message: str, headers: dict | None = None, **extra):
     if wants_json():
         response = jsonify({"error": message, **extra})
     else:
-        response = render_template("error.html", code=code, message=message)
+        response = render_template("jobqueue/error.html", code=code, message=message)
     return response, code, headers or {}
 
 
-def init_app(app: Flask) -> None:
+def init_app(app: Flask | Blueprint) -> None:
+    """Error pages for the app (standalone) or, mounted, for the queue's blueprint only."""
     @app.errorhandler(CSRFError)
     def _csrf(exc):
         event(log, logging.WARNING, "csrf_refused", path=request.path, reason=exc.description)

@@ -11,12 +11,13 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from flask import Flask
+from flask import Blueprint, Flask, g
 from markupsafe import Markup
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..core.errors import TransientDatabaseError
 from .auth import current_user
+from .config import ConfigError
 from .state import extension
 
 
@@ -82,49 +83,61 @@ def audit_detail(detail: str | None) -> dict:
     return {"ids": ids, "more": int(m.group(2) or 0), "rest": rest}
 
 
-def init_app(app: Flask) -> None:
-    app.add_template_filter(relative, "rel")
-    app.add_template_filter(exact_time, "exact")
-    app.add_template_global(duration, "duration")
-    app.add_template_global(audit_detail, "audit_detail")
+def counted(n: int, word: str, capped: bool = False) -> str:
+    """1 job, 3 jobs, 10,000+ jobs. (Not `count`: that is Jinja's own filter, which a host app's
+    templates may use.)"""
+    return f"{n:,}{'+' if capped else ''} {word if n == 1 and not capped else word + 's'}"
 
-    @app.template_filter("count")
-    def count(n: int, word: str, capped: bool = False) -> str:
-        """1 job, 3 jobs, 10,000+ jobs."""
-        return f"{n:,}{'+' if capped else ''} {word if n == 1 and not capped else word + 's'}"
 
-    @app.template_filter("ts")
-    def ts(value: datetime | None) -> str:
-        return value.strftime("%Y-%m-%d %H:%M:%S") if value else "—"
+def ts(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "—"
 
-    @app.template_filter("ago")
-    def ago(value: datetime | None, now: datetime) -> str:
-        if value is None:
-            return "—"
-        return human_seconds((now - value).total_seconds())
 
-    @app.template_filter("until")
-    def until(value: datetime | None, now: datetime) -> str:
-        if value is None:
-            return "—"
-        left = (value - now).total_seconds()
-        return ("in " + human_seconds(left)) if left >= 0 else (human_seconds(-left) + " ago (expired)")
+def ago(value: datetime | None, now: datetime) -> str:
+    if value is None:
+        return "—"
+    return human_seconds((now - value).total_seconds())
 
-    @app.template_filter("shorten")
-    def shorten(value: str | None, limit: int = 80) -> str:
-        if not value:
-            return ""
-        first = value.splitlines()[0]
-        return first if len(first) <= limit else first[: limit - 1] + "…"
 
-    @app.template_filter("seconds")
-    def seconds(value: float | None) -> str:
-        return "—" if value is None else human_seconds(value)
+def until(value: datetime | None, now: datetime) -> str:
+    if value is None:
+        return "—"
+    left = (value - now).total_seconds()
+    return ("in " + human_seconds(left)) if left >= 0 else (human_seconds(-left) + " ago (expired)")
 
-    @app.context_processor
+
+def shorten(value: str | None, limit: int = 80) -> str:
+    if not value:
+        return ""
+    first = value.splitlines()[0]
+    return first if len(first) <= limit else first[: limit - 1] + "…"
+
+
+def seconds(value: float | None) -> str:
+    return "—" if value is None else human_seconds(value)
+
+
+FILTERS = {"rel": relative, "exact": exact_time, "counted": counted, "ts": ts, "ago": ago, "until": until,
+           "shorten": shorten, "seconds": seconds}
+GLOBALS = {"duration": duration, "audit_detail": audit_detail}
+
+
+def init_app(app: Flask, scope: Flask | Blueprint) -> None:
+    """Filters and globals go into the app's one Jinja environment; in a host app a name it
+    already uses for something else is refused here rather than silently taken over."""
+    for kind, ours, theirs in (("filter", FILTERS, app.jinja_env.filters), ("global", GLOBALS, app.jinja_env.globals)):
+        for name, fn in ours.items():
+            if theirs.get(name, fn) is not fn:
+                raise ConfigError(f"the app already has a template {kind} named {name!r}; the job queue's "
+                                  "dashboard needs that name")
+            theirs[name] = fn
+
+    @scope.context_processor
     def _user():
         try:
             user = current_user()
-        except (SQLAlchemyError, TransientDatabaseError):
-            user = None      # the error page of a database that is down: shown as signed out
-        return {"current_user": user, "dev_mode": extension().settings.dev}
+        except (SQLAlchemyError, TransientDatabaseError, ConfigError):
+            user = None      # the error page of a database that is down (or a host's odd authorize)
+        ext = extension()
+        return {"current_user": user, "dev_mode": ext.settings.dev, "own_login": ext.access is None,
+                "read_source": g.get("read_source")}

@@ -129,7 +129,7 @@ def healthz():
 @bp.get("/health")
 @login_required
 def page():
-    return render_template("health/health.html", health=run_health(force=request.args.get("refresh") == "1"))
+    return render_template("jobqueue/health/health.html", health=run_health(force=request.args.get("refresh") == "1"))
 
 
 @bp.get("/api/health")

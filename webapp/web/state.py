@@ -9,7 +9,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from flask import Flask, current_app, g
 from sqlalchemy.engine import Connection, Engine
@@ -22,6 +22,9 @@ from ..core.settings import use
 from ..core.task_modules import load_task_modules
 from .config import WebSettings
 from .runtime import Runtime
+
+if TYPE_CHECKING:
+    from .auth import HostAccess
 
 log = logging.getLogger("jobqueue.web")
 
@@ -40,6 +43,8 @@ class QueueExtension:
     sign_in_pruned_at: float = 0.0      # when this process last pruned sessions and throttle rows
     read_engine: Engine | None = None   # JOBQUEUE_READ_URL: read-only pages, READ ONLY sessions
     read_engine_down_until: float = 0.0  # after a failed connect, pages skip the replica a while
+    url_prefix: str = ""                # where the blueprints are mounted ("" standalone)
+    access: HostAccess | None = None    # mounted in a host app: its login decides (init_dashboard)
     _refusal: tuple[float, str | None] = (0.0, None)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -67,8 +72,9 @@ class QueueExtension:
         return reason
 
 
-def init_app(app: Flask, settings: WebSettings) -> None:
-    logs.setup(settings.core.log_level)
+def init_app(app: Flask, settings: WebSettings, *, url_prefix: str = "", access: HostAccess | None = None) -> None:
+    if access is None:
+        logs.setup(settings.core.log_level)   # hosted, the host app's logging takes our lines
     use(settings.core)
     load_task_modules(settings.core.task_modules)
     engine = create_engine(settings.core.database_urls or None, pool_size=8, settings=settings.core,
@@ -82,11 +88,7 @@ def init_app(app: Flask, settings: WebSettings) -> None:
                                     lock_wait_seconds=REQUEST_LOCK_WAIT_SECONDS,
                                     statement_timeout_seconds=REQUEST_STATEMENT_SECONDS)
     app.extensions["jobqueue"] = QueueExtension(engine, settings, Runtime(runtime_engine, settings),
-                                                read_engine=read_engine)
-
-    @app.context_processor
-    def read_source_context():
-        return {"read_source": g.get("read_source")}
+                                                read_engine=read_engine, url_prefix=url_prefix, access=access)
 
 
 def extension() -> QueueExtension:

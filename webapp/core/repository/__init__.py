@@ -41,12 +41,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import event as sa_event
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from .. import metrics, wakeup
 from ..errors import InvalidState, JobBusy, JobNotFound, LeaseLostError
 from ..logs import event
-from ..models import ClaimCycle, ClaimedJob, Enqueued, Lease, LeaseLoss, Outcome
+from ..models import ClaimCycle, ClaimedJob, Enqueued, Lease, LeaseLoss, Outcome, Status
 from ..tasks import TASKS, Registry
 from ..validation import NewJob
 from . import claim as _claim
@@ -86,7 +86,8 @@ def enqueue(conn: Connection, task_name: str, task_key: str, payload: dict | Non
     """Add one job. A known task_key writes nothing and returns the existing id, duplicate=True."""
     result = _enqueue.enqueue(conn, task_name, task_key, payload, queue=queue, priority=priority, delay=delay,
                               max_attempts=max_attempts, registry=registry)
-    _after_commit(conn, lambda: _report_enqueued([result]))
+    engine = conn.engine
+    _after_commit(conn, lambda: _report_enqueued([result], engine))
     return result
 
 
@@ -94,20 +95,38 @@ def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *
                  registry: Registry = TASKS) -> list[Enqueued]:
     """Add many jobs in one transaction (multi-row INSERT); all validated before any is written."""
     results = _enqueue.enqueue_many(conn, jobs, registry=registry)
-    _after_commit(conn, lambda: _report_enqueued(results))
+    engine = conn.engine
+    _after_commit(conn, lambda: _report_enqueued(results, engine))
     return results
 
 
 def _after_commit(conn: Connection, report) -> None:
     """Report now, or, inside the caller's own transaction, once it commits: a job that is
     rolled back never woke anyone or was counted."""
-    if conn.in_transaction():
-        sa_event.listen(conn, "commit", lambda _conn: report(), once=True)
-    else:
+    if not conn.in_transaction():
         report()
+        return
+    # Whichever ends the transaction first decides; the other listener, left behind, does
+    # nothing when it fires (once) at a later transaction's end. Without the rollback side, a
+    # rolled-back job would be reported (counted, and would wake workers) at the connection's
+    # next commit.
+    pending = [True]
+
+    def on_commit(_conn) -> None:
+        if pending[0]:
+            pending[0] = False
+            report()
+
+    def on_rollback(_conn) -> None:
+        pending[0] = False
+
+    sa_event.listen(conn, "commit", on_commit, once=True)
+    sa_event.listen(conn, "rollback", on_rollback, once=True)
 
 
-def _report_enqueued(results: list[Enqueued]) -> None:
+def _report_enqueued(results: list[Enqueued], engine: Engine | None = None) -> None:
+    """Count and log, wake this process's idle workers, and ring other processes' idle workers
+    serving the queues that got a ready job (webapp/core/doorbell.py)."""
     written = False
     for res in results:
         if res.duplicate:
@@ -119,6 +138,11 @@ def _report_enqueued(results: list[Enqueued]) -> None:
             metrics.ENQUEUED.labels(queue=res.queue).inc()
     if written:
         wakeup.notify()
+        ready = {res.queue for res in results if not res.duplicate and res.status is Status.READY}
+        if ready and engine is not None:
+            from .. import doorbell
+
+            doorbell.ring_for(engine, ready)
 
 
 # --- claim ---------------------------------------------------------------------------------------
@@ -395,7 +419,7 @@ def enqueue_due_recurring(conn: Connection, *, now=None, registry: Registry = TA
     for name, res in zip(result.names, result.runs):
         if not res.duplicate:
             event(log, logging.INFO, "recurring_enqueued", schedule=name, job_id=res.id, task_key=res.task_key)
-    _report_enqueued([r for r in result.runs if not r.duplicate])
+    _report_enqueued([r for r in result.runs if not r.duplicate], conn.engine)
     return result
 
 

@@ -15,6 +15,7 @@ class WorkerConfig:
     burst: bool = False                          # exit when nothing is ready and nothing is held
     grace_seconds: float = 30.0                  # on stop: how long running jobs may finish
     idle_cap_seconds: float = 2.0                # longest sleep between claims when idle
+    doorbell: bool = True                        # MySQL: other processes' enqueues wake it (worker/doorbell.py)
     prefetch: int = 0                            # jobs claimed ahead of a free thread (leased, renewed)
     reap_interval: float | None = None           # default: a quarter of the lease, 1..15 s
     queue_refresh_seconds: float = 1.0

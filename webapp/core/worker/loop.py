@@ -54,6 +54,7 @@ from ..recurring import RecurringRunner
 from ..retention import Pruner
 from ..tasks import TASKS, JobContext, Registry
 from .config import WorkerConfig
+from .doorbell import Doorbell
 from .leases import Held, LeaseKeeper, LeaseState
 from .probe import IdleProbe
 from .renewer import Renewer
@@ -63,6 +64,7 @@ log = logging.getLogger("jobqueue.worker")
 
 T = TypeVar("T")
 DB_ERRORS = (DBAPIError, SQLAlchemyError, TransientDatabaseError, NotPrimary, pymysql.err.Error)
+DOORBELL_AFTER_SECONDS = 0.2   # backoff sleeps this long or longer are spent listening for the doorbell
 SWEEP_SECONDS = 60.0   # an idle worker's reaper sweep, besides the ones its reads trigger
 NOT_PRIMARY_RETRY_SECONDS = 1.0
 BUSY_RETRY_SECONDS = 0.1
@@ -119,6 +121,9 @@ class Worker:
         self._probe_first = False   # after an idle empty claim: read first, claim only if worth it
         self._busy = False          # claimed since the last sweep
         self._probe = IdleProbe(engine, self.config.queues) if is_mysql(engine) else None
+        # A burst worker exits when idle: nobody needs to ring it.
+        self._doorbell = (Doorbell(engine, self.config.queues, self._wake, self._stop, name=self.id)
+                          if is_mysql(engine) and self.config.doorbell and not self.config.burst else None)
         self._known_queues: list[str] = list(self.config.queues or [])
         self._rotation = 0
         self._queue_label = ",".join(self.config.queues) if self.config.queues else "*"
@@ -183,6 +188,8 @@ class Worker:
         self._register()
         self.slots.start()
         self.renewer.start()
+        if self._doorbell is not None:
+            self._doorbell.start()
 
     def _wait_for_database(self) -> None:
         """Preflight before the first claim, waiting for the database to answer. A read-only
@@ -240,6 +247,8 @@ class Worker:
             return self._backoff.next(None)
         self._set_state("claiming", None)
         if cycle.claimed:
+            if self._doorbell is not None:
+                self._doorbell.busy()
             self._probe_first = False
             self._busy = True
             self._backoff.reset()
@@ -446,7 +455,9 @@ class Worker:
 
     def wait_for_wake(self, seconds: float) -> bool:
         """Sleep up to `seconds`, less if a job is enqueued in this process or a handler
-        finishes. True when woken early."""
+        finishes, or another process rings the doorbell. True when woken early."""
+        if self._doorbell is not None and seconds >= DOORBELL_AFTER_SECONDS:
+            self._doorbell.idle()
         if not self._wake.wait(seconds):
             return False
         self._wake.clear()
@@ -642,6 +653,8 @@ class Worker:
         self.slots.stop()
         self.renewer.stop()
         self.pruner.stop()
+        if self._doorbell is not None:
+            self._doorbell.hang_up()
         if self._probe is not None:
             self._probe.close()
         try:

@@ -1,0 +1,110 @@
+"""The doorbell (webapp/core/repository/doorbell.py): another process's enqueue wakes an idle
+standalone worker at once, through the server (a marked SLEEP ended by KILL QUERY), and an
+enqueue that cannot ring (no privilege) still enqueues."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+from testkit.procs import WorkerProcess, wait_until
+from webapp.core import doorbell, repository
+from webapp.core.db import create_engine
+from webapp.core.migrate import init_db
+from webapp.core.repository import doorbell as bell
+from webapp.core.tasks import TASKS
+
+
+@pytest.fixture
+def queue_engine(mysql_url):
+    engine = create_engine(mysql_url)
+    init_db(engine)
+    yield engine
+    engine.dispose()
+
+
+def _sleeper_for(engine, queue: str):
+    with engine.connect() as conn:
+        return [s for s in bell.sleepers(conn) if queue in s.queues]   # not other tests' "*" sleepers
+
+
+def test_an_enqueue_in_another_process_rings_the_idle_worker(queue_engine, mysql_url, tmp_path):
+    queue = f"bell{uuid.uuid4().hex[:8]}"      # the shared server may have other tests' sleepers
+    # An idle cap of 5 minutes: the worker's own polling would not find the job for minutes.
+    worker = WorkerProcess(mysql_url, tmp_path, "w1", "--concurrency", "1", "--queues", queue,
+                           "--idle-cap-seconds", "300")
+    try:
+        mine = wait_until(lambda: _sleeper_for(queue_engine, queue), timeout=30, message="the worker's doorbell")
+        assert mine[0].queues == (queue,)
+        with queue_engine.connect() as conn:
+            job = repository.enqueue(conn, "noop", "rung-1", queue=queue)
+        worker.wait_for_log(r"event=doorbell_rung", timeout=10)
+        wait_until(lambda: repository.get_job(queue_engine.connect(), job.id).status.value == "done", timeout=10,
+                   message="the job done")
+        # Back to sleep on the same doorbell once the queue is empty again.
+        wait_until(lambda: _sleeper_for(queue_engine, queue), timeout=30, message="the doorbell again")
+    finally:
+        assert worker.stop() == 0
+
+
+def test_a_rolled_back_enqueue_rings_nobody_and_a_gone_sleeper_is_not_an_error(queue_engine):
+    with queue_engine.connect() as conn:
+        assert bell.ring(conn, [2 ** 40]) == 0          # no such connection: nothing to do
+    rung = []
+    original = doorbell.ring_for
+    doorbell.ring_for = lambda engine, queues: rung.append(set(queues)) or 0
+    try:
+        with queue_engine.connect() as conn:
+            with conn.begin() as tx:
+                repository.enqueue(conn, "noop", "rolled-back")
+                tx.rollback()
+            assert rung == []
+            repository.enqueue(conn, "noop", "committed", queue="mail")
+            repository.enqueue(conn, "noop", "later", delay=60)     # scheduled: nobody to wake
+        assert rung == [{"mail"}]
+    finally:
+        doorbell.ring_for = original
+
+
+def test_an_account_that_cannot_ring_still_enqueues(queue_engine, mysql_url, tmp_path):
+    """A sleeper of another account is invisible without PROCESS; a KILL of it is refused
+    without CONNECTION ADMIN / SUPER. Either way the enqueue succeeds and ringing goes quiet."""
+    queue = f"bell{uuid.uuid4().hex[:8]}"
+    database = sa.engine.make_url(mysql_url).database
+    user = f"jq_bell_{uuid.uuid4().hex[:8]}"
+    with queue_engine.connect() as conn:
+        conn.exec_driver_sql(f"CREATE USER '{user}'@'%%' IDENTIFIED BY 'pw'")
+        conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{database}`.* TO '{user}'@'%%'")
+    worker = WorkerProcess(mysql_url, tmp_path, "w2", "--concurrency", "1", "--queues", queue,
+                           "--idle-cap-seconds", "1")
+    limited = create_engine(sa.engine.make_url(mysql_url).set(username=user, password="pw")
+                            .render_as_string(hide_password=False))
+    try:
+        wait_until(lambda: _sleeper_for(queue_engine, queue), timeout=30, message="the worker's doorbell")
+        with limited.connect() as conn:
+            assert bell.sleepers(conn) == []            # root's threads are not this account's to see
+            job = repository.enqueue(conn, "noop", "unrung", queue=queue)
+        assert not job.duplicate
+        # Found by the worker's own polling instead (its idle cap is 1 s here).
+        wait_until(lambda: repository.get_job(queue_engine.connect(), job.id).status.value == "done", timeout=20,
+                   message="the job done by polling")
+    finally:
+        limited.dispose()
+        worker.stop()
+        with queue_engine.connect() as conn:
+            conn.exec_driver_sql(f"DROP USER '{user}'@'%%'")
+
+
+def test_burst_workers_and_sqlite_have_no_doorbell(tmp_path):
+    from webapp.core.worker import Worker, WorkerConfig
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'q.db'}")
+    try:
+        init_db(engine)
+        assert Worker(engine, WorkerConfig())._doorbell is None
+        assert doorbell.ring_for(engine, {"default"}) == 0
+    finally:
+        engine.dispose()
+    assert "noop" in TASKS.names()
