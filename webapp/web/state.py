@@ -18,6 +18,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from ..core import logs, preflight, repository
 from ..core.db import create_engine
 from ..core.errors import TransientDatabaseError, UnsupportedDatabase
+from ..core.replica_watch import ReplicaWatch
 from ..core.settings import use
 from ..core.task_modules import load_task_modules
 from .config import WebSettings
@@ -40,6 +41,7 @@ class QueueExtension:
     sign_in_pruned_at: float = 0.0      # when this process last pruned sessions and throttle rows
     read_engine: Engine | None = None   # JOBQUEUE_READ_URL: read-only pages, READ ONLY sessions
     read_engine_down_until: float = 0.0  # after a failed connect, pages skip the replica a while
+    replicas: ReplicaWatch | None = None  # JOBQUEUE_REPLICA_URLS: health and the pacing of bulk actions
     _refusal: tuple[float, str | None] = (0.0, None)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -82,7 +84,8 @@ def init_app(app: Flask, settings: WebSettings) -> None:
                                     lock_wait_seconds=REQUEST_LOCK_WAIT_SECONDS,
                                     statement_timeout_seconds=REQUEST_STATEMENT_SECONDS)
     app.extensions["jobqueue"] = QueueExtension(engine, settings, Runtime(runtime_engine, settings),
-                                                read_engine=read_engine)
+                                                read_engine=read_engine,
+                                                replicas=ReplicaWatch.from_settings(settings.core))
 
     @app.context_processor
     def read_source_context():
