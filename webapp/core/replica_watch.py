@@ -42,6 +42,7 @@ from .settings import Settings
 log = logging.getLogger("jobqueue.replicas")
 
 CHECK_INTERVAL_SECONDS = 1.0    # re-reading while paused: the lag is counted in whole seconds
+FRESH_SECONDS = 0.5             # between batches a reading this young is reused (same whole second)
 RETRY_SECONDS = 10.0            # a replica that did not answer is skipped this long
 STATEMENT_SECONDS = 3.0         # SHOW SLAVE STATUS answers in a millisecond; a stuck server must not hold a bulk
 
@@ -123,6 +124,7 @@ class ReplicaWatch:
         self.addresses = [engine.candidates.address(0) for engine in self.engines]
         self._down_until = [0.0] * len(self.engines)
         self._last_error: list[str | None] = [None] * len(self.engines)
+        self._last_reading: tuple[float, list[ReplicaReport]] = (float("-inf"), [])
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ReplicaWatch | None:
@@ -131,9 +133,15 @@ class ReplicaWatch:
             return None
         return cls(settings.replica_urls, settings.replica_lag_limit, settings=settings)
 
-    def read(self) -> list[ReplicaReport]:
-        """Every watched replica, in the configured order; a failure is a report, never raised."""
-        return [self._read_one(i) for i in range(len(self.engines))]
+    def read(self, max_age: float = 0.0) -> list[ReplicaReport]:
+        """Every watched replica, in the configured order; a failure is a report, never raised.
+        `max_age`: the last reading, if it is that young."""
+        read_at, reports = self._last_reading
+        if time.monotonic() - read_at < max_age:
+            return reports
+        reports = [self._read_one(i) for i in range(len(self.engines))]
+        self._last_reading = (time.monotonic(), reports)
+        return reports
 
     def _read_one(self, i: int) -> ReplicaReport:
         address = self.addresses[i]
@@ -157,14 +165,17 @@ class ReplicaWatch:
         started = time.monotonic()
         waited_for: tuple[ReplicaReport, ...] | None = None
         while True:
-            reports = self.read()
+            # A batch takes tens of milliseconds: reading before each would cost a round trip per
+            # replica each time to learn the same whole second again.
+            reports = self.read(FRESH_SECONDS if waited_for is None else 0.0)
             lagging = tuple(r for r in reports if r.over(self.lag_limit))
             unread = tuple(r for r in reports if r.unread)
             if waited_for is None:
                 waited_for = lagging
             now = time.monotonic()
             if not lagging or (deadline is not None and now + self.check_interval > deadline):
-                return Pause(now - started, self.lag_limit, lagging, unread, waited_for)
+                # Reading the lag is not waiting: only a wait that found a replica behind counts.
+                return Pause(now - started if waited_for else 0.0, self.lag_limit, lagging, unread, waited_for)
             time.sleep(self.check_interval)
 
     def dispose(self) -> None:
