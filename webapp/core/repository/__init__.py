@@ -14,7 +14,7 @@ verb. The worker loop, the reaper, the dashboard, the CLI and the HTTP API all c
     reads.py        get_job, page_jobs, count_matching, get_result, list_attempts, ...
     stats.py        queue_summaries, count_by_status, activity, operator_failures
     sessions.py     start_session, session_state, end_session(s), login_attempt, ... (sign-in state)
-    replicas.py     replica_lag                        (for pages that read from a replica)
+    replicas.py     replica_lag                        (pages that read from a replica, replica_watch)
 
 Each function there takes the Connection it runs on and is just its transaction (see
 `db.transaction`, retried on deadlocks, lock-wait timeouts and lost connections); it returns what
