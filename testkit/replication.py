@@ -5,6 +5,7 @@ reading from replicas; and readers of what a server executed (general log, binlo
     url = cluster.primary.create_database("jq")        # replicated: the replica has it too
     cluster.wait_caught_up()
     cluster.stop_sql_thread(); ...; cluster.lag_seconds()   # grows while the SQL thread is stopped
+    with cluster.hold_sql_thread(): ...    # Seconds_Behind_Master grows (a row lock holds the SQL thread)
     cluster.primary.kill()                                   # SIGKILL
     new = cluster.promote(cluster.replicas[0])               # writable, semi-sync master
     cluster.demote(old, new)                                 # restarted --read-only, replicating
@@ -27,6 +28,10 @@ What MariaDB 10.11 does here (measured with these servers):
   (all servers share this machine's clock). It grows by 1 s per second while the SQL thread is
   stopped and is below about interval + commit time when caught up. While no primary writes (dead,
   between kill and promote) it grows too: "no news from a primary for N seconds".
+- A SQL thread that runs but waits is another matter: blocked by a row lock a session on the
+  replica holds (hold_sql_thread()), Seconds_Behind_Master grows by about 1 s per second
+  (measured: 1, 3, 4, 5 after 1..4 s) and is 0 again once the lock goes and the relay log is
+  applied. MASTER_DELAY=N gives a steady N while the primary writes (the heartbeat: every 0.2 s).
 - The heartbeat writes as a user without SUPER / READ ONLY ADMIN, so read_only stops it: a
   demoted server never gets a heartbeat of its own, which would be an extra GTID that
   gtid_strict_mode refuses when it later replicates. (Root can write on a --read-only server.)
@@ -55,10 +60,11 @@ What MariaDB 10.11 does here (measured with these servers):
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -345,6 +351,32 @@ class ReplicationCluster:
 
     def start_sql_thread(self, replica: ThrowawayMariaDB | None = None) -> None:
         self._replica(replica).execute("START SLAVE SQL_THREAD")
+
+    @contextlib.contextmanager
+    def hold_sql_thread(self, replica: ThrowawayMariaDB | None = None) -> Iterator[None]:
+        """Real lag, as the server reports it: while this holds, the replica's SQL thread runs
+        but waits on a row lock that a root session on the replica holds (root may lock rows on a
+        --read-only server), behind a write made on the primary just after; everything later
+        queues up in the relay log. Seconds_Behind_Master then grows by about 1 s per second
+        (stop_sql_thread() makes it NULL instead). On leaving, the lock goes and the replica
+        catches up (call wait_caught_up() to wait for it). The SQL thread gives up a lock wait
+        after innodb_lock_wait_timeout (50 s) and retries the transaction (10 times), still
+        lagging."""
+        replica = self._replica(replica)
+        table = f"{HEARTBEAT_DATABASE}.lag_maker"
+        self.primary.execute(f"CREATE TABLE IF NOT EXISTS {table} (id INT PRIMARY KEY, n INT NOT NULL)")
+        self.primary.execute(f"INSERT IGNORE INTO {table} VALUES (1, 0)")
+        self.wait_caught_up(replica)
+        holder = replica.connect()
+        try:
+            with holder.cursor() as cur:
+                cur.execute("BEGIN")
+                cur.execute(f"SELECT n FROM {table} WHERE id = 1 FOR UPDATE")
+            self.primary.execute(f"UPDATE {table} SET n = n + 1 WHERE id = 1")
+            yield
+        finally:
+            holder.rollback()
+            holder.close()
 
     # --- failover --------------------------------------------------------------------------------
 

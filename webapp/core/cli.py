@@ -581,11 +581,16 @@ def doctor(ctx: click.Context, as_json: bool, queue: str, database_url: str | No
     """Check the database can run the queue safely; exit 3 when there is a problem."""
     from . import doctor as doctor_mod
 
+    from .replica_watch import ReplicaWatch
+
     engine = engine_of(ctx, database_url)
+    replicas = ReplicaWatch.from_settings(settings_of(ctx, database_url))
     try:
-        checks = doctor_mod.run_checks(engine, queue=queue)
+        checks = doctor_mod.run_checks(engine, queue=queue, replicas=replicas)
     finally:
         engine.dispose()
+        if replicas is not None:
+            replicas.dispose()
     if as_json:
         click.echo(json.dumps([c.as_dict() for c in checks]))
     else:

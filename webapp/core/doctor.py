@@ -28,6 +28,12 @@ Thresholds, and why:
   MySQL's CONNECTION_ADMIN): with one of those, a replica made read-only still takes the
   account's writes. A warning, not a problem: the preflight refuses read-only servers by reading
   the flags, never by trying a write, so the queue itself stays off replicas either way.
+- replicas (JOBQUEUE_REPLICA_URLS, one check each): ok while replicating within
+  JOBQUEUE_REPLICA_LAG_LIMIT; a warning when behind by more (bulk actions wait for it), when its
+  IO thread is reconnecting, when the account may not read its status, or when the server
+  replicates from nobody (a promoted replica, or a URL that names the wrong server); a problem when
+  it does not answer or a replication thread is stopped: its copy then falls behind without
+  bound, and bulk actions cannot wait for a lag nobody can read (replica_watch.py).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from sqlalchemy.exc import DBAPIError
 
 from . import preflight, repository
 from .db import DEFAULT_LOCK_WAIT_SECONDS, db_now, transient_kind
+from .replica_watch import ReplicaReport, ReplicaWatch
 
 CLOCK_WARNING_SECONDS = 2.0
 CLOCK_PROBLEM_SECONDS = 15.0          # a quarter of the default 60 s lease
@@ -79,9 +86,17 @@ def has_problem(checks: list[Check]) -> bool:
     return any(c.verdict is Verdict.PROBLEM for c in checks)
 
 
-def run_checks(engine: Engine, *, queue: str = "default") -> list[Check]:
+def run_checks(engine: Engine, *, queue: str = "default", replicas: ReplicaWatch | None = None) -> list[Check]:
     """Every check, on one connection from `engine`: it is set up exactly like the connections
-    workers claim on (isolation level, lock-wait timeout), so what it sees is what they get."""
+    workers claim on (isolation level, lock-wait timeout), so what it sees is what they get.
+    With `replicas`, one check per watched replica after them."""
+    checks = _server_checks(engine, queue)
+    if replicas is not None:
+        checks += [check_replica(report, replicas.lag_limit) for report in replicas.read()]
+    return checks
+
+
+def _server_checks(engine: Engine, queue: str) -> list[Check]:
     with engine.connect() as conn:
         info = preflight.server_info(conn)
         if info.flavour == "sqlite":
@@ -373,3 +388,34 @@ def check_privileges(conn: Connection, flavour: str) -> Check:
     return Check("privileges", Verdict.OK,
                  f"account {account} holds SELECT, INSERT, UPDATE, DELETE on the queue's tables and nothing that "
                  f"read_only does not bind{note}{roles}")
+
+
+def check_replica(report: ReplicaReport, limit: int) -> Check:
+    name = f"replica {report.address}"
+    lag = report.lag
+    if lag is None:
+        return Check(name, Verdict.PROBLEM, f"the replica did not answer: {report.error}",
+                     "start it or fix the network; while it cannot be read, bulk actions do not wait for it")
+    if lag.replica is None:
+        return Check(name, Verdict.WARNING, lag.detail,
+                     "GRANT SLAVE MONITOR (MariaDB) or REPLICATION CLIENT (MySQL) ON *.* to the account in "
+                     "JOBQUEUE_REPLICA_URLS")
+    if lag.replica is False:
+        return Check(name, Verdict.WARNING, "this server replicates from nobody: it is a primary, not a replica",
+                     "after a failover, list the new replicas in JOBQUEUE_REPLICA_URLS; else check the URL")
+    threads = f"IO thread {lag.io_running}, SQL thread {lag.sql_running}"
+    if lag.seconds is None:
+        if lag.io_running == "Connecting" and lag.sql_running == "Yes":
+            return Check(name, Verdict.WARNING, f"{threads}: reconnecting to its primary, lag unknown meanwhile",
+                         "check that the primary is up and reachable from the replica (Last_IO_Error)")
+        return Check(name, Verdict.PROBLEM,
+                     f"replication is not running ({threads}): Seconds_Behind_Master is NULL, so its data may be "
+                     "any age and bulk actions cannot wait for it",
+                     "see Last_IO_Error / Last_SQL_Error in SHOW SLAVE STATUS on the replica, then START SLAVE")
+    if lag.seconds > limit:
+        return Check(name, Verdict.WARNING,
+                     f"{lag.seconds} s behind the primary ({threads}), over the {limit} s bound: bulk actions wait "
+                     "between batches until it catches up",
+                     "find what holds its SQL thread back (a long query or lock on the replica, a slow disk, a big "
+                     "transaction on the primary)")
+    return Check(name, Verdict.OK, f"{lag.seconds} s behind the primary ({threads}; the bound is {limit} s)")

@@ -63,6 +63,17 @@ def _words(name: str, raw: str) -> tuple[str, ...]:
     return tuple(raw.split())
 
 
+def _server_urls(name: str, raw: str) -> tuple[str, ...]:
+    urls = tuple(raw.split())
+    for url in urls:
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        if scheme.split("+", 1)[0] not in ("mysql", "mariadb"):
+            # Only the scheme is echoed: the URL may carry a password.
+            raise SettingsError(f"{PREFIX}{name} takes MySQL/MariaDB server URLs separated by spaces "
+                                f"(mysql+pymysql://user:pass@host:port); got one starting {scheme or url[:8]!r}")
+    return urls
+
+
 def _secret(name: str, raw: str) -> str | None:
     return raw or None
 
@@ -87,6 +98,13 @@ SETTINGS: tuple[Setting, ...] = (
             "a replica for the dashboard's read-only pages (overview, jobs, job detail, workers, audit log), its lag "
             "shown on each; claims, enqueues, operator actions, health checks and the API always use the primary",
             "none: every page reads from the primary"),
+    Setting("REPLICA_URLS", "replica_urls", _server_urls, (),
+            "read-only replicas of the primary, separated by spaces: their lag and replication threads are shown on "
+            "the health panel, `/api/health` and `jobqueue doctor`, and bulk actions pause while one is behind by "
+            "more than `JOBQUEUE_REPLICA_LAG_LIMIT`",
+            "none: nothing is watched, bulk actions never pause"),
+    Setting("REPLICA_LAG_LIMIT", "replica_lag_limit", _number(int, 1, 3600), 5,
+            "seconds a watched replica may be behind before bulk actions wait for it (re-checking) between batches"),
     Setting("INSTANCE_PATH", "instance_path", _text, None, "folder of the default SQLite database", "`./instance`"),
     Setting("LOCK_WAIT_SECONDS", "lock_wait_seconds", _number(int, 1, 3600), 5,
             "how long a fenced write or an operator action waits for a row lock (`innodb_lock_wait_timeout`)"),
@@ -141,6 +159,8 @@ SETTINGS: tuple[Setting, ...] = (
 class Settings:
     database_urls: tuple[str, ...] = ()
     read_url: str | None = None
+    replica_urls: tuple[str, ...] = ()
+    replica_lag_limit: int = 5
     instance_path: str | None = None
     lock_wait_seconds: int = 5
     task_modules: tuple[str, ...] | None = None

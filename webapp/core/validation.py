@@ -173,7 +173,7 @@ def concurrency_key_of(task_name: str, field: str, payload: dict[str, Any]) -> s
         raise ValidationError(f"payload lacks {field!r}: task {task_name!r} limits how many jobs with the same "
                               f"{field!r} run at once", "payload")
     value = payload[field]
-    if value is None or isinstance(value, (dict, list)):
+    if value is None or isinstance(value, (bool, dict, list)):   # true/false would make a 2-valued key
         raise ValidationError(f"payload[{field!r}] must be a string or a number (it is task {task_name!r}'s "
                               "concurrency key)", "payload")
     text = value if isinstance(value, str) else json.dumps(value)

@@ -641,7 +641,9 @@ def _bulk_request(*, allow_none: bool = False) -> dict[str, Any]:
         ids = [_whole_number(i.strip()) for i in raw]
         if not raw or len(raw) > 1000 or None in ids:
             abort(400, description="select between 1 and 1000 jobs (ids are positive whole numbers)")
-        req["ids"] = sorted(set(ids), reverse=True)
+        # A continuation (after a pause for replica lag) carries the same ids and where it stopped.
+        req["after"] = _int_arg(request.form, "after")
+        req["ids"] = [i for i in sorted(set(ids), reverse=True) if req["after"] is None or i < req["after"]]
     else:
         abort(400, description="scope must be 'selected' or 'filter'")
     return req
@@ -681,24 +683,29 @@ def bulk():
     # row is touched or audited.
     _require_confirm()
     req = _bulk_request()
-    previous = {k: _int_arg(request.form, f"total_{k}") or 0 for k in ("changed", "busy", "skipped")}
+    previous = {k: _int_arg(request.form, f"total_{k}") or 0 for k in ("changed", "busy", "skipped", "paused_ms")}
     deadline = time.monotonic() + BULK_TIME_BUDGET
     action, job_filter = req["action"], req["filter"]
+    replicas = extension().replicas
+    pace = replicas.wait if replicas is not None else None
     with db() as conn:
         if req["scope"] == "filter":
             result = repository.bulk_action(conn, action, actor=actor(), job_filter=job_filter, after_id=req["after"],
-                                            reason=req["reason"], force=req["force"], deadline=deadline)
+                                            reason=req["reason"], force=req["force"], deadline=deadline, pace=pace)
         else:
+            # At most two batches: only a pause for replica lag makes it stop before the end.
             result = repository.bulk_action(conn, action, actor=actor(), ids=req["ids"], reason=req["reason"],
-                                            force=req["force"])
+                                            force=req["force"], deadline=deadline if pace else None, pace=pace)
     totals = {k: previous[k] + getattr(result, k) for k in ("changed", "busy", "skipped")}
+    totals["paused_ms"] = previous["paused_ms"] + round(result.paused_seconds * 1000)
     context = {"action": action, "result": result, "totals": totals, "scope": req["scope"], "force": req["force"],
-               "reason": req["reason"], "args": filter_args(job_filter) if job_filter else {}}
+               "reason": req["reason"], "args": filter_args(job_filter) if job_filter else {},
+               "ids": req["ids"] or []}
+    message = bulk_message(action, totals, result.finished, result.replica_note)
     if not is_htmx():
-        flash(bulk_message(action, totals, result.finished), "success")
+        flash(message, "success")
         return redirect(url_for("jobqueue.dashboard.jobs", **context["args"]))
-    return render_template("jobqueue/dashboard/_bulk_progress.html", message=bulk_message(action, totals, result.finished),
-                           **context)
+    return render_template("jobqueue/dashboard/_bulk_progress.html", message=message, **context)
 
 
 @bp.post("/jobs/<bigint:job_id>/cancel")
@@ -805,11 +812,16 @@ def recurring_action(name: str, verb: str):
     return _recurring_done(f"Recurring job {name} {verb}d." if verb != "remove" else f"Recurring job {name} removed.")
 
 
-def bulk_message(action: str, totals: dict[str, int], finished: bool) -> str:
+def bulk_message(action: str, totals: dict[str, int], finished: bool, replica_note: str | None = None) -> str:
     verb = BULK_VERBS[action][1]
     text = f"{totals['changed']} {'job' if totals['changed'] == 1 else 'jobs'} {verb}"
     if totals["busy"]:
         text += f", {totals['busy']} busy (held by a worker this instant; run it again for those)"
     if totals["skipped"]:
         text += f", {totals['skipped']} skipped (not in a state this applies to)"
+    paused = totals.get("paused_ms", 0) / 1000
+    if paused or replica_note:
+        # Paused so far over the whole bulk (every request of it), then why (the last wait's reading).
+        text += f"; paused for replica lag: {paused:.1f} s" if paused else ""
+        text += f" ({replica_note})" if replica_note else ""
     return text + ("." if finished else "; continuing…")

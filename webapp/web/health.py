@@ -54,11 +54,15 @@ def workers_report() -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
 
 
 def run_health(force: bool = False) -> dict[str, Any]:
-    """{"status": ok|warning|problem|error, "checks": [...], "workers": [...], "error": str|None};
-    the doctor's checks cached per app, the workers read fresh."""
+    """{"status": ok|warning|problem|error, "checks": [...], "workers": [...], "replicas": [...],
+    "error": str|None}; the doctor's checks cached per app, the workers and replicas read fresh."""
     result = _doctor_checks(force)
+    # The replicas are read fresh (one SHOW SLAVE STATUS each: a lag a minute old says little),
+    # and shown even while the primary is down.
+    replicas = extension().replicas
+    reports = replicas.read() if replicas is not None else []
     if result["status"] == "error":
-        return result
+        return {**result, "replicas": [r.as_dict() for r in reports]}
     try:
         workers, check = workers_report()
     except (SQLAlchemyError, TransientDatabaseError):
@@ -75,8 +79,12 @@ def run_health(force: bool = False) -> dict[str, Any]:
                      "detail": f"{runtime.worker.id} is not claiming ({mine['state']}: {mine['detail']})",
                      "advice": "point the workers at the writable primary; they resume on their own once one answers"}
     checks = result["checks"] + ([check] if check else [])
-    status = "problem" if check else result["status"]
-    return {**result, "status": status, "checks": checks, "workers": workers}
+    if replicas is not None:
+        checks += [doctor.check_replica(r, replicas.lag_limit).as_dict() for r in reports]
+    verdicts = {c["verdict"] for c in checks}
+    status = "problem" if "problem" in verdicts else "warning" if "warning" in verdicts else "ok"
+    return {**result, "status": status, "checks": checks, "workers": workers,
+            "replicas": [r.as_dict() for r in reports]}
 
 
 def _doctor_checks(force: bool) -> dict[str, Any]:

@@ -358,7 +358,22 @@ SCHEMAS: dict[str, Any] = {
                                                              "verdict": {"enum": ["ok", "warning", "problem"]},
                                                              "detail": {"type": "string"},
                                                              "advice": {"type": ["string", "null"]}}}},
-        "error": {"type": ["string", "null"]}}},
+        "error": {"type": ["string", "null"]},
+        "replicas": {"type": "array", "description": "each replica of JOBQUEUE_REPLICA_URLS, read fresh",
+                     "items": {"type": "object",
+                               "required": ["address", "reachable", "replica", "seconds_behind", "io_running",
+                                            "sql_running", "detail"],
+                               "properties": {
+                                   "address": {"type": "string", "description": "host:port"},
+                                   "reachable": {"type": "boolean"},
+                                   "replica": {"type": ["boolean", "null"],
+                                               "description": "false: it replicates from nobody; null: unknown"},
+                                   "seconds_behind": {"type": ["integer", "null"],
+                                                      "description": "Seconds_Behind_Master; null when replication "
+                                                                     "is not running or the server did not answer"},
+                                   "io_running": {"type": ["string", "null"]},
+                                   "sql_running": {"type": ["string", "null"]},
+                                   "detail": {"type": "string"}}}}}},
 }
 
 

@@ -18,6 +18,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from ..core import logs, preflight, repository
 from ..core.db import create_engine
 from ..core.errors import TransientDatabaseError, UnsupportedDatabase
+from ..core.replica_watch import ReplicaWatch
 from ..core.settings import use
 from ..core.task_modules import load_task_modules
 from .config import WebSettings
@@ -45,6 +46,7 @@ class QueueExtension:
     read_engine_down_until: float = 0.0  # after a failed connect, pages skip the replica a while
     url_prefix: str = ""                # where the blueprints are mounted ("" standalone)
     access: HostAccess | None = None    # mounted in a host app: its login decides (init_dashboard)
+    replicas: ReplicaWatch | None = None  # JOBQUEUE_REPLICA_URLS: health and the pacing of bulk actions
     _refusal: tuple[float, str | None] = (0.0, None)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -88,7 +90,8 @@ def init_app(app: Flask, settings: WebSettings, *, url_prefix: str = "", access:
                                     lock_wait_seconds=REQUEST_LOCK_WAIT_SECONDS,
                                     statement_timeout_seconds=REQUEST_STATEMENT_SECONDS)
     app.extensions["jobqueue"] = QueueExtension(engine, settings, Runtime(runtime_engine, settings),
-                                                read_engine=read_engine, url_prefix=url_prefix, access=access)
+                                                read_engine=read_engine, url_prefix=url_prefix, access=access,
+                                                replicas=ReplicaWatch.from_settings(settings.core))
 
 
 def extension() -> QueueExtension:

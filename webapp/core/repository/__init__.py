@@ -14,7 +14,7 @@ verb. The worker loop, the reaper, the dashboard, the CLI and the HTTP API all c
     reads.py        get_job, page_jobs, count_matching, get_result, list_attempts, ...
     stats.py        queue_summaries, count_by_status, activity, operator_failures
     sessions.py     start_session, session_state, end_session(s), login_attempt, ... (sign-in state)
-    replicas.py     replica_lag                        (for pages that read from a replica)
+    replicas.py     replica_lag                        (pages that read from a replica, replica_watch)
     explain.py      explain                            (why a job is not running: ordered reasons)
     locks.py        row_lock, lock_report, kill_connection, latest_deadlock, lock_counters (job row locks)
 
@@ -37,8 +37,8 @@ State machine of a row in `job_queue`:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Connection, Engine
@@ -74,6 +74,9 @@ from .retention import PRUNE_BATCH, PruneCounts, forget_prune_runs, last_prune, 
 from .sessions import (LoginGate, SessionState, ThrottleKey, ThrottleRule, end_session, end_sessions, list_sessions,
                        login_attempt, login_succeeded, prune_sign_in, session_state, start_session, touch_session)
 from .stats import QueueSummary, activity, count_by_status, list_queues, operator_failures, queue_summaries
+
+if TYPE_CHECKING:
+    from ..replica_watch import Pause
 
 log = logging.getLogger("jobqueue.repository")
 
@@ -331,10 +334,15 @@ def cancel_job(conn: Connection, job_id: int, reason: str | None = None, *, acto
 
 def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int] | None = None,
                 job_filter: JobFilter | None = None, after_id: int | None = None, reason: str | None = None,
-                force: bool = False, batch_size: int = 500, deadline: float | None = None) -> BulkResult:
-    """Requeue, fail or cancel many jobs in bounded SKIP LOCKED batches (see operator.bulk_action)."""
+                force: bool = False, batch_size: int = 500, deadline: float | None = None,
+                pace: Callable[[float | None], Pause] | None = None) -> BulkResult:
+    """Requeue, fail or cancel many jobs in bounded SKIP LOCKED batches, each after `pace` (the
+    replicas' lag) allows it (see operator.bulk_action)."""
     result = _operator.bulk_action(conn, action, actor=actor, ids=ids, job_filter=job_filter, after_id=after_id,
-                                   reason=reason, force=force, batch_size=batch_size, deadline=deadline)
+                                   reason=reason, force=force, batch_size=batch_size, deadline=deadline, pace=pace)
+    if result.paused_seconds or (not result.finished and result.replica_note):
+        event(log, logging.INFO, f"operator_bulk_{action}_paused", actor=actor, seconds=round(result.paused_seconds, 1),
+              replicas=result.replica_note)
     metrics.OPERATOR_ACTIONS.labels(action=f"bulk_{action}", outcome="ok").inc(result.changed)
     event(log, logging.INFO, f"operator_bulk_{action}", actor=actor, selection=result.selection,
           changed=result.changed, busy=result.busy, skipped=result.skipped, finished=result.finished)

@@ -9,9 +9,9 @@ is gone (ctx.lease_lost)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 import sqlalchemy.ext.compiler
@@ -25,6 +25,9 @@ from ..models import Status
 from ..schema import audit_log, job_queue
 from ..validation import check_reason
 from .common import audit, jq, one_more_attempt, record_attempts, truncate_error
+
+if TYPE_CHECKING:
+    from ..replica_watch import Pause
 
 AUDIT_IDS_SHOWN = 200
 
@@ -238,6 +241,8 @@ class BulkResult:
     finished: bool
     action: str = ""
     selection: str = ""
+    paused_seconds: float = 0.0     # waited for replica lag (pace), this call
+    replica_note: str | None = None  # the last wait's why: who lags, or who could not be read
 
 
 BULK_ELIGIBLE = {
@@ -256,13 +261,18 @@ def _ids_text(ids: Sequence[int]) -> str:
 
 def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int] | None = None,
                 job_filter: JobFilter | None = None, after_id: int | None = None, reason: str | None = None,
-                force: bool = False, batch_size: int = 500, deadline: float | None = None) -> BulkResult:
+                force: bool = False, batch_size: int = 500, deadline: float | None = None,
+                pace: Callable[[float | None], Pause] | None = None) -> BulkResult:
     """Requeue, fail or cancel many jobs: the given ids, or every job matching a filter (newest first).
 
     Each batch is its own short transaction that locks its rows with SKIP LOCKED, so a bulk action
     over 100,000 jobs never holds many locks at once and never waits on a worker's claim: rows held
     this instant are counted as busy and left alone. Running jobs whose lease is still valid are
     skipped unless `force`. Stops at `deadline` (time.monotonic()) and reports where to continue.
+
+    `pace` (ReplicaWatch.wait) is called before each batch, the first too (a continuation must
+    not write while a replica is still behind): it returns once the watched replicas are within
+    their lag bound, or holding at the deadline, and then this stops where it is.
     """
     if action not in BULK_ELIGIBLE:
         raise ValueError(f"unknown bulk action {action!r}")
@@ -273,13 +283,20 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
     selection = (f"ids: {','.join(map(str, ids[:50]))}{'...' if len(ids) > 50 else ''}" if ids is not None
                  else job_filter.describe())
     changed = busy = skipped = 0
+    paused, replica_note = 0.0, None
     cursor = after_id
     pending = list(ids) if ids is not None else None
 
     def result(finished: bool) -> BulkResult:
-        return BulkResult(changed, busy, skipped, cursor, finished, action, selection)
+        return BulkResult(changed, busy, skipped, cursor, finished, action, selection, paused, replica_note)
 
     while True:
+        if pace is not None:
+            pause = pace(deadline)
+            paused += pause.waited
+            replica_note = pause.note or replica_note
+            if pause.holding:
+                return result(False)
         if pending is not None:
             batch, pending = pending[:batch_size], pending[batch_size:]
             batch_ids = [int(i) for i in batch]

@@ -1,5 +1,6 @@
 """replica_lag: how far behind its primary the server of a connection is, for pages that read
-from a replica (JOBQUEUE_READ_URL).
+from a replica (JOBQUEUE_READ_URL) and for the replicas watched by webapp.core.replica_watch
+(JOBQUEUE_REPLICA_URLS: the health panel, the doctor, the pacing of bulk actions).
 
 The figure is the server's own Seconds_Behind_Master (Seconds_Behind_Source on MySQL 8.0.22+):
 the age of the event its SQL thread is applying, 0 once it has applied all it received. The
@@ -28,6 +29,8 @@ class ReplicaLag:
     replica: bool | None        # None: could not tell (no privilege)
     seconds: int | None         # Seconds_Behind_Master; None when not replicating or unknown
     detail: str                 # for the page: "2 s behind", "replication not running", ...
+    io_running: str | None = None    # Slave_IO_Running: "Yes", "No", "Connecting"; None: not a replica
+    sql_running: str | None = None   # Slave_SQL_Running: "Yes", "No"
 
     @property
     def current(self) -> bool:
@@ -57,8 +60,8 @@ def replica_lag(conn: Connection) -> ReplicaLag:
         return ReplicaLag(False, None, "not a replica: reads are current")
     status = rows[0]
     seconds = status.get("Seconds_Behind_Source", status.get("Seconds_Behind_Master"))
+    io = status.get("Replica_IO_Running", status.get("Slave_IO_Running"))
+    sql = status.get("Replica_SQL_Running", status.get("Slave_SQL_Running"))
     if seconds is None:
-        io = status.get("Replica_IO_Running", status.get("Slave_IO_Running"))
-        sql = status.get("Replica_SQL_Running", status.get("Slave_SQL_Running"))
-        return ReplicaLag(True, None, f"replication not running (IO {io}, SQL {sql}): data may be stale")
-    return ReplicaLag(True, int(seconds), f"{int(seconds)} s behind the primary")
+        return ReplicaLag(True, None, f"replication not running (IO {io}, SQL {sql}): data may be stale", io, sql)
+    return ReplicaLag(True, int(seconds), f"{int(seconds)} s behind the primary", io, sql)
