@@ -96,6 +96,10 @@ def test_api_retention_and_prune(client, engine):
     dry = api(client, "POST", "/api/prune", json={"dry_run": True}).get_json()
     assert dry["done"] == 3 and dry["dry_run"] is True
     assert api(client, "POST", "/api/prune", json={"done_older_than": -1}).status_code == 422
+    # A dry run asked for with anything but true is refused, not taken as a real prune.
+    assert api(client, "POST", "/api/prune", json={"dry_run": 1}).status_code == 422
+    assert api(client, "POST", "/api/prune", json={"dry_run": "yes"}).status_code == 422
+    assert api(client, "GET", "/api/retention").get_json()["last_prune"] is None
     assert api(client, "POST", "/api/prune", token=VIEWER_TOKEN).status_code == 403
     done = api(client, "POST", "/api/prune").get_json()
     assert (done["done"], done["finished"]) == (3, True)

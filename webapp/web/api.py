@@ -392,11 +392,15 @@ def prune():
     try:
         done_days = _days(body, "done_older_than", settings.keep_done_days)
         failed_days = _days(body, "failed_older_than", settings.keep_failed_days)
+        dry_run = body.get("dry_run", False)
+        if not isinstance(dry_run, bool):
+            # Not truthiness: "dry_run": 1 taken as false would delete what the caller meant to count.
+            raise ValidationError("dry_run must be true or false", "dry_run")
     except ValidationError as exc:
         return error(422, str(exc), field=exc.field)
     deadline = time.monotonic() + PRUNE_TIME_BUDGET
     with db() as conn:
         counts = repository.prune(conn, done_days=done_days, failed_days=failed_days,
-                                  keys_days=settings.keep_keys_days, dry_run=body.get("dry_run") is True,
+                                  keys_days=settings.keep_keys_days, dry_run=dry_run,
                                   by=_actor(), stop=lambda: time.monotonic() > deadline)
     return jsonify(counts.as_dict())
