@@ -2,10 +2,16 @@
 refresh and GET /api/jobs), a bulk requeue of 100,000 failed jobs with a worker running beside
 it, and search by a bounded scan against a FULLTEXT index.
 
-The table is filled the way a long-lived install looks: mostly `done` rows (two queues, two
-task names), a few thousand `failed`, `ready` and `running`, a backlog of audit entries,
-worker processes and 15 minutes of per-minute activity. Loading uses multi-row
-`INSERT ... SELECT` from MariaDB's sequence engine.
+The table is filled the way a long-lived install looks (issue 17's shape): a week of history
+over 5 queues and 5 tasks (done, 1 in 19 failed), then 40,000 ready, 9,000 scheduled and 1,000
+running jobs of the last hour above it, a backlog of audit entries, worker processes and 15
+minutes of per-minute activity. Loading uses multi-row `INSERT ... SELECT` from MariaDB's
+sequence engine (1,000,000 rows in about 35 s here).
+
+`python -m bench.dashboard --rows 1000000,5000000` (see main) measures every dashboard page and
+fragment, /metrics and the read API at those sizes, idle and with a worker running, each page 2
+warm-ups then 20 requests, plus the database time of one overview poll, and writes
+docs/bench/dashboard.md.
 
 Pages are fetched over HTTP from the real app under gunicorn (1 process, no embedded workers),
 signed in, each page in turn, `rounds` times after a warm-up; p50/p95 per page. Target: p95 <
@@ -194,7 +200,7 @@ def worker_rate(url: str, ctx, seconds: float, during=None) -> tuple[float, Any]
 
 
 def run(ctx) -> dict[str, Any]:
-    rows = 50_000 if ctx.quick else 1_000_000
+    rows = 110_000 if ctx.quick else 1_000_000
     bulk_rows = 5_000 if ctx.quick else 100_000
     rounds = 10 if ctx.quick else 40
     with common.mysql_db("dash") as url:
@@ -203,7 +209,8 @@ def run(ctx) -> dict[str, Any]:
         engine = create_engine(url)
         with engine.connect() as conn:
             total = conn.execute(sa.select(sa.func.count()).select_from(job_queue)).scalar()
-            some_job = repository.get_job_by_key(conn, f"done-{rows // 2}")
+            t = targets(url)
+            some_job = repository.get_job(conn, t["job"])
             plan = repository.explain_claim(conn, "default", 8)
         env = {"JOBQUEUE_USERS": f"bench:admin:{generate_password_hash(PASSWORD)}", "JOBQUEUE_SECRET_KEY": "bench",
                "JOBQUEUE_SECURE_COOKIES": "0", "JOBQUEUE_LOG_LEVEL": "WARNING",
@@ -219,7 +226,8 @@ def run(ctx) -> dict[str, Any]:
                 "jobs: a page deep in the keyset": f"/jobs?before={some_job.id}",
                 "jobs: filtered status=failed": "/jobs?status=failed",
                 "jobs: filtered queue=mail task=export_orders": "/jobs?queue=mail&task=export_orders",
-                "jobs: task_key prefix": f"/jobs?key=done-{rows // 3}",
+                "jobs: task_key prefix (a week-old hour)": f"/jobs?key={t['hour_prefix']}",
+                "jobs: status=scheduled, last page": f"/jobs?status=scheduled&before={t['scheduled_last']}",
                 "jobs: a newer page": f"/jobs?after={some_job.id}",
                 f"search, common term (q={COMMON})": f"/jobs?q={COMMON}",
                 f"search, rare term (q={RARE})": f"/jobs?q={RARE}",
@@ -248,7 +256,7 @@ def run(ctx) -> dict[str, Any]:
         with engine.begin() as conn:
             conn.exec_driver_sql(f"UPDATE job_queue SET status = 'failed', last_error = 'bench' "
                                  f"WHERE status = 'done' AND id <= {bulk_rows}")
-            conn.exec_driver_sql("UPDATE job_queue SET status = 'done' WHERE task_key LIKE 'failed-%%'")
+            conn.exec_driver_sql(f"UPDATE job_queue SET status = 'done' WHERE status = 'failed' AND id > {bulk_rows}")
         common.enqueue_noops(url, 40_000 if not ctx.quick else 8_000, prefix="w")
         with engine.begin() as conn:
             conn.exec_driver_sql("UPDATE job_queue SET queue = 'bench' WHERE task_key LIKE 'w%%'")
@@ -413,19 +421,24 @@ def time_scale_pages(client: Client, pages: dict[str, str], rounds: int, warmups
     """Each page `warmups` times, then `rounds` times in a row; p50/p95/max of those."""
     out = {}
     for name, path in pages.items():
-        for _ in range(warmups):
+        errors: list[int] = []
+
+        def get() -> None:
             try:
-                client.get(path)
-            except urllib.error.HTTPError as exc:
-                raise AssertionError(f"{name}: {path}: {exc}") from None
+                status, _ = client.get(path)
+            except urllib.error.HTTPError as exc:    # 503: a statement over the request's 5 s limit
+                errors.append(exc.code)
+        for _ in range(warmups):
+            get()
+        errors.clear()
         xs = []
         for _ in range(rounds):
             t0 = time.perf_counter()
-            status, body = client.get(path)
+            get()
             xs.append((time.perf_counter() - t0) * 1000)
-            assert status == 200 and len(body) > 20, (name, status)
         out[name] = {"path": path, "p50_ms": common.median(xs), "p95_ms": common.percentile(xs, 95),
-                     "max_ms": max(xs), "n": len(xs), "pass": common.percentile(xs, 95) < TARGET_P95_MS}
+                     "max_ms": max(xs), "n": len(xs), "errors": errors,
+                     "pass": common.percentile(xs, 95) < TARGET_P95_MS and not errors}
     return out
 
 
@@ -593,6 +606,9 @@ def write_md(results: list[dict[str, Any]], path, command: str) -> None:
         for name, i in r["idle"].items():
             w = r["worker"][name]
             ok = "PASS" if i["pass"] and w["pass"] else "**FAIL**"
+            errs = i.get("errors", []) + w.get("errors", [])
+            if errs:
+                ok += f" ({len(errs)} answered {sorted(set(errs))})"
             lines.append(f"| {name} | {i['p50_ms']:.0f} | {i['p95_ms']:.0f} | {w['p50_ms']:.0f} | {w['p95_ms']:.0f} | {ok} |")
         for label, key in (("idle", "poll_idle"), ("with a worker", "poll_worker")):
             p = r[key]
