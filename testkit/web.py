@@ -32,14 +32,16 @@ def tokens_setting() -> str:
 def app_config(url: str, **extra) -> dict:
     """create_app(test_config) for a test app on `url` with no embedded workers."""
     return {"DATABASE_URL": url, "SECRET_KEY": "test-secret", "USERS": users_setting(),
-            "API_TOKENS": tokens_setting(), "EMBEDDED_WORKERS": 0, "SECURE_COOKIES": "1", "TESTING": True, **extra}
+            "API_TOKENS": tokens_setting(), "EMBEDDED_WORKERS": 0, "SECURE_COOKIES": "1", "TESTING": True,
+            # Tests write through the repository and read the pages at once: no shared counts.
+            "COUNTS_CACHE_SECONDS": 0, **extra}
 
 
 def server_env(url: str) -> dict[str, str]:
     """The environment of a gunicorn server under test (see procs.GunicornServer)."""
     return {"JOBQUEUE_USERS": users_setting(), "JOBQUEUE_SECRET_KEY": "s3cret-for-tests",
             "JOBQUEUE_API_TOKENS": tokens_setting(), "JOBQUEUE_LEASE_SECONDS": "10",
-            "JOBQUEUE_GRACE_SECONDS": "1"}
+            "JOBQUEUE_GRACE_SECONDS": "1", "JOBQUEUE_COUNTS_CACHE_SECONDS": "0"}
 
 
 def api_post(base: str, path: str, body, token: str = ADMIN_TOKEN) -> dict:

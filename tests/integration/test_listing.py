@@ -182,3 +182,66 @@ def test_requeue_again_from_the_command_line(run, engine):
     assert refused.exit_code == 3 and "--again" in refused.stderr
     done = run("requeue", str(job.id), "--again")
     assert done.exit_code == 0 and json.loads(done.stdout)["before"] == "done"
+
+
+def _history(conn, n: int, old_keys: int, scheduled: int) -> None:
+    """`old_keys` week-old 'old:' keys at the bottom of the ids, `n` newer done rows above them,
+    and `scheduled` jobs on top: the shape where the planner walks the primary key backwards."""
+    cols = ("INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
+            "max_attempts, created_at, updated_at) ")
+    now = "UTC_TIMESTAMP(6)"
+    conn.exec_driver_sql(cols + f"SELECT CONCAT('old:', seq), 'noop', 'default', 0, '{{}}', 'done', {now}, 1, 5, "
+                         f"{now}, {now} FROM seq_1_to_{old_keys}")
+    conn.exec_driver_sql(cols + f"SELECT CONCAT('new:', seq), 'noop', IF(MOD(seq, 2), 'a', 'b'), 0, '{{}}', 'done', "
+                         f"{now}, 1, 5, {now}, {now} FROM seq_1_to_{n}")
+    conn.exec_driver_sql(cols + f"SELECT CONCAT('later:', seq), 'noop', 'default', 0, '{{}}', 'scheduled', "
+                         f"{now} + INTERVAL 1 HOUR, 0, 5, {now}, {now} FROM seq_1_to_{scheduled}")
+    conn.exec_driver_sql("ANALYZE TABLE job_queue")
+    conn.commit()
+
+
+def _plans(engine, conn, run) -> list[tuple[str, str]]:
+    """(key EXPLAIN chose for the page statement as sent, key it chooses for the statement pages
+    sent before the hint: the whole rows, no hint)."""
+    sent: list[str] = []
+
+    def grab(c, cursor, statement, params, context, executemany):
+        if "FORCE INDEX" in statement:
+            sent.append(cursor.mogrify(statement, params))
+    sa.event.listen(engine, "before_cursor_execute", grab)
+    try:
+        run()
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", grab)
+    out = []
+    for stmt in sent:
+        hinted = conn.exec_driver_sql("EXPLAIN " + stmt.replace("%", "%%")).mappings().one()["key"]
+        bare = stmt.split(" FORCE INDEX (")[0] + stmt.split(" FORCE INDEX (")[1].split(")", 1)[1]
+        bare = bare.replace("SELECT job_queue.id", "SELECT *", 1)
+        unhinted = conn.exec_driver_sql("EXPLAIN " + bare.replace("%", "%%")).mappings().one()["key"]
+        out.append((hinted, unhinted))
+    return out
+
+
+def test_a_week_old_prefix_and_the_last_page_of_a_live_status_read_their_own_index(mysql_engine):
+    """At 71,000 rows the planner already walks the primary key backwards for these pages (it
+    expects matches spread over the ids; they sit under every newer row); the page pins the
+    filter's index, checked by EXPLAIN on the statement it sent, and still returns the right rows."""
+    with mysql_engine.connect() as conn:
+        _history(conn, 60_000, 8_000, 3_000)
+        prefix = lambda: repository.page_jobs(conn, JobFilter(key_prefix="old:"))   # noqa: E731
+        assert _plans(mysql_engine, conn, prefix) == [("uk_task_key", "PRIMARY")]
+        page = prefix()
+        assert [j.task_key for j in page.jobs[:2]] == ["old:8000", "old:7999"] and page.matches == 8000
+        assert all(j.task_key.startswith("old:") for j in page.jobs) and len(page.jobs) == 50
+
+        scheduled = conn.exec_driver_sql("SELECT id FROM job_queue WHERE status = 'scheduled' ORDER BY id "
+                                         "LIMIT 19, 1").scalar()
+        last = lambda: repository.page_jobs(conn, JobFilter(status=Status.SCHEDULED), before=scheduled)  # noqa: E731
+        assert _plans(mysql_engine, conn, last) == [("ix_ready_pick", "PRIMARY")]
+        page = last()
+        assert len(page.jobs) == 19 and page.older is None and page.jobs[0].id < scheduled
+        assert [j.id for j in page.jobs] == sorted((j.id for j in page.jobs), reverse=True)
+
+        # A terminal status is dense: the planner's walk is right there, and nothing is pinned.
+        assert _plans(mysql_engine, conn, lambda: repository.page_jobs(conn, JobFilter(status=Status.DONE))) == []

@@ -263,3 +263,40 @@ def test_count_by_status(engine):
         repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
         assert repository.count_by_status(conn) == [("default", "ready", 2), ("default", "running", 1),
                                                     ("mail", "ready", 1)]
+
+
+def test_counts_cache_is_shared_until_its_seconds_pass_or_an_operator_acts(engine, monkeypatch):
+    """What every tab, /metrics and /api/stats of one process read: the same figures until they
+    are live_seconds old (history 15 times as long), recounted at once after an operator action
+    in this process, and each pair capped (done at HISTORY_CAP, shown as capped, never guessed)."""
+    from webapp.core.repository import stats
+
+    clock = [1000.0]
+    monkeypatch.setattr(stats.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(stats, "CAPS", {**stats.CAPS, "done": 2})
+    cache = repository.CountsCache(2.0)
+    with engine.connect() as conn:
+        jobs = add(conn, 3)
+        conn.execute(sa.update(job_queue).where(job_queue.c.id.in_([j.id for j in jobs])).values(status="done"))
+        conn.commit()
+        add(conn, 2, prefix="r")
+
+        def seen():
+            (q,), _ = cache.summaries(conn)
+            return q.counts["ready"], q.counts["done"], q.capped
+
+        assert seen() == (2, 2, frozenset({"done"}))       # 3 done, capped at 2
+        add(conn, 1, prefix="s")
+        clock[0] += 1.9
+        assert seen() == (2, 2, frozenset({"done"}))       # within 2 s: the same figures
+        clock[0] += 0.2
+        assert seen() == (3, 2, frozenset({"done"}))       # live recounted, history kept
+        failed = repository.fail_job(conn, jobs[0].id + 3, "no")   # a ready job, by an operator
+        assert failed.changed
+        assert cache.summaries(conn)[0][0].counts["failed"] == 1   # forgotten at once
+        assert repository.queue_summaries(conn)[0][0].counts["ready"] == 2   # direct callers: fresh
+
+    fresh = repository.CountsCache(0)
+    with engine.connect() as conn:
+        add(conn, 1, prefix="t")
+        assert fresh.summaries(conn)[0][0].counts["ready"] == 3

@@ -151,6 +151,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("BIND", "bind", _text, None, "gunicorn's address", "`127.0.0.1:8000`, or `0.0.0.0:$PORT` when `PORT` is set"),
     Setting("WEB_WORKERS", "web_workers", _number(int, 1, 64), 2, "gunicorn worker processes"),
     Setting("WEB_THREADS", "web_threads", _number(int, 1, 256), 4, "threads in each"),
+    Setting("COUNTS_CACHE_SECONDS", "counts_cache_seconds", _number(float, 0, 3600), 2.0,
+            "how long a web process reuses its ready / running / scheduled counts for every tab, `/metrics` and "
+            "`/api/stats` (done, failed and cancelled: 15 times as long; 0: count at every request)"),
     Setting("ACCESS_LOG", "access_log", _text, None, "gunicorn access log (`-` for standard error)", "none"),
 )
 
@@ -188,6 +191,7 @@ class Settings:
     bind: str | None = None
     web_workers: int = 2
     web_threads: int = 4
+    counts_cache_seconds: float = 2.0
     access_log: str | None = None
     port: int | None = None        # PORT, as platforms that run a Procfile set it
 

@@ -190,7 +190,7 @@ def hide_statements(explanation: dict[str, Any]) -> dict[str, Any]:
 @token_required()
 def stats():
     with db() as conn:
-        summaries, now = repository.queue_summaries(conn)
+        summaries, now = extension().counts.summaries(conn)
     queues = {q.queue: {**q.counts, "oldest_ready_age_seconds":
                         round((now - q.oldest_ready).total_seconds(), 3) if q.oldest_ready else None,
                         "capped": sorted(q.capped)} for q in summaries}
@@ -255,7 +255,7 @@ def queue_json(row: dict[str, Any]) -> dict[str, Any]:
 @token_required()
 def queues():
     with db() as conn:
-        rows, now = repository.list_queues(conn)
+        rows, now = repository.list_queues(conn, counts=extension().counts)
     return jsonify({"queues": [queue_json(r) for r in rows], "now": iso(now)})
 
 

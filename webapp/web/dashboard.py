@@ -148,7 +148,7 @@ def overview_panels():
 def overview_context() -> dict[str, Any]:
     with read_db() as conn:
         # Every known queue, with its paused state: dicts with the QueueSummary fields.
-        summaries, now = repository.list_queues(conn)
+        summaries, now = repository.list_queues(conn, counts=extension().counts_for(conn))
         last_prune = repository.last_prune(conn)
         running = repository.running_jobs(conn, limit=20)
         since = now.replace(second=0, microsecond=0) - timedelta(minutes=CHART_MINUTES - 1)

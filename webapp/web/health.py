@@ -153,15 +153,17 @@ class QueueCollector:
     """Gauges read from the database when scraped: jobs by queue and status (capped counts, see
     repository.queue_summaries), the oldest ready job's age per queue, and which queues are paused."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, counts=None):
         self.engine = engine
+        self.counts = counts
 
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
 
         with self.engine.connect() as conn:
-            queues, now = repository.list_queues(conn)
-        jobs = GaugeMetricFamily("jobqueue_queue_jobs", "Jobs by queue and status (capped at 100,000 per pair)",
+            queues, now = repository.list_queues(conn, counts=self.counts)
+        jobs = GaugeMetricFamily("jobqueue_queue_jobs", "Jobs by queue and status (capped: ready, running, scheduled "
+                                 "and failed at 100,000 per pair, done and cancelled at 10,000)",
                                  labels=["queue", "status"])
         oldest = GaugeMetricFamily("jobqueue_queue_oldest_ready_age_seconds",
                                    "How long the oldest ready job of each queue has waited", labels=["queue"])
@@ -182,7 +184,7 @@ def metrics_view():
     if not _viewer_or_token():
         return jsonify({"error": token_refusal()}), 401
     try:
-        body = metrics.exposition(QueueCollector(extension().engine))
+        body = metrics.exposition(QueueCollector(extension().engine, extension().counts))
     except (SQLAlchemyError, TransientDatabaseError):
         body = metrics.exposition()  # the counters still tell what happened
     # Response's mimetype adds "; charset=utf-8" by itself: give the parameters once.

@@ -47,8 +47,14 @@ class QueueExtension:
     url_prefix: str = ""                # where the blueprints are mounted ("" standalone)
     access: HostAccess | None = None    # mounted in a host app: its login decides (init_dashboard)
     replicas: ReplicaWatch | None = None  # JOBQUEUE_REPLICA_URLS: health and the pacing of bulk actions
+    counts: repository.CountsCache | None = None       # queue counts on the primary, shared by every request
+    read_counts: repository.CountsCache | None = None  # the same from the replica of JOBQUEUE_READ_URL
     _refusal: tuple[float, str | None] = (0.0, None)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def counts_for(self, conn: Connection) -> repository.CountsCache | None:
+        """The counts cache of the database `conn` reads from."""
+        return self.read_counts if self.read_engine is not None and conn.engine is self.read_engine else self.counts
 
     def write_refusal(self, max_age: float = 60.0) -> str | None:
         """Why this database must not take queue writes (a replica, statement binlogs, MyISAM,
@@ -89,9 +95,11 @@ def init_app(app: Flask, settings: WebSettings, *, url_prefix: str = "", access:
         read_engine = create_engine(settings.core.read_url, pool_size=4, settings=settings.core, read_only=True,
                                     lock_wait_seconds=REQUEST_LOCK_WAIT_SECONDS,
                                     statement_timeout_seconds=REQUEST_STATEMENT_SECONDS)
+    seconds = settings.core.counts_cache_seconds
     app.extensions["jobqueue"] = QueueExtension(engine, settings, Runtime(runtime_engine, settings),
                                                 read_engine=read_engine, url_prefix=url_prefix, access=access,
-                                                replicas=ReplicaWatch.from_settings(settings.core))
+                                                replicas=ReplicaWatch.from_settings(settings.core),
+                                                counts=repository.CountsCache(seconds), read_counts=repository.CountsCache(seconds))
 
 
 def extension() -> QueueExtension:

@@ -73,7 +73,8 @@ from .replicas import ReplicaLag, replica_lag
 from .retention import PRUNE_BATCH, PruneCounts, forget_prune_runs, last_prune, prune_due
 from .sessions import (LoginGate, SessionState, ThrottleKey, ThrottleRule, end_session, end_sessions, list_sessions,
                        login_attempt, login_succeeded, prune_sign_in, session_state, start_session, touch_session)
-from .stats import QueueSummary, activity, count_by_status, list_queues, operator_failures, queue_summaries
+from .stats import (CountsCache, QueueSummary, activity, count_by_status, forget_counts, list_queues, operator_failures,
+                    queue_summaries)
 
 if TYPE_CHECKING:
     from ..replica_watch import Pause
@@ -306,6 +307,8 @@ def _operator_action(action: str, job_id: int, actor: str, run) -> ActionResult:
     metrics.OPERATOR_ACTIONS.labels(action=action, outcome="ok" if result.changed else "noop").inc()
     event(log, logging.INFO, "operator_" + action, job_id=job_id, actor=actor, before=result.before.value,
           after=result.after.value, changed=result.changed)
+    if result.changed:
+        forget_counts()     # the operator's next page shows what they did
     if result.changed and result.after.value == "ready":
         wakeup.notify()
     return result
@@ -346,6 +349,8 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
     metrics.OPERATOR_ACTIONS.labels(action=f"bulk_{action}", outcome="ok").inc(result.changed)
     event(log, logging.INFO, f"operator_bulk_{action}", actor=actor, selection=result.selection,
           changed=result.changed, busy=result.busy, skipped=result.skipped, finished=result.finished)
+    if result.changed:
+        forget_counts()
     if result.changed and action == "requeue":
         wakeup.notify()
     if result.changed and action == "cancel":
@@ -450,14 +455,14 @@ def prune(conn: Connection, *, done_days: float | None, failed_days: float | Non
 
 
 __all__ = [
-    "ActionResult", "BULK_ELIGIBLE", "BulkResult", "COUNT_CAP", "DueRuns", "JobFilter", "JobPage",
+    "ActionResult", "BULK_ELIGIBLE", "BulkResult", "COUNT_CAP", "CountsCache", "DueRuns", "JobFilter", "JobPage",
     "LockReport", "LoginGate", "RowLock", "Transaction", "explain", "kill_connection", "latest_deadlock",
     "lock_counters", "lock_report", "row_lock", "PRUNE_BATCH", "PruneCounts", "QueueState", "QueueSummary", "ReapResult", "Reclaimed",
     "ReplicaLag", "SEARCH_WINDOW", "SessionState", "ThrottleKey", "ThrottleRule", "activity", "bulk_action",
     "cancel_job", "claim", "claim_cycle", "classify_empty", "classify_row", "classify_statement", "complete",
     "complete_many", "complete_with", "count_by_status", "count_matching", "database_now", "distinct_values",
     "end_session", "end_sessions", "enqueue", "enqueue_due_recurring", "enqueue_many", "ensure_keys",
-    "explain_claim", "fail", "fail_job", "flavour", "forget_prune_runs", "get_job", "get_job_by_key",
+    "explain_claim", "fail", "fail_job", "flavour", "forget_counts", "forget_prune_runs", "get_job", "get_job_by_key",
     "get_recurring", "get_result", "heartbeat", "jobs_by_id", "last_prune", "list_attempts", "list_audit",
     "list_jobs", "list_processes", "list_queues", "list_recurring", "list_sessions", "login_attempt",
     "login_succeeded", "mark_stopped", "operator_failures", "page_jobs", "pause_queue", "paused_queues",
