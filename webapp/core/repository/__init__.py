@@ -103,15 +103,20 @@ def _after_commit(conn: Connection, report) -> None:
 
 
 def _report_enqueued(results: list[Enqueued]) -> None:
-    written = False
+    written: dict[str | None, int] = {}
+    duplicates = 0
     for res in results:
         if res.duplicate:
-            metrics.DUPLICATE_ENQUEUES.inc()
+            duplicates += 1
             event(log, logging.INFO, "duplicate_enqueue", job_id=res.id, task_key=res.task_key,
                   detail="task_key already known; nothing written")
         else:
-            written = True
-            metrics.ENQUEUED.labels(queue=res.queue).inc()
+            written[res.queue] = written.get(res.queue, 0) + 1
+    # One increment per queue, not per job: a batch of 1,000 spent a tenth of its time here.
+    if duplicates:
+        metrics.DUPLICATE_ENQUEUES.inc(duplicates)
+    for queue, count in written.items():
+        metrics.ENQUEUED.labels(queue=queue).inc(count)
     if written:
         wakeup.notify()
 
