@@ -156,9 +156,6 @@ def enqueue(ctx: click.Context, task: str, task_key: str, payload: str, queue: s
     print_json({"id": res.id, "task_key": res.task_key, "duplicate": res.duplicate, "status": str(status)})
 
 
-ENQUEUE_BATCH = 1000   # jobs per transaction in `enqueue-many`
-
-
 @main.command("enqueue-many")
 @click.argument("file", type=click.File("rb"))
 @tasks_option
@@ -175,9 +172,8 @@ def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: 
     jobs print {"line", "task_key", "error"}); the other batches still go in. Exit 2 if any line
     was refused."""
     from . import repository
-    from .repository.enqueue import Validated, validate_job
     from .task_modules import load_task_modules
-    from .validation import job_spec, max_payload_bytes
+    from .validation import MAX_BATCH_JOBS, job_spec, max_payload_bytes
 
     settings = settings_of(ctx, database_url)
     load_task_modules(tasks if tasks is not None else settings.task_modules)
@@ -188,7 +184,7 @@ def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: 
 
     def parse(raw: bytes):
         try:
-            return validate_job(job_spec(json.loads(raw.decode("utf-8"))), limit=limit)
+            return repository.validate_job(job_spec(json.loads(raw.decode("utf-8"))), limit=limit)
         except ValidationError as exc:
             return exc
         except RecursionError:
@@ -209,7 +205,7 @@ def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: 
                             "error": f"not written: line {first} of the same batch was refused"}
                 out.write(json.dumps(line) + "\n")
             return
-        results = repository.enqueue_many(conn, Validated(job for _, job in batch))
+        results = repository.enqueue_many(conn, repository.Validated(job for _, job in batch))
         out.write("".join(f'{{"id": {r.id}, "task_key": {json.dumps(r.task_key)}, "duplicate": '
                           f'{"true" if r.duplicate else "false"}, "status": "{r.status.value}"}}\n'
                           for r in results))
@@ -221,7 +217,7 @@ def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: 
             if not raw.strip():
                 continue
             batch.append((number, parse(raw)))
-            if len(batch) == ENQUEUE_BATCH:
+            if len(batch) == MAX_BATCH_JOBS:
                 flush(conn, batch)
                 batch = []
         if batch:

@@ -25,6 +25,8 @@ MAX_ATTEMPTS_RANGE = (1, 1000)
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")     # fullmatch: "$" would let a final newline through
 
 
+# Jobs per batch: a POST /api/jobs array at most, and a transaction of `jobqueue enqueue-many`.
+MAX_BATCH_JOBS = 1000
 # The fields of one job, as POST /api/jobs and `jobqueue enqueue-many` take them.
 ENQUEUE_FIELDS = frozenset({"task", "task_key", "payload", "queue", "priority", "delay", "max_attempts"})
 
@@ -122,13 +124,15 @@ def check_payload(payload: Any, limit: int | None = None) -> dict[str, Any]:
     return checked_payload(payload, limit)[0]
 
 
-# One encoder: json.dumps with any non-default argument builds a new one per call (a third of
-# the check's time).
-_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+# Encoders made once: json.dumps with any non-default argument builds a new one per call.
+# _STORED writes json.dumps' own form, the text SQLAlchemy's JSON type always stored (the
+# dashboard's search matches it); the size limit counts _COMPACT's, in UTF-8.
+_STORED = json.JSONEncoder(allow_nan=False)
+_COMPACT = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 
 
 def checked_payload(payload: Any, limit: int | None = None) -> tuple[dict[str, Any], str]:
-    """check_payload's payload and the text it is stored as. The limit counts the compact form."""
+    """check_payload's payload and the text it is stored as."""
     if payload is None:
         return {}, "{}"
     if not isinstance(payload, dict):
@@ -136,32 +140,32 @@ def checked_payload(payload: Any, limit: int | None = None) -> tuple[dict[str, A
     if not payload:
         return {}, "{}"
     try:
-        encoded = _ENCODER.encode(payload)
+        stored = _STORED.encode(payload)
     except RecursionError:
-        encoded = None   # nested far too deep: _depth below says how deep
+        stored = None   # nested far too deep: _depth below says how deep
     except (TypeError, ValueError) as exc:
         _check_depth(payload)
         raise ValidationError(f"payload is not valid JSON: {exc}", "payload") from None
     # Nesting can be no deeper than the brackets in the text: most payloads are counted, not walked.
-    if encoded is None or encoded.count("{") + encoded.count("[") > MAX_PAYLOAD_DEPTH:
+    if stored is None or stored.count("{") + stored.count("[") > MAX_PAYLOAD_DEPTH:
         _check_depth(payload)
-        if encoded is None:
+        if stored is None:
             raise ValidationError("payload is not valid JSON: nested too deeply", "payload")
-    if encoded.isascii():   # one byte a character, and no lone surrogate
-        size = len(encoded)
-    else:
+    if limit is None:
+        limit = max_payload_bytes()
+    # The stored text is never shorter than the compact UTF-8 form (it adds spaces and writes
+    # every non-ASCII character as a longer \u escape), and a lone surrogate shows in it as
+    # "\ud...": only such payloads are encoded a second time, to be measured exactly.
+    if len(stored) > limit or "\\ud" in stored:
         try:
-            size = len(encoded.encode("utf-8"))
+            size = len(_COMPACT.encode(payload).encode("utf-8"))
         except UnicodeEncodeError:
             raise ValidationError("payload holds a lone surrogate (such as \\ud800), which is not valid Unicode",
                                   "payload") from None
-    if limit is None:
-        limit = max_payload_bytes()
-    if size > limit:
-        raise PayloadTooLarge(f"payload is {size} bytes, over the limit of {limit}", "payload")
+        if size > limit:
+            raise PayloadTooLarge(f"payload is {size} bytes, over the limit of {limit}", "payload")
     # What we store is exactly what the handler will read back.
-    readback = json.loads(encoded)
-    return readback, json.dumps(readback)
+    return json.loads(stored), stored
 
 
 def _check_depth(payload: dict[str, Any]) -> None:
@@ -230,7 +234,7 @@ def concurrency_key_of(task_name: str, field: str, payload: dict[str, Any]) -> s
         raise ValidationError(f"payload lacks {field!r}: task {task_name!r} limits how many jobs with the same "
                               f"{field!r} run at once", "payload")
     value = payload[field]
-    if value is None or isinstance(value, (dict, list)):
+    if value is None or isinstance(value, (bool, dict, list)):   # bool: the API documents string or number
         raise ValidationError(f"payload[{field!r}] must be a string or a number (it is task {task_name!r}'s "
                               "concurrency key)", "payload")
     text = value if isinstance(value, str) else json.dumps(value)

@@ -57,6 +57,7 @@ from . import recurring as _recurring
 from . import retention as _retention
 from .claim import (classify_empty, classify_row, classify_statement, ensure_keys, explain_claim, flavour,
                     paused_queues, pick_statement, read_only_flags, ready_queues)
+from .enqueue import ServerRefusedRows, Validated, validate_job, validate_jobs
 from .maintenance import PROMOTE_BATCH, REAP_BATCH, ReapResult, Reclaimed, prune_history
 from .operator import BULK_ELIGIBLE, SEARCH_WINDOW, ActionResult, BulkResult, JobFilter, list_audit
 from .processes import heartbeat, list_processes, mark_stopped, register_process
@@ -400,7 +401,7 @@ def prune(conn: Connection, *, done_days: float | None, failed_days: float | Non
 __all__ = [
     "ActionResult", "BULK_ELIGIBLE", "BulkResult", "COUNT_CAP", "DueRuns", "JobFilter", "JobPage",
     "LoginGate", "PRUNE_BATCH", "PruneCounts", "QueueState", "QueueSummary", "ReapResult", "Reclaimed",
-    "ReplicaLag", "SEARCH_WINDOW", "SessionState", "ThrottleKey", "ThrottleRule", "activity", "bulk_action",
+    "ReplicaLag", "SEARCH_WINDOW", "ServerRefusedRows", "SessionState", "ThrottleKey", "ThrottleRule", "activity", "bulk_action",
     "cancel_job", "claim", "claim_cycle", "classify_empty", "classify_row", "classify_statement", "complete",
     "complete_many", "complete_with", "count_by_status", "count_matching", "database_now", "distinct_values",
     "end_session", "end_sessions", "enqueue", "enqueue_due_recurring", "enqueue_many", "ensure_keys",
@@ -412,5 +413,5 @@ __all__ = [
     "queue_summaries", "read_only_flags", "ready_queues", "reap", "record_result", "register_process",
     "release", "remove_recurring", "renew", "renew_leases", "replica_lag", "requeue_job", "resume_queue",
     "retry", "running_jobs", "session_state", "set_recurring_enabled", "start_session", "sync_code_schedules",
-    "touch_session", "upsert_recurring",
+    "touch_session", "upsert_recurring", "Validated", "validate_job", "validate_jobs",
 ]
