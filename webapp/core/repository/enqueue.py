@@ -355,8 +355,11 @@ def _read(c: Connection, keys: list[str], *, queue: bool = True, pruned: bool = 
             in_list, params = ",".join(map(escape, chunk)), None
         else:
             in_list, params = ",".join("?" * len(chunk)), tuple(chunk) * (queue + pruned)
-        selects = ([f"SELECT 'q', task_key, id, status FROM job_queue WHERE task_key IN ({in_list})"] if queue else []) \
-            + ([f"SELECT 'p', task_key, job_id, status FROM pruned_key WHERE task_key IN ({in_list})"] if pruned else [])
+        selects = []
+        if queue:
+            selects.append(f"SELECT 'q', task_key, id, status FROM job_queue WHERE task_key IN ({in_list})")
+        if pruned:
+            selects.append(f"SELECT 'p', task_key, job_id, status FROM pruned_key WHERE task_key IN ({in_list})")
         sql = " UNION ALL ".join(selects)
         found = execute_sql(c, sql).rows if mysql else c.exec_driver_sql(sql, params).all()
         for table, key, job_id, status in found:
