@@ -46,3 +46,17 @@ def test_connect_args_parse_app_urls():
     assert (args["host"], args["port"], args["user"], args["password"], args["database"]) == \
         ("db.example", 3307, "u@x", "p:w", "jq")
     assert args["autocommit"] is False
+
+
+def test_the_enqueue_bench_runs_every_part_small(mysql_url):
+    """bench/enqueue.py end to end at a small size (pgqueuer left out): every rate and ratio is
+    measured, and the markdown table renders. Nothing is asserted about speed."""
+    from bench import enqueue as enqueue_bench
+
+    res = enqueue_bench.run(rows=1500, rounds=1, requests=5, with_pgqueuer=False)
+    assert all(res["rows_per_s"][k] > 0 for k in ("ours", "raw", "cli"))
+    assert res["cli_empty_run_s"] > 0   # at this size the empty run's time may exceed the difference
+    assert res["ratios"]["enqueue_many / raw PyMySQL"] > 0 and res["ratios"]["enqueue_many / pgqueuer"] is None
+    assert res["http_single_enqueue"]["requests"] == 5 and res["http_single_enqueue"]["p95_ms"] > 0
+    assert set(res["validation_us_per_job"]) == {"no payload", "small payload"}
+    assert "| `repository.enqueue_many` |" in enqueue_bench.markdown(res)

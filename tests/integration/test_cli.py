@@ -95,3 +95,91 @@ def test_unreachable_database_is_one_line_exit_1():
     result = jobqueue("mysql+pymysql://root@127.0.0.1:1/nothing", "stats")
     assert result.returncode == 1
     assert result.stderr.startswith("error: database:") and "Traceback" not in result.stderr
+
+
+# --- enqueue-many ------------------------------------------------------------------------------
+
+def _lines(result):
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def _keys_in_table(engine):
+    import sqlalchemy as sa
+    from webapp.core.schema import job_queue
+
+    with engine.connect() as conn:
+        return set(conn.execute(sa.select(job_queue.c.task_key)).scalars())
+
+
+def test_enqueue_many_prints_a_line_per_job_in_order_and_skips_blank_lines(run, tmp_path):
+    path = tmp_path / "jobs.jsonl"
+    path.write_text('{"task": "noop", "task_key": "a"}\n\n   \n'
+                    '{"task": "noop", "task_key": "b", "payload": {"x": 1}, "queue": "mail", "priority": 2}\n'
+                    '{"task": "noop", "task_key": "a"}\n'
+                    '{"task": "noop", "task_key": "c", "delay": 30, "max_attempts": 3}')   # no final newline
+    result = run("enqueue-many", str(path))
+    assert result.exit_code == 0, result.output
+    lines = _lines(result)
+    assert [(r["task_key"], r["duplicate"], r["status"]) for r in lines] == [
+        ("a", False, "ready"), ("b", False, "ready"), ("a", True, "ready"), ("c", False, "scheduled")]
+    assert all(set(r) == {"id", "task_key", "duplicate", "status"} for r in lines)
+    assert lines[2]["id"] == lines[0]["id"]
+    again = run("enqueue-many", str(path))
+    assert again.exit_code == 0 and all(r["duplicate"] for r in _lines(again))
+    assert [r["id"] for r in _lines(again)] == [r["id"] for r in lines]
+
+
+def test_enqueue_many_reads_standard_input(db_url, engine):
+    result = CliRunner().invoke(main, ["--database-url", db_url, "enqueue-many", "-"], obj={},
+                                input='{"task": "noop", "task_key": "in-1"}\n{"task": "noop", "task_key": "in-2"}\n')
+    assert result.exit_code == 0, result.output
+    assert [r["task_key"] for r in _lines(result)] == ["in-1", "in-2"]
+    assert _keys_in_table(engine) == {"in-1", "in-2"}
+
+
+def test_a_bad_line_refuses_its_batch_and_the_other_batches_go_in(run, engine, tmp_path, monkeypatch):
+    """2,500 lines are three batches (1,000, 1,000, 500). A bad line in the middle of the second
+    batch (line 1,500): that batch prints the bad line's number and field and writes nothing;
+    the first and third are written; exit 2."""
+    lines = [json.dumps({"task": "noop", "task_key": f"j{i}"}) for i in range(1, 2501)]
+    lines[1499] = json.dumps({"task": "noop", "task_key": "j1500", "priority": "high"})
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = run("enqueue-many", str(path))
+    assert result.exit_code == 2
+    out = _lines(result)
+    assert len(out) == 2500
+    assert out[1499] == {"line": 1500, "error": out[1499]["error"], "field": "priority"}
+    assert all(r["error"] == "not written: line 1500 of the same batch was refused" and r["line"] == n + 1
+               for n, r in enumerate(out) if 1000 <= n < 2000 and n != 1499)
+    assert all("id" in r and not r["duplicate"] for n, r in enumerate(out) if n < 1000 or n >= 2000)
+    assert "line 1500" in result.stderr
+    assert _keys_in_table(engine) == {f"j{i}" for i in range(1, 2501) if not 1001 <= i <= 2000}
+
+
+@pytest.mark.parametrize("line, field", [
+    ('{"task": "noop"', None),                                   # not JSON
+    ('[{"task": "noop", "task_key": "x"}]', None),               # not an object
+    ('{"task": "noop", "task_key": "x", "colour": "red"}', "colour"),
+    ('{"task": "nope", "task_key": "x"}', "task"),
+    ('{"task": "noop", "task_key": ""}', "task_key"),
+    ('{"task": "noop", "task_key": "x", "payload": [1]}', "payload"),
+    ('{"task": "noop", "task_key": "x", "delay": NaN}', "delay"),
+])
+def test_each_kind_of_bad_line_is_refused_with_its_field(run, engine, tmp_path, line, field):
+    path = tmp_path / "jobs.jsonl"
+    path.write_text('{"task": "noop", "task_key": "ok"}\n' + line + "\n")
+    result = run("enqueue-many", str(path))
+    assert result.exit_code == 2
+    out = _lines(result)
+    assert out[0]["line"] == 1 and "not written" in out[0]["error"]
+    assert out[1]["line"] == 2 and out[1]["field"] == field
+    assert _keys_in_table(engine) == set()
+
+
+def test_a_line_that_is_not_utf8_is_refused(run, engine, tmp_path):
+    path = tmp_path / "jobs.jsonl"
+    path.write_bytes(b'{"task": "noop", "task_key": "caf\xe9"}\n')
+    result = run("enqueue-many", str(path))
+    assert result.exit_code == 2 and _lines(result)[0]["line"] == 1
+    assert _keys_in_table(engine) == set()

@@ -265,3 +265,49 @@ def test_hsts_when_secure_cookies_are_on(client, mysql_url):
     plain = create_app(app_config(mysql_url, SECURE_COOKIES="0"))
     assert "Strict-Transport-Security" not in plain.test_client().get("/login").headers
     plain.extensions["jobqueue"].engine.dispose()
+
+
+# --- POST /api/jobs with an array ----------------------------------------------------------------
+
+def test_api_enqueues_an_array_in_one_transaction(client, engine):
+    repository_job = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "known"}).get_json()
+    created = api(client, "POST", "/api/jobs", json=[
+        {"task": "noop", "task_key": "b1", "payload": {"a": 1}}, {"task": "noop", "task_key": "known"},
+        {"task": "noop", "task_key": "b2", "delay": 60}, {"task": "noop", "task_key": "b1"}])
+    assert created.status_code == 201
+    body = created.get_json()
+    assert [(r["task_key"], r["duplicate"], r["status"]) for r in body] == [
+        ("b1", False, "ready"), ("known", True, "ready"), ("b2", False, "scheduled"), ("b1", True, "ready")]
+    assert body[1]["id"] == repository_job["id"] and body[3]["id"] == body[0]["id"]
+    assert all(set(r) == {"id", "task_key", "duplicate", "status"} for r in body)
+    again = api(client, "POST", "/api/jobs", json=[{"task": "noop", "task_key": "b1"}, {"task": "noop", "task_key": "b2"}])
+    assert again.status_code == 200 and all(r["duplicate"] for r in again.get_json())
+    empty = api(client, "POST", "/api/jobs", json=[])
+    assert empty.status_code == 200 and empty.get_json() == []
+    assert count_jobs(engine) == 3
+
+
+def test_an_array_of_a_thousand_jobs_is_taken_and_one_more_is_413(client, engine):
+    jobs = [{"task": "noop", "task_key": f"t{i}", "payload": {"order": i, "note": "x" * 40}} for i in range(1000)]
+    taken = api(client, "POST", "/api/jobs", json=jobs)   # about 80 kB: more than one job's body limit
+    assert taken.status_code == 201 and len(taken.get_json()) == 1000
+    refused = api(client, "POST", "/api/jobs", json=jobs + [{"task": "noop", "task_key": "t1000"}])
+    assert refused.status_code == 413 and "1000" in refused.get_json()["error"]
+    assert count_jobs(engine) == 1000
+
+
+@pytest.mark.parametrize("bad, status, field", [
+    ({"task": "noop", "task_key": "x", "priority": "high"}, 422, "priority"),
+    ({"task": "noop", "task_key": "x", "colour": "red"}, 422, "colour"),
+    ({"task": "nope", "task_key": "x"}, 422, "task"),
+    ({"task": "noop", "task_key": "x", "payload": {"x": "y" * 70000}}, 413, "payload"),
+    ("not a job", 400, None),
+])
+def test_one_invalid_job_in_an_array_names_its_index_and_writes_nothing(client, engine, bad, status, field):
+    jobs = [{"task": "noop", "task_key": f"ok-{i}"} for i in range(5)]
+    jobs.insert(3, bad)
+    response = api(client, "POST", "/api/jobs", json=jobs)
+    assert response.status_code == status, response.get_data(as_text=True)
+    answer = response.get_json()
+    assert answer["index"] == 3 and answer["error"].startswith("job 3: ") and answer.get("field") == field
+    assert count_jobs(engine) == 0

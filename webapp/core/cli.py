@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from .errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_STATE, JobQueueError, LeaseStillValid,
-                     RunAgainNeeded, answer_for)
+                     RunAgainNeeded, ValidationError, answer_for)
 from .settings import Settings, SettingsError, use
 
 url_option = click.option("--database-url", envvar="JOBQUEUE_DATABASE_URL", default=None,
@@ -154,6 +154,77 @@ def enqueue(ctx: click.Context, task: str, task_key: str, payload: str, queue: s
                                  max_attempts=max_attempts)
         status = res.status or repository.get_job(conn, res.id).status
     print_json({"id": res.id, "task_key": res.task_key, "duplicate": res.duplicate, "status": str(status)})
+
+
+@main.command("enqueue-many")
+@click.argument("file", type=click.File("rb"))
+@tasks_option
+@url_option
+@click.pass_context
+@answers_errors
+def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: str | None) -> None:
+    """Add the jobs in FILE, JSON lines (`-`: standard input), one job a line with the fields of
+    POST /api/jobs ({"task", "task_key", "payload", "queue", "priority", "delay",
+    "max_attempts"}); blank lines are skipped. 1,000 jobs per transaction.
+
+    Prints one JSON line per job, in order: {"id", "task_key", "duplicate", "status"}. A bad
+    line prints {"line", "error", "field"} instead, and nothing of its batch is written (its other
+    jobs print {"line", "task_key", "error"}); the other batches still go in. Exit 2 if any line
+    was refused."""
+    from . import repository
+    from .task_modules import load_task_modules
+    from .validation import MAX_BATCH_JOBS, job_spec, max_payload_bytes
+
+    settings = settings_of(ctx, database_url)
+    load_task_modules(tasks if tasks is not None else settings.task_modules)
+    limit = max_payload_bytes()
+    out = sys.stdout
+    refused: list[str] = []
+    engine = engine_of(ctx, database_url)
+
+    def parse(raw: bytes):
+        try:
+            return repository.validate_job(job_spec(json.loads(raw.decode("utf-8"))), limit=limit)
+        except ValidationError as exc:
+            return exc
+        except RecursionError:
+            return ValidationError("the line is nested too deeply to be read")
+        except ValueError as exc:   # not JSON, or not UTF-8 (UnicodeDecodeError)
+            return ValidationError(f"not a JSON object: {exc}")
+
+    def flush(conn, batch: list[tuple[int, Any]]) -> None:
+        bad = {number: job for number, job in batch if isinstance(job, ValidationError)}
+        if bad:
+            first = min(bad)
+            for number, job in batch:
+                if number in bad:
+                    refused.append(f"line {number}: {job}")
+                    line = {"line": number, "error": str(job), "field": job.field}
+                else:
+                    line = {"line": number, "task_key": job.task_key,
+                            "error": f"not written: line {first} of the same batch was refused"}
+                out.write(json.dumps(line) + "\n")
+            return
+        results = repository.enqueue_many(conn, repository.Validated(job for _, job in batch))
+        out.write("".join(f'{{"id": {r.id}, "task_key": {json.dumps(r.task_key)}, "duplicate": '
+                          f'{"true" if r.duplicate else "false"}, "status": "{r.status.value}"}}\n'
+                          for r in results))
+        out.flush()
+
+    with engine.connect() as conn:
+        batch: list[tuple[int, Any]] = []
+        for number, raw in enumerate(file, 1):
+            if not raw.strip():
+                continue
+            batch.append((number, parse(raw)))
+            if len(batch) == MAX_BATCH_JOBS:
+                flush(conn, batch)
+                batch = []
+        if batch:
+            flush(conn, batch)
+    if refused:
+        fail(EXIT_BAD_INPUT, f"{len(refused)} line(s) refused; their batches were not written "
+                             f"(first: {refused[0]})")
 
 
 @main.command()

@@ -25,6 +25,22 @@ MAX_ATTEMPTS_RANGE = (1, 1000)
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")     # fullmatch: "$" would let a final newline through
 
 
+# Jobs per batch: a POST /api/jobs array at most, and a transaction of `jobqueue enqueue-many`.
+MAX_BATCH_JOBS = 1000
+# The fields of one job, as POST /api/jobs and `jobqueue enqueue-many` take them.
+ENQUEUE_FIELDS = frozenset({"task", "task_key", "payload", "queue", "priority", "delay", "max_attempts"})
+
+
+def job_spec(value: Any) -> dict[str, Any]:
+    """A job as JSON gives it: an object with only ENQUEUE_FIELDS (each checked by new_job)."""
+    if not isinstance(value, dict):
+        raise ValidationError(f"a job must be a JSON object, got {type(value).__name__}")
+    unknown = sorted(set(value) - ENQUEUE_FIELDS)
+    if unknown:
+        raise ValidationError(f"unknown fields: {', '.join(map(repr, unknown))[:200]}", unknown[0])
+    return value
+
+
 def max_payload_bytes() -> int:
     return current().max_payload_bytes
 
@@ -40,6 +56,10 @@ class NewJob:
     max_attempts: int
     concurrency_key: str | None = None      # "<task>:<value of payload[spec.concurrency_key]>"
     concurrency_limit: int | None = None
+    # The payload's text as stored (json.dumps of `payload`, the form SQLAlchemy's JSON type
+    # always stored, which the dashboard's search matches), made by check_payload. None for a
+    # NewJob built by hand.
+    payload_json: str | None = None
 
 
 def _is_int(value: Any) -> bool:
@@ -60,7 +80,14 @@ def check_queue(queue: object) -> str:
     return queue
 
 
+# Printable ASCII, no space at either end: the keys nearly everyone uses, accepted without looking
+# at each character's Unicode category (a batch of 1,000 jobs checks 1,000 keys).
+_PLAIN_KEY = re.compile(r"[!-~](?:[ -~]{0,78}[!-~])?")
+
+
 def check_task_key(task_key: Any) -> str:
+    if type(task_key) is str and _PLAIN_KEY.fullmatch(task_key):
+        return task_key
     if not isinstance(task_key, str):
         raise ValidationError("task_key must be a string", "task_key")
     if not 1 <= len(task_key) <= 80:
@@ -91,29 +118,61 @@ def check_reason(reason: Any) -> str | None:
     return reason
 
 
-def check_payload(payload: Any) -> dict[str, Any]:
+def check_payload(payload: Any, limit: int | None = None) -> dict[str, Any]:
+    """The payload as the handler will read it back; `limit` is the size limit in bytes (read
+    from the settings when not given: a batch reads them once)."""
+    return checked_payload(payload, limit)[0]
+
+
+# Encoders made once: json.dumps with any non-default argument builds a new one per call.
+# _STORED writes json.dumps' own form, the text SQLAlchemy's JSON type always stored (the
+# dashboard's search matches it); the size limit counts _COMPACT's, in UTF-8.
+_STORED = json.JSONEncoder(allow_nan=False)
+_COMPACT = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
+
+def checked_payload(payload: Any, limit: int | None = None) -> tuple[dict[str, Any], str]:
+    """check_payload's payload and the text it is stored as."""
     if payload is None:
-        payload = {}
+        return {}, "{}"
     if not isinstance(payload, dict):
         raise ValidationError(f"payload must be a JSON object, got {type(payload).__name__}", "payload")
+    if not payload:
+        return {}, "{}"
+    try:
+        stored = _STORED.encode(payload)
+    except RecursionError:
+        stored = None   # nested far too deep: _depth below says how deep
+    except (TypeError, ValueError) as exc:
+        _check_depth(payload)
+        raise ValidationError(f"payload is not valid JSON: {exc}", "payload") from None
+    # Nesting can be no deeper than the brackets in the text: most payloads are counted, not walked.
+    if stored is None or stored.count("{") + stored.count("[") > MAX_PAYLOAD_DEPTH:
+        _check_depth(payload)
+        if stored is None:
+            raise ValidationError("payload is not valid JSON: nested too deeply", "payload")
+    if limit is None:
+        limit = max_payload_bytes()
+    # The stored text is never shorter than the compact UTF-8 form (it adds spaces and writes
+    # every non-ASCII character as a longer \u escape), and a lone surrogate shows in it as
+    # "\ud...": only such payloads are encoded a second time, to be measured exactly.
+    if len(stored) > limit or "\\ud" in stored:
+        try:
+            size = len(_COMPACT.encode(payload).encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ValidationError("payload holds a lone surrogate (such as \\ud800), which is not valid Unicode",
+                                  "payload") from None
+        if size > limit:
+            raise PayloadTooLarge(f"payload is {size} bytes, over the limit of {limit}", "payload")
+    # What we store is exactly what the handler will read back.
+    return json.loads(stored), stored
+
+
+def _check_depth(payload: dict[str, Any]) -> None:
     depth = _depth(payload)
     if depth > MAX_PAYLOAD_DEPTH:
         raise ValidationError(f"payload is nested {depth} levels deep; at most {MAX_PAYLOAD_DEPTH} are allowed",
                               "payload")
-    try:
-        encoded = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-        data = encoded.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValidationError("payload holds a lone surrogate (such as \\ud800), which is not valid Unicode",
-                              "payload") from None
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise ValidationError(f"payload is not valid JSON: {exc}", "payload") from None
-    limit = max_payload_bytes()
-    size = len(data)
-    if size > limit:
-        raise PayloadTooLarge(f"payload is {size} bytes, over the limit of {limit}", "payload")
-    # What we store is exactly what the handler will read back.
-    return json.loads(encoded)
 
 
 def _depth(value: Any, limit: int = MAX_PAYLOAD_DEPTH + 1) -> int:
@@ -132,7 +191,9 @@ def _depth(value: Any, limit: int = MAX_PAYLOAD_DEPTH + 1) -> int:
 
 
 def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = None, priority: Any = 0,
-            delay: Any = 0, max_attempts: Any = None, registry: Registry = TASKS) -> NewJob:
+            delay: Any = 0, max_attempts: Any = None, registry: Registry = TASKS,
+            max_payload: int | None = None) -> NewJob:
+    """The job, checked; `max_payload` is the payload size limit (default: the settings')."""
     if not isinstance(task_name, str) or not task_name:
         raise ValidationError("task name must be a non-empty string", "task")
     spec = registry.get(task_name)
@@ -140,7 +201,7 @@ def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = 
         known = ", ".join(registry.names()) or "none"
         raise ValidationError(f"unknown task {task_name!r} (registered: {known})", "task")
     task_key = check_task_key(task_key)
-    payload = check_payload(payload)
+    payload, payload_json = checked_payload(payload, max_payload)
 
     queue = check_queue(spec.queue if queue is None else queue)
 
@@ -160,7 +221,7 @@ def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = 
     if spec.concurrency_key is not None:
         key = concurrency_key_of(task_name, spec.concurrency_key, payload)
     return NewJob(task_name, task_key, payload, queue, priority, float(delay), max_attempts, key,
-                  spec.concurrency_limit if key is not None else None)
+                  spec.concurrency_limit if key is not None else None, payload_json)
 
 
 MAX_KEY_CHARS = 200
@@ -173,7 +234,7 @@ def concurrency_key_of(task_name: str, field: str, payload: dict[str, Any]) -> s
         raise ValidationError(f"payload lacks {field!r}: task {task_name!r} limits how many jobs with the same "
                               f"{field!r} run at once", "payload")
     value = payload[field]
-    if value is None or isinstance(value, (bool, dict, list)):   # true/false would make a 2-valued key
+    if value is None or isinstance(value, (bool, dict, list)):   # bool: the API documents string or number
         raise ValidationError(f"payload[{field!r}] must be a string or a number (it is task {task_name!r}'s "
                               "concurrency key)", "payload")
     text = value if isinstance(value, str) else json.dumps(value)

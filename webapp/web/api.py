@@ -2,7 +2,10 @@
 
 POST /api/jobs                 enqueue: 201 {id, task_key, duplicate: false, status};
                                200 with duplicate: true for a known task_key;
-                               400 malformed JSON / not an object, 413 too large, 422 invalid field
+                               400 malformed JSON / not an object, 413 too large, 422 invalid field.
+                               A JSON array of up to 1,000 jobs: one transaction, an array of
+                               results in order; 201 if any was created, else 200; 413 over 1,000
+                               jobs; 422 {error, index, field} for an invalid job, nothing written
 GET  /api/jobs                 ?status, queue, task, key, q, before, limit (<= 500): newest first,
                                {jobs, next_before, matches, matches_capped, search_window...};
                                400 {error, field} on a bad argument
@@ -32,20 +35,20 @@ from typing import Any
 
 import time
 
-from flask import Blueprint, g, jsonify, request
+from flask import Blueprint, current_app, g, jsonify, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..core import repository
 from ..core.errors import JobBusy, JobQueueError, NotFound, PayloadTooLarge, ValidationError, answer_for
 from ..core.models import Job, Status, iso
 from ..core.tasks import TASKS
-from ..core.validation import check_reason, job_query
+from ..core.validation import ENQUEUE_FIELDS, MAX_BATCH_JOBS, check_reason, job_query, job_spec, max_payload_bytes
 from . import openapi
 from .auth import token_required
 from .state import db, extension
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 
-ENQUEUE_FIELDS = {"task", "task_key", "payload", "queue", "priority", "delay", "max_attempts"}
 LIST_ARGS = {"status", "queue", "task", "key", "q", "before", "limit"}
 
 
@@ -102,23 +105,69 @@ def _bad_body(exc: BadBody):
     return error(exc.status, exc.message, **extra)
 
 
+BATCH_BODY_BYTES = 16 * 1024 * 1024  # an array's body at most (or the single job's limit, if larger)
+
+
 @bp.post("/jobs")
 @token_required(admin=True)
 def enqueue():
+    # An array of jobs needs more room than one job's body; the body is read after this.
+    request.max_content_length = max(BATCH_BODY_BYTES, current_app.config["MAX_CONTENT_LENGTH"] or 0)
+    body = _json_body()
+    if isinstance(body, list):
+        return _enqueue_batch(body)
+    single_limit = current_app.config["MAX_CONTENT_LENGTH"]
+    if single_limit is not None and len(request.get_data(cache=True)) > single_limit:
+        raise RequestEntityTooLarge()
     body = json_object(fields=ENQUEUE_FIELDS, required=True)
     try:
         with db() as conn:
             res = repository.enqueue(conn, body.get("task"), body.get("task_key"), body.get("payload"),
                                      queue=body.get("queue"), priority=body.get("priority", 0),
                                      delay=body.get("delay", 0), max_attempts=body.get("max_attempts"))
-            job = repository.get_job(conn, res.id)
     except ValidationError as exc:
         answer = answer_for(exc)
         return error(answer.http_status, answer.message, **answer.extra)
-    # A pruned job's key answers with the status its record kept.
-    status = job.status.value if job else (res.status.value if res.status else None)
+    # The status is the job's (a pruned job's key: the status its record kept).
     return jsonify({"id": res.id, "task_key": res.task_key, "duplicate": res.duplicate,
-                    "status": status}), (200 if res.duplicate else 201)
+                    "status": res.status.value}), (200 if res.duplicate else 201)
+
+
+def _json_body() -> Any:
+    """The body parsed, when it is a JSON array; anything else is left to json_object."""
+    data = request.get_data(cache=True)
+    if not request.is_json or not data.lstrip()[:1] == b"[":
+        return None
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise BadBody(400, "the request body is nested too deeply to be read") from None
+    except ValueError:
+        raise BadBody(400, "the request body is not valid JSON") from None
+
+
+def _enqueue_batch(items: list[Any]):
+    """An array of jobs, all or nothing: 201 with one result per job, in order, if any job was
+    created (200 if all were known); 413 over MAX_BATCH_JOBS jobs; an item that is not an object:
+    400; an invalid job: 422 (413 for a payload too large) naming its `index` and `field`. On any
+    error nothing is written."""
+    if len(items) > MAX_BATCH_JOBS:
+        return error(413, f"at most {MAX_BATCH_JOBS} jobs per request, got {len(items)}")
+    jobs = repository.Validated()
+    limit = max_payload_bytes()
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):   # as for a body that is not an object
+            return error(400, f"job {index}: a job must be a JSON object, got {type(item).__name__}", index=index)
+        try:
+            jobs.append(repository.validate_job(job_spec(item), limit=limit))
+        except ValidationError as exc:
+            answer = answer_for(exc)
+            return error(answer.http_status, f"job {index}: {answer.message}", index=index,
+                         **{"field": None, **answer.extra})
+    with db() as conn:
+        results = repository.enqueue_many(conn, jobs)
+    body = [{"id": r.id, "task_key": r.task_key, "duplicate": r.duplicate, "status": r.status.value} for r in results]
+    return jsonify(body), (201 if any(not r.duplicate for r in results) else 200)
 
 
 @bp.get("/jobs")

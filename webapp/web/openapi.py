@@ -11,8 +11,8 @@ from typing import Any
 
 from ..core.models import Status
 from ..core.repository.explain import CODES as EXPLAIN_CODES
-from ..core.validation import (MAX_ATTEMPTS_RANGE, MAX_DELAY_SECONDS, MAX_FILTER_CHARS, MAX_LIST_LIMIT, MAX_REASON_CHARS,
-                               MAX_SEARCH_CHARS, PRIORITY_RANGE)
+from ..core.validation import (MAX_ATTEMPTS_RANGE, MAX_BATCH_JOBS, MAX_DELAY_SECONDS, MAX_FILTER_CHARS, MAX_LIST_LIMIT,
+                               MAX_REASON_CHARS, MAX_SEARCH_CHARS, PRIORITY_RANGE)
 
 STATUSES = [s.value for s in Status]
 REASON_CODES = list(EXPLAIN_CODES)
@@ -83,17 +83,29 @@ def _operator_action(summary: str, body: dict[str, Any], acted: str) -> dict[str
 
 PATHS: dict[str, dict[str, Any]] = {
     "/api/jobs": {"post": {
-        "summary": "Enqueue a job (idempotent by task_key); nothing is written on any error",
+        "summary": f"Enqueue a job, or an array of up to {MAX_BATCH_JOBS:,} jobs in one transaction (idempotent "
+                   "by task_key); nothing is written on any error",
         "operationId": "enqueue",
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("NewJob")}}},
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {"oneOf": [
+            _ref("NewJob"),
+            {"type": "array", "items": _ref("NewJob"), "maxItems": MAX_BATCH_JOBS,
+             "description": "a batch: all written or none; one result per job, in order"}]}}}},
         "responses": {
-            "201": _json(_ref("Enqueued"), "created"),
-            "200": _json(_ref("Enqueued"), "a known task_key: the existing job, `duplicate: true`, nothing written"),
+            "201": _json({"oneOf": [_ref("Enqueued"), {"type": "array", "items": _ref("Enqueued")}]},
+                         "created (a batch: at least one of its jobs)"),
+            "200": _json({"oneOf": [_ref("Enqueued"), {"type": "array", "items": _ref("Enqueued")}]},
+                         "a known task_key: the existing job, `duplicate: true`, nothing written (a batch: every "
+                         "task_key was known, or the array was empty)"),
             "400": BAD_BODY,
             "401": UNAUTHORIZED,
             "403": FORBIDDEN,
-            "413": TOO_LARGE,
-            "422": INVALID_FIELD,
+            "413": _error("the body is larger than the payload limit allows, or a batch holds more than "
+                          f"{MAX_BATCH_JOBS} jobs or more than 16 MiB"),
+            "422": _json({"allOf": [_ref("Error"), {"type": "object", "required": ["field"], "properties": {
+                "index": {"type": "integer", "minimum": 0,
+                          "description": "a batch: the position of the job refused"}}}]},
+                "a field is unknown or has a value the queue does not take (`field` names it; in a batch, `index` "
+                "names the job)"),
             "503": UNAVAILABLE,
         },
     }, "get": {

@@ -113,6 +113,8 @@ def upsert(c: Connection, table: sa.Table, keys: list[str], values: dict[str, An
 class Result:
     rows: list[tuple]
     rowcount: int
+    lastrowid: int | None = None
+    warnings: int = 0
 
 
 _compiled: dict[tuple[str, Any], tuple[str, dict[str, Any]]] = {}
@@ -127,23 +129,31 @@ def execute_fast(c: Connection, stmt: sa.Executable, params: dict[str, Any]) -> 
     if not is_mysql(c):
         result = c.execute(stmt, params)
         return Result([tuple(r) for r in result.all()] if result.returns_rows else [], result.rowcount)
-    import pymysql
-
     key = (c.dialect.name, stmt)
     if key not in _compiled:
         compiled = stmt.compile(dialect=c.dialect)
         _compiled[key] = (compiled.string, dict(compiled.params))
     sql, defaults = _compiled[key]
+    return execute_sql(c, sql, {**defaults, **params})
+
+
+def execute_sql(c: Connection, sql: str, params: Any = None) -> Result:
+    """SQL text on the MySQL connection's DBAPI cursor, errors wrapped as in execute_fast. With no
+    `params` the text is sent as it is (PyMySQL formats it with % only when given parameters):
+    for statements whose values are already literals escaped by the driver (see enqueue)."""
+    import pymysql
+
     dbapi_conn = c.connection.dbapi_connection
     cursor = dbapi_conn.cursor()
     try:
-        cursor.execute(sql, {**defaults, **params})
-        return Result(list(cursor.fetchall()) if cursor.description else [], cursor.rowcount)
+        cursor.execute(sql, params)
+        return Result(list(cursor.fetchall()) if cursor.description else [], cursor.rowcount, cursor.lastrowid,
+                      cursor.warning_count)
     except pymysql.err.Error as exc:
         lost = c.dialect.is_disconnect(exc, dbapi_conn, cursor)
         if lost:
             c.invalidate(exc)
-        raise sa.exc.DBAPIError.instance(sql, params, exc, pymysql.err.Error, connection_invalidated=lost,
+        raise sa.exc.DBAPIError.instance(sql[:2000], params, exc, pymysql.err.Error, connection_invalidated=lost,
                                          dialect=c.dialect) from exc
     finally:
         cursor.close()

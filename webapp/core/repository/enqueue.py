@@ -2,79 +2,108 @@
 
 A task_key is taken while its job is in job_queue and, once the job has been pruned, while its
 record in pruned_key lasts (JOBQUEUE_KEEP_KEYS_DAYS): a replay of a pruned job's key answers
-duplicate: true with the old job's id and status, and writes nothing."""
+duplicate: true with the old job's id and status, and writes nothing.
+
+A batch is, in one transaction:
+
+    INSERT IGNORE INTO job_queue (...) VALUES (...), (...), ...      -- keys already there are skipped
+    SELECT 'p', task_key, job_id, status FROM pruned_key WHERE task_key IN (...)
+    COMMIT
+
+The INSERT's row count says what happened. Every row went in: all ours, and their ids are
+LAST_INSERT_ID() onwards where InnoDB numbers a statement's rows consecutively (see
+_consecutive_ids; elsewhere the read below also reads job_queue for them). A key that turns out
+to be in pruned_key is deleted again before the COMMIT (the read comes after the INSERT, so a
+prune that committed while our INSERT waited on its row is seen). No row went in: all known, and
+one read (job_queue UNION ALL pruned_key, by task_key) gives their ids and statuses. Only some
+went in: the read cannot tell which rows are ours, so the try is undone and run again the exact
+way: read the known keys first, insert only the others, then their ids.
+
+Why INSERT IGNORE and not INSERT ... ON DUPLICATE KEY UPDATE id = id: SQLAlchemy's MySQL
+dialects connect with CLIENT_FOUND_ROWS, under which a duplicate row that ODKU "updated" to
+itself counts as affected, so the row count could not tell written rows from known ones.
+IGNORE also turns other errors (a value too long, out of range, invalid JSON) into warnings and
+stores something else (or skips the row); so every job is validated first (validation.new_job:
+types, ranges, lengths, JSON, Unicode), NewJob objects passed in included, and an INSERT whose
+warning count is not one per skipped row has its warnings read (SHOW WARNINGS): anything but a
+duplicate key (1062) is raised as ServerRefusedRows and the batch rolled back. The warning
+count comes with the INSERT's reply, so the check costs nothing when all is well. On SQLite,
+INSERT OR IGNORE skips only constraint conflicts.
+
+The statement text is built here rather than by SQLAlchemy: on MySQL as literals escaped by the
+driver's own escaping (the same function PyMySQL applies to parameters, honouring
+NO_BACKSLASH_ESCAPES), with the repeated values (task, queue, payload) escaped once per batch;
+on SQLite with parameters. Building 1,000 rows through SQLAlchemy's executemany cost more than
+the statement's time in the server.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
 
 from .. import retry
-from ..db import db_after, db_now, require_primary, transaction
-from ..errors import ValidationError
+from ..db import is_mysql, require_primary, transaction
+from ..errors import JobQueueError, ValidationError
 from ..models import Enqueued, Status
-from ..schema import Timestamp, job_queue, pruned_key
+from ..schema import job_queue
 from ..tasks import TASKS, Registry
-from ..validation import NewJob, new_job
+from ..validation import NewJob, max_payload_bytes, new_job
 from .claim import ensure_keys
-from .common import database_now, is_duplicate_key, jq
+from .common import execute_sql, jq
 
-pk = pruned_key.c
+ER_DUP_ENTRY = 1062
+READ_KEYS = 1000                 # task_keys per read (an IN list)
+STATEMENT_BYTES = 4 << 20        # an INSERT's text stays well under max_allowed_packet (16 MiB on MariaDB)
+SQLITE_ROWS = 1000               # rows per INSERT on SQLite (11 parameters each; SQLite allows 32,766)
 
-
-def _insert_values(job: NewJob, now: datetime | None = None) -> dict[str, Any]:
-    values = {
-        "task_key": job.task_key, "task_name": job.task_name, "queue": job.queue,
-        "priority": job.priority, "payload": job.payload,
-        "status": (Status.SCHEDULED if job.delay_seconds > 0 else Status.READY).value,
-        "max_attempts": job.max_attempts, "concurrency_key": job.concurrency_key,
-    }
-    if now is None:
-        values["delay_us"] = int(round(job.delay_seconds * 1_000_000))
-    else:
-        values.update(run_at=now + timedelta(seconds=job.delay_seconds), created_at=now, updated_at=now)
-    return values
+# A try undone on purpose (some rows of the batch were known, or another transaction inserted
+# one of our keys between our read and our insert) runs again at once: the rows are there now.
+_TRIES = retry.RetryPolicy(attempts=4, first_delay=0.0, max_delay=0.0)
 
 
-_JOB_COLUMNS = dict(task_key=sa.bindparam("task_key"), task_name=sa.bindparam("task_name"),
-                    queue=sa.bindparam("queue"), priority=sa.bindparam("priority"),
-                    payload=sa.bindparam("payload", type_=sa.JSON), status=sa.bindparam("status"),
-                    attempts=0, max_attempts=sa.bindparam("max_attempts"),
-                    concurrency_key=sa.bindparam("concurrency_key"))
-# One job: created_at, updated_at and run_at (now + delay) straight from the database clock.
-_INSERT_ONE = sa.insert(job_queue).values(
-    **_JOB_COLUMNS, run_at=db_after(micros=sa.bindparam("delay_us", type_=sa.BigInteger)),
-    created_at=db_now(), updated_at=db_now())
-# Many jobs: plain values only (the database's now, read once in the same transaction), so the
-# driver sends one multi-row INSERT instead of a statement per row.
-_INSERT_MANY = sa.insert(job_queue).values(
-    **_JOB_COLUMNS, run_at=sa.bindparam("run_at", type_=Timestamp),
-    created_at=sa.bindparam("created_at", type_=Timestamp), updated_at=sa.bindparam("updated_at", type_=Timestamp))
-
-# Another transaction inserted one of our task_keys between our read and our insert: the next
-# pass sees it as existing. No pause: the row is already there.
-_KEY_RACE = retry.RetryPolicy(attempts=3, first_delay=0.0, max_delay=0.0)
+class ServerRefusedRows(JobQueueError):
+    """INSERT IGNORE skipped rows for a reason other than a known task_key (the server's warning
+    is in the message). Validation should have refused the job first: a bug, or a schema that
+    does not match this version."""
 
 
-def validate_jobs(jobs: Iterable[NewJob | Mapping[str, Any]], *, registry: Registry = TASKS) -> list[NewJob]:
+class _Undo(Exception):
+    """Roll this try back and run the batch again the exact way."""
+
+
+class Validated(list):
+    """Jobs that validate_jobs / validate_job checked: enqueue_many takes them as they are."""
+
+
+def validate_job(spec: NewJob | Mapping[str, Any], *, registry: Registry = TASKS, limit: int | None = None) -> NewJob:
+    """One job checked (a NewJob again: it may have been built or changed by hand, and INSERT
+    IGNORE must never meet a value the server would refuse); `limit` is the payload size limit."""
+    if limit is None:
+        limit = max_payload_bytes()
+    try:
+        if isinstance(spec, NewJob):
+            return new_job(spec.task_name, spec.task_key, spec.payload, queue=spec.queue, priority=spec.priority,
+                           delay=spec.delay_seconds, max_attempts=spec.max_attempts, registry=registry,
+                           max_payload=limit)
+        fields = dict(spec)
+        return new_job(fields.pop("task", fields.pop("task_name", None)), fields.pop("task_key", None),
+                       fields.pop("payload", None), registry=registry, max_payload=limit, **fields)
+    except TypeError as exc:   # a field new_job does not take
+        raise ValidationError(str(exc)) from None
+
+
+def validate_jobs(jobs: Iterable[NewJob | Mapping[str, Any]], *, registry: Registry = TASKS) -> Validated:
     """Every job checked before anything is written; the error names the job's position."""
-    validated: list[NewJob] = []
+    validated = Validated()
+    limit = max_payload_bytes()   # read once: the settings are not looked up again per job
     for i, item in enumerate(jobs):
-        if isinstance(item, NewJob):
-            validated.append(item)
-            continue
-        spec = dict(item)
         try:
-            validated.append(new_job(spec.pop("task", spec.pop("task_name", None)), spec.pop("task_key", None),
-                                     spec.pop("payload", None), registry=registry, **spec))
-        except TypeError as exc:
-            raise ValidationError(f"job {i}: {exc}") from None
+            validated.append(validate_job(item, registry=registry, limit=limit))
         except ValidationError as exc:
             raise type(exc)(f"job {i}: {exc}", exc.field) from None
     return validated
@@ -82,83 +111,274 @@ def validate_jobs(jobs: Iterable[NewJob | Mapping[str, Any]], *, registry: Regis
 
 def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *,
                  registry: Registry = TASKS) -> list[Enqueued]:
-    """Add many jobs in one transaction (multi-row INSERT). All are validated before anything is
-    written; task_keys already in the table (or repeated in the batch) come back duplicate=True.
+    """Add many jobs in one transaction (the caller's, if one is open). All are validated before
+    anything is written; task_keys already known (in the table, pruned, or repeated in the
+    batch) come back duplicate=True with the existing job's id and status.
 
     A COMMIT whose reply was lost is retried by db.transaction; the retry then finds our own rows.
-    A key that the first pass saw absent and that now holds this call's job (same task, queue,
-    priority and payload) is reported as written by us, not as a duplicate.
+    A key that a try which may have committed wrote, and that now holds this call's job (same
+    task, queue, priority and payload), is reported as written by us, not as a duplicate.
     """
-    validated = validate_jobs(jobs, registry=registry)
+    return _write(conn, jobs if type(jobs) is Validated else validate_jobs(jobs, registry=registry))
+
+
+def _write(conn: Connection, validated: list[NewJob]) -> list[Enqueued]:
     if not validated:
         return []
-    seen_absent: set[str] = set()
-    inserting: set[str] = set()   # the keys the current pass tries to insert
-
-    def write(c: Connection) -> list[Enqueued]:
-        require_primary(c)
-        keys = list({job.task_key: None for job in validated})
-        # Known keys: jobs in the table, and the records of pruned ones (one statement).
-        existing = {row.task_key: row for row in c.execute(sa.union_all(
-            sa.select(jq.task_key, jq.id, sa.cast(jq.status, sa.String).label("status")).where(jq.task_key.in_(keys)),
-            sa.select(pk.task_key, pk.job_id.label("id"), pk.status).where(pk.task_key.in_(keys)))).all()}
-        ours = {}
-        maybe_ours = [key for key in existing if key in seen_absent]
-        if maybe_ours:   # a retry, and keys that were absent before are there now
-            ours = {row.task_key: row for row in c.execute(
-                sa.select(jq.task_key, jq.id, jq.task_name, jq.queue, jq.priority, jq.payload)
-                .where(jq.task_key.in_(maybe_ours))).all() if _same_job(row, validated, row.task_key)}
-            existing = {key: row for key, row in existing.items() if key not in ours}
-        seen_absent.update(k for k in keys if k not in existing)
-        fresh: dict[str, NewJob] = {}
-        for job in validated:
-            if job.task_key not in existing and job.task_key not in ours and job.task_key not in fresh:
-                fresh[job.task_key] = job
-        inserting.clear()
-        inserting.update(fresh)
-        ensure_keys(c, {job.concurrency_key: job.concurrency_limit for job in fresh.values()
-                        if job.concurrency_key is not None})
-        if len(fresh) == 1:
-            (job,) = fresh.values()
-            ids = {job.task_key: c.execute(_INSERT_ONE, _insert_values(job)).inserted_primary_key[0]}
-        elif fresh:
-            now = database_now(c)
-            c.execute(_INSERT_MANY, [_insert_values(job, now) for job in fresh.values()])
-            ids = dict(c.execute(sa.select(jq.task_key, jq.id).where(jq.task_key.in_(list(fresh)))).all())
-        else:
-            ids = {}
-        ids.update({key: row.id for key, row in ours.items()})
-        out, reported = [], set()
-        for job in validated:
-            if job.task_key in ids and job.task_key not in reported:
-                reported.add(job.task_key)
-                status = Status.SCHEDULED if job.delay_seconds > 0 else Status.READY
-                out.append(Enqueued(ids[job.task_key], job.task_key, False, status, job.queue))
-            else:
-                row = existing.get(job.task_key)
-                out.append(Enqueued(row.id if row is not None else ids[job.task_key], job.task_key, True,
-                                    Status(row.status) if row is not None else None))
-        return out
+    batch = _Batch(validated)
+    if conn.in_transaction():
+        # The caller's transaction: each try in a savepoint, so that undoing one leaves the
+        # caller's own writes alone.
+        for _ in range(_TRIES.attempts):
+            try:
+                with conn.begin_nested():
+                    return batch.results(batch.run(conn))
+            except _Undo:
+                batch.undone()
+        raise ServerRefusedRows("enqueue: the batch kept meeting keys inserted by other transactions")
 
     def classify(exc: BaseException) -> str | None:
-        if isinstance(exc, IntegrityError) and is_duplicate_key(exc) and not conn.in_transaction():
-            # Our insert was refused and rolled back: whoever holds those keys now is another
-            # enqueue of the same job (two processes enqueueing one recurring tick), not a
-            # COMMIT of ours whose reply was lost.
-            seen_absent.difference_update(inserting)
-            return "duplicate_key"
+        if isinstance(exc, _Undo):
+            batch.undone()
+            return "key_race"
         return None
 
     try:
-        return retry.call(lambda: transaction(conn, write, what="enqueue"), _KEY_RACE, classify)
+        written = retry.call(lambda: transaction(conn, batch.run, what="enqueue"), _TRIES, classify)
     except retry.RetriesExhausted as exc:
-        raise exc.last from None
+        raise ServerRefusedRows("enqueue: the batch kept meeting keys inserted by other transactions") from exc.last
+    return batch.results(written)
 
 
-def _same_job(row, validated: list[NewJob], key: str) -> bool:
-    job = next(j for j in validated if j.task_key == key)
+class _Batch:
+    """One enqueue_many call: its jobs, the first job of each task_key, and what its tries did."""
+
+    def __init__(self, validated: list[NewJob]):
+        self.validated = validated
+        self.firsts: dict[str, NewJob] = {}
+        for job in validated:
+            self.firsts.setdefault(job.task_key, job)
+        self.exact = False            # after an undone try: read first, insert only new keys
+        self.pending: set[str] = set()   # keys the current try inserts
+        self.unsure: set[str] = set()    # keys a try that may have committed inserted
+
+    def undone(self) -> None:
+        """The try was rolled back on purpose: what it inserted is gone."""
+        self.pending.clear()
+        self.exact = True
+
+    def run(self, c: Connection) -> dict[str, tuple[int, str, bool]]:
+        """One try: task_key -> (id, status, written by this call)."""
+        require_primary(c)
+        # The last try raised nothing here but its COMMIT did not answer (a lost connection,
+        # retried by db.transaction): it may have committed.
+        self.unsure |= self.pending
+        self.pending = set()
+        try:
+            ensure_keys(c, {job.concurrency_key: job.concurrency_limit for job in self.firsts.values()
+                            if job.concurrency_key is not None})
+            return self._exact(c) if self.exact else self._optimistic(c)
+        except BaseException:
+            # Raised before the COMMIT was sent (a deadlock, a lost connection, an undo): rolled
+            # back for certain. Were these keys kept as "maybe ours", a retry would claim rows
+            # that another caller wrote with the same job meanwhile.
+            self.pending.clear()
+            raise
+
+    def _optimistic(self, c: Connection) -> dict[str, tuple[int, str, bool]]:
+        keys = list(self.firsts)
+        self.pending = set(keys)
+        inserted, ids = _insert(c, self.firsts.values())
+        if inserted == len(keys) and ids is not None:
+            # All ours, ids known: only pruned keys are left to check (after the INSERT: a prune
+            # that committed while our INSERT waited on its row is seen).
+            _, pruned = _read(c, keys, queue=False)
+            rows = {key: (job_id, _status(job)) for (key, job), job_id in zip(self.firsts.items(), ids)}
+        else:
+            rows, pruned = _read(c, keys)
+        if inserted == len(keys):
+            # All ours; but a pruned key's job must not come back.
+            if pruned:
+                _delete(c, [rows[key][0] for key in pruned])
+                self.pending -= set(pruned)
+            return {key: (pruned[key] + (False,)) if key in pruned else (rows[key] + (True,)) for key in keys}
+        if inserted == 0 and len(rows) == len(keys):
+            ours = self._ours(c, list(rows))
+            return {key: rows[key] + (key in ours,) for key in keys}
+        raise _Undo()
+
+    def _exact(self, c: Connection) -> dict[str, tuple[int, str, bool]]:
+        keys = list(self.firsts)
+        rows, pruned = _read(c, keys)
+        ours = self._ours(c, list(rows))
+        out = {key: rows[key] + (key in ours,) for key in rows}
+        out.update({key: pruned[key] + (False,) for key in pruned if key not in rows})
+        fresh = [job for key, job in self.firsts.items() if key not in out]
+        if fresh:
+            self.pending = {job.task_key for job in fresh}
+            inserted, ids = _insert(c, fresh)
+            if inserted != len(fresh):
+                raise _Undo()  # another transaction inserted one of our keys since our read
+            if ids is None:
+                written, _ = _read(c, [job.task_key for job in fresh], pruned=False)
+                ids = [written[job.task_key][0] for job in fresh]
+            out.update({job.task_key: (job_id, _status(job), True) for job, job_id in zip(fresh, ids)})
+        return {key: out[key] for key in keys}
+
+    def _ours(self, c: Connection, existing: list[str]) -> set[str]:
+        """Of keys found in the table, those a try that may have committed wrote with this
+        call's job (same task, queue, priority and payload)."""
+        maybe = [key for key in existing if key in self.unsure]
+        if not maybe:
+            return set()
+        found = c.execute(sa.select(jq.task_key, jq.task_name, jq.queue, jq.priority, jq.payload)
+                          .where(jq.task_key.in_(maybe))).all()
+        return {row.task_key for row in found if _same_job(row, self.firsts[row.task_key])}
+
+    def results(self, written: dict[str, tuple[int, str, bool]]) -> list[Enqueued]:
+        out, reported = [], set()
+        for job in self.validated:
+            job_id, status, ours = written[job.task_key]
+            if ours and job.task_key not in reported:
+                reported.add(job.task_key)
+                out.append(Enqueued(job_id, job.task_key, False, Status(status), job.queue))
+            else:
+                out.append(Enqueued(job_id, job.task_key, True, Status(status)))
+        return out
+
+
+def _same_job(row, job: NewJob) -> bool:
     payload = json.loads(row.payload) if isinstance(row.payload, (str, bytes)) else row.payload
     return (row.task_name, row.queue, row.priority, payload) == (job.task_name, job.queue, job.priority, job.payload)
+
+
+# --- the statements ----------------------------------------------------------------------------------
+
+_COLUMNS = ("task_key, task_name, queue, priority, payload, status, run_at, attempts, max_attempts, "
+            "concurrency_key, created_at, updated_at")
+
+
+def _status(job: NewJob) -> str:
+    return (Status.SCHEDULED if job.delay_seconds > 0 else Status.READY).value
+
+
+def _payload_json(job: NewJob) -> str:
+    return job.payload_json if job.payload_json is not None else json.dumps(job.payload)
+
+
+def _insert(c: Connection, jobs: Iterable[NewJob]) -> tuple[int, list[int] | None]:
+    """INSERT IGNORE the jobs; returns how many rows went in and, when every row went in and the
+    server numbers a statement's rows consecutively, their ids in order (None: read them)."""
+    if not is_mysql(c):
+        return sum(c.exec_driver_sql(sql, params).rowcount for sql, params in _sqlite_inserts(jobs)), None
+    inserted, ids = 0, []
+    consecutive = _consecutive_ids(c)
+    for sql, rows in _mysql_inserts(c, jobs):
+        result = execute_sql(c, sql)
+        if result.warnings != rows - result.rowcount:
+            _refusals(c)   # a warning besides one per known key: raised unless all are duplicates
+        inserted += result.rowcount
+        if result.rowcount == rows and consecutive:
+            ids.extend(range(result.lastrowid, result.lastrowid + rows))
+        else:
+            consecutive = False
+    return inserted, ids if consecutive else None
+
+
+def _consecutive_ids(c: Connection) -> bool:
+    """Whether one multi-row INSERT's rows get consecutive ids from LAST_INSERT_ID() on: InnoDB
+    promises it in the "traditional" and "consecutive" lock modes (0, 1: MariaDB's default) with
+    auto_increment_increment 1, not in "interleaved" mode (2: MySQL 8.0's default), where the ids
+    are read back instead. Asked once per connection (a failover gets a new one)."""
+    info = c.connection.info
+    if "jq_consecutive_ids" not in info:
+        ((mode, step),) = execute_sql(c, "SELECT @@innodb_autoinc_lock_mode, @@auto_increment_increment").rows
+        info["jq_consecutive_ids"] = int(mode) in (0, 1) and int(step) == 1
+    return info["jq_consecutive_ids"]
+
+
+def _mysql_inserts(c: Connection, jobs: Iterable[NewJob]) -> Iterator[tuple[str, int]]:
+    """Multi-row INSERT IGNORE statements as literal text, each under STATEMENT_BYTES, and how
+    many rows each holds."""
+    escape = c.connection.dbapi_connection.escape   # quotes and escapes a str as PyMySQL's parameters do
+    literals: dict[Any, str] = {None: "NULL"}
+
+    def literal(value: str | None) -> str:
+        text = literals.get(value)
+        if text is None:
+            text = literals[value] = escape(value)
+        return text
+
+    head = f"INSERT IGNORE INTO job_queue ({_COLUMNS}) VALUES "
+    rows: list[str] = []
+    size = len(head)
+    for job in jobs:
+        micros = int(round(job.delay_seconds * 1_000_000))
+        run_at = f"UTC_TIMESTAMP(6) + INTERVAL {micros:d} MICROSECOND" if micros else "UTC_TIMESTAMP(6)"
+        row = (f"({escape(job.task_key)},{literal(job.task_name)},{literal(job.queue)},{int(job.priority):d},"
+               f"{literal(_payload_json(job))},'{_status(job)}',{run_at},0,{int(job.max_attempts):d},"
+               f"{literal(job.concurrency_key)},UTC_TIMESTAMP(6),UTC_TIMESTAMP(6))")
+        if rows and size + len(row) > STATEMENT_BYTES:
+            yield head + ",".join(rows), len(rows)
+            rows, size = [], len(head)
+        rows.append(row)
+        size += len(row) + 1
+    if rows:
+        yield head + ",".join(rows), len(rows)
+
+
+def _sqlite_inserts(jobs: Iterable[NewJob]) -> Iterator[tuple[str, tuple]]:
+    """Multi-row INSERT OR IGNORE statements with parameters; run_at, created_at and updated_at
+    from the database clock (db.jq_now, jq_now_plus)."""
+    jobs = list(jobs)
+    for lo in range(0, len(jobs), SQLITE_ROWS):
+        chunk = jobs[lo:lo + SQLITE_ROWS]
+        params: list[Any] = []
+        for job in chunk:
+            params += (job.task_key, job.task_name, job.queue, job.priority, _payload_json(job), _status(job),
+                       int(round(job.delay_seconds * 1_000_000)), job.max_attempts, job.concurrency_key)
+        values = ",".join(["(?,?,?,?,?,?,jq_now_plus(?),0,?,?,jq_now(),jq_now())"] * len(chunk))
+        yield f"INSERT OR IGNORE INTO job_queue ({_COLUMNS}) VALUES {values}", tuple(params)
+
+
+def _read(c: Connection, keys: list[str], *, queue: bool = True, pruned: bool = True
+          ) -> tuple[dict[str, tuple[int, str]], dict[str, tuple[int, str]]]:
+    """The jobs holding `keys` (task_key -> (id, status)) and the records of pruned jobs holding
+    them, each unless told not to, in one statement per READ_KEYS keys."""
+    rows: dict[str, tuple[int, str]] = {}
+    gone: dict[str, tuple[int, str]] = {}
+    mysql = is_mysql(c)
+    escape = c.connection.dbapi_connection.escape if mysql else None
+    for lo in range(0, len(keys), READ_KEYS):
+        chunk = keys[lo:lo + READ_KEYS]
+        if mysql:
+            in_list, params = ",".join(map(escape, chunk)), None
+        else:
+            in_list, params = ",".join("?" * len(chunk)), tuple(chunk) * (queue + pruned)
+        selects = []
+        if queue:
+            selects.append(f"SELECT 'q', task_key, id, status FROM job_queue WHERE task_key IN ({in_list})")
+        if pruned:
+            selects.append(f"SELECT 'p', task_key, job_id, status FROM pruned_key WHERE task_key IN ({in_list})")
+        sql = " UNION ALL ".join(selects)
+        found = execute_sql(c, sql).rows if mysql else c.exec_driver_sql(sql, params).all()
+        for table, key, job_id, status in found:
+            (rows if table == "q" else gone)[key] = (job_id, status)
+    return rows, gone
+
+
+def _delete(c: Connection, ids: list[int]) -> None:
+    if ids:
+        c.execute(sa.delete(job_queue).where(jq.id.in_(ids)))
+
+
+def _refusals(c: Connection) -> None:
+    """Raise ServerRefusedRows if the last INSERT IGNORE warned about anything but a duplicate
+    key: a row skipped for another reason, or a value the server changed to store it."""
+    for level, code, message in execute_sql(c, "SHOW WARNINGS").rows:
+        if int(code) != ER_DUP_ENTRY:
+            raise ServerRefusedRows(f"enqueue: the server refused a row ({level} {code}: {message}); "
+                                    "nothing was written")
 
 
 def enqueue(conn: Connection, task_name: str, task_key: str, payload: dict | None = None, *,
@@ -167,4 +387,4 @@ def enqueue(conn: Connection, task_name: str, task_key: str, payload: dict | Non
     """Add one job. A known task_key writes nothing and returns the existing id, duplicate=True."""
     job = new_job(task_name, task_key, payload, queue=queue, priority=priority, delay=delay,
                   max_attempts=max_attempts, registry=registry)
-    return enqueue_many(conn, [job])[0]
+    return _write(conn, [job])[0]
