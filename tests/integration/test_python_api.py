@@ -57,6 +57,13 @@ def test_the_client_enqueues_looks_and_acts(engine):
     assert len(jq.list(key="m-")) == 3
     assert jq.fail(first.id, "no").after is Status.FAILED
     assert jq.requeue(first.id).after is Status.READY
+    done = jq.enqueue("noop", "c-done")
+    with engine.connect() as conn:
+        conn.execute(sa.update(job_queue).where(job_queue.c.id == done.id).values(status="done"))
+        conn.commit()
+    with pytest.raises(InvalidState):
+        jq.requeue(done.id)                       # a done job runs again only when asked
+    assert jq.requeue(done.id, again=True).after is Status.READY
 
 
 def test_the_client_cancels_with_its_actor_in_the_audit_log(engine):

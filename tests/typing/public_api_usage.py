@@ -33,7 +33,7 @@ def application(engine: sa.Engine) -> list[int]:
     job: Job | None = jq.get(first.id)
     ready: list[Job] = jq.list(status=Status.READY, queue="billing", limit=10)
     if job is not None and job.status is Status.FAILED:
-        jq.requeue(job.id)
+        jq.requeue(job.id, again=True)
     elif job is not None and job.status is Status.READY:
         cancelled: Status | None = jq.cancel(job.id, "not needed", actor="app:billing").after
         assert cancelled is Status.CANCELLED

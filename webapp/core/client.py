@@ -124,9 +124,12 @@ class JobQueue:
 
     # --- act ---------------------------------------------------------------------------------
 
-    def requeue(self, job_id: int, *, force: bool = False, actor: str = "python") -> ActionResult:
+    def requeue(self, job_id: int, *, force: bool = False, again: bool = False, actor: str = "python") -> ActionResult:
+        """Back to ready now. `force`: a running job whose lease is still valid (its attempt is
+        fenced off); `again`: a done job, whose handler then runs again (as `jobqueue requeue
+        --again`)."""
         with self.engine.connect() as c:
-            return repository.requeue_job(c, job_id, force=force, actor=actor)
+            return repository.requeue_job(c, job_id, force=force, again=again, actor=actor)
 
     def fail(self, job_id: int, reason: str | None = None, *, actor: str = "python") -> ActionResult:
         with self.engine.connect() as c:
