@@ -286,3 +286,21 @@ def test_a_lost_lease_refuses_record_result(engine):
         with pytest.raises(LeaseLostError):
             repository.record_result(conn, c.lease, "x", {"late": True})
         assert repository.complete(conn, Lease(c.job.id, c.lease.owner, c.lease.attempt)) is Outcome.LEASE_LOST
+
+
+def test_a_process_does_not_reap_its_own_finished_attempt_whose_write_is_pending(engine):
+    """The held-row case above has a race once the row is let go: this worker's own reaper (its
+    lease expired while it could not renew) against its completion. `keep` settles it: the
+    process's reaper leaves its finished attempts to their final write; other leases are reaped."""
+    with engine.connect() as conn:
+        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(2)])]
+        claimed = repository.claim(conn, "w:1", 2, ["default"], lease_seconds=30)
+        conn.execute(sa.update(job_queue).where(job_queue.c.id.in_(ids))
+                     .values(lease_until=db.db_after(-60_000_000)))   # both leases a minute past
+        conn.commit()
+        mine = next(c.lease for c in claimed if c.job.id == ids[0])
+        result = repository.reap(conn, keep=[(mine.job_id, mine.attempt)])
+        assert [j.job_id for j in result.jobs] == [ids[1]]
+        assert get(engine, ids[0]).status is Status.RUNNING
+        assert repository.complete(conn, mine) is Outcome.OK    # the pending write lands
+    assert get(engine, ids[0]).status is Status.DONE and get(engine, ids[0]).attempts == 1

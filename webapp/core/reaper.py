@@ -15,6 +15,7 @@ expiry in the UPDATE).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
@@ -37,9 +38,11 @@ class Reaper:
         self.engine = engine
         self.name = name
 
-    def reap(self) -> repository.ReapResult:
+    def reap(self, keep: Sequence[tuple[int, int]] = ()) -> repository.ReapResult:
+        """`keep`: this process's leases whose handler finished and whose final write is
+        pending: not reaped by this process (see repository.maintenance.reap)."""
         with self.engine.connect() as conn:
-            result = repository.reap(conn)
+            result = repository.reap(conn, keep=keep)
         if result.reclaimed or result.failed:
             event(log, logging.WARNING, "reaped", by=self.name, reclaimed=result.reclaimed, failed=result.failed)
         return result

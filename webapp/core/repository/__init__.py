@@ -274,9 +274,11 @@ def record_result(conn: Connection, lease: Lease, task_key: str, result: Any) ->
 
 # --- maintenance ---------------------------------------------------------------------------------
 
-def reap(conn: Connection, *, batch_size: int = REAP_BATCH, max_batches: int = 100) -> ReapResult:
-    """Expired leases back to ready (or failed when attempts are used up); attempts kept."""
-    result = _maintenance.reap(conn, batch_size=batch_size, max_batches=max_batches)
+def reap(conn: Connection, *, batch_size: int = REAP_BATCH, max_batches: int = 100,
+         keep: Sequence[tuple[int, int]] = ()) -> ReapResult:
+    """Expired leases back to ready (or failed when attempts are used up); attempts kept. `keep`:
+    the caller's own leases whose final write is pending (see maintenance.reap)."""
+    result = _maintenance.reap(conn, batch_size=batch_size, max_batches=max_batches, keep=keep)
     for job in result.jobs:
         event(log, logging.WARNING, "reclaimed", job_id=job.job_id, task_key=job.task_key, attempt=job.attempt,
               worker=job.owner, to=job.to)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from collections.abc import Sequence
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -35,8 +37,15 @@ class ReapResult:
     jobs: tuple[Reclaimed, ...] = field(default=(), repr=False)
 
 
-def reap(conn: Connection, *, batch_size: int = REAP_BATCH, max_batches: int = 100) -> ReapResult:
+def reap(conn: Connection, *, batch_size: int = REAP_BATCH, max_batches: int = 100,
+         keep: Sequence[tuple[int, int]] = ()) -> ReapResult:
     """Return running jobs whose lease expired to ready (or failed when attempts are used up).
+
+    `keep`: (job id, attempt) of leases the calling process still holds with their handler
+    finished and the final write pending (a row held by a stray transaction kept it from
+    renewing and completing): that process's own reaper leaves them to the write, which lands as
+    soon as the row is free. Another process's reaper may still take them; the fence then refuses
+    the late write, as for any expired lease.
 
     Each batch is its own short transaction. The rows are locked with SKIP LOCKED, so a worker
     renewing a lease at this instant is not waited on, and the UPDATE repeats the expiry test so a
@@ -50,9 +59,11 @@ def reap(conn: Connection, *, batch_size: int = REAP_BATCH, max_batches: int = 1
             # Find candidates with a plain read, then lock just those by primary key: a locking
             # scan over all running rows would hold the rows of healthy workers too, and their
             # completions would queue up behind the reaper.
-            candidates = c.execute(
-                sa.select(jq.id).where(jq.status == Status.RUNNING.value, jq.lease_until < db_now())
-                .limit(batch_size)).scalars().all()
+            expired_rows = sa.select(jq.id).where(jq.status == Status.RUNNING.value, jq.lease_until < db_now())
+            if keep:
+                expired_rows = expired_rows.where(sa.not_(sa.or_(*(sa.and_(jq.id == job_id, jq.attempts == attempt)
+                                                                    for job_id, attempt in keep))))
+            candidates = c.execute(expired_rows.limit(batch_size)).scalars().all()
             if not candidates:
                 return 0, 0, 0, []
             rows = c.execute(

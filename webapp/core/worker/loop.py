@@ -439,8 +439,12 @@ class Worker:
 
     def _reap(self) -> int:
         self._last_reap = time.monotonic()
+        # A job whose handler returned here and whose final write waits (its row held by a stray
+        # transaction kept it from renewing too) is not re-run by our own reaper: the write lands
+        # once the row is free. (tests/integration/test_leases.py, the held-row test.)
+        pending = [(h.lease.job_id, h.lease.attempt) for h in self.keeper.held() if h.handler_done]
         try:
-            result = self.reaper.reap()
+            result = self.reaper.reap(keep=pending)
             return result.reclaimed + result.failed
         except DB_ERRORS as exc:
             self._sql_error("reap", exc)
