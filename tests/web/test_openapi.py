@@ -8,6 +8,7 @@ import re
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import positive_data_acceptance
 
@@ -43,6 +44,7 @@ def test_the_document_lists_exactly_the_api_routes(app):
             assert re.fullmatch(r"[1-5]\d\d", status), (path, method, status)
 
 
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 EXAMPLES = 100     # per operation and generation mode: about 15 s for the whole API
 
 
@@ -66,12 +68,20 @@ def test_every_endpoint_answers_as_documented(mysql_url, mode):
             excluded = [positive_data_acceptance] if operation.definition.raw.get("operationId") == "add_recurring" \
                 else []
 
-            @given(case=operation.as_strategy(generation_mode=mode))
+            # The token as a fixed header of the generated cases, not added after: a negative case
+            # whose mutation is "no Authorization" would otherwise get it back and be accepted.
+            @given(case=operation.as_strategy(generation_mode=mode, headers=AUTH))
             @settings(max_examples=EXAMPLES, deadline=None, database=None,
                       suppress_health_check=list(HealthCheck))
             def check(case):
-                case.call_and_validate(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, excluded_checks=excluded)
+                case.call_and_validate(excluded_checks=excluded)
 
-            check()
+            try:
+                check()
+            except Unsatisfiable:
+                # Negative mode, an operation whose only input is the token (GET /api/stats): with
+                # the token fixed there is nothing left to make invalid. Positive mode always has a case.
+                if mode is not GenerationMode.NEGATIVE:
+                    raise
     finally:
         app.extensions["jobqueue"].engine.dispose()
