@@ -215,14 +215,15 @@ class _Batch:
         out.update({key: pruned[key] + (False,) for key in pruned if key not in rows})
         fresh = [job for key, job in self.firsts.items() if key not in out]
         if fresh:
+            # One row per statement: each INSERT IGNORE's row count says whether the key is ours,
+            # so a key another transaction inserts since our read (its row lock makes ours wait
+            # for its COMMIT, then skip) is simply theirs. No undo, so no run of retries to lose
+            # when several callers race over the same keys (the batch statement is the fast path;
+            # this one runs only after it met such a race).
             self.pending = {job.task_key for job in fresh}
-            inserted, ids = _insert(c, fresh)
-            if inserted != len(fresh):
-                raise _Undo()  # another transaction inserted one of our keys since our read
-            if ids is None:
-                written, _ = _read(c, [job.task_key for job in fresh], pruned=False)
-                ids = [written[job.task_key][0] for job in fresh]
-            out.update({job.task_key: (job_id, _status(job), True) for job, job_id in zip(fresh, ids)})
+            mine = {job.task_key for job in fresh if _insert(c, [job])[0] == 1}
+            written, _ = _read(c, [job.task_key for job in fresh], pruned=False)
+            out.update({key: written[key] + (key in mine,) for key in written})
         return {key: out[key] for key in keys}
 
     def _ours(self, c: Connection, existing: list[str]) -> set[str]:
