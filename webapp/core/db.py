@@ -28,6 +28,7 @@ claim sent between two checks can land on a demoted server.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sqlite3
@@ -210,9 +211,9 @@ class Candidates:
         for i in order:
             u = self.urls[i]
             try:
-                conn = pymysql.connect(host=u.host or "localhost", port=u.port or 3306, user=u.username,
-                                       password=u.password or "", database=u.database, **self.connect_args,
-                                       **dict(u.query))
+                conn = _connection_class()(host=u.host or "localhost", port=u.port or 3306, user=u.username,
+                                           password=u.password or "", database=u.database, **self.connect_args,
+                                           **dict(u.query))
             except pymysql.err.Error as exc:
                 errors.append(f"{self.address(i)}: {exc}")
                 continue
@@ -244,6 +245,32 @@ class Candidates:
         if fallback is not None:
             return fallback
         raise pymysql.err.OperationalError(2003, "no database server answered: " + "; ".join(errors))
+
+
+@functools.lru_cache(maxsize=1)
+def _connection_class():
+    """PyMySQL's Connection, sharing one default TLS context across connections.
+
+    Without TLS options PyMySQL (1.2+) tries TLS if the server offers it ("preferred") and builds
+    a fresh default context for every connection to do so: loading the system's CA store costs
+    about 26 ms each time, a tenth of a one-shot command's run. The context is the same every
+    time, and an SSLContext may be shared, so it is built once per process. Explicit TLS options
+    (ssl_ca, ssl_verify_cert, ...) still get their own context, as before."""
+    import ssl
+
+    import pymysql
+
+    class Connection(pymysql.connections.Connection):
+        def _create_ssl_ctx(self, sslp):
+            if sslp == {}:
+                return _default_tls_context()
+            return super()._create_ssl_ctx(sslp)
+
+    @functools.lru_cache(maxsize=1)
+    def _default_tls_context() -> ssl.SSLContext:
+        return pymysql.connections.Connection._create_ssl_ctx(None, {})   # type: ignore[arg-type]
+
+    return Connection
 
 
 def _watch_roles(engine: Engine, candidates: Candidates) -> None:
