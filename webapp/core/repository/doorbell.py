@@ -51,6 +51,7 @@ class Sleeper:
 
 def wait_for_ring(conn: Connection, seconds: float, queues: Sequence[str] | None) -> bool:
     """Sleep on the server for up to `seconds`; True when a ring (KILL QUERY) ended it early.
+    `conn` is in autocommit: the SLEEP opens no transaction, so none is ended after it.
     `queues`: the queues the worker serves (None: every queue), for ringers to choose by."""
     label = ",".join(queues) if queues else "*"
     if not _QUEUES.fullmatch(f"queues={label}"):
@@ -61,10 +62,8 @@ def wait_for_ring(conn: Connection, seconds: float, queues: Sequence[str] | None
         woken = conn.exec_driver_sql(f"SELECT SLEEP({float(seconds):.3f}) /* {MARKER} queues={label} */").scalar()
     except DBAPIError as exc:
         if error_code(exc) == ER_QUERY_INTERRUPTED:
-            conn.rollback()
             return True
         raise
-    conn.rollback()
     return bool(woken)
 
 

@@ -22,7 +22,7 @@ from ..repository import doorbell as _doorbell
 from ..wakeup import Wake
 
 log = logging.getLogger("jobqueue.worker")
-SLEEP_SECONDS = 10.0          # one statement per 10 s while idle; a ring ends it at once
+SLEEP_SECONDS = 30.0          # one statement per 30 s while idle; a ring ends it at once
 ERROR_PAUSE_SECONDS = 5.0
 
 
@@ -37,6 +37,7 @@ class Doorbell(threading.Thread):
         self._idle = threading.Event()
         self._error_log = RateLimited(60.0)
         self.connection_id: int | None = None
+        self._conn = None
         self.rings = 0
 
     def idle(self) -> None:
@@ -50,27 +51,36 @@ class Doorbell(threading.Thread):
             if not self._idle.wait(0.5):
                 continue
             try:
-                with self.engine.connect() as conn:
-                    self.connection_id = int(conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar())
-                    conn.rollback()
-                    while not self.stop_event.is_set() and self._idle.is_set():
-                        if _doorbell.wait_for_ring(conn, SLEEP_SECONDS, self.queues):
-                            self.rings += 1
-                            event(log, logging.DEBUG, "doorbell_rung", worker=self.name)
-                            self._idle.clear()
-                            self.wake.new_work = True
-                            self.wake.set()
-                        elif not self._idle.is_set():
-                            break
+                # Kept checked out while the worker lives, in autocommit (no ROLLBACK after each
+                # SLEEP); taken from the pool once, not at every idle spell.
+                if self._conn is None:
+                    self._conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+                    self.connection_id = int(self._conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar())
+                while not self.stop_event.is_set() and self._idle.is_set():
+                    if _doorbell.wait_for_ring(self._conn, SLEEP_SECONDS, self.queues):
+                        self.rings += 1
+                        event(log, logging.DEBUG, "doorbell_rung", worker=self.name)
+                        self._idle.clear()
+                        self.wake.new_work = True
+                        self.wake.set()
             except Exception as exc:   # never let the thread die: the worker polls meanwhile
                 if self.stop_event.is_set():
                     return
                 if self._error_log.allow("error") is not None:
                     event(log, logging.WARNING, "doorbell_error", error=f"{type(exc).__name__}: {exc}"[:300],
                           detail=f"polling only; trying again in {ERROR_PAUSE_SECONDS:g} s")
+                self._drop()
                 self.stop_event.wait(ERROR_PAUSE_SECONDS)
-            finally:
-                self.connection_id = None
+        self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn, self.connection_id = self._conn, None, None
+        if conn is not None:
+            try:
+                conn.invalidate()
+                conn.close()
+            except Exception:
+                pass
 
     def hang_up(self) -> None:
         """End a SLEEP in progress (at shutdown), so the thread's connection goes back at once."""
