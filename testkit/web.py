@@ -4,6 +4,7 @@ API client sends."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import urllib.request
@@ -87,6 +88,27 @@ class AuthActions:
     def api(self, method: str, path: str, token: str = ADMIN_TOKEN, **kw):
         return self.client.open(path, method=method, headers={"Authorization": f"Bearer {token}",
                                                               **kw.pop("headers", {})}, **kw)
+
+
+@contextlib.contextmanager
+def signed_in_app(url: str, **extra):
+    """create_app on `url` (app_config's settings plus `extra`) and a test client signed in as the
+    admin with its CSRF token at `client.token`; every engine the app made is disposed after."""
+    from webapp import create_app
+
+    app = create_app(app_config(url, **extra))
+    client = app.test_client()
+    assert login(client).status_code == 302
+    client.token = csrf_token(client)
+    try:
+        yield app, client
+    finally:
+        ext = app.extensions["jobqueue"]
+        ext.engine.dispose()
+        if ext.read_engine is not None:
+            ext.read_engine.dispose()
+        if ext.replicas is not None:
+            ext.replicas.dispose()
 
 
 def login(client, user: str = "alice", password: str = ADMIN_PASSWORD):

@@ -11,12 +11,10 @@ import pytest
 from sqlalchemy.exc import DBAPIError
 
 from testkit.replication import executed_statements
-from testkit.web import api, csrf_token, login, post
-from webapp import create_app
+from testkit.web import api, post, signed_in_app
 from webapp.core import repository
 from webapp.core.db import create_engine, error_code
 from webapp.core.migrate import init_db
-from testkit.web import app_config
 
 pytestmark = pytest.mark.slow
 
@@ -39,14 +37,8 @@ def replicated(replication_cluster):
 @pytest.fixture
 def read_app(replicated):
     cluster, engine, primary_url, replica_url = replicated
-    app = create_app(app_config(primary_url, READ_URL=replica_url))
-    client = app.test_client()
-    assert login(client).status_code == 302
-    client.token = csrf_token(client)
-    yield app, client
-    ext = app.extensions["jobqueue"]
-    ext.engine.dispose()
-    ext.read_engine.dispose()
+    with signed_in_app(primary_url, READ_URL=replica_url) as signed_in:
+        yield signed_in
 
 
 def header_source(html: str) -> str:

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from testkit.procs import cli_env, jobqueue
-from testkit.web import api, csrf_token, login, post
+from testkit.web import api, login, post, signed_in_app
 from webapp import create_app
 from webapp.core import repository
 from webapp.core.db import create_engine
@@ -45,14 +45,8 @@ def replicated(replication_cluster):
 @pytest.fixture
 def watched_app(replicated):
     cluster, engine, primary_url, replica_url = replicated
-    app = create_app(app_config(primary_url, REPLICA_URLS=replica_url, REPLICA_LAG_LIMIT=str(LAG_LIMIT)))
-    client = app.test_client()
-    assert login(client).status_code == 302
-    client.token = csrf_token(client)
-    yield app, client
-    ext = app.extensions["jobqueue"]
-    ext.engine.dispose()
-    ext.replicas.dispose()
+    with signed_in_app(primary_url, REPLICA_URLS=replica_url, REPLICA_LAG_LIMIT=str(LAG_LIMIT)) as signed_in:
+        yield signed_in
 
 
 def wait_for_lag(replica_url: str, above: int, timeout: float = 30.0) -> int:
