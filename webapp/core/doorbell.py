@@ -62,14 +62,17 @@ def ring_for(engine: Engine, queues: Iterable[str]) -> int:
         if now < state.off_until:
             return 0
         try:
-            with engine.connect() as conn:
-                if now - state.read_at >= REFRESH_SECONDS:
+            # No connection at all while the list is fresh and nobody it names is due: the
+            # common case of a process that enqueues all the time while the workers are busy.
+            if now - state.read_at >= REFRESH_SECONDS:
+                with engine.connect() as conn:
                     state.sleepers = _doorbell.sleepers(conn)
-                    state.read_at = now
-                due = [s for s in state.sleepers if any(s.serves(q) for q in wanted)]
-                if not due:
-                    return 0
-                state.sleepers = [s for s in state.sleepers if s not in due]
+                state.read_at = now
+            due = [s for s in state.sleepers if any(s.serves(q) for q in wanted)]
+            if not due:
+                return 0
+            state.sleepers = [s for s in state.sleepers if s not in due]
+            with engine.connect() as conn:
                 return _doorbell.ring(conn, [s.connection_id for s in due])
         except SQLAlchemyError as exc:
             state.off_until = now + OFF_SECONDS
