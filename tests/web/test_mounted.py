@@ -203,6 +203,14 @@ def test_authorize_answering_something_else_is_a_clear_error(mysql_url, tmp_path
         assert answer.status_code == 500 and "&#39;superuser&#39;" in answer.get_data(as_text=True)
     finally:
         app.extensions["jobqueue"].engine.dispose()
+    # The call, without user_name: the request's REMOTE_USER names the actor.
+    plain = Flask("plain")
+    plain.config.update(SECRET_KEY="x", JOBQUEUE_DATABASE_URL=mysql_url, JOBQUEUE_EMBEDDED_WORKERS=0)
+    init_dashboard(plain, url_prefix="/jobs-admin", authorize=lambda req: "viewer")
+    try:
+        assert plain.test_client().get("/jobs-admin/", environ_base={"REMOTE_USER": "ada"}).status_code == 200
+    finally:
+        plain.extensions["jobqueue"].engine.dispose()
     with pytest.raises(ValueError):
         init_dashboard(Flask("bad"), "jobs/", authorize=lambda req: None, user_name=lambda req: "")
     clash = Flask("clash")

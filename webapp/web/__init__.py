@@ -99,8 +99,12 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     return app
 
 
+def _remote_user(request: Request) -> str:
+    return request.remote_user or "host-user"
+
+
 def init_dashboard(app: Flask, url_prefix: str = "/jobs-admin", *, authorize: Callable[[Request], str | None],
-                   user_name: Callable[[Request], str]) -> None:
+                   user_name: Callable[[Request], str] | None = None) -> None:
     """Mount the dashboard, its health page and the JSON API in an application's own Flask app
     under `url_prefix`, behind the application's own login.
 
@@ -108,6 +112,8 @@ def init_dashboard(app: Flask, url_prefix: str = "/jobs-admin", *, authorize: Ca
     also raise, e.g. `abort(redirect(url_for("login", next=request.path)))` to send a signed-out
     user to the host's login page. `user_name(request)` names the user for the audit log
     ("web:<name>"); it is asked only when authorize gave a role. Both run once per request.
+    Without `user_name` the name is the request's REMOTE_USER (set by a server or proxy that
+    authenticated it), else "host-user": pass `user_name` for an audit log that names people.
 
     Settings come from the app's config as JOBQUEUE_* keys (JOBQUEUE_DATABASE_URL,
     JOBQUEUE_API_TOKENS, ...), else from the environment, as for `jobqueue serve`. The session,
@@ -119,4 +125,4 @@ def init_dashboard(app: Flask, url_prefix: str = "/jobs-admin", *, authorize: Ca
     overrides: dict[str, Any] = {k[len("JOBQUEUE_"):]: v for k, v in app.config.items()
                                  if k.startswith("JOBQUEUE_") and k[len("JOBQUEUE_"):] in SETTING_KEYS}
     settings = load_settings(overrides, hosted=True)
-    _install(app, settings, url_prefix, HostAccess(authorize, user_name))
+    _install(app, settings, url_prefix, HostAccess(authorize, user_name or _remote_user))
