@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import positive_data_acceptance
+from schemathesis.config import SchemathesisConfig
 
 from testkit.web import ADMIN_TOKEN, app_config
 from webapp import create_app
@@ -45,6 +46,11 @@ def test_the_document_lists_exactly_the_api_routes(app):
 
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+# An array of more than 1,000 jobs is refused with 413 (issue 17 spells it): a rejection too, which
+# schemathesis' negative mode does not count among its default ones.
+# The rest is schemathesis' default list.
+CONFIG = SchemathesisConfig.from_dict({"checks": {"negative_data_rejection": {"expected-statuses": [
+    "400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]}}})
 EXAMPLES = 100     # per operation and generation mode: about 15 s for the whole API
 
 
@@ -58,7 +64,7 @@ def test_every_endpoint_answers_as_documented(mysql_url, mode):
             ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"seed-{i}"}
                                                                for i in range(3)])]
             repository.fail_job(conn, ids[1], "seeded", actor="test")
-        schema = schemathesis.openapi.from_wsgi("/api/openapi.json", app)
+        schema = schemathesis.openapi.from_wsgi("/api/openapi.json", app, config=CONFIG)
         operations = [result.ok() for result in schema.get_all_operations()]
         # Every operation but the document itself, which schemathesis leaves out.
         assert len(operations) == sum(len(item) for item in openapi.PATHS.values()) - 1
