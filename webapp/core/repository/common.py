@@ -129,12 +129,18 @@ def execute_fast(c: Connection, stmt: sa.Executable, params: dict[str, Any]) -> 
     if not is_mysql(c):
         result = c.execute(stmt, params)
         return Result([tuple(r) for r in result.all()] if result.returns_rows else [], result.rowcount)
+    sql, defaults = compiled_sql(c, stmt)
+    return execute_sql(c, sql, {**defaults, **params})
+
+
+def compiled_sql(c: Connection, stmt: sa.Executable) -> tuple[str, dict[str, Any]]:
+    """A statement's SQL text for this connection's dialect and its default parameters, compiled
+    once per statement object."""
     key = (c.dialect.name, stmt)
     if key not in _compiled:
         compiled = stmt.compile(dialect=c.dialect)
         _compiled[key] = (compiled.string, dict(compiled.params))
-    sql, defaults = _compiled[key]
-    return execute_sql(c, sql, {**defaults, **params})
+    return _compiled[key]
 
 
 def execute_sql(c: Connection, sql: str, params: Any = None) -> Result:
