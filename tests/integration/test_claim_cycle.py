@@ -167,3 +167,26 @@ def test_cycles_racing_over_the_same_queue_never_take_a_job_twice(mysql_engine, 
     owner_of = dict(taken)
     assert {(r.status, r.attempts) for r in rows} == {("done", 1)}
     assert all(r.lease_owner == owner_of[r.id] for r in rows)
+
+
+def test_batches_of_every_size_share_a_few_statements(mysql_engine):
+    """A worker's batches take any size up to its capacity: statements are built for a few sizes
+    (powers of two) with the unused places matching no row, so that the compiled statements a
+    long-running worker keeps stay few whatever sizes it meets."""
+    common = importlib.import_module("webapp.core.repository.common")
+    with mysql_engine.connect() as conn:
+        add(conn, 1200)
+        before = len(common._compiled)
+        held: list = []
+        for size in [*range(1, 34), *range(33, 0, -1)]:
+            repository.complete_many(conn, held[size:])
+            cycle = repository.claim_cycle(conn, [f"w:{i}" for i in range(len(held), size)], ["default"],
+                                           lease_seconds=60, completions=held[:size])
+            assert set(cycle.completed.values()) <= {Outcome.OK} and len(cycle.claimed) == size
+            held = [c.lease for c in cycle.claimed]
+        built = len(common._compiled) - before
+    # done and taken each in 1, 2, 4, 8, 16, 32, 64 places: far fewer than the sizes met.
+    assert built <= 7 * 7 + 7 + 7 + 7, built
+    with mysql_engine.connect() as conn:
+        counts = dict(conn.execute(sa.select(jq.status, sa.func.count()).group_by(jq.status)).all())
+    assert counts["running"] == 1 and sum(counts.values()) == 1200

@@ -52,7 +52,7 @@ from ..db import db_after, db_now, error_code, is_mysql, require_primary, transa
 from ..errors import NotPrimary
 from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Job, Lease, LeaseLoss, Outcome, Status
 from ..schema import concurrency_key, job_queue, queue_state
-from .common import as_datetime, compiled_sql, execute_fast, execute_sql, jq
+from .common import NO_ROW, as_datetime, compiled_sql, execute_fast, execute_sql, jq, shape
 from .leases import completions_read_back, fence_any, fence_params
 
 PICK_INDEX = "ix_ready_pick"
@@ -320,11 +320,13 @@ def _write(c: Connection, done: list[Lease], picked: list[tuple[tuple, str]], ow
     returns the picked rows that now carry our lease, and the leases found lost."""
     if not done and not picked:
         return picked, []
-    params = fence_params(done)
+    done_size, take_size = shape(len(done)), shape(len(picked))
+    params = fence_params(done, done_size)
     params["lease_us"] = lease_us
-    for i, (row, _) in enumerate(picked):
-        params[f"take_{i}"], params[f"owner_take_{i}"] = row[0], owner_of[row[0]]
-    changed = execute_fast(c, _settle(len(done), len(picked)), params).rowcount
+    for i in range(take_size):
+        job_id = picked[i][0][0] if i < len(picked) else NO_ROW
+        params[f"take_{i}"], params[f"owner_take_{i}"] = job_id, owner_of.get(job_id, "")
+    changed = execute_fast(c, _settle(done_size, take_size), params).rowcount
     if changed == len(done) + len(picked):
         completed.update({lease: Outcome.OK for lease in done})
         return picked, []
@@ -380,8 +382,9 @@ def _lock_and_pick(c: Connection, kind: str, finished: Sequence[Lease], queue: s
     pick = (lambda: _pick(c, kind, {"queue": queue, "limit": limit})) if queue and limit else (lambda: [])
     if not finished:
         return set(), [], pick()
-    params = fence_params(finished)
-    lock = _lock_statement(len(finished), kind)
+    size = shape(len(finished))
+    params = fence_params(finished, size)
+    lock = _lock_statement(size, kind)
     if queue and limit and kind != "sqlite" and not _union_refused and not _index_missing:
         sql, defaults = _union(c, lock, pick_statement(kind))
         try:

@@ -27,7 +27,7 @@ from ..db import db_after, db_now, is_mysql, require_primary, transaction
 from ..errors import LeaseLostError, NotPrimary
 from ..models import Lease, LeaseLoss, Outcome, Status
 from ..schema import job_attempt, job_queue, job_result
-from .common import execute_fast, fence, is_duplicate_key, jq, lease_loss, one_more_attempt, record_attempts, \
+from .common import NO_ROW, execute_fast, fence, shape, is_duplicate_key, jq, lease_loss, one_more_attempt, record_attempts, \
     truncate_error
 
 
@@ -55,8 +55,9 @@ def lock_leased(c: Connection, job_ids: Sequence[int]) -> set[int]:
     if not is_mysql(c):
         return set(job_ids)   # SQLite: BEGIN IMMEDIATE already holds the whole database
     flavour = "mariadb" if getattr(c.dialect, "is_mariadb", False) else "mysql"
-    params = {f"id_{i}": job_id for i, job_id in enumerate(job_ids)}
-    rows = execute_fast(c, _lock_leased(len(job_ids), flavour), params).rows
+    size = shape(len(job_ids))
+    params = {f"id_{i}": job_ids[i] if i < len(job_ids) else NO_ROW for i in range(size)}
+    rows = execute_fast(c, _lock_leased(size, flavour), params).rows
     if rows and any(str(v) in ("1", "ON") for v in rows[0][1:]):
         raise NotPrimary("the server turned read-only; the lease write was not made")
     return {row[0] for row in rows}
@@ -82,10 +83,14 @@ def _renew(n: int) -> sa.Update:
             .values(lease_until=db_after(micros=sa.bindparam("lease_us", type_=sa.BigInteger)), updated_at=db_now()))
 
 
-def fence_params(leases: Sequence[Lease]) -> dict[str, Any]:
+def fence_params(leases: Sequence[Lease], size: int = 0) -> dict[str, Any]:
+    """id_i, owner_i, attempt_i of each lease, and of `size` places in all (those past the leases
+    match no row)."""
     params: dict[str, Any] = {}
     for i, lease in enumerate(leases):
         params[f"id_{i}"], params[f"owner_{i}"], params[f"attempt_{i}"] = lease.job_id, lease.owner, lease.attempt
+    for i in range(len(leases), size):
+        params[f"id_{i}"], params[f"owner_{i}"], params[f"attempt_{i}"] = NO_ROW, "", 0
     return params
 
 
@@ -101,9 +106,10 @@ def renew_leases(conn: Connection, leases: Sequence[Lease], lease_seconds: float
         held = [lease for lease in leases if lease.job_id in mine]
         outcomes = {lease: Outcome.BUSY for lease in leases if lease.job_id not in mine}
         if held:
-            params = fence_params(held)
+            size = shape(len(held))
+            params = fence_params(held, size)
             params["lease_us"] = int(round(lease_seconds * 1_000_000))
-            n = execute_fast(c, _renew(len(held)), params).rowcount
+            n = execute_fast(c, _renew(size), params).rowcount
             if n == len(held):
                 outcomes.update({lease: Outcome.OK for lease in held})
                 return outcomes, []
@@ -152,7 +158,8 @@ def complete_in(c: Connection, leases: Sequence[Lease]) -> tuple[dict[Lease, Out
     outcomes = {lease: Outcome.BUSY for lease in leases if lease.job_id not in mine}
     if not held:
         return outcomes, []
-    n = execute_fast(c, _mark_done(len(held)), fence_params(held)).rowcount
+    size = shape(len(held))
+    n = execute_fast(c, _mark_done(size), fence_params(held, size)).rowcount
     if n == len(held):
         outcomes.update({lease: Outcome.OK for lease in held})
         return outcomes, []
