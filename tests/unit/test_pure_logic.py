@@ -124,3 +124,50 @@ def test_database_urls(monkeypatch, tmp_path):
     assert resolve_url("mysql://u@h/db") == "mysql+pymysql://u@h/db"
     monkeypatch.setenv("JOBQUEUE_DATABASE_URL", "mariadb://u@h/db")
     assert resolve_url() == "mariadb+pymysql://u@h/db"
+
+
+def test_lease_lost_flag_acts_as_an_event():
+    import threading
+    import time
+
+    from webapp.core.tasks import LeaseLost
+
+    flag = LeaseLost()
+    assert not flag.is_set() and flag.wait(0.01) is False
+    flag.set()
+    assert flag.is_set() and flag.wait(0) is True and flag.wait() is True
+    waiting = LeaseLost()
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(waiting.wait(10)))
+    waiter.start()
+    time.sleep(0.05)
+    waiting.set()
+    waiter.join(5)
+    assert woke == [True]
+
+
+def test_a_batch_of_events_is_written_as_one_line_each_like_single_events():
+    import io
+    import logging
+
+    from webapp.core.logs import EventFormatter, event, events
+
+    def written(log_call) -> list[str]:
+        out = io.StringIO()
+        handler = logging.StreamHandler(out)
+        handler.setFormatter(EventFormatter("%(levelname)s %(name)s %(message)s"))
+        logger = logging.getLogger("jobqueue.test_batch")
+        logger.addHandler(handler)
+        logger.propagate = False
+        try:
+            log_call(logger)
+        finally:
+            logger.removeHandler(handler)
+        return out.getvalue().splitlines()
+
+    each = [{"job_id": 1, "task_key": "a b", "seconds": "0.001"}, {"job_id": 2, "task_key": "c", "seconds": None}]
+    batch = written(lambda lg: events(lg, logging.INFO, "complete", each))
+    single = written(lambda lg: [event(lg, logging.INFO, "complete", **fields) for fields in each])
+    assert batch == single == ['INFO jobqueue.test_batch event=complete job_id=1 task_key="a b" seconds=0.001',
+                               "INFO jobqueue.test_batch event=complete job_id=2 task_key=c"]
+    assert written(lambda lg: events(lg, logging.INFO, "complete", [])) == []

@@ -46,9 +46,47 @@ class EventMessage:
         return " ".join(parts)
 
 
+class EventBatch:
+    """Events of one name logged as one record: each becomes a line of its own, prefixed like any
+    other line by `setup`'s formatter (EventFormatter), so the output is what one record per event
+    would give, at a fraction of the cost (a worker finishing 32 jobs makes one record, not 32)."""
+
+    __slots__ = ("name", "each")
+
+    def __init__(self, name: str, each: list[dict[str, Any]]):
+        self.name = name
+        self.each = each
+
+    def lines(self) -> list[str]:
+        return [str(EventMessage(self.name, fields)) for fields in self.each]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+class EventFormatter(logging.Formatter):
+    """FORMAT, with an EventBatch written as one prefixed line per event."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not isinstance(record.msg, EventBatch):
+            return super().format(record)
+        record.asctime = self.formatTime(record, self.datefmt)
+        lines = []
+        for line in record.msg.lines():
+            record.message = line
+            lines.append(self.formatMessage(record))
+        return "\n".join(lines)
+
+
 def event(logger: logging.Logger, level: int, name: str, **fields: Any) -> None:
     if logger.isEnabledFor(level):
         logger.log(level, EventMessage(name, fields))
+
+
+def events(logger: logging.Logger, level: int, name: str, each: list[dict[str, Any]]) -> None:
+    """One `name` event per item of `each` (a line each), logged as one record."""
+    if each and logger.isEnabledFor(level):
+        logger.log(level, EventBatch(name, each) if len(each) > 1 else EventMessage(name, each[0]))
 
 
 _listener = None
@@ -69,7 +107,7 @@ def setup(level: str | int = "INFO", stream=None, *, threaded: bool = True) -> N
         if _listener is not None or (_direct is not None and not threaded):
             return
         out = logging.StreamHandler(stream or sys.stderr)
-        out.setFormatter(logging.Formatter(FORMAT))
+        out.setFormatter(EventFormatter(FORMAT))
         if not threaded:
             _direct = out
             root.addHandler(out)

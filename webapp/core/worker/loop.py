@@ -28,6 +28,7 @@ attempt count kept.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import queue as queue_mod
@@ -47,7 +48,7 @@ from .. import metrics, preflight, repository, retry, wakeup
 from ..backoff import IdleBackoff
 from ..db import is_mysql, is_not_primary, transient_kind
 from ..errors import JobQueueError, LeaseLostError, NotPrimary, TransientDatabaseError, UnsupportedDatabase
-from ..logs import RateLimited, event
+from ..logs import RateLimited, event, events
 from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Outcome
 from ..reaper import Reaper
 from ..recurring import RecurringRunner
@@ -307,6 +308,8 @@ class Worker:
         """Account for the finished jobs the cycle completed, and the slots the claim took."""
         taken = {int(item.lease.owner.rsplit(":", 1)[1]) for item in cycle.claimed}
         freed = []
+        completed: collections.Counter[str] = collections.Counter()
+        lines: list[dict[str, Any]] = []
         for held in finished:
             outcome = cycle.completed.get(held.key)
             job, lease = held.claimed.job, held.lease
@@ -315,16 +318,19 @@ class Worker:
                 continue
             freed.append(held.slot)
             if outcome is Outcome.OK:
-                metrics.COMPLETED.labels(queue=job.queue).inc()
-                metrics.ATTEMPT_SECONDS.labels(task=job.task_name, outcome="done").observe(held.duration)
-                event(log, logging.INFO, "complete", job_id=job.id, task_key=job.task_key, attempt=lease.attempt,
-                      worker=lease.owner, seconds=f"{held.duration:.3f}")
+                completed[job.queue] += 1
+                metrics.labelled("ATTEMPT_SECONDS", job.task_name, "done").observe(held.duration)
+                lines.append({"job_id": job.id, "task_key": job.task_key, "attempt": lease.attempt,
+                              "worker": lease.owner, "seconds": f"{held.duration:.3f}"})
             else:
-                metrics.ATTEMPT_SECONDS.labels(task=job.task_name, outcome="lease_lost").observe(held.duration)
+                metrics.labelled("ATTEMPT_SECONDS", job.task_name, "lease_lost").observe(held.duration)
             if not self.keeper.drop(held):
                 freed.pop()
                 continue
             self.processed += 1
+        for queue, n in completed.items():
+            metrics.labelled("COMPLETED", queue).inc(n)
+        events(log, logging.INFO, "complete", lines)
         with self._lock:
             self._free = (self._free | set(freed)) - taken
         if freed and cycle.asked == 0:
@@ -343,7 +349,7 @@ class Worker:
         with self._lock:
             self._free.discard(slot)
         if claimed.claimed_at is not None and job.run_at is not None:
-            metrics.START_DELAY_SECONDS.labels(queue=job.queue).observe(
+            metrics.labelled("START_DELAY_SECONDS", job.queue).observe(
                 max(0.0, (claimed.claimed_at - job.run_at).total_seconds()))
         event(log, logging.DEBUG, "claim", job_id=job.id, task_key=job.task_key, task=job.task_name,
               queue=job.queue, attempt=lease.attempt, worker=lease.owner)
