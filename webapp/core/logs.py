@@ -11,6 +11,7 @@ worker's throughput.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import sys
@@ -125,7 +126,7 @@ def setup(level: str | int = "INFO", stream=None, *, threaded: bool = True) -> N
                 return record
 
         records: queue.SimpleQueue = queue.SimpleQueue()
-        _listener = handlers.QueueListener(records, out, respect_handler_level=False)
+        _listener = _Listener(records, out)
         _listener.start()
         _listener.queue_handler = InProcessQueueHandler(records)
         root.addHandler(_listener.queue_handler)
@@ -135,13 +136,60 @@ def setup(level: str | int = "INFO", stream=None, *, threaded: bool = True) -> N
         os.register_at_fork(after_in_child=_listen_again)
 
 
+@functools.lru_cache(maxsize=1)
+def _listener_class():
+    from logging import handlers
+
+    class Listener(handlers.QueueListener):
+        """Writes what was logged meanwhile in one go, then pauses a moment before looking again:
+        a worker logging a line per job wakes this thread (and pays a thread switch) at most
+        1/PAUSE times a second instead of once per record. A line waits at most PAUSE seconds."""
+
+        PAUSE = 0.02
+
+        def __init__(self, records, out: logging.StreamHandler):
+            super().__init__(records, out, respect_handler_level=False)
+            self.out = out
+
+        def _monitor(self) -> None:
+            import queue
+
+            while True:
+                batch = [self.queue.get()]
+                try:
+                    while True:
+                        batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    pass
+                records = [r for r in batch if r is not self._sentinel]
+                if records:
+                    self._write(records)
+                if len(records) < len(batch):
+                    return
+                time.sleep(self.PAUSE)
+
+        def _write(self, records: list[logging.LogRecord]) -> None:
+            out = self.out
+            try:
+                text = "".join(out.format(r) + out.terminator for r in records)
+                with out.lock:
+                    out.stream.write(text)
+                    out.flush()
+            except Exception:   # what logging does: report on stderr, never raise into the app
+                out.handleError(records[0])
+
+    return Listener
+
+
+def _Listener(records, out: logging.StreamHandler):
+    return _listener_class()(records, out)
+
+
 def _listen_again() -> None:
     global _listener
     if _listener is not None:
-        from logging import handlers
-
         old = _listener
-        _listener = handlers.QueueListener(old.queue, *old.handlers, respect_handler_level=False)
+        _listener = _Listener(old.queue, old.out)
         _listener.queue_handler = old.queue_handler
         _listener.start()
 

@@ -48,7 +48,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from ..db import db_after, db_now, error_code, is_mysql, require_primary, transaction
+from ..db import db_after, db_micros_since, db_now, error_code, is_mysql, require_primary, transaction
 from ..errors import NotPrimary
 from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Job, Lease, LeaseLoss, Outcome, Status
 from ..schema import concurrency_key, job_queue, queue_state
@@ -57,8 +57,8 @@ from .leases import completions_read_back, fence_any, fence_params
 
 PICK_INDEX = "ix_ready_pick"
 _FLAGS = {True: ("read_only", "innodb_read_only"), False: ("read_only", "innodb_read_only", "super_read_only")}
-KEY_AT = 9            # where the picked row's concurrency_key is
-FLAGS_AT = 10         # where the server's read-only flags start
+KEY_AT = 8            # where the picked row's concurrency_key is
+FLAGS_AT = 9          # where the server's read-only flags are (one column: any of them on)
 LOOKAHEAD_ROUNDS = 2  # extra picks past jobs whose concurrency key is full, per queue and claim
 LOOKAHEAD_MAX = 200   # rows each of them may return
 ck = concurrency_key.c
@@ -70,14 +70,21 @@ ER_NO_SUCH_KEY = 1176
 _index_missing = False
 
 
+def read_only_column(flavour: str) -> sa.ColumnElement:
+    """One column that is 0 unless one of the server's read-only flags is on: every pick and lock
+    of the cycle reads it (one column, not three); which flag it was is read only when one is."""
+    flags = [f"@@global.{flag}" for flag in _FLAGS[flavour == "mariadb"]]
+    return sa.literal_column(f"({' OR '.join(flags)})")
+
+
 @functools.lru_cache(maxsize=8)
 def pick_statement(flavour: str, hinted: bool = True) -> sa.Select:
     """The claim's locking SELECT for 'mariadb', 'mysql' or 'sqlite'. Built once: the claim is
     the hot path."""
     columns = [jq.id, jq.task_key, jq.task_name, jq.priority, jq.payload, jq.attempts, jq.max_attempts,
-               jq.run_at, db_now(), jq.concurrency_key]
+               db_micros_since(jq.run_at), jq.concurrency_key]
     if flavour != "sqlite":
-        columns += [sa.literal_column(f"@@global.{flag}") for flag in _FLAGS[flavour == "mariadb"]]
+        columns.append(read_only_column(flavour))
     stmt = (sa.select(*columns)
             .where(jq.status == Status.READY.value, jq.queue == sa.bindparam("queue"))
             .order_by(jq.priority, jq.id)
@@ -185,15 +192,15 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
         picked, losses = _write(c, done, picked, owner_of, lease_us, completed)
         claimed: list[ClaimedJob] = []
         for row, queue in picked:
-            job_id, task_key, task_name, priority, payload, attempts, max_attempts, run_at, now = row[:9]
+            job_id, task_key, task_name, priority, payload, attempts, max_attempts, delay_us = row[:8]
             payload = json.loads(payload) if isinstance(payload, (str, bytes)) else payload
             owner = owner_of[job_id]
             claimed.append(ClaimedJob(
                 job=Job(id=job_id, task_key=task_key, task_name=task_name, queue=queue, priority=priority,
                         payload=payload, status=Status.RUNNING, attempts=attempts + 1,
-                        max_attempts=max_attempts, lease_owner=owner, run_at=as_datetime(run_at),
-                        concurrency_key=row[KEY_AT]),
-                lease=Lease(job_id, owner, attempts + 1), claimed_at=as_datetime(now)))
+                        max_attempts=max_attempts, lease_owner=owner, concurrency_key=row[KEY_AT]),
+                lease=Lease(job_id, owner, attempts + 1),
+                start_delay=None if delay_us is None else max(0.0, int(delay_us) / 1e6)))
         report = None
         if limit and len(claimed) < limit:
             report = classify_row(tuple(c.execute(classify_statement(classify_queues)).one()))
@@ -356,8 +363,7 @@ def _lock_statement(n: int, flavour: str) -> sa.Select:
     key = sa.case((sa.and_(jq.status == running, fence_any(n)), jq.concurrency_key))
     if flavour == "sqlite":
         return sa.select(jq.id, *blanks, key).where(jq.id.in_(ids))
-    stmt = (sa.select(jq.id, *blanks, key, *[sa.literal_column(f"@@global.{flag}") for flag in _FLAGS[flavour == "mariadb"]])
-            .where(jq.id.in_(ids)))
+    stmt = sa.select(jq.id, *blanks, key, read_only_column(flavour)).where(jq.id.in_(ids))
     stmt = stmt.with_hint(job_queue, "FORCE INDEX (PRIMARY)", "mysql").with_hint(
         job_queue, "FORCE INDEX (PRIMARY)", "mariadb")
     return stmt.with_for_update(skip_locked=True)
@@ -396,7 +402,7 @@ def _lock_and_pick(c: Connection, kind: str, finished: Sequence[Lease], queue: s
             # A statement error; the transaction goes on. (A missing index is _pick's to note.)
             _union_refused = _union_refused or code != ER_NO_SUCH_KEY
         else:
-            _refuse_if_read_only(rows, kind)
+            _refuse_if_read_only(c, rows, kind)
             locked = [row for row in rows if row[1] is None]
             return ({row[0] for row in locked}, [row[KEY_AT] for row in locked if row[KEY_AT] is not None],
                     [row for row in rows if row[1] is not None])
@@ -404,7 +410,7 @@ def _lock_and_pick(c: Connection, kind: str, finished: Sequence[Lease], queue: s
     if kind == "sqlite":
         mine = {lease.job_id for lease in finished}   # BEGIN IMMEDIATE already holds the whole database
     else:
-        _refuse_if_read_only(locked, kind)
+        _refuse_if_read_only(c, locked, kind)
         mine = {row[0] for row in locked}
     return mine, [row[KEY_AT] for row in locked if row[KEY_AT] is not None], pick()
 
@@ -430,10 +436,12 @@ def _build_union(c: Connection, first: sa.Select, second: sa.Select) -> tuple[st
     return f"({first_sql}) UNION ALL ({second_sql})", {**first_defaults, **second_defaults}
 
 
-def _refuse_if_read_only(rows: list[tuple], kind: str) -> None:
-    if rows and any(str(v) in ("1", "ON") for v in rows[0][FLAGS_AT:]):
-        flags = [f for f, v in zip(_FLAGS[kind == "mariadb"], rows[0][FLAGS_AT:]) if str(v) in ("1", "ON")]
-        raise NotPrimary(f"the server turned read-only ({', '.join(flags)} is ON); nothing written")
+def _refuse_if_read_only(c: Connection, rows: list[tuple], kind: str) -> None:
+    if rows and str(rows[0][FLAGS_AT]) not in ("0", "None"):
+        names = _FLAGS[kind == "mariadb"]
+        values = c.exec_driver_sql("SELECT " + ", ".join(f"@@global.{name}" for name in names)).one()
+        flags = [name for name, value in zip(names, values) if str(value) in ("1", "ON")]
+        raise NotPrimary(f"the server turned read-only ({', '.join(flags) or 'read_only'} is ON); nothing written")
 
 
 def _pick(c: Connection, kind: str, params: dict[str, Any]) -> list[tuple]:
@@ -449,7 +457,7 @@ def _pick(c: Connection, kind: str, params: dict[str, Any]) -> list[tuple]:
     if rows is None:
         rows = execute_fast(c, pick_statement(kind, hinted=False), params).rows
     if kind != "sqlite":
-        _refuse_if_read_only(rows, kind)
+        _refuse_if_read_only(c, rows, kind)
     return rows
 
 

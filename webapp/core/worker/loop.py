@@ -348,9 +348,8 @@ class Worker:
                                 timeout=getattr(spec, "timeout_seconds", None) if spec else None)
         with self._lock:
             self._free.discard(slot)
-        if claimed.claimed_at is not None and job.run_at is not None:
-            metrics.labelled("START_DELAY_SECONDS", job.queue).observe(
-                max(0.0, (claimed.claimed_at - job.run_at).total_seconds()))
+        if claimed.start_delay is not None:
+            metrics.labelled("START_DELAY_SECONDS", job.queue).observe(claimed.start_delay)
         event(log, logging.DEBUG, "claim", job_id=job.id, task_key=job.task_key, task=job.task_name,
               queue=job.queue, attempt=lease.attempt, worker=lease.owner)
         self.slots.give(held)
