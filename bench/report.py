@@ -171,6 +171,14 @@ def _peers(r: dict, plots: Path, targets: list, best: dict) -> str:
                              f"{ratio:.2f}x", verdict(ok)])
         out.append(f"Our best configuration in this run: **{_system_label(best_key)}**, {n0(b['jobs_per_s'])} jobs/s "
                    f"(target >= 4,000: {verdict(b['jobs_per_s'] >= 4000)}).")
+        pgqueuer = [p for p in peers if p.startswith("pgqueuer")]
+        if pgqueuer:
+            pg_best = max(pgqueuer, key=lambda p: s[p]["jobs_per_s"])
+            ratio = b["jobs_per_s"] / s[pg_best]["jobs_per_s"]
+            targets.append((f"17. best configuration >= 1.5x pgqueuer's best, same run ({_system_label(best_key)} vs "
+                            f"{_system_label(pg_best)})", f"{ratio:.2f}x", ratio >= 1.5))
+            out.append(f"Against pgqueuer's best in the same run ({_system_label(pg_best)}, "
+                       f"{n0(s[pg_best]['jobs_per_s'])} jobs/s): **{ratio:.2f}x** (target >= 1.5x: {verdict(ratio >= 1.5)}).")
         out.append(table(["peer", "peer jobs/s", "ours (1 process x 4 threads) / peer", "ours best / peer", "ahead?"],
                          cmp_rows))
     ours_batch = common_median([s[k]["enqueue_batch_jobs_per_s"] for k in ours_keys])

@@ -42,11 +42,11 @@ class Context:
     rounds: int = 3
     contention_rounds: int = 5     # the holder/no-holder ratio is close to 1: more pairs
     claim_sizes: list[int] = field(default_factory=lambda: [0, 100_000, 1_000_000])
-    memory_jobs: int = 100_000
+    memory_jobs: int = 1_000_000   # issue 17: flat over a million jobs
     wake_trials: int = 25
     wake_idle: tuple[float, float] = (2.0, 4.0)
     # Our multi-process candidates for "best configuration" in the peers comparison.
-    best_candidates: list[tuple[int, int]] = field(default_factory=lambda: [(2, 8), (1, 32), (2, 16), (2, 32)])
+    best_candidates: list[tuple[int, int]] = field(default_factory=lambda: [(2, 8), (1, 32), (2, 16), (2, 32), (2, 64)])
 
     @classmethod
     def make(cls, quick: bool, out_dir: Path) -> "Context":

@@ -124,3 +124,84 @@ def test_database_urls(monkeypatch, tmp_path):
     assert resolve_url("mysql://u@h/db") == "mysql+pymysql://u@h/db"
     monkeypatch.setenv("JOBQUEUE_DATABASE_URL", "mariadb://u@h/db")
     assert resolve_url() == "mariadb+pymysql://u@h/db"
+
+
+def test_lease_lost_flag_acts_as_an_event():
+    import threading
+    import time
+
+    from webapp.core.tasks import LeaseLost
+
+    flag = LeaseLost()
+    assert not flag.is_set() and flag.wait(0.01) is False
+    flag.set()
+    assert flag.is_set() and flag.wait(0) is True and flag.wait() is True
+    waiting = LeaseLost()
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(waiting.wait(10)))
+    waiter.start()
+    time.sleep(0.05)
+    waiting.set()
+    waiter.join(5)
+    assert woke == [True]
+
+
+def test_a_batch_of_events_is_written_as_one_line_each_like_single_events():
+    import io
+    import logging
+
+    from webapp.core.logs import EventFormatter, event, events
+
+    def written(log_call) -> list[str]:
+        out = io.StringIO()
+        handler = logging.StreamHandler(out)
+        handler.setFormatter(EventFormatter("%(levelname)s %(name)s %(message)s"))
+        logger = logging.getLogger("jobqueue.test_batch")
+        logger.addHandler(handler)
+        logger.propagate = False
+        try:
+            log_call(logger)
+        finally:
+            logger.removeHandler(handler)
+        return out.getvalue().splitlines()
+
+    each = [{"job_id": 1, "task_key": "a b", "seconds": "0.001"}, {"job_id": 2, "task_key": "c", "seconds": None}]
+    batch = written(lambda lg: events(lg, logging.INFO, "complete", each))
+    single = written(lambda lg: [event(lg, logging.INFO, "complete", **fields) for fields in each])
+    assert batch == single == ['INFO jobqueue.test_batch event=complete job_id=1 task_key="a b" seconds=0.001',
+                               "INFO jobqueue.test_batch event=complete job_id=2 task_key=c"]
+    assert written(lambda lg: events(lg, logging.INFO, "complete", [])) == []
+
+
+def test_the_listener_writes_every_line_in_order_and_flush_writes_the_rest():
+    """The logging listener thread writes records in batches, pausing between them; flush()
+    (at exit) writes whatever is still queued. Run in a child interpreter: the listener is the
+    process's own."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import io, logging, sys, threading
+        from webapp.core import logs
+        out = io.StringIO()
+        logs.setup("INFO", stream=out)
+        log = logging.getLogger("jobqueue.t")
+        def burst(n):
+            for i in range(200):
+                logs.event(log, logging.INFO, "line", thread=n, i=i)
+        threads = [threading.Thread(target=burst, args=(n,)) for n in range(3)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        logs.events(log, logging.INFO, "batch", [{"i": i} for i in range(5)])
+        logs.flush()
+        sys.stdout.write(out.getvalue())
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 605
+    for n in range(3):
+        mine = [line for line in lines if f"event=line thread={n} " in line]
+        assert [int(line.rsplit("i=", 1)[1]) for line in mine] == list(range(200))
+    assert [line.split(" INFO jobqueue.t ")[1] for line in lines[-5:]] == [f"event=batch i={i}" for i in range(5)]

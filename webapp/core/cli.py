@@ -227,6 +227,26 @@ def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: 
                              f"(first: {refused[0]})")
 
 
+class PrefetchType(click.ParamType):
+    """A number of jobs from 0 to 256, or `auto` (None)."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if value is None or value == "auto":
+            return None
+        if isinstance(value, int):
+            number = value
+        else:
+            try:
+                number = int(value)
+            except ValueError:
+                self.fail(f"{value!r} is neither a number nor 'auto'", param, ctx)
+        if not 0 <= number <= 256:
+            self.fail(f"{number} is not in the range 0<=x<=256", param, ctx)
+        return number
+
+
 @main.command()
 @click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True, help="Handler threads")
 @click.option("--queues", default=None, help="Comma-separated queues to take jobs from (default: all)")
@@ -236,8 +256,9 @@ def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: 
               help="On SIGTERM, how long running jobs may finish before they are released")
 @click.option("--idle-cap-seconds", type=click.FloatRange(0.05, 300), default=2.0, show_default=True,
               help="Longest sleep between claims when idle")
-@click.option("--prefetch", type=click.IntRange(0, 256), default=0, show_default=True,
-              help="Jobs claimed ahead of a free thread (leased and renewed while they wait)")
+@click.option("--prefetch", type=PrefetchType(), default="auto", show_default=True,
+              help="Jobs claimed ahead of a free thread (leased and renewed while they wait): a number, or "
+                   "auto (up to one per thread while handlers take under 0.1 s on average)")
 @click.option("--burst", is_flag=True, help="Exit when nothing is ready for this worker and it holds nothing")
 @click.option("--no-doorbell", is_flag=True,
               help="Do not listen for other processes' enqueues while idle (MySQL); poll only")
@@ -248,7 +269,7 @@ def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: 
 @click.pass_context
 @answers_errors
 def worker(ctx: click.Context, concurrency: int, queues: str | None, name: str | None, lease_seconds: float,
-           grace_seconds: float, idle_cap_seconds: float, prefetch: int, burst: bool, no_doorbell: bool,
+           grace_seconds: float, idle_cap_seconds: float, prefetch: int | None, burst: bool, no_doorbell: bool,
            metrics_port: int | None, tasks: str | None, database_url: str | None) -> None:
     """Run a worker process with N threads."""
     from .task_modules import load_task_modules

@@ -434,6 +434,13 @@ def _sqlite_now_plus(microseconds: int) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
+def _sqlite_micros_since(stamp: str | None) -> int | None:
+    if stamp is None:
+        return None
+    then = datetime.fromisoformat(stamp).replace(tzinfo=timezone.utc)
+    return int((sqlite_clock() - then.timestamp()) * 1_000_000)
+
+
 def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: sqlite3.Connection, _record) -> None:
@@ -446,6 +453,7 @@ def _configure_sqlite(engine: Engine) -> None:
         dbapi_conn.execute("PRAGMA busy_timeout=30000")
         dbapi_conn.create_function("jq_now", 0, lambda: _sqlite_now())
         dbapi_conn.create_function("jq_now_plus", 1, lambda us: _sqlite_now_plus(us))
+        dbapi_conn.create_function("jq_micros_since", 1, _sqlite_micros_since)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
@@ -472,6 +480,24 @@ class db_after(FunctionElement):
         if micros is None:
             micros = sa.bindparam(None, int(round(seconds * 1_000_000)), type_=sa.BigInteger)
         super().__init__(micros)
+
+
+class db_micros_since(FunctionElement):
+    """Microseconds from a timestamp column to the database's current UTC time."""
+
+    type = sa.BigInteger()
+    inherit_cache = True
+
+
+@compiles(db_micros_since, "mysql")
+@compiles(db_micros_since, "mariadb")
+def _db_micros_since_mysql(element, compiler, **kw):
+    return f"TIMESTAMPDIFF(MICROSECOND, {compiler.process(element.clauses, **kw)}, UTC_TIMESTAMP(6))"
+
+
+@compiles(db_micros_since, "sqlite")
+def _db_micros_since_sqlite(element, compiler, **kw):
+    return f"jq_micros_since({compiler.process(element.clauses, **kw)})"
 
 
 @compiles(db_now, "mysql")

@@ -11,6 +11,7 @@ worker's throughput.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import sys
@@ -46,9 +47,47 @@ class EventMessage:
         return " ".join(parts)
 
 
+class EventBatch:
+    """Events of one name logged as one record: each becomes a line of its own, prefixed like any
+    other line by `setup`'s formatter (EventFormatter), so the output is what one record per event
+    would give, at a fraction of the cost (a worker finishing 32 jobs makes one record, not 32)."""
+
+    __slots__ = ("name", "each")
+
+    def __init__(self, name: str, each: list[dict[str, Any]]):
+        self.name = name
+        self.each = each
+
+    def lines(self) -> list[str]:
+        return [str(EventMessage(self.name, fields)) for fields in self.each]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+class EventFormatter(logging.Formatter):
+    """FORMAT, with an EventBatch written as one prefixed line per event."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not isinstance(record.msg, EventBatch):
+            return super().format(record)
+        record.asctime = self.formatTime(record, self.datefmt)
+        lines = []
+        for line in record.msg.lines():
+            record.message = line
+            lines.append(self.formatMessage(record))
+        return "\n".join(lines)
+
+
 def event(logger: logging.Logger, level: int, name: str, **fields: Any) -> None:
     if logger.isEnabledFor(level):
         logger.log(level, EventMessage(name, fields))
+
+
+def events(logger: logging.Logger, level: int, name: str, each: list[dict[str, Any]]) -> None:
+    """One `name` event per item of `each` (a line each), logged as one record."""
+    if each and logger.isEnabledFor(level):
+        logger.log(level, EventBatch(name, each) if len(each) > 1 else EventMessage(name, each[0]))
 
 
 _listener = None
@@ -69,7 +108,7 @@ def setup(level: str | int = "INFO", stream=None, *, threaded: bool = True) -> N
         if _listener is not None or (_direct is not None and not threaded):
             return
         out = logging.StreamHandler(stream or sys.stderr)
-        out.setFormatter(logging.Formatter(FORMAT))
+        out.setFormatter(EventFormatter(FORMAT))
         if not threaded:
             _direct = out
             root.addHandler(out)
@@ -87,7 +126,7 @@ def setup(level: str | int = "INFO", stream=None, *, threaded: bool = True) -> N
                 return record
 
         records: queue.SimpleQueue = queue.SimpleQueue()
-        _listener = handlers.QueueListener(records, out, respect_handler_level=False)
+        _listener = _Listener(records, out)
         _listener.start()
         _listener.queue_handler = InProcessQueueHandler(records)
         root.addHandler(_listener.queue_handler)
@@ -97,13 +136,60 @@ def setup(level: str | int = "INFO", stream=None, *, threaded: bool = True) -> N
         os.register_at_fork(after_in_child=_listen_again)
 
 
+@functools.lru_cache(maxsize=1)
+def _listener_class():
+    from logging import handlers
+
+    class Listener(handlers.QueueListener):
+        """Writes what was logged meanwhile in one go, then pauses a moment before looking again:
+        a worker logging a line per job wakes this thread (and pays a thread switch) at most
+        1/PAUSE times a second instead of once per record. A line waits at most PAUSE seconds."""
+
+        PAUSE = 0.02
+
+        def __init__(self, records, out: logging.StreamHandler):
+            super().__init__(records, out, respect_handler_level=False)
+            self.out = out
+
+        def _monitor(self) -> None:
+            import queue
+
+            while True:
+                batch = [self.queue.get()]
+                try:
+                    while True:
+                        batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    pass
+                records = [r for r in batch if r is not self._sentinel]
+                if records:
+                    self._write(records)
+                if len(records) < len(batch):
+                    return
+                time.sleep(self.PAUSE)
+
+        def _write(self, records: list[logging.LogRecord]) -> None:
+            out = self.out
+            try:
+                text = "".join(out.format(r) + out.terminator for r in records)
+                with out.lock:
+                    out.stream.write(text)
+                    out.flush()
+            except Exception:   # what logging does: report on stderr, never raise into the app
+                out.handleError(records[0])
+
+    return Listener
+
+
+def _Listener(records, out: logging.StreamHandler):
+    return _listener_class()(records, out)
+
+
 def _listen_again() -> None:
     global _listener
     if _listener is not None:
-        from logging import handlers
-
         old = _listener
-        _listener = handlers.QueueListener(old.queue, *old.handlers, respect_handler_level=False)
+        _listener = _Listener(old.queue, old.out)
         _listener.queue_handler = old.queue_handler
         _listener.start()
 

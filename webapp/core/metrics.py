@@ -98,10 +98,26 @@ class _Null:
 _NULL = _Null()
 
 
+_children: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+
+def labelled(name: str, *values: str) -> Any:
+    """Metric `name`'s child for these label values (in the metric's label order), looked up once:
+    the worker counts every job, and `labels()` costs a lock and a tuple each time."""
+    key = (name, values)
+    child = _children.get(key)
+    if child is None:
+        if not _enabled:
+            return _NULL
+        child = _children[key] = __getattr__(name).labels(*values)
+    return child
+
+
 def off() -> None:
     """This process serves no metrics (a one-shot command): make every metric a no-op."""
     global _enabled
     _enabled = False
+    _children.clear()
 
 
 def on() -> None:

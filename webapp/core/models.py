@@ -84,7 +84,7 @@ class Lease:
 class ClaimedJob:
     job: Job
     lease: Lease
-    claimed_at: datetime | None = None      # the database's now at the claim (for start delays)
+    start_delay: float | None = None        # seconds from the job's run_at to the claim, by the database's clock
 
 
 @dataclass(frozen=True)

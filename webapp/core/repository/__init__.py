@@ -36,6 +36,7 @@ State machine of a row in `job_queue`:
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -179,9 +180,9 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
 
 def _report_cycle(cycle: ClaimCycle) -> None:
     for queue in cycle.queues:
-        metrics.CLAIMS.labels(queue=queue).inc()
-    for item in cycle.claimed:
-        metrics.CLAIMED.labels(queue=item.job.queue).inc()
+        metrics.labelled("CLAIMS", queue).inc()
+    for queue, n in collections.Counter(item.job.queue for item in cycle.claimed).items():
+        metrics.labelled("CLAIMED", queue).inc(n)
     if cycle.skipped:
         metrics.SKIPPED.inc(cycle.skipped)
     if cycle.limited:

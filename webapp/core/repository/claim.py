@@ -37,6 +37,7 @@ Paused queues are not the claim's business: workers leave them out of the queues
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -47,17 +48,17 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from ..db import db_after, db_now, error_code, is_mysql, require_primary, transaction
+from ..db import db_after, db_micros_since, db_now, error_code, is_mysql, require_primary, transaction
 from ..errors import NotPrimary
-from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Job, Lease, Outcome, Status
+from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Job, Lease, LeaseLoss, Outcome, Status
 from ..schema import concurrency_key, job_queue, queue_state
-from .common import as_datetime, execute_fast, jq
-from .leases import complete_in
+from .common import NO_ROW, as_datetime, compiled_sql, execute_fast, execute_sql, jq, shape
+from .leases import completions_read_back, fence_any, fence_params
 
 PICK_INDEX = "ix_ready_pick"
 _FLAGS = {True: ("read_only", "innodb_read_only"), False: ("read_only", "innodb_read_only", "super_read_only")}
-KEY_AT = 9            # where the picked row's concurrency_key is
-FLAGS_AT = 10         # where the server's read-only flags start
+KEY_AT = 8            # where the picked row's concurrency_key is
+FLAGS_AT = 9          # where the server's read-only flags are (one column: any of them on)
 LOOKAHEAD_ROUNDS = 2  # extra picks past jobs whose concurrency key is full, per queue and claim
 LOOKAHEAD_MAX = 200   # rows each of them may return
 ck = concurrency_key.c
@@ -69,14 +70,21 @@ ER_NO_SUCH_KEY = 1176
 _index_missing = False
 
 
+def read_only_column(flavour: str) -> sa.ColumnElement:
+    """One column that is 0 unless one of the server's read-only flags is on: every pick and lock
+    of the cycle reads it (one column, not three); which flag it was is read only when one is."""
+    flags = [f"@@global.{flag}" for flag in _FLAGS[flavour == "mariadb"]]
+    return sa.literal_column(f"({' OR '.join(flags)})")
+
+
 @functools.lru_cache(maxsize=8)
 def pick_statement(flavour: str, hinted: bool = True) -> sa.Select:
     """The claim's locking SELECT for 'mariadb', 'mysql' or 'sqlite'. Built once: the claim is
     the hot path."""
     columns = [jq.id, jq.task_key, jq.task_name, jq.priority, jq.payload, jq.attempts, jq.max_attempts,
-               jq.run_at, db_now(), jq.concurrency_key]
+               db_micros_since(jq.run_at), jq.concurrency_key]
     if flavour != "sqlite":
-        columns += [sa.literal_column(f"@@global.{flag}") for flag in _FLAGS[flavour == "mariadb"]]
+        columns.append(read_only_column(flavour))
     stmt = (sa.select(*columns)
             .where(jq.status == Status.READY.value, jq.queue == sa.bindparam("queue"))
             .order_by(jq.priority, jq.id)
@@ -93,17 +101,37 @@ def flavour(conn: Connection) -> str:
     return "mariadb" if getattr(conn.dialect, "is_mariadb", False) else "mysql"
 
 
-@functools.lru_cache(maxsize=512)
-def _take(n: int) -> sa.Update:
-    """The claim's guarded UPDATE for n picked rows, each with its slot's lease owner. Built once
-    per batch size (statement building was a third of the worker's CPU)."""
-    ids = [sa.bindparam(f"id_{i}", type_=sa.BigInteger) for i in range(n)]
-    owner = sa.case({ids[i]: sa.bindparam(f"owner_{i}", type_=sa.String) for i in range(n)}, value=jq.id)
-    return (sa.update(job_queue)
-            .where(jq.id.in_(ids), jq.status == Status.READY.value)
-            .values(status=Status.RUNNING.value, lease_owner=owner,
-                    lease_until=db_after(micros=sa.bindparam("lease_us", type_=sa.BigInteger)),
-                    attempts=jq.attempts + 1, started_at=db_now(), updated_at=db_now()))
+@functools.lru_cache(maxsize=1024)
+def _settle(done: int, take: int) -> sa.Update:
+    """The cycle's one UPDATE: running -> done for `done` finished leases (each row fenced by its
+    own id, lease_owner and attempts) and ready -> running for `take` picked rows (guarded by
+    status = 'ready'), each with its slot's lease owner. Built once per shape (statement building
+    was a third of the worker's CPU). Every assignment tests the row's id, never a column this
+    statement sets: MySQL evaluates SET left to right and later terms would see new values."""
+    done_ids = [sa.bindparam(f"id_{i}", type_=sa.BigInteger) for i in range(done)]
+    take_ids = [sa.bindparam(f"take_{i}", type_=sa.BigInteger) for i in range(take)]
+    guards = []
+    if done:
+        guards.append(sa.and_(jq.status == Status.RUNNING.value, fence_any(done)))
+    if take:
+        guards.append(sa.and_(jq.status == Status.READY.value, jq.id.in_(take_ids)))
+    stmt = sa.update(job_queue).where(jq.id.in_(done_ids + take_ids), sa.or_(*guards))
+    lease_until = db_after(micros=sa.bindparam("lease_us", type_=sa.BigInteger))
+    if not take:
+        return stmt.values(status=Status.DONE.value, finished_at=db_now(), lease_until=None, updated_at=db_now())
+    owner = sa.case({take_ids[i]: sa.bindparam(f"owner_take_{i}", type_=sa.String) for i in range(take)}, value=jq.id)
+    if not done:
+        return stmt.values(status=Status.RUNNING.value, lease_owner=owner, lease_until=lease_until,
+                           attempts=jq.attempts + 1, started_at=db_now(), updated_at=db_now())
+    taking = jq.id.in_(take_ids)
+    return stmt.values(
+        status=sa.case((taking, Status.RUNNING.value), else_=Status.DONE.value),
+        lease_owner=sa.case((taking, owner), else_=jq.lease_owner),
+        lease_until=sa.case((taking, lease_until), else_=sa.null()),
+        attempts=sa.case((taking, jq.attempts + 1), else_=jq.attempts),
+        started_at=sa.case((taking, db_now()), else_=jq.started_at),
+        finished_at=sa.case((taking, jq.finished_at), else_=db_now()),
+        updated_at=db_now())
 
 
 def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], *, lease_seconds: float,
@@ -123,26 +151,27 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
 
     def write(c: Connection) -> ClaimCycle:
         # Known not to be the primary (checked on this connection at most a second or a few ago):
-        # send it nothing; the flags in the locking SELECT below catch a demotion since.
+        # send it nothing; the flags in the locking SELECTs below catch a demotion since.
         require_primary(c)
-        completed, losses = complete_in(c, completions)
-        # A finished job's slot takes new work unless its row was held elsewhere (BUSY: the lease
-        # is still ours, and its completion is tried again next cycle).
-        slots = list(owners) + [lease.owner for lease in completions
-                                if refill and completed.get(lease) is not Outcome.BUSY]
+        kind = flavour(c)
+        # One statement locks the finished jobs' rows and picks from the first queue, as if every
+        # finished job's slot will take new work; a slot whose row was held elsewhere (BUSY: the
+        # lease is still ours, its completion is tried again next cycle) takes none.
+        first = queues[0] if queues and (owners or (refill and completions)) else None
+        optimistic = len(owners) + (len(completions) if refill else 0)
+        mine, finishing, first_rows = _lock_and_pick(c, kind, completions, first, optimistic)
+        done = [lease for lease in completions if lease.job_id in mine]
+        completed = {lease: Outcome.BUSY for lease in completions if lease.job_id not in mine}
+        slots = list(owners) + ([lease.owner for lease in done] if refill else [])
         limit = len(slots)
         picked: list[tuple[tuple, str]] = []
         tried: list[str] = []
-        kind = flavour(c)
-        places = _Places(c, kind)
+        places = _Places(c, kind, finishing)
         if limit and queues:
             for queue in queues:
                 tried.append(queue)
                 room = limit - len(picked)
-                rows = _pick(c, kind, {"queue": queue, "limit": room})
-                if rows and kind != "sqlite" and any(str(v) in ("1", "ON") for v in rows[0][FLAGS_AT:]):
-                    flags = [f for f, v in zip(_FLAGS[kind == "mariadb"], rows[0][FLAGS_AT:]) if str(v) in ("1", "ON")]
-                    raise NotPrimary(f"the server turned read-only ({', '.join(flags)} is ON); nothing claimed")
+                rows = first_rows[:room] if queue == first and len(tried) == 1 else _pick(c, kind, {"queue": queue, "limit": room})
                 taken, refused = places.admit(rows, room)
                 more_there = len(rows) >= room
                 rounds = 0
@@ -159,31 +188,19 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
                 if len(picked) >= limit:
                     break
         missing.update(places.missing)
+        owner_of = {row[0]: slots[i] for i, (row, _) in enumerate(picked)}
+        picked, losses = _write(c, done, picked, owner_of, lease_us, completed)
         claimed: list[ClaimedJob] = []
-        if picked:
-            owner_of = {row[0]: slots[i] for i, (row, _) in enumerate(picked)}
-            params: dict[str, Any] = {"lease_us": lease_us}
-            for i, (row, _) in enumerate(picked):
-                params[f"id_{i}"], params[f"owner_{i}"] = row[0], owner_of[row[0]]
-            taken_n = execute_fast(c, _take(len(picked)), params).rowcount
-            if taken_n != len(picked):
-                # We hold these rows' locks, so this should not happen; if it does, trust only
-                # the rows that now carry our lease.
-                mine = {r.id: r.attempts for r in c.execute(
-                    sa.select(jq.id, jq.attempts, jq.lease_owner)
-                    .where(jq.id.in_(list(owner_of)), jq.status == Status.RUNNING.value)).all()
-                    if r.lease_owner == owner_of[r.id]}
-                picked = [(row, q) for row, q in picked if mine.get(row[0]) == row[5] + 1]
-            for row, queue in picked:
-                job_id, task_key, task_name, priority, payload, attempts, max_attempts, run_at, now = row[:9]
-                payload = json.loads(payload) if isinstance(payload, (str, bytes)) else payload
-                owner = owner_of[job_id]
-                claimed.append(ClaimedJob(
-                    job=Job(id=job_id, task_key=task_key, task_name=task_name, queue=queue, priority=priority,
-                            payload=payload, status=Status.RUNNING, attempts=attempts + 1,
-                            max_attempts=max_attempts, lease_owner=owner, run_at=as_datetime(run_at),
-                            concurrency_key=row[KEY_AT]),
-                    lease=Lease(job_id, owner, attempts + 1), claimed_at=as_datetime(now)))
+        for row, queue in picked:
+            job_id, task_key, task_name, priority, payload, attempts, max_attempts, delay_us = row[:8]
+            payload = json.loads(payload) if isinstance(payload, (str, bytes)) else payload
+            owner = owner_of[job_id]
+            claimed.append(ClaimedJob(
+                job=Job(id=job_id, task_key=task_key, task_name=task_name, queue=queue, priority=priority,
+                        payload=payload, status=Status.RUNNING, attempts=attempts + 1,
+                        max_attempts=max_attempts, lease_owner=owner, concurrency_key=row[KEY_AT]),
+                lease=Lease(job_id, owner, attempts + 1),
+                start_delay=None if delay_us is None else max(0.0, int(delay_us) / 1e6)))
         report = None
         if limit and len(claimed) < limit:
             report = classify_row(tuple(c.execute(classify_statement(classify_queues)).one()))
@@ -206,9 +223,12 @@ class _Places:
     """The concurrency places one claim transaction may hand out: for each key it met, the key
     row locked by this transaction (SKIP LOCKED) and how many more of its jobs may run."""
 
-    def __init__(self, c: Connection, kind: str):
+    def __init__(self, c: Connection, kind: str, finishing: Sequence[str] = ()):
         self.c = c
         self.kind = kind
+        # Keys of jobs this cycle completes: still running when the places are counted, done
+        # when the cycle's UPDATE lands, so their places are free for this claim already.
+        self.finishing = collections.Counter(finishing)
         self.left: dict[str, int] = {}      # key -> places left (keys whose row we hold)
         self.blocked: set[str] = set()      # keys that are full, held by another claim, or missing
         self.missing: set[str] = set()
@@ -247,7 +267,7 @@ class _Places:
         if held:
             running = dict(self.c.execute(_RUNNING_PER_KEY, {"keys": list(held)}).all())
             for key, max_running in held.items():
-                self.left[key] = max(0, int(max_running) - int(running.get(key, 0)))
+                self.left[key] = max(0, int(max_running) - int(running.get(key, 0)) + self.finishing[key])
 
 
 # Built once (expanding IN lists keep them in SQLAlchemy's statement cache whatever the count).
@@ -301,16 +321,144 @@ def ensure_keys(c: Connection, wanted: dict[str, int]) -> None:
         c.execute(sa.update(concurrency_key).where(ck.name == key).values(max_running=wanted[key], updated_at=db_now()))
 
 
+def _write(c: Connection, done: list[Lease], picked: list[tuple[tuple, str]], owner_of: dict[int, str], lease_us: int,
+           completed: dict[Lease, Outcome]) -> tuple[list[tuple[tuple, str]], list[LeaseLoss]]:
+    """The cycle's one UPDATE (see _settle). Fills `completed` with each finished lease's outcome;
+    returns the picked rows that now carry our lease, and the leases found lost."""
+    if not done and not picked:
+        return picked, []
+    done_size, take_size = shape(len(done)), shape(len(picked))
+    params = fence_params(done, done_size)
+    params["lease_us"] = lease_us
+    for i in range(take_size):
+        job_id = picked[i][0][0] if i < len(picked) else NO_ROW
+        params[f"take_{i}"], params[f"owner_take_{i}"] = job_id, owner_of.get(job_id, "")
+    changed = execute_fast(c, _settle(done_size, take_size), params).rowcount
+    if changed == len(done) + len(picked):
+        completed.update({lease: Outcome.OK for lease in done})
+        return picked, []
+    # Fewer rows changed than asked, though this transaction holds every one of them: a finished
+    # job whose lease was taken (reaped, requeued by an operator) is lost; a picked row is ours
+    # only if it now carries our lease.
+    losses = completions_read_back(c, done, completed) if done else []
+    if picked:
+        now = {r.id: r for r in c.execute(sa.select(jq.id, jq.attempts, jq.lease_owner, jq.status)
+                                           .where(jq.id.in_(list(owner_of)))).all()}
+        picked = [(row, q) for row, q in picked
+                  if (r := now.get(row[0])) is not None and r.status == Status.RUNNING.value
+                  and r.lease_owner == owner_of[row[0]] and r.attempts == row[5] + 1]
+    return picked, losses
+
+
+@functools.lru_cache(maxsize=512)
+def _lock_statement(n: int, flavour: str) -> sa.Select:
+    """Lock the rows of n finished leases by primary key without waiting (rows another
+    transaction holds are left out), shaped like the pick's rows (task_key NULL marks them) so
+    both go in one UNION ALL. Where the pick has the concurrency key, the row has its key if it
+    still runs under the lease (parameters as for fence_any): a place this cycle frees. PRIMARY
+    is forced: on a small table MariaDB would rather scan, and a locking scan touches every row."""
+    ids = [sa.bindparam(f"id_{i}", type_=sa.BigInteger) for i in range(n)]
+    blanks = [sa.literal_column("NULL") for _ in range(KEY_AT - 1)]
+    running = sa.bindparam("lock_status", Status.RUNNING.value)   # its own name: the pick's status_1 is 'ready'
+    key = sa.case((sa.and_(jq.status == running, fence_any(n)), jq.concurrency_key))
+    if flavour == "sqlite":
+        return sa.select(jq.id, *blanks, key).where(jq.id.in_(ids))
+    stmt = sa.select(jq.id, *blanks, key, read_only_column(flavour)).where(jq.id.in_(ids))
+    stmt = stmt.with_hint(job_queue, "FORCE INDEX (PRIMARY)", "mysql").with_hint(
+        job_queue, "FORCE INDEX (PRIMARY)", "mariadb")
+    return stmt.with_for_update(skip_locked=True)
+
+
+ER_PARSE_ERROR = 1064
+ER_WRONG_USAGE = 1221
+# Set when the server refused the one-statement lock-and-pick (a server whose grammar has no
+# locking clause inside a UNION): the cycle then sends the two SELECTs apart.
+_union_refused = False
+
+
+def _lock_and_pick(c: Connection, kind: str, finished: Sequence[Lease], queue: str | None, limit: int
+                   ) -> tuple[set[int], list[str], list[tuple]]:
+    """Lock the finished leases' rows (those another transaction holds this instant stay out) and
+    pick up to `limit` ready rows of `queue`, in one round trip where the server takes a UNION of
+    the two locking SELECTs (one round trip less per cycle), else in two. Returns the ids locked,
+    the concurrency keys whose places the completions free, and the picked rows. Either SELECT
+    reads the server's read-only flags: on a demoted primary the cycle stops here, before any
+    write."""
+    global _union_refused
+    pick = (lambda: _pick(c, kind, {"queue": queue, "limit": limit})) if queue and limit else (lambda: [])
+    if not finished:
+        return set(), [], pick()
+    size = shape(len(finished))
+    params = fence_params(finished, size)
+    lock = _lock_statement(size, kind)
+    if queue and limit and kind != "sqlite" and not _union_refused and not _index_missing:
+        sql, defaults = _union(c, lock, pick_statement(kind))
+        try:
+            rows = execute_sql(c, sql, {**defaults, **params, "queue": queue, "limit": limit}).rows
+        except DBAPIError as exc:
+            code = error_code(exc)
+            if code not in (ER_PARSE_ERROR, ER_WRONG_USAGE, ER_NO_SUCH_KEY):
+                raise
+            # A statement error; the transaction goes on. (A missing index is _pick's to note.)
+            _union_refused = _union_refused or code != ER_NO_SUCH_KEY
+        else:
+            _refuse_if_read_only(c, rows, kind)
+            locked = [row for row in rows if row[1] is None]
+            return ({row[0] for row in locked}, [row[KEY_AT] for row in locked if row[KEY_AT] is not None],
+                    [row for row in rows if row[1] is not None])
+    locked = execute_fast(c, lock, params).rows
+    if kind == "sqlite":
+        mine = {lease.job_id for lease in finished}   # BEGIN IMMEDIATE already holds the whole database
+    else:
+        _refuse_if_read_only(c, locked, kind)
+        mine = {row[0] for row in locked}
+    return mine, [row[KEY_AT] for row in locked if row[KEY_AT] is not None], pick()
+
+
+_unions: dict[tuple[str, sa.Select, sa.Select], tuple[str, dict[str, Any]]] = {}
+
+
+def _union(c: Connection, first: sa.Select, second: sa.Select) -> tuple[str, dict[str, Any]]:
+    """`(first) UNION ALL (second)` as SQL text with their default parameters, built once. Their
+    names must not clash: one dictionary carries both."""
+    key = (c.dialect.name, first, second)
+    if key not in _unions:
+        _unions[key] = _build_union(c, first, second)
+    return _unions[key]
+
+
+def _build_union(c: Connection, first: sa.Select, second: sa.Select) -> tuple[str, dict[str, Any]]:
+    first_sql, first_defaults = compiled_sql(c, first)
+    second_sql, second_defaults = compiled_sql(c, second)
+    clash = {k for k in first_defaults.keys() & second_defaults.keys() if first_defaults[k] != second_defaults[k]}
+    if clash:
+        raise AssertionError(f"parameters named alike in both SELECTs: {sorted(clash)}")
+    return f"({first_sql}) UNION ALL ({second_sql})", {**first_defaults, **second_defaults}
+
+
+def _refuse_if_read_only(c: Connection, rows: list[tuple], kind: str) -> None:
+    if rows and str(rows[0][FLAGS_AT]) not in ("0", "None"):
+        names = _FLAGS[kind == "mariadb"]
+        values = c.exec_driver_sql("SELECT " + ", ".join(f"@@global.{name}" for name in names)).one()
+        flags = [name for name, value in zip(names, values) if str(value) in ("1", "ON")]
+        raise NotPrimary(f"the server turned read-only ({', '.join(flags) or 'read_only'} is ON); nothing written")
+
+
 def _pick(c: Connection, kind: str, params: dict[str, Any]) -> list[tuple]:
     global _index_missing
+    rows = None
     if not _index_missing:
         try:
-            return execute_fast(c, pick_statement(kind), params).rows
+            rows = execute_fast(c, pick_statement(kind), params).rows
         except DBAPIError as exc:
             if error_code(exc) != ER_NO_SUCH_KEY:
                 raise
             _index_missing = True   # a statement error; the transaction goes on
-    return execute_fast(c, pick_statement(kind, hinted=False), params).rows
+    if rows is None:
+        rows = execute_fast(c, pick_statement(kind, hinted=False), params).rows
+    if kind != "sqlite":
+        _refuse_if_read_only(c, rows, kind)
+    return rows
 
 
 def claim(conn: Connection, worker_id: str | Sequence[str], limit: int, queues: Sequence[str], *,

@@ -27,7 +27,7 @@ from ..db import db_after, db_now, is_mysql, require_primary, transaction
 from ..errors import LeaseLostError, NotPrimary
 from ..models import Lease, LeaseLoss, Outcome, Status
 from ..schema import job_attempt, job_queue, job_result
-from .common import execute_fast, fence, is_duplicate_key, jq, lease_loss, one_more_attempt, record_attempts, \
+from .common import NO_ROW, execute_fast, fence, shape, is_duplicate_key, jq, lease_loss, one_more_attempt, record_attempts, \
     truncate_error
 
 
@@ -55,8 +55,9 @@ def lock_leased(c: Connection, job_ids: Sequence[int]) -> set[int]:
     if not is_mysql(c):
         return set(job_ids)   # SQLite: BEGIN IMMEDIATE already holds the whole database
     flavour = "mariadb" if getattr(c.dialect, "is_mariadb", False) else "mysql"
-    params = {f"id_{i}": job_id for i, job_id in enumerate(job_ids)}
-    rows = execute_fast(c, _lock_leased(len(job_ids), flavour), params).rows
+    size = shape(len(job_ids))
+    params = {f"id_{i}": job_ids[i] if i < len(job_ids) else NO_ROW for i in range(size)}
+    rows = execute_fast(c, _lock_leased(size, flavour), params).rows
     if rows and any(str(v) in ("1", "ON") for v in rows[0][1:]):
         raise NotPrimary("the server turned read-only; the lease write was not made")
     return {row[0] for row in rows}
@@ -64,19 +65,32 @@ def lock_leased(c: Connection, job_ids: Sequence[int]) -> set[int]:
 
 # --- renew ---------------------------------------------------------------------------------------
 
+def fence_any(n: int) -> sa.ColumnElement[bool]:
+    """The lease fence for n rows at once: each row's (id, lease_owner, attempts) must be one of
+    the n leases (parameters id_i, owner_i, attempt_i, see fence_params)."""
+    return sa.or_(*[sa.and_(jq.id == sa.bindparam(f"id_{i}", type_=sa.BigInteger),
+                            jq.lease_owner == sa.bindparam(f"owner_{i}", type_=sa.String),
+                            jq.attempts == sa.bindparam(f"attempt_{i}", type_=sa.Integer)) for i in range(n)])
+
+
+def _ids(n: int) -> list[sa.BindParameter]:
+    return [sa.bindparam(f"id_{i}", type_=sa.BigInteger) for i in range(n)]
+
+
 @functools.lru_cache(maxsize=512)
 def _renew(n: int) -> sa.Update:
-    ids = [sa.bindparam(f"id_{i}", type_=sa.BigInteger) for i in range(n)]
-    held = sa.or_(*[sa.and_(jq.id == ids[i], jq.lease_owner == sa.bindparam(f"owner_{i}", type_=sa.String),
-                            jq.attempts == sa.bindparam(f"attempt_{i}", type_=sa.Integer)) for i in range(n)])
-    return (sa.update(job_queue).where(jq.id.in_(ids), jq.status == Status.RUNNING.value, held)
+    return (sa.update(job_queue).where(jq.id.in_(_ids(n)), jq.status == Status.RUNNING.value, fence_any(n))
             .values(lease_until=db_after(micros=sa.bindparam("lease_us", type_=sa.BigInteger)), updated_at=db_now()))
 
 
-def _fence_params(leases: Sequence[Lease]) -> dict[str, Any]:
+def fence_params(leases: Sequence[Lease], size: int = 0) -> dict[str, Any]:
+    """id_i, owner_i, attempt_i of each lease, and of `size` places in all (those past the leases
+    match no row)."""
     params: dict[str, Any] = {}
     for i, lease in enumerate(leases):
         params[f"id_{i}"], params[f"owner_{i}"], params[f"attempt_{i}"] = lease.job_id, lease.owner, lease.attempt
+    for i in range(len(leases), size):
+        params[f"id_{i}"], params[f"owner_{i}"], params[f"attempt_{i}"] = NO_ROW, "", 0
     return params
 
 
@@ -92,9 +106,10 @@ def renew_leases(conn: Connection, leases: Sequence[Lease], lease_seconds: float
         held = [lease for lease in leases if lease.job_id in mine]
         outcomes = {lease: Outcome.BUSY for lease in leases if lease.job_id not in mine}
         if held:
-            params = _fence_params(held)
+            size = shape(len(held))
+            params = fence_params(held, size)
             params["lease_us"] = int(round(lease_seconds * 1_000_000))
-            n = execute_fast(c, _renew(len(held)), params).rowcount
+            n = execute_fast(c, _renew(size), params).rowcount
             if n == len(held):
                 outcomes.update({lease: Outcome.OK for lease in held})
                 return outcomes, []
@@ -129,10 +144,7 @@ def _loss_from(row, lease: Lease, operation: str) -> LeaseLoss:
 @functools.lru_cache(maxsize=512)
 def _mark_done(n: int) -> sa.Update:
     """running -> done for n leases, each row fenced by its own (id, lease_owner, attempts)."""
-    ids = [sa.bindparam(f"id_{i}", type_=sa.BigInteger) for i in range(n)]
-    held = sa.or_(*[sa.and_(jq.id == ids[i], jq.lease_owner == sa.bindparam(f"owner_{i}", type_=sa.String),
-                            jq.attempts == sa.bindparam(f"attempt_{i}", type_=sa.Integer)) for i in range(n)])
-    return (sa.update(job_queue).where(jq.id.in_(ids), jq.status == Status.RUNNING.value, held)
+    return (sa.update(job_queue).where(jq.id.in_(_ids(n)), jq.status == Status.RUNNING.value, fence_any(n))
             .values(status=Status.DONE.value, finished_at=db_now(), lease_until=None, updated_at=db_now()))
 
 
@@ -146,12 +158,19 @@ def complete_in(c: Connection, leases: Sequence[Lease]) -> tuple[dict[Lease, Out
     outcomes = {lease: Outcome.BUSY for lease in leases if lease.job_id not in mine}
     if not held:
         return outcomes, []
-    n = execute_fast(c, _mark_done(len(held)), _fence_params(held)).rowcount
+    size = shape(len(held))
+    n = execute_fast(c, _mark_done(size), fence_params(held, size)).rowcount
     if n == len(held):
         outcomes.update({lease: Outcome.OK for lease in held})
         return outcomes, []
-    # Fewer rows changed than asked: done under our lease is ours (a retried COMMIT that had
-    # landed), anything else is lost.
+    losses = completions_read_back(c, held, outcomes)
+    return outcomes, losses
+
+
+def completions_read_back(c: Connection, held: Sequence[Lease], outcomes: dict[Lease, Outcome]) -> list[LeaseLoss]:
+    """After a completion UPDATE changed fewer rows than asked: a row done under our lease is
+    ours (a retried COMMIT that had landed), anything else is lost. Fills `outcomes`; returns
+    the losses."""
     now = _current(c, [lease.job_id for lease in held])
     losses = []
     for lease in held:
@@ -161,7 +180,7 @@ def complete_in(c: Connection, leases: Sequence[Lease]) -> tuple[dict[Lease, Out
         else:
             outcomes[lease] = Outcome.LEASE_LOST
             losses.append(_loss_from(r, lease, "complete"))
-    return outcomes, losses
+    return losses
 
 
 def complete_with(conn: Connection, lease: Lease) -> tuple[Outcome, LeaseLoss | None]:
@@ -170,7 +189,7 @@ def complete_with(conn: Connection, lease: Lease) -> tuple[Outcome, LeaseLoss | 
     The row is locked and waited for (briefly: the lock wait is the session's), then fenced."""
     require_primary(conn)
     conn.execute(sa.select(jq.id).where(jq.id == lease.job_id).with_for_update())
-    n = execute_fast(conn, _mark_done(1), _fence_params([lease])).rowcount
+    n = execute_fast(conn, _mark_done(1), fence_params([lease])).rowcount
     if n == 1:
         return Outcome.OK, None
     return Outcome.LEASE_LOST, lease_loss(conn, lease, "complete")

@@ -16,7 +16,8 @@ class WorkerConfig:
     grace_seconds: float = 30.0                  # on stop: how long running jobs may finish
     idle_cap_seconds: float = 2.0                # longest sleep between claims when idle
     doorbell: bool = True                        # MySQL: other processes' enqueues wake it (worker/doorbell.py)
-    prefetch: int = 0                            # jobs claimed ahead of a free thread (leased, renewed)
+    prefetch: int | None = None                  # jobs claimed ahead of a free thread (leased, renewed);
+                                                 # None: up to `concurrency`, while handlers are short
     reap_interval: float | None = None           # default: a quarter of the lease, 1..15 s
     queue_refresh_seconds: float = 1.0
     finish_retry_seconds: float | None = None    # how long to keep retrying a job's last write
@@ -30,8 +31,8 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        if self.prefetch < 0:
-            raise ValueError("prefetch must be 0 or more")
+        if self.prefetch is not None and self.prefetch < 0:
+            raise ValueError("prefetch must be 0 or more (or None: automatic)")
         if self.lease_seconds < 1:
             raise ValueError("lease must be at least 1 second")
         if self.reap_interval is None:
@@ -40,9 +41,13 @@ class WorkerConfig:
             self.finish_retry_seconds = max(5.0, self.lease_seconds)
 
     @property
+    def max_prefetch(self) -> int:
+        return self.concurrency if self.prefetch is None else self.prefetch
+
+    @property
     def capacity(self) -> int:
         """Leases held at most: one per thread, plus the prefetched ones."""
-        return self.concurrency + self.prefetch
+        return self.concurrency + self.max_prefetch
 
     @property
     def renew_seconds(self) -> float:

@@ -28,6 +28,7 @@ attempt count kept.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import queue as queue_mod
@@ -47,7 +48,7 @@ from .. import metrics, preflight, repository, retry, wakeup
 from ..backoff import IdleBackoff
 from ..db import is_mysql, is_not_primary, transient_kind
 from ..errors import JobQueueError, LeaseLostError, NotPrimary, TransientDatabaseError, UnsupportedDatabase
-from ..logs import RateLimited, event
+from ..logs import RateLimited, event, events
 from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Outcome
 from ..reaper import Reaper
 from ..recurring import RecurringRunner
@@ -68,6 +69,12 @@ DOORBELL_AFTER_SECONDS = 0.2   # backoff sleeps this long or longer are spent li
 SWEEP_SECONDS = 60.0   # an idle worker's reaper sweep, besides the ones its reads trigger
 NOT_PRIMARY_RETRY_SECONDS = 1.0
 BUSY_RETRY_SECONDS = 0.1
+# Automatic prefetch (the default): jobs are claimed ahead of a free thread only while handlers
+# take less than this on average, so that a prefetched job waits about one short job for its
+# thread, never behind a long one. Its point is that threads do not wait for the claim's round
+# trips when jobs take about as long as those.
+PREFETCH_WHILE_JOBS_UNDER_SECONDS = 0.1
+DURATION_WEIGHT = 0.2   # how much the last handler's time moves the running average
 
 # A job's last write (complete, retry, fail, release, record_result) waits out a restart or a
 # failover instead of losing finished work to a blip; its lease is renewed meanwhile.
@@ -113,6 +120,7 @@ class Worker:
         self._wake = wakeup.subscribe()
         self._lock = threading.Lock()
         self._free: set[int] = set(range(1, self.config.capacity + 1))   # lease slots
+        self._handler_seconds: float | None = None   # running average of handler durations
         self._finished: queue_mod.SimpleQueue[Held] = queue_mod.SimpleQueue()
         self._backoff = IdleBackoff(cap=self.config.idle_cap_seconds)
         self._idle_log = RateLimited(60.0)
@@ -154,7 +162,8 @@ class Worker:
             return 0
         self.start_threads()
         event(log, logging.INFO, "worker_started", worker=self.id, concurrency=self.config.concurrency,
-              prefetch=self.config.prefetch or None, queues=self._queue_label,
+              prefetch="auto" if self.config.prefetch is None else self.config.prefetch or None,
+              queues=self._queue_label,
               lease_seconds=self.config.lease_seconds, burst=self.config.burst)
         try:
             while not self._stop.is_set():
@@ -224,9 +233,9 @@ class Worker:
             return None
         self._maintenance()
         finished = self._take_finished()
-        free = self._free_slots()
+        free, refill = self._fillable(finished)
         if not free and not finished:
-            return 0.05   # every lease slot is taken; a finishing handler wakes us
+            return 0.05   # every lease slot we may fill is taken; a finishing handler wakes us
         if self._probe_first and not finished:
             # Idle: one plain read says whether a claim could find anything, so an idle worker
             # sends about one statement per turn instead of a claim transaction.
@@ -236,7 +245,7 @@ class Worker:
             if not self._act_on(report):
                 return self._settle(report, probe=True)
         try:
-            cycle = self._cycle(free, finished)
+            cycle = self._cycle(free, finished, refill=refill)
         except DB_ERRORS as exc:
             self._give_back(finished)
             if is_not_primary(exc):
@@ -255,7 +264,7 @@ class Worker:
             self._idle_log.reset()
             return 0
         if cycle.asked == 0:
-            return 0.05 if not self._free_slots() else 0
+            return 0.05 if not self._fillable([])[0] else 0
         report = cycle.report
         if report is None:
             return self._backoff.next(None)
@@ -299,6 +308,8 @@ class Worker:
         """Account for the finished jobs the cycle completed, and the slots the claim took."""
         taken = {int(item.lease.owner.rsplit(":", 1)[1]) for item in cycle.claimed}
         freed = []
+        completed: collections.Counter[str] = collections.Counter()
+        lines: list[dict[str, Any]] = []
         for held in finished:
             outcome = cycle.completed.get(held.key)
             job, lease = held.claimed.job, held.lease
@@ -307,16 +318,19 @@ class Worker:
                 continue
             freed.append(held.slot)
             if outcome is Outcome.OK:
-                metrics.COMPLETED.labels(queue=job.queue).inc()
-                metrics.ATTEMPT_SECONDS.labels(task=job.task_name, outcome="done").observe(held.duration)
-                event(log, logging.INFO, "complete", job_id=job.id, task_key=job.task_key, attempt=lease.attempt,
-                      worker=lease.owner, seconds=f"{held.duration:.3f}")
+                completed[job.queue] += 1
+                metrics.labelled("ATTEMPT_SECONDS", job.task_name, "done").observe(held.duration)
+                lines.append({"job_id": job.id, "task_key": job.task_key, "attempt": lease.attempt,
+                              "worker": lease.owner, "seconds": f"{held.duration:.3f}"})
             else:
-                metrics.ATTEMPT_SECONDS.labels(task=job.task_name, outcome="lease_lost").observe(held.duration)
+                metrics.labelled("ATTEMPT_SECONDS", job.task_name, "lease_lost").observe(held.duration)
             if not self.keeper.drop(held):
                 freed.pop()
                 continue
             self.processed += 1
+        for queue, n in completed.items():
+            metrics.labelled("COMPLETED", queue).inc(n)
+        events(log, logging.INFO, "complete", lines)
         with self._lock:
             self._free = (self._free | set(freed)) - taken
         if freed and cycle.asked == 0:
@@ -334,9 +348,8 @@ class Worker:
                                 timeout=getattr(spec, "timeout_seconds", None) if spec else None)
         with self._lock:
             self._free.discard(slot)
-        if claimed.claimed_at is not None and job.run_at is not None:
-            metrics.START_DELAY_SECONDS.labels(queue=job.queue).observe(
-                max(0.0, (claimed.claimed_at - job.run_at).total_seconds()))
+        if claimed.start_delay is not None:
+            metrics.labelled("START_DELAY_SECONDS", job.queue).observe(claimed.start_delay)
         event(log, logging.DEBUG, "claim", job_id=job.id, task_key=job.task_key, task=job.task_name,
               queue=job.queue, attempt=lease.attempt, worker=lease.owner)
         self.slots.give(held)
@@ -490,6 +503,29 @@ class Worker:
     def _free_slots(self) -> list[int]:
         with self._lock:
             return sorted(self._free)
+
+    def _fillable(self, finished: list[Held]) -> tuple[list[int], bool]:
+        """The free lease slots this cycle may fill, and whether the slots of `finished` take
+        new work too: every thread's slot, plus prefetched ones up to the prefetch allowed now."""
+        free = self._free_slots()
+        allowed = self.config.concurrency + self.prefetch_now()
+        room = allowed - (len(self.keeper) - len(finished))   # leases in hand once `finished` are done
+        if room >= len(finished):
+            return free[:room - len(finished)], True
+        return free[:max(0, room)], False
+
+    def prefetch_now(self) -> int:
+        """Jobs to hold beyond one per thread: the configured number, or (automatic) up to one per
+        thread while handlers are short on average, none while they are long or not yet seen."""
+        if self.config.prefetch is not None:
+            return self.config.prefetch
+        average = self._handler_seconds
+        return self.config.concurrency if average is not None and average < PREFETCH_WHILE_JOBS_UNDER_SECONDS else 0
+
+    def handler_took(self, seconds: float) -> None:
+        """A slot thread was busy `seconds` with one job (its handler and any write of its own)."""
+        average = self._handler_seconds
+        self._handler_seconds = seconds if average is None else average + DURATION_WEIGHT * (seconds - average)
 
     def handler_succeeded(self, held: Held) -> None:
         """A slot's handler returned: the next cycle completes the job (its lease still renewed)."""

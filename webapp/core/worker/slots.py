@@ -63,6 +63,7 @@ class Slots:
                 return
             with self._lock:
                 self._idle -= 1
+            started = time.monotonic()
             try:
                 self.run_attempt(held)
             except Exception as exc:   # never lose a thread to a bug of ours
@@ -70,6 +71,7 @@ class Slots:
                       error=f"{type(exc).__name__}: {exc}")
                 self.worker.forget(held)
             finally:
+                self.worker.handler_took(time.monotonic() - started)
                 with self._lock:
                     self._idle += 1
 

@@ -1,0 +1,137 @@
+"""Prefetch (issue 17): by default a worker claims up to one job per thread ahead of a free
+thread while its handlers are short, so that threads do not wait for the claim's round trips;
+never while they are long (a prefetched job would wait behind them), never more than asked."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from webapp.core import repository
+from webapp.core.builtin_tasks import noop
+from webapp.core.cli import main
+from webapp.core.tasks import Registry, TaskSpec
+from webapp.core.worker import Worker, WorkerConfig
+from webapp.core.worker.loop import PREFETCH_WHILE_JOBS_UNDER_SECONDS
+
+
+def most_held(worker: Worker) -> list[int]:
+    """Record how many leases the worker holds after each of its claims."""
+    seen = [0]
+    hold = worker.keeper.hold
+
+    def counting(*args, **kwargs):
+        held = hold(*args, **kwargs)
+        seen[0] = max(seen[0], len(worker.keeper))
+        return held
+
+    worker.keeper.hold = counting
+    return seen
+
+
+def add(engine, keys: list[str]) -> None:
+    """`noop` jobs, which each test's worker runs with a handler of its own."""
+    with engine.connect() as conn:
+        repository.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in keys])
+
+
+def registry_of(handler) -> Registry:
+    registry = Registry()
+    registry.register(TaskSpec("noop", handler))
+    return registry
+
+
+def run_burst(engine, jobs: int, config: WorkerConfig, handler=noop) -> tuple[Worker, int]:
+    add(engine, [f"k{i}" for i in range(jobs)])
+    worker = Worker(engine, config, registry=registry_of(handler))
+    seen = most_held(worker)
+    assert worker.run() == 0
+    assert worker.processed == jobs
+    return worker, seen[0]
+
+
+def test_short_jobs_are_prefetched_up_to_one_per_thread(engine):
+    worker, most = run_burst(engine, 300, WorkerConfig(concurrency=2, burst=True))
+    assert worker.prefetch_now() == 2
+    assert 2 < most <= 4
+
+
+def test_long_jobs_are_not_prefetched(engine):
+    def slow(payload, ctx):
+        time.sleep(PREFETCH_WHILE_JOBS_UNDER_SECONDS * 1.5)
+
+    worker, most = run_burst(engine, 8, WorkerConfig(concurrency=2, burst=True), slow)
+    assert worker.prefetch_now() == 0
+    assert most <= 2
+
+
+def test_prefetch_stops_when_jobs_turn_long_and_nothing_waits_behind_them(engine):
+    """After short jobs, long ones: once the running average passes the bound, claims are sized
+    to idle threads again, so no job waits in hand behind a long one for long."""
+    gate = threading.Event()
+    long_started = threading.Event()
+
+    def mixed(payload, ctx):
+        if ctx.task_key.startswith("long"):
+            long_started.set()
+            gate.wait(0.3)
+
+    add(engine, [f"short{i}" for i in range(100)])
+    worker = Worker(engine, WorkerConfig(concurrency=2), registry=registry_of(mixed))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while worker.processed < 100 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert worker.prefetch_now() == 2
+        add(engine, [f"long{i}" for i in range(10)])
+        assert long_started.wait(10)
+        time.sleep(1.0)   # a few long jobs have run: the average is past the bound
+        assert worker.prefetch_now() == 0
+        # What the worker holds now: at most one job per thread (plus those claimed before the
+        # average moved, which have finished by now).
+        assert len(worker.keeper) <= 2
+        gate.set()
+        deadline = time.monotonic() + 30
+        while worker.processed < 110 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        gate.set()
+        worker.stop()
+        thread.join(60)
+    assert worker.processed == 110
+
+
+@pytest.mark.parametrize("prefetch, bound", [(0, 2), (1, 3)])
+def test_a_number_is_the_prefetch_whatever_the_jobs(engine, prefetch, bound):
+    worker, most = run_burst(engine, 200, WorkerConfig(concurrency=2, prefetch=prefetch, burst=True))
+    assert worker.prefetch_now() == prefetch
+    assert most <= bound
+
+
+@pytest.mark.parametrize("given, expected", [([], None), (["--prefetch", "auto"], None), (["--prefetch", "0"], 0),
+                                             (["--prefetch", "12"], 12)])
+def test_the_command_line_takes_a_number_or_auto(monkeypatch, given, expected):
+    seen = {}
+
+    class Stub:
+        def __init__(self, engine, config):
+            seen["prefetch"] = config.prefetch
+
+        def run(self):
+            return 0
+
+    monkeypatch.setattr("webapp.core.worker.Worker", Stub)
+    result = CliRunner().invoke(main, ["--database-url", "sqlite://", "worker", "--burst", *given])
+    assert result.exit_code == 0, result.output
+    assert seen["prefetch"] == expected
+
+
+@pytest.mark.parametrize("bad", ["-1", "257", "lots"])
+def test_a_bad_prefetch_is_refused(bad):
+    result = CliRunner().invoke(main, ["--database-url", "sqlite://", "worker", "--burst", "--prefetch", bad])
+    assert result.exit_code == 2 and "--prefetch" in result.output
