@@ -16,6 +16,7 @@ from testkit.procs import wait_until
 from webapp.core import repository
 from webapp.core.cli import main
 from webapp.core.models import Status
+from webapp.core.retention import Pruner
 from webapp.core.schema import job_attempt, job_queue, job_result, prune_run, pruned_key
 from webapp.core.worker import Worker, WorkerConfig
 
@@ -173,6 +174,33 @@ def test_worker_maintenance_prunes_when_due(engine, monkeypatch):
         assert count(conn, job_queue) == 0 and repository.last_prune(conn)["run_by"] == worker.id
         # Another process right after: not due yet.
         assert not repository.prune_due(conn, 3600)
+
+
+def test_a_pass_not_due_costs_one_read_and_no_thread(engine):
+    # Every idle worker asks once a minute. Asking from a thread of its own took a second pooled
+    # connection at the moment the loop's own sweep used the first: the pool grew by one
+    # connection (and its set-up statements) at an idle worker's first minute.
+    with engine.connect() as conn:
+        repository.prune(conn, done_days=7, failed_days=30, keys_days=365, by="another")   # a pass just ran
+    pruner = Pruner(engine, name="w", every_seconds=3600)
+    threads = threading.active_count()
+    sent = []
+    sa.event.listen(engine, "before_cursor_execute", lambda conn, cursor, statement, *rest: sent.append(statement))
+    assert pruner.maybe_start() is False
+    assert pruner._thread is None and threading.active_count() == threads
+    queries = [s.split()[0].upper() for s in sent if not s.startswith("BEGIN")]   # SQLite's BEGIN IMMEDIATE
+    assert queries == ["SELECT"]
+    assert pruner.maybe_start() is False   # asked again after a minute, not at once
+    assert len([s for s in sent if not s.startswith("BEGIN")]) == 1
+
+
+def test_a_pass_due_runs_in_a_thread_of_its_own(engine):
+    pruner = Pruner(engine, name="w", every_seconds=3600)
+    assert pruner.maybe_start() is True
+    pruner._thread.join(30)
+    assert pruner.last is not None
+    with engine.connect() as conn:
+        assert repository.last_prune(conn)["run_by"] == "w" and not repository.prune_due(conn, 3600)
 
 
 @pytest.mark.parametrize("name, value", [("JOBQUEUE_KEEP_DONE_DAYS", "-1"), ("JOBQUEUE_KEEP_FAILED_DAYS", "lots")])

@@ -50,25 +50,40 @@ class Pruner:
         self.last: repository.PruneCounts | None = None
 
     def maybe_start(self) -> bool:
-        """Start a pass in the background if one is due and none runs here. True when started."""
+        """Start a pass in the background if one is due and none runs here. True when started.
+
+        Whether one is due is asked here, in the caller's thread (one short read on the
+        connection the caller's own work uses in turn), not in a thread of its own: an idle
+        worker asks once a minute, and a thread asking while the loop swept took a second
+        pooled connection (and its set-up statements) for a question nearly always answered no."""
         if self._stop.is_set() or (self._thread is not None and self._thread.is_alive()):
             return False
         if time.monotonic() - self._checked < min(self.every_seconds, 60.0):
             return False
         self._checked = time.monotonic()
+        try:
+            with self.engine.connect() as conn:
+                if not repository.prune_due(conn, self.every_seconds):
+                    return False
+        except Exception as exc:   # a database error: counted and logged, asked again later
+            self._failed(exc)
+            return False
         self._thread = threading.Thread(target=self._run, name="jobqueue-pruner", daemon=True)
         self._thread.start()
         return True
 
     def _run(self) -> None:
         try:
-            self.run_if_due()
+            self.run_once()
         except Exception as exc:   # a database error: counted and logged, tried again later
-            from . import metrics
+            self._failed(exc)
 
-            metrics.SQL_ERRORS.labels(operation="prune").inc()
-            event(log, logging.ERROR, "sql_error", operation="prune", by=self.name,
-                  error=f"{type(exc).__name__}: {str(getattr(exc, 'orig', None) or exc)[:300]}")
+    def _failed(self, exc: Exception) -> None:
+        from . import metrics
+
+        metrics.SQL_ERRORS.labels(operation="prune").inc()
+        event(log, logging.ERROR, "sql_error", operation="prune", by=self.name,
+              error=f"{type(exc).__name__}: {str(getattr(exc, 'orig', None) or exc)[:300]}")
 
     def run_if_due(self) -> repository.PruneCounts | None:
         """One pass now if no process started one within `every_seconds`."""

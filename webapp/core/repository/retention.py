@@ -19,10 +19,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..db import db_now, is_mysql, require_primary, transaction
+from ..db import db_after, db_now, is_mysql, require_primary, transaction
 from ..models import Status
 from ..schema import job_attempt, job_queue, job_result, prune_run, pruned_key
-from .common import as_datetime, database_now, jq
+from .common import database_now, jq
 
 PRUNE_BATCH = 1000
 PRUNE_PAUSE_SECONDS = 0.05     # at least this long between batches, and at least as long as the batch took
@@ -209,10 +209,8 @@ def last_prune(conn: Connection) -> dict[str, Any] | None:
 
 def prune_due(conn: Connection, every_seconds: float) -> bool:
     """Whether no process started a prune pass in the last `every_seconds` (database clock)."""
-    def read(c: Connection) -> bool:
-        last = c.execute(sa.select(sa.func.max(pr.started_at))).scalar()
-        return last is None or as_datetime(last) < database_now(c) - timedelta(seconds=every_seconds)
-    return transaction(conn, read, what="prune_due")
+    recent = sa.select(pr.id).where(pr.started_at >= db_after(-every_seconds))
+    return transaction(conn, lambda c: not c.execute(sa.select(sa.exists(recent))).scalar(), what="prune_due")
 
 
 def forget_prune_runs(conn: Connection, older_than: timedelta) -> int:
