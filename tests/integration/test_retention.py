@@ -176,22 +176,34 @@ def test_worker_maintenance_prunes_when_due(engine, monkeypatch):
         assert not repository.prune_due(conn, 3600)
 
 
-def test_a_pass_not_due_costs_one_read_and_no_thread(engine):
-    # Every idle worker asks once a minute. Asking from a thread of its own took a second pooled
-    # connection at the moment the loop's own sweep used the first: the pool grew by one
-    # connection (and its set-up statements) at an idle worker's first minute.
+def test_a_pass_not_due_costs_one_read_and_no_thread_until_it_falls_due(engine):
+    # Every idle worker asks. Asking from a thread of its own took a second pooled connection
+    # at the moment the loop's own sweep used the first: the pool grew by one connection (and its
+    # set-up statements) at an idle worker's first minute. Asking every minute cost two
+    # statements a minute for an answer that changes once an hour.
     with engine.connect() as conn:
         repository.prune(conn, done_days=7, failed_days=30, keys_days=365, by="another")   # a pass just ran
-    pruner = Pruner(engine, name="w", every_seconds=3600)
+    clock = [1000.0]
+    pruner = Pruner(engine, name="w", every_seconds=3600, clock=lambda: clock[0])
     threads = threading.active_count()
     sent = []
     sa.event.listen(engine, "before_cursor_execute", lambda conn, cursor, statement, *rest: sent.append(statement))
+
+    def reads() -> list[str]:   # SQLite's BEGIN IMMEDIATE is no query
+        return [s.split()[0].upper() for s in sent if not s.startswith("BEGIN")]
+
     assert pruner.maybe_start() is False
     assert pruner._thread is None and threading.active_count() == threads
-    queries = [s.split()[0].upper() for s in sent if not s.startswith("BEGIN")]   # SQLite's BEGIN IMMEDIATE
-    assert queries == ["SELECT"]
-    assert pruner.maybe_start() is False   # asked again after a minute, not at once
-    assert len([s for s in sent if not s.startswith("BEGIN")]) == 1
+    assert reads() == ["SELECT"]
+    for minutes in (1, 10, 59):
+        clock[0] = 1000.0 + minutes * 60
+        assert pruner.maybe_start() is False
+    assert reads() == ["SELECT"]
+    clock[0] = 1000.0 + 3601
+    with engine.connect() as conn:   # as if another process started the pass meanwhile
+        repository.prune(conn, done_days=7, failed_days=30, keys_days=365, by="another")
+    sent.clear()
+    assert pruner.maybe_start() is False and reads() == ["SELECT"] and pruner._thread is None
 
 
 def test_a_pass_due_runs_in_a_thread_of_its_own(engine):

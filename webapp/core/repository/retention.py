@@ -19,10 +19,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..db import db_after, db_now, is_mysql, require_primary, transaction
+from ..db import db_now, is_mysql, require_primary, transaction
 from ..models import Status
 from ..schema import job_attempt, job_queue, job_result, prune_run, pruned_key
-from .common import database_now, jq
+from .common import as_datetime, database_now, jq
 
 PRUNE_BATCH = 1000
 PRUNE_PAUSE_SECONDS = 0.05     # at least this long between batches, and at least as long as the batch took
@@ -207,10 +207,20 @@ def last_prune(conn: Connection) -> dict[str, Any] | None:
     return dict(row._mapping) if row else None
 
 
+def prune_due_in(conn: Connection, every_seconds: float) -> float:
+    """Seconds until a prune pass is due, 0 when it is: `every_seconds` after the last pass any
+    process started (database clock). One read."""
+    def read(c: Connection) -> float:
+        last, now = c.execute(sa.select(sa.func.max(pr.started_at), db_now())).one()
+        if last is None:
+            return 0.0
+        return max(0.0, (as_datetime(last) + timedelta(seconds=every_seconds) - as_datetime(now)).total_seconds())
+    return transaction(conn, read, what="prune_due")
+
+
 def prune_due(conn: Connection, every_seconds: float) -> bool:
     """Whether no process started a prune pass in the last `every_seconds` (database clock)."""
-    recent = sa.select(pr.id).where(pr.started_at >= db_after(-every_seconds))
-    return transaction(conn, lambda c: not c.execute(sa.select(sa.exists(recent))).scalar(), what="prune_due")
+    return prune_due_in(conn, every_seconds) == 0
 
 
 def forget_prune_runs(conn: Connection, older_than: timedelta) -> int:
