@@ -206,13 +206,18 @@ def test_a_pass_not_due_costs_one_read_and_no_thread_until_it_falls_due(engine):
     assert pruner.maybe_start() is False and reads() == ["SELECT"] and pruner._thread is None
 
 
-def test_a_pass_due_runs_in_a_thread_of_its_own(engine):
-    pruner = Pruner(engine, name="w", every_seconds=3600)
+def test_a_pass_due_runs_in_a_thread_of_its_own_and_the_next_is_asked_for_when_due(engine):
+    clock = [1000.0]
+    pruner = Pruner(engine, name="w", every_seconds=3600, clock=lambda: clock[0])
     assert pruner.maybe_start() is True
     pruner._thread.join(30)
     assert pruner.last is not None
     with engine.connect() as conn:
         assert repository.last_prune(conn)["run_by"] == "w" and not repository.prune_due(conn, 3600)
+    sent = []
+    sa.event.listen(engine, "before_cursor_execute", lambda conn, cursor, statement, *rest: sent.append(statement))
+    clock[0] += 3599
+    assert pruner.maybe_start() is False and sent == []
 
 
 @pytest.mark.parametrize("name, value", [("JOBQUEUE_KEEP_DONE_DAYS", "-1"), ("JOBQUEUE_KEEP_FAILED_DAYS", "lots")])

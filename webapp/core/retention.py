@@ -31,7 +31,7 @@ from .settings import Settings, current
 log = logging.getLogger("jobqueue.retention")
 
 PRUNE_EVERY_SECONDS = 3600.0
-CHECK_SECONDS = 60.0   # the longest a process waits before asking again after an error or a pass it ran
+CHECK_SECONDS = 60.0   # the longest a process waits before asking again after an error
 PRUNE_LOG_RETENTION = timedelta(days=30)
 
 
@@ -76,6 +76,7 @@ class Pruner:
         if wait > 0:
             self._next_check = now + max(wait, min(self.every_seconds, CHECK_SECONDS))
             return False
+        self._next_check = now + self.every_seconds   # the next pass is due that long after this one
         self._thread = threading.Thread(target=self._run, name="jobqueue-pruner", daemon=True)
         self._thread.start()
         return True
@@ -88,6 +89,8 @@ class Pruner:
 
     def _failed(self, exc: Exception) -> None:
         from . import metrics
+
+        self._next_check = min(self._next_check, self.clock() + min(self.every_seconds, CHECK_SECONDS))
 
         metrics.SQL_ERRORS.labels(operation="prune").inc()
         event(log, logging.ERROR, "sql_error", operation="prune", by=self.name,
