@@ -3,11 +3,12 @@ loaded only when asked for, so that `jobqueue enqueue` never imports Flask."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 
 import click
 
-from .core.cli import main
+from .core.cli import main, pause_collector
 
 # Commands that live above the core: name -> ("module:attribute", the line `--help` shows).
 LAZY_COMMANDS = {"serve": ("webapp.web.cli:serve", "Run the dashboard under gunicorn with embedded workers and the reaper.")}
@@ -44,7 +45,11 @@ cli = _Jobqueue(name="jobqueue", commands=main.commands, params=main.params, cal
 
 def run() -> None:
     """Console entry point."""
-    cli(obj={})
+    pause_collector()   # until the command has what it needs (webapp.core.cli.started)
+    try:
+        cli(obj={})
+    finally:
+        gc.freeze()   # exiting: the interpreter need not scan what is left
 
 
 if __name__ == "__main__":

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
+import click
 import pytest
 from click.testing import CliRunner
 
 from testkit.procs import jobqueue
+from webapp.cli import LAZY_COMMANDS, cli
 from webapp.core import repository
-from webapp.core.cli import main
+from webapp.core.cli import main, pause_collector
 
 
 @pytest.fixture
@@ -183,3 +186,36 @@ def test_a_line_that_is_not_utf8_is_refused(run, engine, tmp_path):
     result = run("enqueue-many", str(path))
     assert result.exit_code == 2 and _lines(result)[0]["line"] == 1
     assert _keys_in_table(engine) == set()
+
+
+# --- the console entry point's garbage collector ----------------------------------------------------
+
+SEEN_COLLECTING: list[bool] = []
+collecting_probe = click.Command("probe", callback=lambda: SEEN_COLLECTING.append(gc.isenabled()))
+
+
+@pytest.fixture
+def paused_collector():
+    """What webapp.cli.run does before a command; the test's process gets its collector back."""
+    pause_collector()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+def test_a_command_collects_again_once_it_has_its_engine(paused_collector, sqlite_url):
+    assert not gc.isenabled()
+    result = CliRunner().invoke(main, ["--database-url", sqlite_url, "stats", "--json"], obj={})
+    assert result.exit_code == 0, result.output
+    assert gc.isenabled()
+
+
+def test_a_command_from_above_the_core_collects_from_its_start(paused_collector, monkeypatch):
+    # `jobqueue serve` runs gunicorn for days without building an engine in webapp.core.cli.
+    monkeypatch.setitem(LAZY_COMMANDS, "probe", (f"{__name__}:collecting_probe", "probe"))
+    SEEN_COLLECTING.clear()
+    result = CliRunner().invoke(cli, ["probe"], obj={})
+    assert result.exit_code == 0, result.output
+    assert SEEN_COLLECTING == [True]

@@ -162,3 +162,13 @@ def test_myisam_queue_table_is_refused(mysql_url):
 def test_server_version_is_read(mysql_engine):
     info = preflight.require_supported(mysql_engine)
     assert info.flavour == "mariadb" and info.supports_skip_locked
+
+
+def test_the_preflight_is_three_statements(mysql_engine):
+    # The first thing a worker sends: one round trip per fact made it eleven.
+    with mysql_engine.connect() as conn:   # the connection's own set-up is not the preflight's
+        conn.rollback()
+    sent = []
+    sa.event.listen(mysql_engine, "before_cursor_execute", lambda conn, cursor, statement, *rest: sent.append(statement))
+    preflight.require_supported(mysql_engine)
+    assert len(sent) == 3, sent

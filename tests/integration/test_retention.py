@@ -16,6 +16,7 @@ from testkit.procs import wait_until
 from webapp.core import repository
 from webapp.core.cli import main
 from webapp.core.models import Status
+from webapp.core.retention import Pruner
 from webapp.core.schema import job_attempt, job_queue, job_result, prune_run, pruned_key
 from webapp.core.worker import Worker, WorkerConfig
 
@@ -173,6 +174,50 @@ def test_worker_maintenance_prunes_when_due(engine, monkeypatch):
         assert count(conn, job_queue) == 0 and repository.last_prune(conn)["run_by"] == worker.id
         # Another process right after: not due yet.
         assert not repository.prune_due(conn, 3600)
+
+
+def test_a_pass_not_due_costs_one_read_and_no_thread_until_it_falls_due(engine):
+    # Every idle worker asks. Asking from a thread of its own took a second pooled connection
+    # at the moment the loop's own sweep used the first: the pool grew by one connection (and its
+    # set-up statements) at an idle worker's first minute. Asking every minute cost two
+    # statements a minute for an answer that changes once an hour.
+    with engine.connect() as conn:
+        repository.prune(conn, done_days=7, failed_days=30, keys_days=365, by="another")   # a pass just ran
+    clock = [1000.0]
+    pruner = Pruner(engine, name="w", every_seconds=3600, clock=lambda: clock[0])
+    threads = threading.active_count()
+    sent = []
+    sa.event.listen(engine, "before_cursor_execute", lambda conn, cursor, statement, *rest: sent.append(statement))
+
+    def reads() -> list[str]:   # SQLite's BEGIN IMMEDIATE is no query
+        return [s.split()[0].upper() for s in sent if not s.startswith("BEGIN")]
+
+    assert pruner.maybe_start() is False
+    assert pruner._thread is None and threading.active_count() == threads
+    assert reads() == ["SELECT"]
+    for minutes in (1, 10, 59):
+        clock[0] = 1000.0 + minutes * 60
+        assert pruner.maybe_start() is False
+    assert reads() == ["SELECT"]
+    clock[0] = 1000.0 + 3601
+    with engine.connect() as conn:   # as if another process started the pass meanwhile
+        repository.prune(conn, done_days=7, failed_days=30, keys_days=365, by="another")
+    sent.clear()
+    assert pruner.maybe_start() is False and reads() == ["SELECT"] and pruner._thread is None
+
+
+def test_a_pass_due_runs_in_a_thread_of_its_own_and_the_next_is_asked_for_when_due(engine):
+    clock = [1000.0]
+    pruner = Pruner(engine, name="w", every_seconds=3600, clock=lambda: clock[0])
+    assert pruner.maybe_start() is True
+    pruner._thread.join(30)
+    assert pruner.last is not None
+    with engine.connect() as conn:
+        assert repository.last_prune(conn)["run_by"] == "w" and not repository.prune_due(conn, 3600)
+    sent = []
+    sa.event.listen(engine, "before_cursor_execute", lambda conn, cursor, statement, *rest: sent.append(statement))
+    clock[0] += 3599
+    assert pruner.maybe_start() is False and sent == []
 
 
 @pytest.mark.parametrize("name, value", [("JOBQUEUE_KEEP_DONE_DAYS", "-1"), ("JOBQUEUE_KEEP_FAILED_DAYS", "lots")])

@@ -45,6 +45,19 @@ def test_a_queue_command_imports_neither_flask_nor_alembic_nor_prometheus():
     assert out.stderr.strip() == "", f"imported at start-up: {out.stderr.strip()}"
 
 
+def test_a_worker_registering_reads_its_totals_without_importing_prometheus():
+    # Registration comes before the first claim; prometheus_client (~10-20 ms to import) is made
+    # by the first metric a claim counts, after the claim.
+    code = ("import sys\n"
+            "from webapp.core import metrics\n"
+            "assert metrics.stat_totals()['completed'] == 0\n"
+            "print('prometheus_client' in sys.modules)\n"
+            "metrics.COMPLETED.labels(queue='q').inc(2)\n"
+            "print(metrics.stat_totals()['completed'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.split() == ["False", "2"]
+
+
 def test_the_readme_configuration_table_is_the_settings_table():
     readme = (REPO / "README.md").read_text()
     assert settings.markdown_table() in readme, (

@@ -167,11 +167,15 @@ _STAT_SOURCES = {
 
 
 def stat_totals() -> dict[str, int]:
-    """This process's running totals of the activity columns."""
+    """This process's running totals of the activity columns. A metric not made yet has counted
+    nothing: it is not made here either, so that a worker's registration (which reads the totals
+    it starts from) does not import prometheus_client ahead of its first claim."""
     out = {}
     for column, (name, match) in _STAT_SOURCES.items():
         total = 0.0
-        for family in __getattr__(name).collect():
+        with _lock:
+            metric = _made.get(name)
+        for family in (metric.collect() if metric is not None and _enabled else ()):
             for sample in family.samples:
                 if sample.name.endswith("_total") and all(sample.labels.get(k) == v for k, v in match.items()):
                     total += sample.value

@@ -15,6 +15,7 @@ must pass before its first claim live here.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -122,25 +123,34 @@ def check_engines(conn: Connection) -> None:
     _refuse(engine_refusal(table_engines(conn)))
 
 
-def variable(conn: Connection, name: str, scope: str = "SESSION") -> str | None:
-    """A server variable as this connection sees it (SESSION) or as new sessions start (GLOBAL);
-    None when the server has no such variable (MySQL and MariaDB name some differently)."""
+def variables(conn: Connection, names: Sequence[str], scope: str = "SESSION") -> dict[str, str]:
+    """Server variables in one statement, as this connection sees them (SESSION) or as new
+    sessions start (GLOBAL); a name the server does not have is left out (MySQL and MariaDB name
+    some differently)."""
     assert scope in ("SESSION", "GLOBAL")
-    row = conn.execute(sa.text(f"SHOW {scope} VARIABLES LIKE :name"), {"name": name}).first()
-    return None if row is None else str(row[1])
+    rows = conn.execute(sa.text(f"SHOW {scope} VARIABLES WHERE Variable_name IN :names")
+                        .bindparams(sa.bindparam("names", expanding=True)), {"names": list(names)}).all()
+    return {str(name).lower(): str(value) for name, value in rows}
+
+
+def variable(conn: Connection, name: str, scope: str = "SESSION") -> str | None:
+    """One server variable (see `variables`); None when the server has no such variable."""
+    return variables(conn, [name], scope).get(name)
 
 
 def is_on(value: str | None) -> bool:
     return value is not None and value.upper() in ("ON", "1")
 
 
-def read_only_flags(conn: Connection) -> dict[str, bool]:
-    flags = {}
-    for name in ("read_only", "super_read_only", "innodb_read_only", "transaction_read_only", "tx_read_only"):
-        value = variable(conn, name)
-        if value is not None:
-            flags[name] = is_on(value)
-    return flags
+READ_ONLY_FLAGS = ("read_only", "super_read_only", "innodb_read_only", "transaction_read_only", "tx_read_only")
+BINLOG_VARIABLES = ("log_bin", "binlog_format")
+
+
+def read_only_flags(conn: Connection, known: Mapping[str, str] | None = None) -> dict[str, bool]:
+    """The read-only flags the server has, ON or not (from `known`, variables already read, if
+    given)."""
+    values = known if known is not None else variables(conn, READ_ONLY_FLAGS)
+    return {name: is_on(values[name]) for name in READ_ONLY_FLAGS if name in values}
 
 
 def writable_refusal(flags: dict[str, bool]) -> str | None:
@@ -168,9 +178,11 @@ class BinlogSettings:
         return "STATEMENT" in (self.format.upper(), self.global_format.upper())
 
 
-def binlog_settings(conn: Connection) -> BinlogSettings:
-    return BinlogSettings(log_bin=is_on(variable(conn, "log_bin")),
-                          format=(variable(conn, "binlog_format") or "").upper(),
+def binlog_settings(conn: Connection, known: Mapping[str, str] | None = None) -> BinlogSettings:
+    """This session's binary logging (from `known`, session variables already read, if given)
+    and the format new sessions get."""
+    values = known if known is not None else variables(conn, BINLOG_VARIABLES)
+    return BinlogSettings(log_bin=is_on(values.get("log_bin")), format=(values.get("binlog_format") or "").upper(),
                           global_format=(variable(conn, "binlog_format", "GLOBAL") or "").upper())
 
 
@@ -192,14 +204,17 @@ def _refuse(reason: str | None) -> None:
 
 
 def require_supported(engine: Engine) -> ServerInfo:
-    """Raise UnsupportedDatabase unless this server can run the queue safely."""
+    """Raise UnsupportedDatabase unless this server can run the queue safely. Three statements
+    on MySQL/MariaDB, the first of a worker's start: what this session says (version, read-only
+    flags, binary logging), the binary log format of new sessions, the tables' engines."""
     with engine.connect() as conn:
-        info = server_info(conn)
-        if info.flavour == "sqlite":
-            return info
+        if not is_mysql(conn):
+            return server_info(conn)
+        session = variables(conn, ("version", *READ_ONLY_FLAGS, *BINLOG_VARIABLES))
+        info = parse_version(session.get("version", ""))
         check_version(info)
-        check_writable(conn)
-        check_binlog(conn)
+        _refuse(writable_refusal(read_only_flags(conn, session)))
+        _refuse(binlog_refusal(binlog_settings(conn, session)))
         check_engines(conn)
         conn.rollback()
     return info

@@ -31,44 +31,70 @@ from .settings import Settings, current
 log = logging.getLogger("jobqueue.retention")
 
 PRUNE_EVERY_SECONDS = 3600.0
+CHECK_SECONDS = 60.0   # the longest a process waits before asking again after an error
 PRUNE_LOG_RETENTION = timedelta(days=30)
 
 
 class Pruner:
     """One process's share of retention: `maybe_start()` from a maintenance step (cheap: it
-    looks at the database at most every `every_seconds`), the pass itself in a daemon thread."""
+    looks at the database when a pass may be due, and at most every CHECK_SECONDS), the pass
+    itself in a daemon thread."""
 
     def __init__(self, engine: Engine, *, name: str = "pruner", every_seconds: float = PRUNE_EVERY_SECONDS,
-                 settings: Settings | None = None):
+                 settings: Settings | None = None, clock=time.monotonic):
         self.engine = engine
         self.name = name
         self.every_seconds = every_seconds
         self.settings = settings
-        self._checked = float("-inf")
+        self.clock = clock
+        self._next_check = float("-inf")
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.last: repository.PruneCounts | None = None
 
     def maybe_start(self) -> bool:
-        """Start a pass in the background if one is due and none runs here. True when started."""
+        """Start a pass in the background if one is due and none runs here. True when started.
+
+        Whether one is due is asked here, in the caller's thread (one short read on the
+        connection the caller's own work uses in turn), not in a thread of its own: a thread
+        asking while an idle worker's loop swept took a second pooled connection (and its set-up
+        statements) for a question nearly always answered no. The answer says when the next pass
+        falls due (`every_seconds` after the last one any process started), and nobody asks again
+        before then: an idle worker asks once an hour, not once a minute."""
         if self._stop.is_set() or (self._thread is not None and self._thread.is_alive()):
             return False
-        if time.monotonic() - self._checked < min(self.every_seconds, 60.0):
+        now = self.clock()
+        if now < self._next_check:
             return False
-        self._checked = time.monotonic()
+        self._next_check = now + min(self.every_seconds, CHECK_SECONDS)   # after an error, or when due
+        try:
+            with self.engine.connect() as conn:
+                wait = repository.prune_due_in(conn, self.every_seconds)
+        except Exception as exc:   # a database error: counted and logged, asked again later
+            self._failed(exc)
+            return False
+        if wait > 0:
+            self._next_check = now + max(wait, min(self.every_seconds, CHECK_SECONDS))
+            return False
+        self._next_check = now + self.every_seconds   # the next pass is due that long after this one
         self._thread = threading.Thread(target=self._run, name="jobqueue-pruner", daemon=True)
         self._thread.start()
         return True
 
     def _run(self) -> None:
         try:
-            self.run_if_due()
+            self.run_once()
         except Exception as exc:   # a database error: counted and logged, tried again later
-            from . import metrics
+            self._failed(exc)
 
-            metrics.SQL_ERRORS.labels(operation="prune").inc()
-            event(log, logging.ERROR, "sql_error", operation="prune", by=self.name,
-                  error=f"{type(exc).__name__}: {str(getattr(exc, 'orig', None) or exc)[:300]}")
+    def _failed(self, exc: Exception) -> None:
+        from . import metrics
+
+        self._next_check = min(self._next_check, self.clock() + min(self.every_seconds, CHECK_SECONDS))
+
+        metrics.SQL_ERRORS.labels(operation="prune").inc()
+        event(log, logging.ERROR, "sql_error", operation="prune", by=self.name,
+              error=f"{type(exc).__name__}: {str(getattr(exc, 'orig', None) or exc)[:300]}")
 
     def run_if_due(self) -> repository.PruneCounts | None:
         """One pass now if no process started one within `every_seconds`."""

@@ -5,7 +5,7 @@ verb. The worker loop, the reaper, the dashboard, the CLI and the HTTP API all c
     claim.py        claim, claim_cycle, classify_empty (the claim query; why a claim found nothing)
     leases.py       renew, complete, retry, fail, release, record_result (fenced by the lease)
     maintenance.py  reap, promote_due, prune_history   (what happens when a worker dies)
-    retention.py    prune, last_prune, prune_due       (finished jobs past their keep time; their keys kept)
+    retention.py    prune, last_prune, prune_due(_in)  (finished jobs past their keep time; their keys kept)
     queues.py       pause_queue, resume_queue, queue_states
     recurring.py    upsert_recurring, list_recurring, enqueue_due_recurring, ...
     operator.py     requeue_job, fail_job, cancel_job, bulk_action, list_audit, JobFilter (the job filter and search)
@@ -72,7 +72,7 @@ from .reads import COUNT_CAP, JobPage, count_matching, database_now, distinct_va
     get_result, jobs_by_id, list_attempts, list_jobs, page_jobs, running_jobs
 from .recurring import DueRuns, get_recurring, list_recurring
 from .replicas import ReplicaLag, replica_lag
-from .retention import PRUNE_BATCH, PruneCounts, forget_prune_runs, last_prune, prune_due
+from .retention import PRUNE_BATCH, PruneCounts, forget_prune_runs, last_prune, prune_due, prune_due_in
 from .sessions import (LoginGate, SessionState, ThrottleKey, ThrottleRule, end_session, end_sessions, list_sessions,
                        login_attempt, login_succeeded, prune_sign_in, session_state, start_session, touch_session)
 from .stats import (CountsCache, QueueSummary, activity, count_by_status, forget_counts, list_queues, operator_failures,
@@ -475,8 +475,8 @@ __all__ = [
     "get_recurring", "get_result", "heartbeat", "jobs_by_id", "last_prune", "list_attempts", "list_audit",
     "list_jobs", "list_processes", "list_queues", "list_recurring", "list_sessions", "login_attempt",
     "login_succeeded", "mark_stopped", "operator_failures", "page_jobs", "pause_queue", "paused_queues",
-    "pick_statement", "promote_due", "prune", "prune_due", "prune_history", "prune_sign_in", "queue_states",
-    "queue_summaries", "read_only_flags", "ready_queues", "reap", "record_result", "register_process",
+    "pick_statement", "promote_due", "prune", "prune_due", "prune_due_in", "prune_history", "prune_sign_in",
+    "queue_states", "queue_summaries", "read_only_flags", "ready_queues", "reap", "record_result", "register_process",
     "release", "remove_recurring", "renew", "renew_leases", "replica_lag", "requeue_job", "resume_queue",
     "retry", "running_jobs", "session_state", "set_recurring_enabled", "start_session", "sync_code_schedules",
     "touch_session", "upsert_recurring", "Validated", "validate_job", "validate_jobs",

@@ -207,12 +207,20 @@ def last_prune(conn: Connection) -> dict[str, Any] | None:
     return dict(row._mapping) if row else None
 
 
+def prune_due_in(conn: Connection, every_seconds: float) -> float:
+    """Seconds until a prune pass is due, 0 when it is: `every_seconds` after the last pass any
+    process started (database clock). One read."""
+    def read(c: Connection) -> float:
+        last, now = c.execute(sa.select(sa.func.max(pr.started_at), db_now())).one()
+        if last is None:
+            return 0.0
+        return max(0.0, (as_datetime(last) + timedelta(seconds=every_seconds) - as_datetime(now)).total_seconds())
+    return transaction(conn, read, what="prune_due")
+
+
 def prune_due(conn: Connection, every_seconds: float) -> bool:
     """Whether no process started a prune pass in the last `every_seconds` (database clock)."""
-    def read(c: Connection) -> bool:
-        last = c.execute(sa.select(sa.func.max(pr.started_at))).scalar()
-        return last is None or as_datetime(last) < database_now(c) - timedelta(seconds=every_seconds)
-    return transaction(conn, read, what="prune_due")
+    return prune_due_in(conn, every_seconds) == 0
 
 
 def forget_prune_runs(conn: Connection, older_than: timedelta) -> int:

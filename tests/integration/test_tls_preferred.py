@@ -1,0 +1,40 @@
+"""Connections without TLS options: encrypted when the server offers TLS, as PyMySQL's
+"preferred" mode does, with a context that verifies nothing and so loads no CA store (loading it
+cost every process ~26 ms on its first connection, db.preferred_tls_context)."""
+
+from __future__ import annotations
+
+import ssl
+
+from webapp.core.db import create_engine, preferred_tls_context
+
+from testkit.tls import self_signed_certificate
+
+
+def test_the_preferred_context_verifies_nothing_and_loads_no_ca_store():
+    context = preferred_tls_context()
+    assert context.verify_mode == ssl.CERT_NONE and not context.check_hostname
+    assert context.cert_store_stats()["x509_ca"] == 0
+    assert preferred_tls_context() is context   # one per process
+
+
+def test_a_server_offering_tls_gets_an_encrypted_connection(throwaway_mariadb, tmp_path):
+    cert, key = self_signed_certificate(tmp_path / "tls")
+    server = throwaway_mariadb(f"--ssl-cert={cert}", f"--ssl-key={key}")
+    engine = create_engine(server.create_database("jq"), pool_size=1)
+    try:
+        with engine.connect() as conn:
+            cipher = conn.exec_driver_sql("SHOW SESSION STATUS LIKE 'Ssl_cipher'").one()[1]
+        assert cipher, "the connection is not encrypted"
+    finally:
+        engine.dispose()
+
+
+def test_a_server_without_tls_still_connects(throwaway_mariadb):
+    server = throwaway_mariadb()
+    engine = create_engine(server.create_database("jq"), pool_size=1)
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW SESSION STATUS LIKE 'Ssl_cipher'").one()[1] == ""
+    finally:
+        engine.dispose()
