@@ -174,6 +174,7 @@ def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: 
     import gc
     import queue
     import threading
+    from json.encoder import encode_basestring_ascii as json_string   # json.dumps of a str, minus its overhead
 
     from . import repository
     from .task_modules import load_task_modules
@@ -210,7 +211,7 @@ def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: 
                 out.write(json.dumps(line) + "\n")
             return
         results = repository.enqueue_many(conn, repository.Validated(job for _, job in batch))
-        out.write("".join(f'{{"id": {r.id}, "task_key": {json.dumps(r.task_key)}, "duplicate": '
+        out.write("".join(f'{{"id": {r.id}, "task_key": {json_string(r.task_key)}, "duplicate": '
                           f'{"true" if r.duplicate else "false"}, "status": "{r.status.value}"}}\n'
                           for r in results))
         out.flush()
@@ -233,7 +234,7 @@ def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: 
         try:
             batch: list[tuple[int, Any]] = []
             for number, raw in enumerate(file, 1):
-                if not raw.strip():
+                if raw.isspace():
                     continue
                 batch.append((number, parse(raw)))
                 if len(batch) == MAX_BATCH_JOBS:

@@ -35,6 +35,8 @@ def job_spec(value: Any) -> dict[str, Any]:
     """A job as JSON gives it: an object with only ENQUEUE_FIELDS (each checked by new_job)."""
     if not isinstance(value, dict):
         raise ValidationError(f"a job must be a JSON object, got {type(value).__name__}")
+    if value.keys() <= ENQUEUE_FIELDS:
+        return value
     unknown = sorted(set(value) - ENQUEUE_FIELDS)
     if unknown:
         raise ValidationError(f"unknown fields: {', '.join(map(repr, unknown))[:200]}", unknown[0])

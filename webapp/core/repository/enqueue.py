@@ -52,7 +52,7 @@ from ..errors import JobQueueError, ValidationError
 from ..models import Enqueued, Status
 from ..schema import job_queue
 from ..tasks import TASKS, Registry
-from ..validation import NewJob, max_payload_bytes, new_job
+from ..validation import ENQUEUE_FIELDS, NewJob, max_payload_bytes, new_job
 from .claim import ensure_keys
 from .common import execute_sql, jq
 
@@ -90,6 +90,13 @@ def validate_job(spec: NewJob | Mapping[str, Any], *, registry: Registry = TASKS
             return new_job(spec.task_name, spec.task_key, spec.payload, queue=spec.queue, priority=spec.priority,
                            delay=spec.delay_seconds, max_attempts=spec.max_attempts, registry=registry,
                            max_payload=limit)
+        if type(spec) is dict and spec.keys() <= ENQUEUE_FIELDS:
+            # The fields of POST /api/jobs (what the CLI, the API and most callers pass): read
+            # where they are, without a copy of the dict and a call by keywords.
+            get = spec.get
+            return new_job(get("task"), get("task_key"), get("payload"), queue=get("queue"),
+                           priority=get("priority", 0), delay=get("delay", 0), max_attempts=get("max_attempts"),
+                           registry=registry, max_payload=limit)
         fields = dict(spec)
         return new_job(fields.pop("task", fields.pop("task_name", None)), fields.pop("task_key", None),
                        fields.pop("payload", None), registry=registry, max_payload=limit, **fields)
