@@ -209,9 +209,15 @@ def _as_read_back(value: Any) -> bool:
     a subclass its base). Called on encoded payloads, so nested at most MAX_PAYLOAD_DEPTH deep."""
     kind = type(value)
     if kind is dict:
-        return all(type(key) is str and (type(item) in _SCALARS or _as_read_back(item)) for key, item in value.items())
+        for key, item in value.items():
+            if type(key) is not str or (type(item) not in _SCALARS and not _as_read_back(item)):
+                return False
+        return True
     if kind is list:
-        return all(type(item) in _SCALARS or _as_read_back(item) for item in value)
+        for item in value:
+            if type(item) not in _SCALARS and not _as_read_back(item):
+                return False
+        return True
     return kind in _SCALARS
 
 
