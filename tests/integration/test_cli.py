@@ -160,6 +160,34 @@ def test_a_bad_line_refuses_its_batch_and_the_other_batches_go_in(run, engine, t
     assert _keys_in_table(engine) == {f"j{i}" for i in range(1, 2501) if not 1001 <= i <= 2000}
 
 
+def test_a_failed_write_ends_the_command_and_its_reader_thread(run, tmp_path, monkeypatch):
+    """A thread reads the next batch while one is written. When a write fails the command exits 1
+    with what the server said, after printing the batches that went in, and the thread stops
+    instead of reading the rest of the file (in-process callers would keep it running)."""
+    import threading
+
+    from sqlalchemy.exc import OperationalError
+
+    real, calls = repository.enqueue_many, []
+
+    def failing_second_batch(conn, jobs, **kwargs):
+        calls.append(len(jobs))
+        if len(calls) == 2:
+            raise OperationalError("INSERT", {}, Exception("server gone"))
+        return real(conn, jobs, **kwargs)
+
+    monkeypatch.setattr(repository, "enqueue_many", failing_second_batch)
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("".join(json.dumps({"task": "noop", "task_key": f"k{i}"}) + "\n" for i in range(6000)))
+    result = run("enqueue-many", str(path))
+    assert result.exit_code == 1 and "server gone" in result.stderr
+    assert len(_lines(result)) == 1000 and calls == [1000, 1000]
+    readers = [t for t in threading.enumerate() if t.name == "enqueue-many-reader"]
+    for reader in readers:
+        reader.join(timeout=5)
+    assert not any(reader.is_alive() for reader in readers)
+
+
 @pytest.mark.parametrize("line, field", [
     ('{"task": "noop"', None),                                   # not JSON
     ('[{"task": "noop", "task_key": "x"}]', None),               # not an object

@@ -205,3 +205,23 @@ def test_the_listener_writes_every_line_in_order_and_flush_writes_the_rest():
         mine = [line for line in lines if f"event=line thread={n} " in line]
         assert [int(line.rsplit("i=", 1)[1]) for line in mine] == list(range(200))
     assert [line.split(" INFO jobqueue.t ")[1] for line in lines[-5:]] == [f"event=batch i={i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("payload, read_back", [
+    ({"n": 1, "f": 2.5, "s": "café", "none": None, "yes": True, "list": [1, {"a": [2]}]}, None),   # as given
+    ({"pair": (1, 2)}, {"pair": [1, 2]}),
+    ({7: "seven"}, {"7": "seven"}),
+    ({"nested": {"deep": [(1,)]}}, {"nested": {"deep": [[1]]}}),
+    ({"flag": False, "zero": 0, "big": 10 ** 30}, None),
+])
+def test_a_checked_payload_is_what_the_handler_reads_back(payload, read_back):
+    """check_payload keeps a payload that JSON gives back unchanged (no copy to make) and gives the
+    decoded stored text otherwise: a tuple comes back a list, an int key a str key."""
+    import json
+
+    from webapp.core.validation import checked_payload
+
+    checked, stored = checked_payload(payload, 1 << 20)
+    assert stored == json.dumps(payload)
+    assert checked == json.loads(stored) == (payload if read_back is None else read_back)
+    assert [type(v) for v in checked.values()] == [type(v) for v in json.loads(stored).values()]

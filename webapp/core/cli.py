@@ -205,6 +205,11 @@ def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: 
     line prints {"line", "error", "field"} instead, and nothing of its batch is written (its other
     jobs print {"line", "task_key", "error"}); the other batches still go in. Exit 2 if any line
     was refused."""
+    import gc
+    import queue
+    import threading
+    from json.encoder import encode_basestring_ascii as json_string   # json.dumps of a str, minus its overhead
+
     from . import repository
     from .task_modules import load_task_modules
     from .validation import MAX_BATCH_JOBS, job_spec, max_payload_bytes
@@ -240,22 +245,53 @@ def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: 
                 out.write(json.dumps(line) + "\n")
             return
         results = repository.enqueue_many(conn, repository.Validated(job for _, job in batch))
-        out.write("".join(f'{{"id": {r.id}, "task_key": {json.dumps(r.task_key)}, "duplicate": '
+        out.write("".join(f'{{"id": {r.id}, "task_key": {json_string(r.task_key)}, "duplicate": '
                           f'{"true" if r.duplicate else "false"}, "status": "{r.status.value}"}}\n'
                           for r in results))
         out.flush()
 
-    with engine.connect() as conn:
-        batch: list[tuple[int, Any]] = []
-        for number, raw in enumerate(file, 1):
-            if not raw.strip():
+    # A thread reads and checks the next batch while this one is written: the GIL is free while
+    # the write waits for the server, and the lines cost about as much as the write's own Python.
+    batches: queue.Queue = queue.Queue(maxsize=1)
+    taking = threading.Event()   # cleared when this thread stops taking batches
+    taking.set()
+
+    def hand_over(item: Any) -> None:
+        while taking.is_set():
+            try:
+                batches.put(item, timeout=0.5)
+                return
+            except queue.Full:
                 continue
-            batch.append((number, parse(raw)))
-            if len(batch) == MAX_BATCH_JOBS:
-                flush(conn, batch)
-                batch = []
-        if batch:
-            flush(conn, batch)
+
+    def read() -> None:
+        try:
+            batch: list[tuple[int, Any]] = []
+            for number, raw in enumerate(file, 1):
+                if raw.isspace():
+                    continue
+                batch.append((number, parse(raw)))
+                if len(batch) == MAX_BATCH_JOBS:
+                    hand_over(batch)
+                    batch = []
+                    if not taking.is_set():
+                        return
+            hand_over(batch)
+            hand_over(None)
+        except BaseException as exc:   # noqa: BLE001 - raised in the main thread
+            hand_over(exc)
+
+    # Start-up's objects are out of the collector's way already (engine_of: started()).
+    threading.Thread(target=read, name="enqueue-many-reader", daemon=True).start()
+    try:
+        with engine.connect() as conn:
+            while (batch := batches.get()) is not None:
+                if isinstance(batch, BaseException):
+                    raise batch
+                if batch:
+                    flush(conn, batch)
+    finally:
+        taking.clear()
     if refused:
         fail(EXIT_BAD_INPUT, f"{len(refused)} line(s) refused; their batches were not written "
                              f"(first: {refused[0]})")

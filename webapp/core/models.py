@@ -110,6 +110,12 @@ class Enqueued:
     status: Status | None = None
     queue: str | None = None        # the job's queue, for a job this call wrote
 
+    # Frozen as declared; the fields set in one step (a batch makes 1,000), not one
+    # object.__setattr__ each as dataclass's frozen __init__ does.
+    def __init__(self, id: int, task_key: str, duplicate: bool, status: Status | None = None,
+                 queue: str | None = None) -> None:
+        vars(self).update(id=id, task_key=task_key, duplicate=duplicate, status=status, queue=queue)
+
 
 @dataclass(frozen=True)
 class LeaseLoss:
