@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 from ..db import transaction
 from ..models import Job, Status
 from ..schema import job_attempt, job_queue, job_result
-from .common import database_now as _now, jq, job_from_row
+from .common import database_now as _now, jq, job_from_row, through_index
 from .operator import SEARCH_WINDOW, JobFilter
 
 
@@ -133,13 +133,6 @@ def count_matching(conn: Connection, job_filter: JobFilter, *, statuses: Sequenc
     return transaction(conn, read, what="count_jobs")
 
 
-def _hinted(c: Connection, stmt: sa.Select, index: str | None) -> sa.Select:
-    """`stmt` reading job_queue through `index` on MySQL and MariaDB (SQLite plans alone)."""
-    if index is None or c.dialect.name not in ("mysql", "mariadb"):
-        return stmt
-    return stmt.with_hint(job_queue, f"FORCE INDEX ({index})", c.dialect.name)
-
-
 def _window_ids(c: Connection, job_filter: JobFilter, start: int | None, direction: str, size: int) -> sa.Select:
     """The ids of a search's window: the next `size` rows matching the filter but for its search,
     from `start` going `direction`, read through search_index (index-only but for a key prefix
@@ -152,12 +145,12 @@ def _window_ids(c: Connection, job_filter: JobFilter, start: int | None, directi
         by_task = job_queue.alias("by_task")
         ids = (sa.select(jq.id).select_from(job_queue.join(by_task, by_task.c.id == jq.id))
                .where(*replace(job_filter, task=None).where(search=False), by_task.c.task_name == job_filter.task))
-        ids = _hinted(c, ids, index)
+        ids = through_index(c, ids, index)
         if c.dialect.name in ("mysql", "mariadb"):
             ids = ids.with_hint(by_task, "FORCE INDEX (ix_task)", c.dialect.name).prefix_with("STRAIGHT_JOIN",
                                                                                              dialect=c.dialect.name)
     else:
-        ids = _hinted(c, sa.select(jq.id).where(*job_filter.where(search=False)), index)
+        ids = through_index(c, sa.select(jq.id).where(*job_filter.where(search=False)), index)
     if direction == "older":
         ids = ids.where(jq.id < start) if start is not None else ids
         return ids.order_by(jq.id.desc()).limit(size)
@@ -265,7 +258,7 @@ def page_jobs(conn: Connection, job_filter: JobFilter | None = None, *, before: 
             else:
                 # Dense: the id range of the window, read in order (a page of the table holds
                 # several of its rows).
-                stmt = _hinted(c, sa.select(jq.id).where(*base, jq.id.between(low, high), job_filter.search_clause()),
+                stmt = through_index(c, sa.select(jq.id).where(*base, jq.id.between(low, high), job_filter.search_clause()),
                                "PRIMARY")
             ids = c.execute(stmt.order_by(order).limit(cap + 1)).scalars().all() if stmt is not None else []
             matches, capped = min(len(ids), cap), len(ids) > cap
