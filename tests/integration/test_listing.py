@@ -237,14 +237,38 @@ def test_a_week_old_prefix_and_the_last_page_of_a_live_status_read_their_own_ind
 
         scheduled = conn.exec_driver_sql("SELECT id FROM job_queue WHERE status = 'scheduled' ORDER BY id "
                                          "LIMIT 19, 1").scalar()
+        walked = conn.exec_driver_sql(f"EXPLAIN SELECT * FROM job_queue WHERE status = 'scheduled' AND id < {scheduled} "
+                                      "ORDER BY id DESC LIMIT 51").mappings().one()
+        assert walked["key"] == "PRIMARY"
         last = lambda: repository.page_jobs(conn, JobFilter(status=Status.SCHEDULED), before=scheduled)  # noqa: E731
-        assert _plans(mysql_engine, conn, last) == [("ix_ready_pick", "PRIMARY")]
+        assert _merged_keys(mysql_engine, conn, last) == {"ix_ready_pick"}
         page = last()
         assert len(page.jobs) == 19 and page.older is None and page.jobs[0].id < scheduled
         assert [j.id for j in page.jobs] == sorted((j.id for j in page.jobs), reverse=True)
 
-        # A terminal status is dense: the planner's walk is right there, and nothing is pinned.
-        assert _plans(mysql_engine, conn, lambda: repository.page_jobs(conn, JobFilter(status=Status.DONE))) == []
+        # Any status, done too: each (queue, priority) group's newest entries, merged (_status_page_ids).
+        done = lambda: repository.page_jobs(conn, JobFilter(status=Status.DONE), limit=10)  # noqa: E731
+        assert _merged_keys(mysql_engine, conn, done) == {"ix_ready_pick"}
+        assert [j.id for j in done().jobs] == conn.exec_driver_sql(
+            "SELECT id FROM job_queue WHERE status = 'done' ORDER BY id DESC LIMIT 10").scalars().all()
+
+
+def _merged_keys(engine, conn, run) -> set[str]:
+    """The keys EXPLAIN shows for job_queue in the statements with FORCE INDEX that `run` sent
+    (a merge of groups: one row per group)."""
+    sent: list[str] = []
+
+    def grab(c, cursor, statement, params, context, executemany):
+        if "FORCE INDEX" in statement:
+            sent.append(cursor.mogrify(statement, params))
+    sa.event.listen(engine, "before_cursor_execute", grab)
+    try:
+        run()
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", grab)
+    assert sent
+    return {r["key"] for stmt in sent for r in conn.exec_driver_sql("EXPLAIN " + stmt.replace("%", "%%")).mappings()
+            if r["table"] == "job_queue"}
 
 
 def _old_failures(conn, failed: int, done: int) -> None:
