@@ -237,11 +237,117 @@ def test_a_week_old_prefix_and_the_last_page_of_a_live_status_read_their_own_ind
 
         scheduled = conn.exec_driver_sql("SELECT id FROM job_queue WHERE status = 'scheduled' ORDER BY id "
                                          "LIMIT 19, 1").scalar()
+        walked = conn.exec_driver_sql(f"EXPLAIN SELECT * FROM job_queue WHERE status = 'scheduled' AND id < {scheduled} "
+                                      "ORDER BY id DESC LIMIT 51").mappings().one()
+        assert walked["key"] == "PRIMARY"
         last = lambda: repository.page_jobs(conn, JobFilter(status=Status.SCHEDULED), before=scheduled)  # noqa: E731
-        assert _plans(mysql_engine, conn, last) == [("ix_ready_pick", "PRIMARY")]
+        assert _merged_keys(mysql_engine, conn, last) == {"ix_ready_pick"}
         page = last()
         assert len(page.jobs) == 19 and page.older is None and page.jobs[0].id < scheduled
         assert [j.id for j in page.jobs] == sorted((j.id for j in page.jobs), reverse=True)
 
-        # A terminal status is dense: the planner's walk is right there, and nothing is pinned.
-        assert _plans(mysql_engine, conn, lambda: repository.page_jobs(conn, JobFilter(status=Status.DONE))) == []
+        # Any status, done too: each (queue, priority) group's newest entries, merged (_status_page_ids).
+        done = lambda: repository.page_jobs(conn, JobFilter(status=Status.DONE), limit=10)  # noqa: E731
+        assert _merged_keys(mysql_engine, conn, done) == {"ix_ready_pick"}
+        assert [j.id for j in done().jobs] == conn.exec_driver_sql(
+            "SELECT id FROM job_queue WHERE status = 'done' ORDER BY id DESC LIMIT 10").scalars().all()
+
+
+def _merged_keys(engine, conn, run) -> set[str]:
+    """The keys EXPLAIN shows for job_queue in the statements with FORCE INDEX that `run` sent
+    (a merge of groups: one row per group)."""
+    sent: list[str] = []
+
+    def grab(c, cursor, statement, params, context, executemany):
+        if "FORCE INDEX" in statement:
+            sent.append(cursor.mogrify(statement, params))
+    sa.event.listen(engine, "before_cursor_execute", grab)
+    try:
+        run()
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", grab)
+    assert sent
+    return {r["key"] for stmt in sent for r in conn.exec_driver_sql("EXPLAIN " + stmt.replace("%", "%%")).mappings()
+            if r["table"] == "job_queue"}
+
+
+def _old_failures(conn, failed: int, done: int) -> None:
+    """`failed` failed jobs at the bottom of the ids (a third of them 'upstream said 503'), `done`
+    newer done jobs above them, and a few of each live status and cancelled on top; two queues
+    and two tasks throughout."""
+    cols = ("INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
+            "max_attempts, last_error, created_at, updated_at) ")
+    now = "UTC_TIMESTAMP(6)"
+    conn.exec_driver_sql(cols + f"SELECT CONCAT('old:', seq), IF(MOD(seq, 2), 'a', 'b'), IF(MOD(seq, 3), 'q1', 'q2'), "
+                         f"0, '{{}}', 'failed', {now}, 5, 5, IF(MOD(seq, 3), 'TimeoutError', 'RuntimeError: upstream "
+                         f"said 503'), {now}, {now} FROM seq_1_to_{failed}")
+    conn.exec_driver_sql(cols + f"SELECT CONCAT('new:', seq), IF(MOD(seq, 2), 'a', 'b'), IF(MOD(seq, 3), 'q1', 'q2'), "
+                         f"0, '{{}}', 'done', {now}, 1, 5, NULL, {now}, {now} FROM seq_1_to_{done}")
+    conn.exec_driver_sql(cols + f"SELECT CONCAT('live:', seq), IF(MOD(seq, 2), 'a', 'b'), IF(MOD(seq, 3), 'q1', 'q2'), "
+                         f"0, '{{\"note\": \"said 503\"}}', ELT(1 + MOD(seq, 4), 'ready', 'scheduled', 'running', "
+                         f"'cancelled'), {now}, 0, 5, NULL, {now}, {now} FROM seq_1_to_400")
+    conn.exec_driver_sql("ANALYZE TABLE job_queue")
+    conn.commit()
+
+
+def _accesses(engine, conn, run) -> list[tuple[str, list[tuple[str, str | None, str, int]]]]:
+    """Every SELECT on job_queue that `run` sent but the one reading the page's rows by their ids,
+    with the (table, key, access type, rows) of each of its table reads."""
+    sent: list[str] = []
+
+    def grab(c, cursor, statement, params, context, executemany):
+        if statement.lstrip().upper().startswith("SELECT") and "job_queue" in statement and \
+                "WHERE job_queue.id IN (" not in statement:
+            sent.append(cursor.mogrify(statement, params))
+    sa.event.listen(engine, "before_cursor_execute", grab)
+    try:
+        run()
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", grab)
+    return [(s, [(r["table"], r["key"], r["type"], int(r["rows"] or 0))
+                 for r in conn.exec_driver_sql("EXPLAIN " + s.replace("%", "%%")).mappings()]) for s in sent]
+
+
+SEARCH_FILTERS = [{}, {"queue": "q2"}, {"task": "b"}, {"key_prefix": "old:1"}, {"queue": "q2", "task": "b"}]
+
+
+@pytest.mark.parametrize("status", list(Status))
+def test_a_search_inside_a_status_reads_its_window_never_the_rows_around_it(mysql_engine, status):
+    """`/jobs?status=failed&q=said 503` walked the primary key backwards over every newer row (1.2-2.4 s
+    at 1,000,000 rows): the planner expects the matches spread evenly over the ids. The window is
+    read through the status's index (or the prefix's, or the task's), and its rows by id one by
+    one, or as one id range where they are dense (at least 1 row in SPARSE_WINDOW: the newest done
+    jobs); never the rows outside it. At this size the planner walks the primary key once the
+    count's cap is small (here 100; the dashboard's 10,000 at 1,000,000 rows). Every filter the
+    search can take beside a status, and the pages against a plain scan."""
+    with mysql_engine.connect() as conn:
+        _old_failures(conn, 3_000, 60_000)
+        like = ("(payload LIKE '%%said 503%%' OR last_error LIKE '%%said 503%%' OR task_key LIKE '%%said 503%%')")
+        walked = conn.exec_driver_sql(f"EXPLAIN SELECT id FROM job_queue WHERE status = 'failed' AND {like} "
+                                      "ORDER BY id DESC LIMIT 101").mappings().one()
+        assert walked["key"] == "PRIMARY"       # what the search sent before
+        for extra in SEARCH_FILTERS:
+            f = JobFilter(status=status, search="said 503", **extra)
+            where = " AND ".join([f"status = '{status.value}'"] + [
+                f"{k} = '{v}'" for k, v in (("queue", extra.get("queue")), ("task_name", extra.get("task"))) if v]
+                + ([f"task_key LIKE '{extra['key_prefix']}%%'"] if "key_prefix" in extra else []))
+            window = min(conn.exec_driver_sql(f"SELECT COUNT(*) FROM job_queue WHERE {where}").scalar(),
+                         repository.SEARCH_WINDOW)
+            page = None
+
+            def search():
+                nonlocal page
+                page = repository.page_jobs(conn, f, cap=100)
+            plans = _accesses(mysql_engine, conn, search)
+            # The window through its index (the newest done jobs are the newest rows); then the primary
+            # key reads a row by its id, or a range as dense as the window, never a walk.
+            (window_plan,) = [plan for statement, plan in plans if "max(" in statement]
+            assert [key for table, key, _, _ in window_plan if table == "job_queue"] == [repository.search_index(conn, f)]
+            assert all(key != "PRIMARY" or access == "eq_ref" or
+                       access == "range" and rows <= 2 * repository.SPARSE_WINDOW * window
+                       for statement, plan in plans if "max(" not in statement
+                       for table, key, access, rows in plan if table == "job_queue"), (status, extra, window, plans)
+            expected = conn.exec_driver_sql(f"SELECT id FROM job_queue WHERE {where} AND {like} ORDER BY id DESC"
+                                            ).scalars().all()
+            assert [j.id for j in page.jobs] == expected[:50], (status, extra)
+            assert (page.matches, page.capped) == (min(len(expected), 100), len(expected) > 100), (status, extra)

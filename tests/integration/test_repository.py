@@ -300,3 +300,40 @@ def test_counts_cache_is_shared_until_its_seconds_pass_or_an_operator_acts(engin
     with engine.connect() as conn:
         add(conn, 1, prefix="t")
         assert fresh.summaries(conn)[0][0].counts["ready"] == 3
+
+
+def test_due_counts_are_read_again_only_after_a_write_to_job_queue(mysql_engine, monkeypatch):
+    """MariaDB: a refresh whose counts are due reads job_queue's UPDATE_TIME (one statement) and
+    counts again only if a write was committed since the last count; a write right after a
+    count, in the same second, is seen at the next refresh all the same."""
+    from webapp.core.repository import stats
+    clock = [1000.0]
+    monkeypatch.setattr(stats.time, "monotonic", lambda: clock[0])
+    cache = repository.CountsCache(2.0)
+    sent: list[str] = []
+
+    def grab(c, cursor, statement, params, context, executemany):
+        sent.append(statement)
+
+    def ready() -> tuple[int, list[str]]:
+        sent.clear()
+        clock[0] += 31                         # live and history counts both due
+        (q,), _ = cache.summaries(conn)
+        return q.counts["ready"], [s for s in sent if "FROM job_queue" in s]
+
+    with mysql_engine.connect() as conn:
+        add(conn, 2)
+        time.sleep(1.1)                        # UPDATE_TIME is kept to the second
+        sa.event.listen(mysql_engine, "before_cursor_execute", grab)
+        try:
+            n, counted = ready()
+            assert n == 2 and counted
+            n, counted = ready()
+            assert n == 2 and counted == []    # nothing written: the stamp alone
+            add(conn, 1, prefix="r")           # in the second of the last count, or after it
+            n, counted = ready()
+            assert n == 3 and counted
+            add(conn, 1, prefix="s")           # straight after a count
+            assert ready()[0] == 4
+        finally:
+            sa.event.remove(mysql_engine, "before_cursor_execute", grab)

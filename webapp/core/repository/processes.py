@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection
 
 from ..db import db_now, require_primary, transaction
 from ..schema import worker_process, worker_stats
-from .common import database_now, upsert
+from .common import as_datetime, database_now, upsert
 
 wp = worker_process.c
 
@@ -80,12 +80,15 @@ def list_processes(conn: Connection, *, limit: int = 200) -> tuple[list[dict[str
     """Worker processes, most recently heard from first (each with its `state` decoded: {"state",
     "detail", "slots": [...]}), and the database's now."""
     def read(c: Connection):
-        rows = c.execute(sa.select(worker_process).order_by(wp.last_heartbeat.desc()).limit(limit)).all()
+        # The database's now in the same statement: one round trip, not two, on every refresh.
+        rows = c.execute(sa.select(worker_process, db_now().label("database_now"))
+                         .order_by(wp.last_heartbeat.desc()).limit(limit)).all()
         out = []
         for r in rows:
             p = dict(r._mapping)
+            del p["database_now"]
             p["state"] = json.loads(p["state"]) if p.get("state") else {}
             p["slots"] = p["state"].get("slots", [])
             out.append(p)
-        return out, database_now(c)
+        return out, as_datetime(rows[0].database_now) if rows else database_now(c)
     return transaction(conn, read, what="list_processes")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 from ..db import transaction
 from ..models import Job, Status
 from ..schema import job_attempt, job_queue, job_result
-from .common import database_now as _now, jq, job_from_row
+from .common import database_now as _now, jq, job_from_row, through_index
 from .operator import SEARCH_WINDOW, JobFilter
 
 
@@ -126,30 +126,81 @@ def count_matching(conn: Connection, job_filter: JobFilter, *, statuses: Sequenc
         if below is not None:
             where.append(jq.id < below)
         if job_filter.search and job_filter.min_id is None:
-            floor, _ = _window(c, job_filter.where(search=False), None, "older", SEARCH_WINDOW)
+            floor, *_ = _window(c, _window_ids(c, job_filter, None, "older", SEARCH_WINDOW), "older", SEARCH_WINDOW)
             if floor is not None:
                 where.append(jq.id >= floor)
         return _count(c, where, cap)
     return transaction(conn, read, what="count_jobs")
 
 
-def _window(c: Connection, base: list[Any], start: int | None, direction: str, size: int) -> tuple[int | None, int]:
-    """The far end of the next `size` rows matching `base` from `start` going `direction`: (the
-    id there or None when fewer rows remain, how many rows). An index-only read of ids."""
-    ids = sa.select(jq.id).where(*base)
+def _window_ids(c: Connection, job_filter: JobFilter, start: int | None, direction: str, size: int) -> sa.Select:
+    """The ids of a search's window: the next `size` rows matching the filter but for its search,
+    from `start` going `direction`, read through search_index (index-only but for a key prefix
+    beside a status)."""
+    index = search_index(c, job_filter)
+    if index == "ix_ready_pick" and job_filter.task:
+        # The task's entries as well (ix_task: task_name, id), joined by id: both index-only,
+        # where checking the task row by row read every row of the status (7 s for failed
+        # jobs at 1,000,000 rows, against 0.2 s).
+        by_task = job_queue.alias("by_task")
+        ids = (sa.select(jq.id).select_from(job_queue.join(by_task, by_task.c.id == jq.id))
+               .where(*replace(job_filter, task=None).where(search=False), by_task.c.task_name == job_filter.task))
+        ids = through_index(c, ids, index)
+        if c.dialect.name in ("mysql", "mariadb"):
+            ids = ids.with_hint(by_task, "FORCE INDEX (ix_task)", c.dialect.name).prefix_with("STRAIGHT_JOIN",
+                                                                                             dialect=c.dialect.name)
+    else:
+        ids = through_index(c, sa.select(jq.id).where(*job_filter.where(search=False)), index)
     if direction == "older":
         ids = ids.where(jq.id < start) if start is not None else ids
-        ids = ids.order_by(jq.id.desc())
-        far = sa.func.min
-    else:
-        ids = ids.where(jq.id > start).order_by(jq.id.asc())
-        far = sa.func.max
-    sub = ids.limit(size).subquery()
-    end, n = c.execute(sa.select(far(sub.c.id), sa.func.count()).select_from(sub)).one()
-    return (end if n >= size else None), n
+        return ids.order_by(jq.id.desc()).limit(size)
+    return ids.where(jq.id > start).order_by(jq.id.asc()).limit(size)
+
+
+def _window(c: Connection, ids: sa.Select, direction: str, size: int) -> tuple[int | None, int, int, int]:
+    """For a window's ids (_window_ids): (its far end when it holds `size` rows, None when fewer:
+    it reached the last row; its lowest id; its highest; how many rows it holds)."""
+    sub = ids.subquery()
+    low, high, n = c.execute(sa.select(sa.func.min(sub.c.id), sa.func.max(sub.c.id), sa.func.count())
+                             .select_from(sub)).one()
+    far = (low if direction == "older" else high) if n >= size else None
+    return far, low or 0, high or 0, n
 
 
 LIVE_STATUSES = (Status.SCHEDULED, Status.READY, Status.RUNNING)
+SPARSE_WINDOW = 8     # a window spanning more ids than 8 per row of it reads its rows one by one
+
+
+SMALL_STATUS = 20_000  # a terminal status this small is read before a key prefix (a capped count says)
+
+
+def search_index(c: Connection, job_filter: JobFilter) -> str:
+    """The index a search's window (the newest SEARCH_WINDOW rows matching the other filters) is
+    read through.
+
+    The planner chose by a guess that went wrong both ways at 1,000,000 rows: for a status it
+    read the window through ix_due, then matched its rows by walking the primary key backwards
+    over the whole id range the window spans (status=failed, 1 row in 19: 1.2-2.4 s), or sorted
+    every `done` entry to find the newest 50,000 (1 s). A status's own entries (ix_ready_pick:
+    status, queue, ...) hold only its rows, a task's (ix_task) only the task's, in id order, a
+    key prefix's (uk_task_key) only the prefix's. `done` is the bulk of a table (kept 7 days
+    against 30 for failures), so its window is the newest rows by primary key. A status and a
+    key prefix: no index holds both, so the smaller side is read and the other checked row by
+    row: a live status (small by design), or failed / cancelled when a capped count finds fewer
+    than SMALL_STATUS; the prefix otherwise. The rows of a sparse window are then read by id
+    (page_jobs: SPARSE_WINDOW), not by walking the ids between them; a dense one as its id range."""
+    status = Status(job_filter.status) if job_filter.status is not None else None
+    if status in LIVE_STATUSES:
+        return "ix_ready_pick"
+    if status in (Status.FAILED, Status.CANCELLED):
+        own = [jq.status == status.value] + ([jq.queue == job_filter.queue] if job_filter.queue else [])
+        if not job_filter.key_prefix or not _count(c, own, SMALL_STATUS)[1]:
+            return "ix_ready_pick"
+    if job_filter.key_prefix:
+        return "uk_task_key"
+    if job_filter.task:
+        return "ix_task"
+    return "PRIMARY"
 
 
 def pinned_index(job_filter: JobFilter) -> str | None:
@@ -162,12 +213,52 @@ def pinned_index(job_filter: JobFilter) -> str | None:
     issue 17). Their own index reads only the matches: uk_task_key (task_key, id) for a prefix,
     however old; ix_ready_pick (status, queue, priority, id) for a live status, a set the queue
     keeps small. A terminal status (done, failed, cancelled) is dense enough for the walk, and
-    its set is not small: no hint. MySQL 8.0 takes the same FORCE INDEX."""
+    its set is not small: no hint. A status alone or with a queue does not come here: it reads
+    each (queue, priority) group's first rows (_status_page_ids). MySQL 8.0 takes the same
+    FORCE INDEX."""
     if job_filter.key_prefix:
         return "uk_task_key"
     if job_filter.status is not None and Status(job_filter.status) in LIVE_STATUSES:
         return "ix_ready_pick"
     return None
+
+
+MERGED_GROUPS = 64   # (queue, priority) groups of a status merged at most; more: the page as before
+
+
+def _status_page_ids(c: Connection, job_filter: JobFilter, bound: list[Any], descending: bool, n: int
+                     ) -> list[int] | None:
+    """The first `n` ids (newest first when `descending`) of a status, or of a status and queue,
+    beyond `bound`: each (queue, priority) group's first `n` in ix_ready_pick (status, queue,
+    priority, id), merged. None where this does not apply (other filters, other servers, more
+    than MERGED_GROUPS groups).
+
+    ix_ready_pick holds a status's ids in order only within each (queue, priority), so reading
+    the status through it sorted every entry (40,000 for ready, and every failed job, growing
+    with the table), and the planner's other way, walking the primary key, read every newer row
+    of other statuses: the first page of status=failed read 100,000 rows once a burst of done
+    jobs sat above the last failure. Each group's first `n` is an index range read backwards (or
+    forwards) that stops after `n`: the page costs groups x n entries, at any depth, for any
+    status. The groups come from a loose index scan of the same index."""
+    if (job_filter.status is None or job_filter.task or job_filter.key_prefix or job_filter.min_id is not None
+            or job_filter.search or c.dialect.name not in ("mysql", "mariadb")):
+        return None
+    status = jq.status == Status(job_filter.status).value
+    own = [status] + ([jq.queue == job_filter.queue] if job_filter.queue else [])
+    # Grouped by status too: without it the planner reads every entry of the status instead of
+    # jumping from group to group (0.65 s for done at 1,000,000 rows).
+    groups = c.execute(sa.select(jq.queue, jq.priority).where(*own).group_by(jq.status, jq.queue, jq.priority)
+                       .limit(MERGED_GROUPS + 1)).all()
+    if len(groups) > MERGED_GROUPS:
+        return None
+    if not groups:
+        return []
+    order = jq.id.desc() if descending else jq.id.asc()
+    parts = [through_index(c, sa.select(jq.id).where(status, jq.queue == queue, jq.priority == priority, *bound)
+                           .order_by(order).limit(n), "ix_ready_pick") for queue, priority in groups]
+    merged = sa.union_all(*parts).subquery()
+    return c.execute(sa.select(merged.c.id).order_by(merged.c.id.desc() if descending else merged.c.id.asc())
+                     .limit(n)).scalars().all()
 
 
 def page_jobs(conn: Connection, job_filter: JobFilter | None = None, *, before: int | None = None,
@@ -176,7 +267,7 @@ def page_jobs(conn: Connection, job_filter: JobFilter | None = None, *, before: 
     """A keyset page of jobs matching `job_filter`, newest first: below `before` (older pages) or
     above `after` (newer pages), never OFFSET. A search (`job_filter.search`) reads at most
     `window` rows matching the other filters, starting where the page starts. A deep page costs
-    what the first does, also for a prefix and a live status (see pinned_index)."""
+    what the first does, also for a prefix and a status (see _status_page_ids, pinned_index)."""
     job_filter = job_filter or JobFilter()
     if before is not None and after is not None:
         raise ValueError("give before or after, not both")
@@ -193,15 +284,31 @@ def page_jobs(conn: Connection, job_filter: JobFilter | None = None, *, before: 
         if job_filter.search:
             # One scan of the window: the ids of every match (up to the cap) give the count and
             # the page, whose rows are then read by primary key.
-            floor, _ = _window(c, base, start, direction, window)
-            if floor is not None:
-                where.append(jq.id >= floor if direction == "older" else jq.id <= floor)
-            where.append(job_filter.search_clause())
-            ids = c.execute(sa.select(jq.id).where(*where).order_by(order).limit(cap + 1)).scalars().all()
+            window_ids = _window_ids(c, job_filter, start, direction, window)
+            floor, low, high, n = _window(c, window_ids, direction, window)
+            if not n:
+                stmt = None
+            elif high - low + 1 > SPARSE_WINDOW * n:
+                # The window's own rows, one by one in id order (see search_index).
+                inner = window_ids.subquery()
+                stmt = (sa.select(jq.id).select_from(inner.join(job_queue, jq.id == inner.c.id))
+                        .where(job_filter.search_clause()))
+                for dialect in ("mysql", "mariadb"):
+                    stmt = stmt.prefix_with("STRAIGHT_JOIN", dialect=dialect)
+            else:
+                # Dense: the id range of the window, read in order (a page of the table holds
+                # several of its rows).
+                stmt = through_index(c, sa.select(jq.id).where(*base, jq.id.between(low, high), job_filter.search_clause()),
+                               "PRIMARY")
+            ids = c.execute(stmt.order_by(order).limit(cap + 1)).scalars().all() if stmt is not None else []
             matches, capped = min(len(ids), cap), len(ids) > cap
             wanted = ids[:limit + 1]
             rows = [job_from_row(r) for r in c.execute(sa.select(job_queue).where(jq.id.in_(wanted)).order_by(order)
                                                        ).all()] if wanted else []
+        elif (ids := _status_page_ids(c, job_filter, where[len(base):], direction == "older", limit + 1)) is not None:
+            rows = [job_from_row(r) for r in c.execute(sa.select(job_queue).where(jq.id.in_(ids)).order_by(order)
+                                                       ).all()] if ids else []
+            matches, capped = _count(c, base, cap)
         elif (pinned := pinned_index(job_filter)) and c.dialect.name in ("mysql", "mariadb"):
             # The page's ids from the filter's own index (index-only for a prefix, or a live
             # status and queue), then their rows by primary key.
