@@ -205,7 +205,6 @@ def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: 
     line prints {"line", "error", "field"} instead, and nothing of its batch is written (its other
     jobs print {"line", "task_key", "error"}); the other batches still go in. Exit 2 if any line
     was refused."""
-    import gc
     import queue
     import threading
     from json.encoder import encode_basestring_ascii as json_string   # json.dumps of a str, minus its overhead
