@@ -108,3 +108,38 @@ def test_burst_workers_and_sqlite_have_no_doorbell(tmp_path):
     finally:
         engine.dispose()
     assert "noop" in TASKS.names()
+
+
+def test_a_sleeper_of_another_database_on_the_same_server_is_not_rung(queue_engine, mysql_url):
+    """Two installs on one server (their own databases): an enqueue in one must not end the
+    idle SLEEPs of the other's workers (it would wake them for nothing, every time)."""
+    import threading
+
+    other_name = f"jqt_{uuid.uuid4().hex[:16]}"
+    server = mysql_url.rsplit("/", 1)[0]
+    admin = sa.create_engine(server + "/")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE `{other_name}`")
+    other = create_engine(f"{server}/{other_name}")
+    queue = f"bell{uuid.uuid4().hex[:8]}"
+    woken: list[bool] = []
+    try:
+        def sleep_there() -> None:
+            with other.connect() as conn:
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                woken.append(bell.wait_for_ring(conn, 5, [queue]))
+
+        sleeper = threading.Thread(target=sleep_there)
+        sleeper.start()
+        with other.connect() as conn:
+            wait_until(lambda: [s for s in bell.sleepers(conn) if queue in s.queues], timeout=10,
+                       message="the other database's sleeper")
+        # From this database: not a sleeper of ours.
+        assert _sleeper_for(queue_engine, queue) == []
+        sleeper.join(10)
+        assert woken == [False]
+    finally:
+        other.dispose()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{other_name}`")
+        admin.dispose()

@@ -35,9 +35,10 @@ ER_NO_SUCH_THREAD = 1094
 _QUEUES = re.compile(r"queues=([A-Za-z0-9_.,\-*]*)")
 
 # Our own statement's text must not match the pattern: it starts with "SELECT ID", not "SELECT SLEEP".
+# Only this database's sleepers: another install on the same server has workers of its own.
 _SLEEPERS = sa.text(
     "SELECT ID, INFO FROM information_schema.PROCESSLIST "
-    f"WHERE INFO LIKE 'SELECT SLEEP(%) /* {MARKER} %' AND ID <> CONNECTION_ID()")
+    f"WHERE INFO LIKE 'SELECT SLEEP(%) /* {MARKER} %' AND ID <> CONNECTION_ID() AND DB = DATABASE()")
 
 
 @dataclass(frozen=True)
