@@ -245,6 +245,13 @@ def run(rows: int, rounds: int, requests: int, with_pgqueuer: bool = True, with_
     }
 
 
+def scenario(ctx) -> dict[str, Any]:
+    """As a scenario of bench.run (scripts/bench --only enqueue)."""
+    if ctx.quick:
+        return run(5_000, 1, 50, True, True)
+    return run(100_000, 3, 500, True, True)
+
+
 def markdown(res: dict[str, Any]) -> str:
     r, q = res["rows_per_s"], res["ratios"]
     out = [f"{res['rows']:,} rows in batches of {res['batch']:,}, median of {res['rounds']} rounds "

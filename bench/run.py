@@ -30,7 +30,8 @@ from pathlib import Path
 from bench import common
 from bench.common import log
 
-ORDER = ["throughput", "profile", "peers", "claim_cost", "contention", "idle", "dashboard", "memory"]
+ORDER = ["throughput", "profile", "peers", "claim_cost", "contention", "idle", "dashboard", "memory", "startup",
+         "enqueue"]
 
 
 @dataclass
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.time()
             log(f"== {name}")
             try:
-                res = mod.run(ctx)
+                res = getattr(mod, "scenario", mod.run)(ctx)
             except Exception as exc:
                 traceback.print_exc()
                 failed.append(name)

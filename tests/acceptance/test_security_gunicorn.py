@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from testkit.procs import GunicornServer
+from testkit.procs import GunicornServer, wait_until
 from testkit.web import ADMIN_PASSWORD, WebClient, server_env
 from webapp.core import repository
 from webapp.core.db import create_engine
@@ -96,8 +96,12 @@ def _the_guesser_is_throttled_not_the_owner(a, b):
     assert [m[0] for m in more] == [429] * 12
     waits = [int(m[1]["retry-after"]) for m in more]
     assert waits == sorted(waits) and waits[0] > 0
-    lines = re.findall(r"event=login_throttled user=alice addr=127\.0\.0\.3 limit=address_user", a.log() + b.log())
-    assert len(lines) == 19, len(lines)
+    # Log lines are written by each process's listener thread, a moment after the request.
+    def throttled_lines() -> list[str]:
+        return re.findall(r"event=login_throttled user=alice addr=127\.0\.0\.3 limit=address_user", a.log() + b.log())
+
+    wait_until(lambda: len(throttled_lines()) >= 19, timeout=5, message="19 login_throttled lines")
+    assert len(throttled_lines()) == 19
     throttled = 0.0
     for server in servers:
         viewer = WebClient(server.base, source="127.0.0.5")

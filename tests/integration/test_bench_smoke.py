@@ -60,3 +60,9 @@ def test_the_enqueue_bench_runs_every_part_small(mysql_url):
     assert res["http_single_enqueue"]["requests"] == 5 and res["http_single_enqueue"]["p95_ms"] > 0
     assert set(res["validation_us_per_job"]) == {"no payload", "small payload"}
     assert "| `repository.enqueue_many` |" in enqueue_bench.markdown(res)
+    # The report's section and targets render from it (what scripts/bench --only enqueue writes).
+    from bench.report import _enqueue
+
+    targets: list = []
+    assert "hand-written PyMySQL" in _enqueue(res, targets)
+    assert any(name.startswith("9. validation") for name, _, _ in targets)
