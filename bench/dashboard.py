@@ -398,6 +398,7 @@ def scale_pages(t: dict[str, Any]) -> dict[str, str]:
         "jobs queue=mail": "/jobs?queue=mail",
         "jobs queue=mail status=ready": "/jobs?queue=mail&status=ready",
         "jobs task=export_orders": "/jobs?task=export_orders",
+        "jobs queue=mail task=export_orders (a pair that never goes together)": "/jobs?queue=mail&task=export_orders",
         f"jobs key=<week-old hour> ({t['hour_prefix']})": f"/jobs?key={t['hour_prefix']}",
         f"jobs key=<week-old day> ({t['day_prefix']})": f"/jobs?key={t['day_prefix']}",
         "jobs key=<week-old hour>, last page": f"/jobs?key={t['hour_prefix']}&before={t['hour_last']}",

@@ -46,7 +46,7 @@ def test_upgrade_from_0003_keeps_the_jobs_and_adds_cancelled(empty_url):
                     "'2026-12-01 00:00:00', 0, 5, '2026-12-01 00:00:00', '2026-12-01 00:00:00')"),
                     {"k": f"old-{i}", "s": status})
             conn.commit()
-        assert migrate.init_db(engine) == ("0003", "0005")
+        assert migrate.init_db(engine) == ("0003", migrate.head_revision())
         with engine.connect() as conn:
             jobs = {j.task_key: j for j in repository.list_jobs(conn)}
             assert {k: j.status.value for k, j in jobs.items()} == {

@@ -57,6 +57,9 @@ job_queue = sa.Table(
     sa.Index("ix_ready_pick", "status", "queue", "priority", "id"),
     sa.Index("ix_due", "status", "run_at", "queue"),
     sa.Index("ix_task", "task_name", "id"),
+    # A queue and a task together (/jobs?queue=mail&task=export_orders): without it a pair that
+    # never goes together read every entry of the task and its row (see pinned_index).
+    sa.Index("ix_queue_task", "queue", "task_name", "id"),
     sa.Index("ix_concurrency", "concurrency_key", "status"),
 )
 
