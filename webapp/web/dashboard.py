@@ -276,6 +276,7 @@ def jobs():
                "before": query.before, "after": query.after, "next_before": page.older, "queues": queues,
                "tasks": tasks, "statuses": [s.value for s in Status], "now": now,
                "live": any(moving(j) for j in page.jobs), "search_window": repository.SEARCH_WINDOW,
+               "sparse_search_window": repository.SPARSE_SEARCH_WINDOW,
                "bulk_window": bulk_window(query, page)}
     if is_htmx() and request.headers.get("HX-Target") == "jobs-table":
         return render_template("jobqueue/dashboard/_jobs_table.html", **context)

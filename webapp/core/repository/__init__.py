@@ -65,10 +65,10 @@ from .explain import explain
 from .locks import LockReport, RowLock, Transaction, latest_deadlock, lock_counters, lock_report, row_lock
 from .enqueue import ServerRefusedRows, Validated, validate_job, validate_jobs
 from .maintenance import PROMOTE_BATCH, REAP_BATCH, ReapResult, Reclaimed, prune_history
-from .operator import BULK_ELIGIBLE, SEARCH_WINDOW, ActionResult, BulkResult, JobFilter, list_audit
+from .operator import BULK_ELIGIBLE, SEARCH_WINDOW, SPARSE_SEARCH_WINDOW, ActionResult, BulkResult, JobFilter, list_audit
 from .processes import heartbeat, list_processes, mark_stopped, register_process
 from .queues import QueueState, queue_states
-from .reads import COUNT_CAP, SPARSE_WINDOW, JobPage, search_index, count_matching, database_now, distinct_values, get_job, get_job_by_key, \
+from .reads import COUNT_CAP, SPARSE_WINDOW, JobPage, search_index, search_window, count_matching, database_now, distinct_values, get_job, get_job_by_key, \
     get_result, jobs_by_id, list_attempts, list_jobs, page_jobs, running_jobs
 from .recurring import DueRuns, get_recurring, list_recurring
 from .replicas import ReplicaLag, replica_lag
@@ -467,7 +467,7 @@ __all__ = [
     "ActionResult", "BULK_ELIGIBLE", "BulkResult", "COUNT_CAP", "CountsCache", "DueRuns", "JobFilter", "JobPage",
     "LockReport", "LoginGate", "RowLock", "Transaction", "explain", "kill_connection", "latest_deadlock",
     "lock_counters", "lock_report", "row_lock", "PRUNE_BATCH", "PruneCounts", "QueueState", "QueueSummary", "ReapResult", "Reclaimed",
-    "ReplicaLag", "SEARCH_WINDOW", "SPARSE_WINDOW", "search_index", "ServerRefusedRows", "SessionState", "ThrottleKey", "ThrottleRule", "activity", "bulk_action",
+    "ReplicaLag", "SEARCH_WINDOW", "SPARSE_SEARCH_WINDOW", "SPARSE_WINDOW", "search_index", "search_window", "ServerRefusedRows", "SessionState", "ThrottleKey", "ThrottleRule", "activity", "bulk_action",
     "cancel_job", "claim", "claim_cycle", "classify_empty", "classify_row", "classify_statement", "complete",
     "complete_many", "complete_with", "count_by_status", "count_matching", "database_now", "distinct_values",
     "end_session", "end_sessions", "enqueue", "enqueue_due_recurring", "enqueue_many", "ensure_keys",

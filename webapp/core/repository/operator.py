@@ -138,6 +138,7 @@ def cancel_job(conn: Connection, job_id: int, reason: str | None = None, *, acto
 # --- bulk ----------------------------------------------------------------------------------------
 
 SEARCH_WINDOW = 50_000      # rows a search reads at most: the newest matching the other filters
+SPARSE_SEARCH_WINDOW = 10_000   # ... when they are read by id one by one (reads.search_window)
 
 
 class searchable(sa.sql.expression.ColumnElement):
@@ -178,7 +179,8 @@ class JobFilter:
     """The dashboard's job filters; every field optional. `key_prefix` matches task_key prefixes
     (an index range on uk_task_key, never a scan). `search` is a substring of the payload, the
     last error or the task_key: no index serves it, so a search never reads more than
-    SEARCH_WINDOW rows (see reads.page_jobs), and a bulk action over a search is bounded to the
+    SEARCH_WINDOW rows (SPARSE_SEARCH_WINDOW inside a status, a task or a prefix: see
+    reads.search_window), and a bulk action over a search is bounded to the
     window it was shown, `min_id` and up."""
 
     status: Status | None = None
