@@ -119,7 +119,7 @@ PATHS: dict[str, dict[str, Any]] = {
                                         ("key", 80, "task_key prefix"),
                                         ("q", MAX_SEARCH_CHARS, "text in the payload, the last error or the task_key, "
                                                                 "case-blind; reads at most the newest 50,000 jobs "
-                                                                "matching the other filters (10,000 inside a status, "
+                                                                "matching the other filters (5,000 inside a status, "
                                                                 "a task or a key prefix)"))),
             {"name": "before", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_ID}},
             {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT}},

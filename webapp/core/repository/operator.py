@@ -138,7 +138,7 @@ def cancel_job(conn: Connection, job_id: int, reason: str | None = None, *, acto
 # --- bulk ----------------------------------------------------------------------------------------
 
 SEARCH_WINDOW = 50_000      # rows a search reads at most: the newest matching the other filters
-SPARSE_SEARCH_WINDOW = 10_000   # ... when they are read by id one by one (reads.search_window)
+SPARSE_SEARCH_WINDOW = 5_000   # ... when they are read by id one by one (reads.search_window)
 
 
 class searchable(sa.sql.expression.ColumnElement):

@@ -169,7 +169,8 @@ def search_window(index: str) -> int:
     range of the primary key (80 ms for 50,000 at 1,000,000 rows); SPARSE_SEARCH_WINDOW where it
     is read through a status's, a task's or a prefix's own index, its rows then read by id, each
     a random read once the table outgrows the buffer pool (14 us a row at 1,000,000 rows: 0.6 s
-    for 50,000 failed jobs)."""
+    for 50,000 failed jobs). At 5,000,000 rows a search in the failed jobs took 111-130 ms for
+    10,000 of them, 65-72 ms for 5,000."""
     return SEARCH_WINDOW if index == "PRIMARY" else SPARSE_SEARCH_WINDOW
 
 
