@@ -1,0 +1,92 @@
+"""Before and after: the worker of another commit against this checkout's, same run, alternating.
+
+    python -m bench.ab --ref 382a9cc --jobs 5000 --rounds 3 --configs 1x1,1x4,1x32,2x32
+
+For each round and configuration (PROCESSESxTHREADS) each side gets a fresh database made by its
+own code (its schema, its enqueue_many), N no-op jobs, then `jobqueue worker --burst` at the
+default log level, run from that side's tree (the order of the sides alternates every round).
+jobs/s: done jobs / (MAX(finished_at) - MIN(started_at)), the jobs' own timestamps, as in
+bench/throughput.py; "whole process": jobs / (first spawn .. last exit). The other commit is
+checked out into a temporary git worktree and removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import REPO
+
+JOBQUEUE = Path(sys.executable).with_name("jobqueue")
+
+
+def _py(tree: Path, code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def run_side(tree: Path, jobs: int, procs: int, threads: int) -> tuple[float, float]:
+    """(jobs/s in the jobs' own window, jobs/s of the whole processes) for one run."""
+    url = _py(tree, f"from bench import common; u = common.create_mysql_db('ab'); common.enqueue_noops(u, {jobs}); print(u)")
+    try:
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        cmd = [str(JOBQUEUE), "--database-url", url, "worker", "--concurrency", str(threads), "--burst",
+               "--tasks", "bench.gate_tasks"]
+        t0 = time.perf_counter()
+        children = [subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    for _ in range(procs)]
+        if any(c.wait() for c in children):
+            raise RuntimeError(f"a worker of {tree} exited with an error")
+        wall = time.perf_counter() - t0
+        done, us = map(int, _py(tree, (
+            "import sqlalchemy as sa; c = sa.create_engine(%r).connect(); print(*c.exec_driver_sql(\"SELECT COUNT(*), "
+            "TIMESTAMPDIFF(MICROSECOND, MIN(started_at), MAX(finished_at)) FROM job_queue WHERE status = 'done'\").one())"
+        ) % url).split())
+        if done != jobs:
+            raise RuntimeError(f"{tree}: {done} of {jobs} jobs done")
+        return done / (us / 1e6), jobs / wall
+    finally:
+        _py(tree, f"from bench import common; common.drop_mysql_db({url!r})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ref", required=True, help="the other commit (before)")
+    p.add_argument("--jobs", type=int, default=5000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--configs", default="1x1,1x4,1x32,2x32", help="PROCESSESxTHREADS, comma-separated")
+    a = p.parse_args(argv)
+    configs = [tuple(int(x) for x in c.split("x")) for c in a.configs.split(",")]
+    before = Path(tempfile.mkdtemp(prefix="jobqueue-ab-")) / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(before), a.ref], cwd=REPO, check=True)
+    sides = {"before": before, "after": REPO}
+    results: dict[tuple[int, int, str], list[tuple[float, float]]] = {}
+    try:
+        for r in range(a.rounds):
+            for procs, threads in configs:
+                for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):
+                    results.setdefault((procs, threads, side), []).append(run_side(sides[side], a.jobs, procs, threads))
+            print(f"round {r + 1} of {a.rounds} done", file=sys.stderr, flush=True)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=REPO, check=False)
+        shutil.rmtree(before.parent, ignore_errors=True)
+    print(f"{a.jobs:,} no-op jobs, {a.rounds} rounds alternating, before = {a.ref}, after = this checkout")
+    print("| configuration | before jobs/s | after jobs/s | ratio | before, whole process | after, whole process | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for procs, threads in configs:
+        b, n = results[(procs, threads, "before")], results[(procs, threads, "after")]
+        med = [statistics.median(x[i] for x in side) for side in (b, n) for i in (0, 1)]
+        print(f"| {procs} x {threads} | {med[0]:,.0f} | {med[2]:,.0f} | {med[2] / med[0]:.2f}x | {med[1]:,.0f} | "
+              f"{med[3]:,.0f} | {med[3] / med[1]:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
