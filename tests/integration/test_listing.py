@@ -200,19 +200,29 @@ def _history(conn, n: int, old_keys: int, scheduled: int) -> None:
     conn.commit()
 
 
-def _plans(engine, conn, run) -> list[tuple[str, str]]:
-    """(key EXPLAIN chose for the page statement as sent, key it chooses for the statement pages
-    sent before the hint: the whole rows, no hint)."""
+def _sent(engine, run, wanted) -> list[str]:
+    """The statements `run` sent on `engine` that `wanted(statement)` keeps, as the server got them."""
     sent: list[str] = []
 
     def grab(c, cursor, statement, params, context, executemany):
-        if "FORCE INDEX" in statement:
+        if wanted(statement):
             sent.append(cursor.mogrify(statement, params))
     sa.event.listen(engine, "before_cursor_execute", grab)
     try:
         run()
     finally:
         sa.event.remove(engine, "before_cursor_execute", grab)
+    return sent
+
+
+def _hinted(statement: str) -> bool:
+    return "FORCE INDEX" in statement
+
+
+def _plans(engine, conn, run) -> list[tuple[str, str]]:
+    """(key EXPLAIN chose for the page statement as sent, key it chooses for the statement pages
+    sent before the hint: the whole rows, no hint)."""
+    sent = _sent(engine, run, _hinted)
     out = []
     for stmt in sent:
         hinted = conn.exec_driver_sql("EXPLAIN " + stmt.replace("%", "%%")).mappings().one()["key"]
@@ -256,16 +266,7 @@ def test_a_week_old_prefix_and_the_last_page_of_a_live_status_read_their_own_ind
 def _merged_keys(engine, conn, run) -> set[str]:
     """The keys EXPLAIN shows for job_queue in the statements with FORCE INDEX that `run` sent
     (a merge of groups: one row per group)."""
-    sent: list[str] = []
-
-    def grab(c, cursor, statement, params, context, executemany):
-        if "FORCE INDEX" in statement:
-            sent.append(cursor.mogrify(statement, params))
-    sa.event.listen(engine, "before_cursor_execute", grab)
-    try:
-        run()
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", grab)
+    sent = _sent(engine, run, _hinted)
     assert sent
     return {r["key"] for stmt in sent for r in conn.exec_driver_sql("EXPLAIN " + stmt.replace("%", "%%")).mappings()
             if r["table"] == "job_queue"}
@@ -293,17 +294,8 @@ def _old_failures(conn, failed: int, done: int) -> None:
 def _accesses(engine, conn, run) -> list[tuple[str, list[tuple[str, str | None, str, int]]]]:
     """Every SELECT on job_queue that `run` sent but the one reading the page's rows by their ids,
     with the (table, key, access type, rows) of each of its table reads."""
-    sent: list[str] = []
-
-    def grab(c, cursor, statement, params, context, executemany):
-        if statement.lstrip().upper().startswith("SELECT") and "job_queue" in statement and \
-                "WHERE job_queue.id IN (" not in statement:
-            sent.append(cursor.mogrify(statement, params))
-    sa.event.listen(engine, "before_cursor_execute", grab)
-    try:
-        run()
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", grab)
+    sent = _sent(engine, run, lambda statement: statement.lstrip().upper().startswith("SELECT")
+                 and "job_queue" in statement and "WHERE job_queue.id IN (" not in statement)
     return [(s, [(r["table"], r["key"], r["type"], int(r["rows"] or 0))
                  for r in conn.exec_driver_sql("EXPLAIN " + s.replace("%", "%%")).mappings()]) for s in sent]
 

@@ -233,9 +233,9 @@ def pinned_index(job_filter: JobFilter) -> str | None:
     its set is not small: no hint. A queue and a task read their pair's index (ix_queue_task):
     through the task's, a pair that never goes together read every entry of the task and its
     row to check the queue (0.7 s at 1,000,000 rows), and one that always does was the
-    intersection of both indexes whole, sorted. A status alone or with a queue does not come here: it reads
-    each (queue, priority) group's first rows (_status_page_ids). MySQL 8.0 takes the same
-    FORCE INDEX."""
+    intersection of both indexes whole, sorted. A status alone or with a queue does not come
+    here: it reads each (queue, priority) group's first rows (_status_page_ids). MySQL 8.0 takes
+    the same FORCE INDEX."""
     if job_filter.key_prefix:
         return "uk_task_key"
     if job_filter.status is not None and Status(job_filter.status) in LIVE_STATUSES:
@@ -300,8 +300,8 @@ def page_jobs(conn: Connection, job_filter: JobFilter | None = None, *, before: 
     """A keyset page of jobs matching `job_filter`, newest first: below `before` (older pages) or
     above `after` (newer pages), never OFFSET. A search (`job_filter.search`) reads at most
     `window` rows matching the other filters (default: search_window), starting where the page
-    starts. A deep page costs
-    what the first does, also for a prefix and a status (see _status_page_ids, pinned_index)."""
+    starts. A deep page costs what the first does, also for a prefix and a status (see
+    _status_page_ids, pinned_index)."""
     job_filter = job_filter or JobFilter()
     if before is not None and after is not None:
         raise ValueError("give before or after, not both")
