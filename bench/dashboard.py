@@ -635,8 +635,9 @@ def scale(url: str, rows: int, rounds: int, warmups: int, log_dir, polls: int = 
 def write_md(results: list[dict[str, Any]], path, command: str) -> None:
     lines = ["# Dashboard at scale", "",
              f"Written by `{command}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
-             "**The 2 CPUs were shared with other sessions during this run**: read these as upper bounds; "
-             "the lead re-runs them quietly.", "",
+             "The 2 CPUs are shared by MariaDB, gunicorn, the worker and the client: read these as upper "
+             "bounds. The sections after the tables are written by hand (this command replaces the file: "
+             "give `--out` elsewhere to keep them).", "",
              "Shape (issue 17): a week of history over 5 queues (done, 1 in 19 failed), then 40,000 ready, 9,000 "
              "scheduled and 1,000 running jobs of the last hour above it; more rows grow the history only. Pages "
              "over HTTP from gunicorn (2 processes x 4 threads, no embedded workers), signed in, each page "
