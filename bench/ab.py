@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import REPO
+from bench.common import REPO, db_window, drop_mysql_db
 
 JOBQUEUE = Path(sys.executable).with_name("jobqueue")
 
@@ -45,15 +45,12 @@ def run_side(tree: Path, jobs: int, procs: int, threads: int) -> tuple[float, fl
         if any(c.wait() for c in children):
             raise RuntimeError(f"a worker of {tree} exited with an error")
         wall = time.perf_counter() - t0
-        done, us = map(int, _py(tree, (
-            "import sqlalchemy as sa; c = sa.create_engine(%r).connect(); print(*c.exec_driver_sql(\"SELECT COUNT(*), "
-            "TIMESTAMPDIFF(MICROSECOND, MIN(started_at), MAX(finished_at)) FROM job_queue WHERE status = 'done'\").one())"
-        ) % url).split())
-        if done != jobs:
-            raise RuntimeError(f"{tree}: {done} of {jobs} jobs done")
-        return done / (us / 1e6), jobs / wall
+        window = db_window(url)     # the columns it reads are the same on both sides
+        if window.done != jobs:
+            raise RuntimeError(f"{tree}: {window.done} of {jobs} jobs done")
+        return window.jobs_per_s, jobs / wall
     finally:
-        _py(tree, f"from bench import common; common.drop_mysql_db({url!r})")
+        drop_mysql_db(url)
 
 
 def main(argv: list[str] | None = None) -> int:

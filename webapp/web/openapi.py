@@ -11,6 +11,7 @@ from typing import Any
 
 from ..core.models import Status
 from ..core.repository.explain import CODES as EXPLAIN_CODES
+from ..core.repository.operator import SEARCH_WINDOW, SPARSE_SEARCH_WINDOW
 from ..core.validation import (MAX_ATTEMPTS_RANGE, MAX_BATCH_JOBS, MAX_DELAY_SECONDS, MAX_FILTER_CHARS, MAX_LIST_LIMIT,
                                MAX_REASON_CHARS, MAX_SEARCH_CHARS, PRIORITY_RANGE)
 
@@ -118,9 +119,9 @@ PATHS: dict[str, dict[str, Any]] = {
               for name, limit, what in (("queue", MAX_FILTER_CHARS, "queue name"), ("task", MAX_FILTER_CHARS, "task name"),
                                         ("key", 80, "task_key prefix"),
                                         ("q", MAX_SEARCH_CHARS, "text in the payload, the last error or the task_key, "
-                                                                "case-blind; reads at most the newest 50,000 jobs "
-                                                                "matching the other filters (5,000 inside a status, "
-                                                                "a task or a key prefix)"))),
+                                                                f"case-blind; reads at most the newest {SEARCH_WINDOW:,} jobs "
+                                                                f"matching the other filters ({SPARSE_SEARCH_WINDOW:,} inside "
+                                                                "a status, a task or a key prefix)"))),
             {"name": "before", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_ID}},
             {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT}},
         ],
