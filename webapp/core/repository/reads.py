@@ -126,13 +126,21 @@ def count_matching(conn: Connection, job_filter: JobFilter, *, statuses: Sequenc
         if below is not None:
             where.append(jq.id < below)
         if job_filter.search and job_filter.min_id is None:
-            index = search_index(c, job_filter)
-            size = search_window(index)
-            floor, *_ = _window(c, _window_ids(c, job_filter, None, "older", size, index), "older", size)
+            ids, size = _search_window_ids(c, job_filter, None, "older")
+            floor, *_ = _window(c, ids, "older", size)
             if floor is not None:
                 where.append(jq.id >= floor)
         return _count(c, where, cap)
     return transaction(conn, read, what="count_jobs")
+
+
+def _search_window_ids(c: Connection, job_filter: JobFilter, start: int | None, direction: str,
+                       size: int | None = None) -> tuple[sa.Select, int]:
+    """A search's window from `start` going `direction`: its ids (_window_ids, through
+    search_index) and how many rows it holds at most (`size`, default search_window)."""
+    index = search_index(c, job_filter)
+    size = size if size is not None else search_window(index)
+    return _window_ids(c, job_filter, start, direction, size, index), size
 
 
 def _window_ids(c: Connection, job_filter: JobFilter, start: int | None, direction: str, size: int,
@@ -318,9 +326,7 @@ def page_jobs(conn: Connection, job_filter: JobFilter | None = None, *, before: 
         if job_filter.search:
             # One scan of the window: the ids of every match (up to the cap) give the count and
             # the page, whose rows are then read by primary key.
-            index = search_index(c, job_filter)
-            size = window if window is not None else search_window(index)
-            window_ids = _window_ids(c, job_filter, start, direction, size, index)
+            window_ids, size = _search_window_ids(c, job_filter, start, direction, window)
             floor, low, high, n = _window(c, window_ids, direction, size)
             if not n:
                 stmt = None
