@@ -153,7 +153,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("WEB_THREADS", "web_threads", _number(int, 1, 256), 4, "threads in each"),
     Setting("COUNTS_CACHE_SECONDS", "counts_cache_seconds", _number(float, 0, 3600), 2.0,
             "how long a web process reuses its ready / running / scheduled counts for every tab, `/metrics` and "
-            "`/api/stats` (done, failed and cancelled: 15 times as long; 0: count at every request); on MariaDB, "
+            "`/api/stats` (done, failed and cancelled: 15 times as long, recounted on a thread of the web process "
+            "while requests keep the last figures; 0: count at every request); on MariaDB, "
             "counts that are due are not read again while `job_queue` took no write"),
     Setting("ACCESS_LOG", "access_log", _text, None, "gunicorn access log (`-` for standard error)", "none"),
 )

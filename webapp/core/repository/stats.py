@@ -25,9 +25,10 @@ million entries/s, so what a refresh costs is what it counts:
   action in this process forgets it at once (forget_counts), other processes see it within the
   cache's seconds. History that is due is recounted on a thread of its own while requests keep
   the figures they had (at 5,000,000 rows the failed jobs alone are 0.1-0.2 s of counting, which
-  made one overview request in 20 slow when it ran in the request that found it due). Counts that are due are not read again while job_queue took no write
-  (_change_stamp): a dashboard left open on a queue at rest costs one 0.2 ms statement per
-  refresh. The CLI and direct callers of queue_summaries get fresh counts.
+  made one overview request in 20 slow when it ran in the request that found it due). Counts
+  that are due are not read again while job_queue took no write (_change_stamp): a dashboard
+  left open on a queue at rest costs one 0.2 ms statement per refresh. The CLI and direct
+  callers of queue_summaries get fresh counts.
 - Measured and left: counting at READ UNCOMMITTED halves the live count with a worker running
   (no visibility check of the entries it just wrote: pages read 3,000-5,000 -> 101), but a job
   changing state during the count could be counted twice or not at all: not exact.
@@ -51,12 +52,13 @@ from ..models import Status
 from ..schema import STAT_COLUMNS, audit_log, worker_stats
 from .common import as_datetime, database_now, jq, through_index
 
+log = logging.getLogger(__name__)
+
 LIVE = (Status.SCHEDULED, Status.READY, Status.RUNNING)
 HISTORY = (Status.DONE, Status.FAILED, Status.CANCELLED)
 LIVE_CAP = 100_000
 FAILED_CAP = 100_000
 HISTORY_CAP = 10_000
-log = logging.getLogger(__name__)
 CAPS = {**{s.value: LIVE_CAP for s in LIVE}, Status.FAILED.value: FAILED_CAP,
         Status.DONE.value: HISTORY_CAP, Status.CANCELLED.value: HISTORY_CAP}
 
@@ -229,9 +231,9 @@ class CountsCache:
 
         def recount() -> None:
             try:
-                with engine.connect() as c:
-                    history = transaction(c, lambda c: _read_history(c, time.monotonic(), previous, _change_stamp(c)[0]),
-                                          what="history_counts")
+                with engine.connect() as conn:
+                    history = transaction(conn, lambda c: _read_history(c, time.monotonic(), previous,
+                                                                        _change_stamp(c)[0]), what="history_counts")
             except Exception:
                 log.warning("counting finished jobs failed; the dashboard keeps the last figures", exc_info=True)
                 return
