@@ -266,6 +266,29 @@ def test_count_by_status(engine):
                                                     ("mail", "ready", 1)]
 
 
+def test_every_queue_with_ready_jobs_has_its_oldest_ready_job(engine):
+    """The oldest ready job per queue was read from the oldest `oldest_window` ready jobs of all
+    queues: a queue whose jobs were all newer than another queue's backlog had none, and
+    /metrics reported its oldest ready age as 0, so an alert on a stuck queue beside a busy one
+    never fired. Every queue with ready jobs now has its own oldest, whatever the window."""
+    def run_at(job_id: int):
+        return conn.execute(sa.select(job_queue.c.run_at).where(job_queue.c.id == job_id)).scalar().replace(tzinfo=None)
+
+    with engine.connect() as conn:
+        add(conn, 5)                                    # the backlog: older than the others' jobs
+        time.sleep(0.01)
+        mail = repository.enqueue(conn, "noop", "late-mail", queue="mail")              # fewer than the window
+        bulk = repository.enqueue_many(conn, [{"task": "noop", "task_key": f"bulk-{i}", "queue": "bulk"}
+                                              for i in range(4)])                       # more than the window
+        summaries, _ = repository.queue_summaries(conn, oldest_window=3)
+        by_queue = {q.queue: q.oldest_ready and q.oldest_ready.replace(tzinfo=None) for q in summaries}
+        assert by_queue["mail"] == run_at(mail.id)
+        assert by_queue["bulk"] == min(run_at(b.id) for b in bulk)
+        assert by_queue["default"] is not None
+        cached = repository.CountsCache(2.0, oldest_window=3).summaries(conn)[0]
+        assert {q.queue: q.oldest_ready and q.oldest_ready.replace(tzinfo=None) for q in cached} == by_queue
+
+
 def test_counts_cache_is_shared_until_its_seconds_pass_or_an_operator_acts(engine, monkeypatch):
     """What every tab, /metrics and /api/stats of one process read: the same figures until they
     are live_seconds old (history 15 times as long), recounted at once after an operator action

@@ -101,10 +101,34 @@ def _grouped_counts(c: Connection, statuses: tuple[Status, ...]) -> dict[str, di
     return counts
 
 
-def _oldest_ready(c: Connection, window: int) -> dict[str, Any]:
+def _oldest_ready(c: Connection, window: int, counts: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """The oldest ready job's run_at for every queue with ready jobs in `counts` (read in the
+    same transaction). Most are among the `window` oldest ready jobs of all queues: a short
+    index-only read of ix_due. A queue whose ready jobs are all newer than those (beside another
+    queue's backlog) had none, and /metrics said it waited 0 s: an alert on a stuck queue beside
+    a busy one never fired. Such a queue is read apart: one with up to `window` ready jobs from
+    its own entries (ix_ready_pick, each row read for its run_at), larger ones together in one
+    pass over ix_due from where the window ended: no entry is read twice by one statement."""
     ready = (sa.select(jq.queue, jq.run_at).where(jq.status == Status.READY.value)
              .order_by(jq.run_at).limit(window).subquery())
-    return dict(c.execute(sa.select(ready.c.queue, sa.func.min(ready.c.run_at)).group_by(ready.c.queue)).all())
+    found = c.execute(sa.select(ready.c.queue, sa.func.min(ready.c.run_at), sa.func.max(ready.c.run_at))
+                      .group_by(ready.c.queue)).all()
+    oldest = {queue: first for queue, first, _ in found}
+    missing = {queue: n for queue, by_status in counts.items()
+               if (n := by_status.get(Status.READY.value, 0)) and queue not in oldest}
+    if not missing or not found:
+        return oldest
+    is_ready = jq.status == Status.READY.value
+    parts = [through_index(c, sa.select(sa.literal(queue).label("queue"), sa.func.min(jq.run_at).label("first"))
+                           .where(is_ready, jq.queue == queue), "ix_ready_pick")
+             for queue, n in missing.items() if n <= window]
+    large = [queue for queue, n in missing.items() if n > window]
+    if large:
+        edge = max(last for _, _, last in found)
+        parts.append(through_index(c, sa.select(jq.queue, sa.func.min(jq.run_at)).where(
+            is_ready, jq.run_at >= edge, jq.queue.in_(large)).group_by(jq.queue), "ix_due"))
+    oldest.update(c.execute(parts[0] if len(parts) == 1 else sa.union_all(*parts)).all())
+    return oldest
 
 
 def _summaries(counts: dict[str, dict[str, int]], oldest: dict[str, Any], cap: int | None) -> list[QueueSummary]:
@@ -123,7 +147,8 @@ def queue_summaries(conn: Connection, *, cap: int | None = None, oldest_window: 
     status), and the oldest ready job's run_at per queue; fresh (see CountsCache for the shared,
     cached figures). Cost is bounded by the caps, not by the table size."""
     def read(c: Connection):
-        return _counts(c, tuple(Status), cap), _oldest_ready(c, oldest_window), database_now(c)
+        counts = _counts(c, tuple(Status), cap)
+        return counts, _oldest_ready(c, oldest_window, counts), database_now(c)
 
     counts, oldest, now = transaction(conn, read, what="queue_summaries")
     return _summaries(counts, oldest, cap), now
@@ -258,7 +283,7 @@ class CountsCache:
                 # pass, exactly; larger ones pair by pair, each capped.
                 small = live is not None and sum(n for q in live.counts.values() for n in q.values()) < LIVE_CAP
                 counts = _grouped_counts(c, LIVE) if small else _counts(c, LIVE, None)
-                live = _Counted(t, stamp, counts, _oldest_ready(c, self.oldest_window))
+                live = _Counted(t, stamp, counts, _oldest_ready(c, self.oldest_window, counts))
         return live, history, now
 
 
