@@ -228,10 +228,11 @@ class CountsCache:
         with self._lock:
             t = time.monotonic()
             live_due = self._live is None or t - self._live.at >= self.live_seconds
-            history_due = self._history is None or t - self._history.at >= self.history_seconds or not self.live_seconds
-            if history_due and self._history is not None and self.live_seconds:
+            # History counted before is recounted behind the request when due; counted in it
+            # when there is none (first use, or forgotten) or the cache keeps nothing.
+            if self.live_seconds and self._history is not None and t - self._history.at >= self.history_seconds:
                 self._recount_history_behind(conn.engine)
-                history_due = False
+            history_due = self._history is None or not self.live_seconds
             if live_due or history_due:
                 self._live, self._history, self._now = transaction(
                     conn, lambda c: self._read(c, t, live_due, history_due), what="queue_summaries")
