@@ -216,7 +216,7 @@ def run(ctx) -> dict[str, Any]:
             explained = [t["ready_last"], t["running_last"]]
             plan = repository.explain_claim(conn, "default", 8)
         env = {"JOBQUEUE_USERS": f"bench:admin:{generate_password_hash(PASSWORD)}", "JOBQUEUE_SECRET_KEY": "bench",
-               "JOBQUEUE_SECURE_COOKIES": "0", "JOBQUEUE_LOG_LEVEL": "WARNING",
+               "JOBQUEUE_SECURE_COOKIES": "0",
                "JOBQUEUE_API_TOKENS": f"bench:viewer:{TOKEN}", **common.KEEP_EVERYTHING}
         server = GunicornServer(url, ctx.log_dir, web_workers=1, embedded_workers=0, extra_env=env)
         try:
@@ -600,7 +600,7 @@ def scale(url: str, rows: int, rounds: int, warmups: int, log_dir, polls: int = 
     t = targets(url)
     pages = scale_pages(t)
     env = {"JOBQUEUE_USERS": f"bench:admin:{generate_password_hash(PASSWORD)}", "JOBQUEUE_SECRET_KEY": "bench",
-           "JOBQUEUE_SECURE_COOKIES": "0", "JOBQUEUE_LOG_LEVEL": "WARNING",
+           "JOBQUEUE_SECURE_COOKIES": "0",
            "JOBQUEUE_API_TOKENS": f"bench:viewer:{TOKEN}", **common.KEEP_EVERYTHING}
     out: dict[str, Any] = {"rows": rows, "load_s": load_s, "targets": t, "rounds": rounds, "warmups": warmups}
     server = GunicornServer(url, log_dir, web_workers=2, embedded_workers=0, extra_env=env)
