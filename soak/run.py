@@ -290,7 +290,7 @@ class Soak:
         # Pauses and cancellations.
         self.pause_windows: list[list[float]] = []    # [claims forbidden from, until] (monotonic)
         self.paused_claims: list[dict] = []
-        self.pause_errors: list[str] = []
+        self.actions_gave_up: list[str] = []   # a resume or a cancel that never went through
         self.cancelled: set[str] = set()
         self.cancel_answers: Counter = Counter()
         self.unexpected_exits: list[str] = []
@@ -849,7 +849,7 @@ class Soak:
                 pass
             time.sleep(0.3)
         if record:
-            self.pause_errors.append(f"{what}: gave up after {deadline_s:g} s")
+            self.actions_gave_up.append(f"{what}: gave up after {deadline_s:g} s")
         return False
 
     def fault_pause_queue(self, later) -> None:
@@ -986,7 +986,7 @@ class Soak:
         with self.lock:
             open_windows = [w for w in self.pause_windows if w[1] == float("inf")]
         if open_windows:
-            self.pause_errors.append("a pause was still open at the drain")
+            self.actions_gave_up.append("a pause was still open at the drain")
             for w in open_windows:
                 w[1] = time.monotonic()
             self._until_ok("resume before the drain", lambda: self._cli("resume", QUEUE).returncode == 0)
@@ -1217,8 +1217,8 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
         problems["replay_mismatches"] = len(soak.replay_mismatches)
     if soak.held_touched:
         problems["held_rows_touched"] = len(soak.held_touched)
-    if soak.pause_errors:
-        problems["pause_errors"] = len(soak.pause_errors)
+    if soak.actions_gave_up:
+        problems["actions_gave_up"] = len(soak.actions_gave_up)
     if soak.unexpected_exits:
         problems["unexpected_exits"] = len(soak.unexpected_exits)
     bad_codes = {k: v for k, v in codes.items() if v != 0}
@@ -1234,7 +1234,7 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
     numbers["details"] = {
         "enqueue_gave_up": soak.enqueue_gave_up[:10], "enqueue_rejected": soak.enqueue_rejected[:10],
         "replay_mismatches": soak.replay_mismatches[:10], "held_rows_touched": soak.held_touched[:10],
-        "pause_errors": soak.pause_errors[:10],
+        "actions_gave_up": soak.actions_gave_up[:10],
         "unexpected_exits": soak.unexpected_exits, "nonzero_exit_codes": bad_codes, "faults_not_injected": missing,
     }
     passed = not problems
@@ -1279,7 +1279,9 @@ def table(n: dict) -> str:
                        f"{n['throughput_overall']} jobs/s overall"),
         ("duration", f"{n['duration_seconds']} s (enqueue {n['enqueue_seconds']} s)"),
         ("exit codes after SIGTERM", codes),
-        ("problems", ", ".join(f"{k}={v}" for k, v in n["problems"].items()) or "none"),
+        ("problems", ", ".join(f"{k}={v}" + (f" ({'; '.join(map(str, n['details'][k][:3]))})"
+                                             if isinstance(n["details"].get(k), list) and n["details"][k] else "")
+                               for k, v in n["problems"].items()) or "none"),
     ]
     width = max(len(r[0]) for r in rows)
     return "\n".join([f"| {'measure':<{width}} | value |", f"|{'-' * (width + 2)}|-------|"]

@@ -10,6 +10,8 @@ import pytest
 
 from testkit.procs import WorkerProcess, jobqueue, wait_until
 from testkit.replication import read_general_log
+from testkit.web import api, app_config
+from webapp import create_app
 from webapp.core import repository
 from webapp.core.db import PRIMARY_CHECK_SECONDS, create_engine, role_of
 from webapp.core.errors import NotPrimary
@@ -171,3 +173,28 @@ def test_no_claim_is_sent_to_a_server_known_to_be_read_only(two_logged_servers):
     finally:
         engine.dispose()
     assert status_on(a, "ready-on-a") == "ready"
+
+
+def test_the_web_takes_writes_again_soon_after_the_primary_does(throwaway_mariadb):
+    """A web process that saw its primary read-only (a switchover, a botched one undone) refused
+    every POST for a minute after the server was writable again: the check before each write
+    kept its refusal as long as its all-clear. In the soak, a cancel retried for 60 s against
+    503s and gave up. A refusal is now checked again as soon as a pooled connection's role is."""
+    server = throwaway_mariadb()
+    url = server.create_database("jq")
+    assert jobqueue(url, "init-db").returncode == 0
+    app = create_app(app_config(url))
+    client = app.test_client()
+    try:
+        server.execute("SET GLOBAL read_only = ON")
+        refused = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "while-read-only"})
+        assert refused.status_code == 503, refused.get_data(as_text=True)
+        server.execute("SET GLOBAL read_only = OFF")
+        started = time.monotonic()
+        wait_until(lambda: api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "after"}).status_code == 201,
+                   timeout=PRIMARY_CHECK_SECONDS + 5, interval=0.3, message="the API takes an enqueue again")
+        taken_after = time.monotonic() - started
+    finally:
+        app.extensions["jobqueue"].engine.dispose()
+    assert status_on(server, "after") == "ready" and status_on(server, "while-read-only") is None
+    print(f"writes taken again {taken_after:.1f} s after read_only = OFF")

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from ..core import logs, preflight, repository
-from ..core.db import create_engine
+from ..core.db import PRIMARY_CHECK_SECONDS, create_engine
 from ..core.errors import TransientDatabaseError, UnsupportedDatabase
 from ..core.replica_watch import ReplicaWatch
 from ..core.settings import use
@@ -58,9 +58,12 @@ class QueueExtension:
 
     def write_refusal(self, max_age: float = 60.0) -> str | None:
         """Why this database must not take queue writes (a replica, statement binlogs, MyISAM,
-        an old server), or None. Checked at most once a minute per web process."""
+        an old server), or None. An all-clear is checked again at most once a minute per web
+        process (a primary demoted meanwhile is caught by the engine's own check of each pooled
+        connection); a refusal as often as that check, so that writes are taken again within
+        seconds of a read-only primary becoming writable, not a minute later."""
         checked_at, reason = self._refusal
-        if time.monotonic() - checked_at < max_age:
+        if time.monotonic() - checked_at < (max_age if reason is None else min(max_age, PRIMARY_CHECK_SECONDS)):
             return reason
         # One thread checks; the others go on with the last answer rather than queue behind it
         # (the check reads information_schema, which a busy server may answer slowly).
