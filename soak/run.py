@@ -871,12 +871,19 @@ class Soak:
         self.note(f"paused queue {QUEUE} (API) for {self.plan.pause_seconds:g} s")
 
         def resume():
-            with self.lock:
-                window[1] = time.monotonic()
             ok = self._until_ok("resume", lambda: self._cli("resume", QUEUE).returncode == 0)
             self.note(f"resumed queue {QUEUE} (CLI){'' if ok else ' FAILED'}")
 
-        later(self.plan.pause_seconds, resume)
+        def start_resume():
+            # On a thread of its own: the resume may have to wait for the database (read-only,
+            # restarting), and the end of that fault is due in this same loop.
+            with self.lock:
+                window[1] = time.monotonic()
+            t = threading.Thread(target=_guarded(resume, self), name="resume", daemon=True)
+            t.start()
+            self.replay_threads.append(t)
+
+        later(self.plan.pause_seconds, start_resume)
 
     def fault_cancel(self, later) -> None:
         """Cancel a few acknowledged jobs, mostly recent ones (so some are ready, scheduled or

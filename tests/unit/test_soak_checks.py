@@ -3,6 +3,8 @@ broken, is caught and named, and a clean run with killed workers passes."""
 
 from __future__ import annotations
 
+import time
+
 from soak.checks import Execution, Observed, Row, Spec, check
 
 
@@ -121,3 +123,31 @@ def test_claims_while_paused_fail_the_run():
     obs = clean_run()
     obs.paused_claims = [{"id": 1, "attempt": 1}]
     assert check(obs).violations() == {"claims_while_paused": 1}
+
+
+def test_a_resume_that_waits_for_the_database_holds_up_no_other_fault(tmp_path, monkeypatch):
+    """The soak's fault loop ran a pause's resume in line, retrying `jobqueue resume` for up to
+    60 s; when the resume came due while the primary was read-only, the end of the read-only
+    flip (due in the same loop) waited behind it, so the resume could never succeed: 60 s of
+    nothing, then "resume FAILED" and a cancel that gave up (seed 1 of the quick soak). The
+    resume now runs on its own thread, like replays and cancels."""
+    import subprocess
+
+    from soak import run as soak_run
+
+    plan = soak_run.Plan.quick()
+    plan.pause_seconds, plan.read_only_seconds = 0.2, 1.0
+    soak = soak_run.Soak(plan, 1, tmp_path)
+    soak.say = lambda *a, **k: None
+    read_only = {"on": False}
+    monkeypatch.setattr(soak.server, "execute", lambda sql, **kw: read_only.update(on=sql.endswith("ON")))
+    monkeypatch.setattr(soak, "_http", lambda method, path, body, **kw: (200, {"paused": True}))
+    monkeypatch.setattr(soak, "_cli", lambda *args, **kw: subprocess.CompletedProcess(args, 75 if read_only["on"] else 0))
+    monkeypatch.setattr(soak, "check_unexpected_exits", lambda: None)
+    started = time.monotonic()
+    soak.run_faults([(0.0, "read_only_flip"), (0.05, "pause_queue")])
+    for t in soak.replay_threads:
+        t.join(90)
+    assert soak.actions_gave_up == []
+    assert not read_only["on"]
+    assert time.monotonic() - started < 30, "the resume went through once the flip had ended"
