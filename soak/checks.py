@@ -160,13 +160,25 @@ def check(obs: Observed) -> Findings:
 
     # --- results: one per done task_key, none for anything else ----------------------------------
     results_per_key = Counter(key for key, _, _ in obs.results)
+    reaped = {(job_id, attempt) for job_id, attempt, outcome, _ in obs.attempt_rows if outcome == "lease_expired"}
     for key, n in results_per_key.items():
         if n > 1:
             f.add("duplicate_results", f"{key}: {n} result rows")
         row = by_key.get(key)
         # A job cancelled while it ran may have recorded its result first: its work was done.
-        if row is None or row.status not in ("done", "cancelled"):
+        # So may one whose every attempt died: the result is recorded under the lease in a
+        # transaction of its own, before the completion; an attempt that recorded it and then
+        # lost its lease (taken back by the reaper) left it, and if no later attempt lived to
+        # complete, the job failed with its attempts used up by expired leases.
+        result_attempts = [(job_id, attempt) for k, job_id, attempt in obs.results if k == key]
+        died_after_recording = (row is not None and row.status == "failed"
+                                and (row.last_error or "").startswith("lease expired")
+                                and all(pair in reaped for pair in result_attempts))
+        if row is None or (row.status not in ("done", "cancelled") and not died_after_recording):
             f.add("results_not_done", f"{key}: result row but job is {row.status if row else 'missing'}")
+        elif died_after_recording:
+            f.add("results_of_reaped_attempts", f"{key}: recorded by attempt {result_attempts[0][1]}, then its "
+                                                "lease ran out; later attempts died too")
         spec = obs.specs.get(key)
         if spec and spec.kind == "doomed":
             f.add("doomed_not_failed", f"{key} has a result")

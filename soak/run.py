@@ -1195,6 +1195,7 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
         "pause_windows_seconds": [round(end - start + PAUSE_NOTICE_SECONDS, 1) for start, end in soak.pause_windows],
         "claims_while_paused": findings.get("claims_while_paused"),
         "failed_not_doomed": findings.get("failed_not_doomed"),
+        "results_of_reaped_attempts": findings.get("results_of_reaped_attempts"),
         "unexpected_failure_reasons": dict(findings.unexpected_failures.most_common(5)),
         "max_attempts_raised": findings.get("max_attempts_raised"),
         "fenced_late_writes": soak.fenced_late_writes(),
@@ -1281,7 +1282,9 @@ def table(n: dict) -> str:
         ("other invariants (must be 0)", ", ".join(f"{k} {v}" for k, v in n["violations"].items()) or "all 0"),
         ("failed but not doomed", f"{n['failed_not_doomed']}"
                                   + (f" ({'; '.join(f'{k[:60]}: {v}' for k, v in n['unexpected_failure_reasons'].items())})"
-                                     if n["unexpected_failure_reasons"] else "")),
+                                     if n["unexpected_failure_reasons"] else "")
+                                  + (f"; {n['results_of_reaped_attempts']} of them with a result recorded by an attempt "
+                                     "whose lease then ran out" if n.get("results_of_reaped_attempts") else "")),
         ("throughput", f"{n['throughput_under_faults']} jobs/s under faults ({n['fault_window_seconds']} s window), "
                        f"{n['throughput_overall']} jobs/s overall"),
         ("duration", f"{n['duration_seconds']} s (enqueue {n['enqueue_seconds']} s)"),

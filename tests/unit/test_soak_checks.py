@@ -68,6 +68,33 @@ def test_two_results_for_one_task_key_and_a_result_for_a_doomed_job():
     assert f.get("results_not_done") == 1 and f.get("doomed_not_failed") == 1
 
 
+def a_sleep_job_whose_attempts_all_died(result_attempt_reaped: bool) -> Observed:
+    """Seed 3 of the quick soak: attempt 1 slept, logged its execution and recorded its result
+    under its lease, then its renewals failed and the reaper took the job back before the
+    completion landed; attempts 2 to 4 were SIGKILLed or cut off, and the job failed."""
+    obs = clean_run()
+    obs.specs["k-sleep"] = Spec("k-sleep", "sleep", "api", 4)
+    obs.acked["k-sleep"] = 4
+    obs.rows.append(Row(4, "k-sleep", "failed", 4, 4, "lease expired after attempt 4 of 4; no attempts left"))
+    obs.results.append(("k-sleep", 4, 1))
+    obs.executions.append(Execution("k-sleep", 1, "h:13:web:2", 13))
+    first = ("lease_expired", "lease expired; held by web:2") if result_attempt_reaped else ("retry", "Boom")
+    obs.attempt_rows += [(4, 1, *first), (4, 2, "lease_expired", "lease expired; held by w2"),
+                         (4, 3, "lease_expired", "lease expired; held by w3"),
+                         (4, 4, "lease_expired", "lease expired after attempt 4 of 4; no attempts left")]
+    return obs
+
+
+def test_a_result_recorded_by_an_attempt_that_was_then_reaped_is_explained_not_failed():
+    f = check(a_sleep_job_whose_attempts_all_died(result_attempt_reaped=True))
+    assert f.violations() == {}
+    assert f.get("results_of_reaped_attempts") == 1 and f.get("failed_not_doomed") == 1
+    # The same result, but from an attempt that ended otherwise (a failure the worker recorded):
+    # nothing explains it.
+    f = check(a_sleep_job_whose_attempts_all_died(result_attempt_reaped=False))
+    assert f.violations() == {"results_not_done": 1}
+
+
 def test_the_same_attempt_executed_twice_is_a_double_claim():
     obs = clean_run()
     obs.executions.append(Execution("k-noop", 1, "h:13:w4:1", 13))
