@@ -773,6 +773,14 @@ class Soak:
 
         def release():
             try:
+                conn.ping(reconnect=False)
+            except pymysql.MySQLError:
+                # The holding session is gone (the database restarted under it): its locks went
+                # with it, so workers were free to take the rows since.
+                conn.close()
+                self.note(f"the hold of {len(held)} rows had ended with its session (database restart)")
+                return
+            try:
                 check = self._connect()
                 try:
                     with check.cursor() as cur:

@@ -178,3 +178,64 @@ def test_a_resume_that_waits_for_the_database_holds_up_no_other_fault(tmp_path, 
     assert soak.actions_gave_up == []
     assert not read_only["on"]
     assert time.monotonic() - started < 30, "the resume went through once the flip had ended"
+
+
+class _FakeCursor:
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def execute(self, sql):
+        pass
+
+    def fetchall(self):
+        return self.rows
+
+
+class _FakeConnection:
+    def __init__(self, rows, alive=True):
+        self.rows, self.alive = rows, alive
+
+    def cursor(self):
+        return _FakeCursor(self.rows)
+
+    def ping(self, reconnect=False):
+        import pymysql
+
+        if not self.alive:
+            raise pymysql.err.OperationalError(2013, "Lost connection to server during query")
+
+    def rollback(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_rows_taken_after_a_restart_ended_the_hold_are_not_touched_while_held(tmp_path, monkeypatch):
+    """Seed 9 of the quick soak: the database restarted while the soak held 5 ready rows in a
+    paused transaction; the restart ended that transaction and its locks, workers then took the
+    rows, and the check at the release called them touched while held. A hold whose session is
+    gone is not checked; one whose session lived still is."""
+    from soak import run as soak_run
+
+    def hold_then_release(holder_alive: bool) -> list[str]:
+        soak = soak_run.Soak(soak_run.Plan.quick(), 9, tmp_path)
+        soak.say = lambda *a, **k: None
+        holder = _FakeConnection([(87, 1), (392, 1)])
+        checker = _FakeConnection([(87, 2, "running"), (392, 1, "ready")])
+        connections = iter([holder, checker])
+        monkeypatch.setattr(soak, "_connect", lambda own=True: next(connections))
+        ends = []
+        soak.fault_hold_rows(lambda seconds, fn: ends.append(fn))
+        holder.alive = holder_alive
+        ends[0]()
+        return soak.held_touched
+
+    assert hold_then_release(holder_alive=False) == []
+    assert hold_then_release(holder_alive=True) == ["job 87: held as ready/attempts 1, now (2, 'running')"]
