@@ -759,8 +759,14 @@ class Soak:
         try:
             with conn.cursor() as cur:
                 cur.execute("BEGIN")
-                cur.execute("SELECT id, attempts FROM job_queue WHERE status = 'ready' ORDER BY priority, id "
-                            f"LIMIT {int(self.plan.hold_rows)} FOR UPDATE SKIP LOCKED")
+                # Locked by primary key: a locking read that sorts (ORDER BY priority, id over the
+                # ready rows of every queue is a filesort) locks every row it reads, not the few
+                # it returns, and so held all ready rows instead of hold_rows of them.
+                cur.execute("SELECT id FROM job_queue WHERE status = 'ready' ORDER BY priority, id "
+                            f"LIMIT {int(self.plan.hold_rows)}")
+                ids = [row[0] for row in cur.fetchall()] or [0]
+                cur.execute(f"SELECT id, attempts FROM job_queue FORCE INDEX (PRIMARY) WHERE id IN "
+                            f"({','.join(map(str, ids))}) AND status = 'ready' FOR UPDATE SKIP LOCKED")
                 held = cur.fetchall()
         except BaseException:
             conn.close()
