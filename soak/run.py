@@ -530,7 +530,9 @@ class Soak:
                 if conn is None:
                     conn = self._connect()
                 with conn.cursor() as cur:
-                    cur.execute("SELECT id, attempts, status FROM job_queue")
+                    # The lease's owner and its start (the database's clock) say who claimed a job
+                    # and when, should it turn out to be a claim from a paused queue.
+                    cur.execute("SELECT id, attempts, status, lease_owner, started_at FROM job_queue")
                     rows = cur.fetchall()
                 read_at = time.monotonic()
             except pymysql.MySQLError:
@@ -549,20 +551,22 @@ class Soak:
                 in_pause = previous_start is not None and any(
                     start <= previous_start and read_at <= end for start, end in self.pause_windows)
             counts: Counter = Counter()
-            for job_id, attempts, status in rows:
+            for job_id, attempts, status, owner, started_at in rows:
                 counts[status] += 1
                 before = self.last_seen.get(job_id)
                 if before is not None:
                     if attempts < before[0]:
                         self.attempts_backwards.append({"id": job_id, "from": before[0], "to": attempts})
                     if attempts > before[0] and in_pause:
-                        self.paused_claims.append({"id": job_id, "attempt": attempts})
+                        self.paused_claims.append({"id": job_id, "attempt": attempts, "owner": owner,
+                                                   "started_at": str(started_at), "pause": self._pause_stamp(conn)})
                     # Finished jobs stay finished; only an operator's cancel turns failed into cancelled.
                     if before[1] in ("done", "failed", "cancelled") and status != before[1] \
                             and not (before[1] == "failed" and status == "cancelled"):
                         self.terminal_regressions.append({"id": job_id, "from": before[1], "to": status})
                 elif in_pause and attempts > 0:
-                    self.paused_claims.append({"id": job_id, "attempt": attempts, "new": True})
+                    self.paused_claims.append({"id": job_id, "attempt": attempts, "new": True, "owner": owner,
+                                               "started_at": str(started_at), "pause": self._pause_stamp(conn)})
                 self.last_seen[job_id] = (attempts, status)
             previous_start = started
             self.monitor_samples += 1
@@ -571,6 +575,17 @@ class Soak:
             self.monitor_stop.wait(max(0.05, 0.5 - (time.monotonic() - started)))
         if conn is not None:
             conn.close()
+
+    @staticmethod
+    def _pause_stamp(conn) -> str:
+        """When the soak's queue was last paused or resumed, by the database's clock."""
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT paused, changed_at FROM queue_state WHERE queue = %s", (QUEUE,))
+                row = cur.fetchone()
+        except pymysql.MySQLError as exc:
+            return f"unknown ({exc})"
+        return f"paused={row[0]} at {row[1]}" if row else "no queue_state row"
 
     # --- faults ----------------------------------------------------------------------------------
 
