@@ -159,9 +159,12 @@ def check(obs: Observed) -> Findings:
     f.counts["cancelled"] = sum(1 for r in obs.rows if r.status == "cancelled")
 
     # --- results: one per done task_key, none for anything else ----------------------------------
-    results_per_key = Counter(key for key, _, _ in obs.results)
+    results_by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for key, job_id, attempt in obs.results:
+        results_by_key[key].append((job_id, attempt))
     reaped = {(job_id, attempt) for job_id, attempt, outcome, _ in obs.attempt_rows if outcome == "lease_expired"}
-    for key, n in results_per_key.items():
+    for key, result_attempts in results_by_key.items():
+        n = len(result_attempts)
         if n > 1:
             f.add("duplicate_results", f"{key}: {n} result rows")
         row = by_key.get(key)
@@ -170,7 +173,6 @@ def check(obs: Observed) -> Findings:
         # transaction of its own, before the completion; an attempt that recorded it and then
         # lost its lease (taken back by the reaper) left it, and if no later attempt lived to
         # complete, the job failed with its attempts used up by expired leases.
-        result_attempts = [(job_id, attempt) for k, job_id, attempt in obs.results if k == key]
         died_after_recording = (row is not None and row.status == "failed"
                                 and (row.last_error or "").startswith("lease expired")
                                 and all(pair in reaped for pair in result_attempts))
@@ -183,7 +185,7 @@ def check(obs: Observed) -> Findings:
         if spec and spec.kind == "doomed":
             f.add("doomed_not_failed", f"{key} has a result")
     for row in obs.rows:
-        if row.status == "done" and row.task_key not in results_per_key:
+        if row.status == "done" and row.task_key not in results_by_key:
             f.add("done_without_result", f"{row.task_key} (id {row.id})")
 
     # --- attempts never lost: every attempt that did not succeed is in job_attempt ---------------

@@ -859,7 +859,7 @@ class Soak:
 
         t = threading.Thread(target=_guarded(replay, self), name="replay", daemon=True)
         t.start()
-        self.replay_threads.append(t)
+        self.action_threads.append(t)
         self.note(f"replaying {self.plan.replay_api_keys} task_keys via the API and {self.plan.replay_cli_keys} via the CLI")
 
     def _cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -910,7 +910,7 @@ class Soak:
                 window[1] = time.monotonic()
             t = threading.Thread(target=_guarded(resume, self), name="resume", daemon=True)
             t.start()
-            self.replay_threads.append(t)
+            self.action_threads.append(t)
 
         later(self.plan.pause_seconds, start_resume)
 
@@ -960,12 +960,12 @@ class Soak:
 
         t = threading.Thread(target=_guarded(cancel, self), name="cancel", daemon=True)
         t.start()
-        self.replay_threads.append(t)
+        self.action_threads.append(t)
         self.note(f"cancelling {len(sample)} jobs ({self.plan.cancel_api_keys} via the API)")
 
     def run_faults(self, schedule: list[tuple[float, str]]) -> None:
         """Run the schedule in real time; durational faults (stops, holds) end from the same loop."""
-        self.replay_threads: list[threading.Thread] = []
+        self.action_threads: list[threading.Thread] = []   # replays, cancels, resumes
         start = time.monotonic()
         heap: list[tuple[float, int, str, object]] = []
         seq = 0
@@ -1173,7 +1173,7 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
         soak.run_faults(schedule)
         fault_end = time.monotonic()
         terminal_at_fault_end = sum(soak.status_counts.get(s, 0) for s in ("done", "failed"))
-        for t in soak.replay_threads:
+        for t in soak.action_threads:
             t.join(120)
         say(f"faults over after {fault_end - fault_start:.1f} s; draining")
         waiter.join(plan.drain_timeout)

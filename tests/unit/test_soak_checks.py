@@ -173,7 +173,7 @@ def test_a_resume_that_waits_for_the_database_holds_up_no_other_fault(tmp_path, 
     monkeypatch.setattr(soak, "check_unexpected_exits", lambda: None)
     started = time.monotonic()
     soak.run_faults([(0.0, "read_only_flip"), (0.05, "pause_queue")])
-    for t in soak.replay_threads:
+    for t in soak.action_threads:
         t.join(90)
     assert soak.actions_gave_up == []
     assert not read_only["on"]
