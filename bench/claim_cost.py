@@ -24,8 +24,8 @@ import sqlalchemy as sa
 from bench import common
 from bench.common import log
 from bench.raw_loop import connect_args
-from webapp.core import repository
-from webapp.core.db import create_engine
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
 
 INSERT = ("INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, lease_owner, "
           "lease_until, attempts, max_attempts, started_at, last_error, created_at, updated_at, finished_at) "

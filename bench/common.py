@@ -25,10 +25,10 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from bench.gate import Gate
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.migrate import init_db
-from webapp.core.task_modules import load_task_modules
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.migrate import init_db
+from jobqueue.core.task_modules import load_task_modules
 
 REPO = Path(__file__).resolve().parents[1]
 MYSQL_SERVER = os.environ.get("BENCH_MYSQL", "mysql+pymysql://root@127.0.0.1:3306")
@@ -225,7 +225,7 @@ def child_env(**extra: str) -> dict[str, str]:
 def jobqueue_cmd() -> list[str]:
     """The installed `jobqueue` console script next to this interpreter (what operators run)."""
     script = Path(sys.executable).with_name("jobqueue")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "webapp.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "jobqueue.cli"]
 
 
 def worker_cmd(url: str, concurrency: int, *extra: str, burst: bool = True, tasks: str = "bench.gate_tasks",

@@ -50,11 +50,11 @@ from werkzeug.security import generate_password_hash
 from bench import common
 from bench.common import log
 from testkit.procs import GunicornServer
-from webapp.core import repository
-from webapp.core.schema import job_queue
-from webapp.core.db import create_engine
-from webapp.core.repository import JobFilter
-from webapp.core.models import Status
+from jobqueue.core import repository
+from jobqueue.core.schema import job_queue
+from jobqueue.core.db import create_engine
+from jobqueue.core.repository import JobFilter
+from jobqueue.core.models import Status
 
 PASSWORD = "bench-password-1"
 TOKEN = "bench-token-0123456789abcdef"
@@ -493,7 +493,7 @@ def poll_db_cost(url: str, polls: int, interval: float, env: dict[str, str]) -> 
     cache reads on a thread of its own belong to the poll that started them)."""
     import os
     from sqlalchemy import event
-    from webapp.web import create_app
+    from jobqueue.web import create_app
 
     old = dict(os.environ)
     os.environ.update({k: v for k, v in env.items()})

@@ -40,8 +40,8 @@ import pymysql
 from bench import common
 from bench.common import log, median, percentile, ratio
 from bench.raw_loop import connect_args
-from webapp.core import repository
-from webapp.core.db import create_engine
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
 
 BATCH = 1000
 RAW_COLUMNS = ("task_key", "task_name", "queue", "priority", "payload", "status", "run_at", "attempts",
@@ -92,7 +92,7 @@ def raw(url: str, n: int) -> float:
 def cli_run(url: str, path: Path) -> float:
     """`jobqueue enqueue-many PATH` as a process; seconds, start to exit."""
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "webapp.cli", "--database-url", url, "enqueue-many", str(path)],
+    out = subprocess.run([sys.executable, "-m", "jobqueue.cli", "--database-url", url, "enqueue-many", str(path)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=common.child_env(),
                          cwd=common.REPO, timeout=1800)
     elapsed = time.perf_counter() - t0

@@ -14,7 +14,7 @@ Wake-up latency (on the shared server, like the rest):
   the harness enqueues one `wake` job with repository.enqueue and times enqueue -> handler start.
   Target p95 < 50 ms.
 - another process: the same with the worker as a `jobqueue worker` subprocess, woken by the
-  doorbell (the enqueue ends the idle worker's marked SLEEP with KILL QUERY: webapp/core/doorbell.py).
+  doorbell (the enqueue ends the idle worker's marked SLEEP with KILL QUERY: jobqueue/core/doorbell.py).
   Target p95 < 500 ms. Also with --no-doorbell, where the worker only learns of the job at its
   next poll (bounded by the idle cap, 2 s by default). The idle cost above includes the
   doorbell's own statement (one SLEEP per 10 s, and its ROLLBACK).
@@ -40,11 +40,11 @@ import pymysql
 import bench.wake_tasks as wake_tasks
 from bench import common
 from bench.common import log
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.migrate import init_db
-from webapp.core.tasks import TASKS
-from webapp.core.worker import Worker, WorkerConfig
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.migrate import init_db
+from jobqueue.core.tasks import TASKS
+from jobqueue.core.worker import Worker, WorkerConfig
 
 COUNTERS = ("Questions", "Com_select", "Com_update", "Com_insert", "Com_delete", "Com_commit", "Com_rollback",
             "Com_show_status", "Com_set_option", "Connections")

@@ -36,9 +36,9 @@ from sqlalchemy.pool import NullPool
 from bench import common
 from bench.common import log
 from bench.raw_loop import connect_args
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.task_modules import load_task_modules
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.task_modules import load_task_modules
 
 load_task_modules(["bench.mature_tasks"])
 TASKS = "bench.mature_tasks,bench.gate_tasks"
@@ -114,7 +114,7 @@ def statement_costs(ctx) -> dict[str, float]:
     import statistics
 
     from bench import mature_tasks
-    claim = importlib.import_module("webapp.core.repository.claim")   # the package's `claim` is the verb
+    claim = importlib.import_module("jobqueue.core.repository.claim")   # the package's `claim` is the verb
 
     out: dict[str, float] = {}
     n = 300 if ctx.quick else 2000

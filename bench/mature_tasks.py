@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from webapp.core.tasks import task
+from jobqueue.core.tasks import task
 
 
 @task("keyed_noop", concurrency_key="k", concurrency_limit=1)
@@ -24,11 +24,11 @@ def _without_pause_support() -> None:
 
     import sqlalchemy as sa
 
-    from webapp.core import repository
-    from webapp.core.db import db_now, transaction
-    from webapp.core.models import Status
-    claim = importlib.import_module("webapp.core.repository.claim")   # the package's `claim` is the verb
-    from webapp.core.repository.common import jq
+    from jobqueue.core import repository
+    from jobqueue.core.db import db_now, transaction
+    from jobqueue.core.models import Status
+    claim = importlib.import_module("jobqueue.core.repository.claim")   # the package's `claim` is the verb
+    from jobqueue.core.repository.common import jq
 
     def ready_queues(conn):
         return list(transaction(conn, lambda c: c.execute(

@@ -33,7 +33,7 @@ LAYERS = [
     ("PyMySQL", ("pymysql/",)),
     ("SQLAlchemy", ("sqlalchemy/", "<sqlalchemy")),
     ("prometheus_client", ("prometheus_client/",)),
-    ("our code (webapp/core)", ("webapp/core/",)),
+    ("our code (jobqueue/core)", ("jobqueue/core/",)),
 ]
 
 
@@ -121,7 +121,7 @@ def state_of(frames) -> str:
 
 def our_call(frames) -> str:
     """What the innermost frame of our code was calling when the sample was taken."""
-    idx = max((i for i, (_, f, _) in enumerate(frames) if f.startswith("webapp/core/")), default=None)
+    idx = max((i for i, (_, f, _) in enumerate(frames) if f.startswith("jobqueue/core/")), default=None)
     if idx is None:
         return "no frame of ours (thread start-up)"
     if idx == len(frames) - 1:
@@ -160,7 +160,7 @@ def analyse_gil(path: Path, window_s: float, rate: int) -> dict[str, Any]:
         layers[layer_of(frames)] += c
         calls[our_call(frames)] += c
         for func, file, line in frames:
-            if file.startswith("webapp/core/repository.py") and "<locals>" in func:
+            if file.startswith("jobqueue/core/repository.py") and "<locals>" in func:
                 repo_lines[f"{func} (repository.py:{line})"] += c
                 break
         if frames:
@@ -169,7 +169,7 @@ def analyse_gil(path: Path, window_s: float, rate: int) -> dict[str, Any]:
         seen = set()
         for func, file, _ in frames:
             key = f"{func} ({file})"
-            if file.startswith("webapp/core/") and key not in seen:
+            if file.startswith("jobqueue/core/") and key not in seen:
                 ours_incl[key] += c
                 seen.add(key)
         for func, file, _ in frames:

@@ -1,5 +1,5 @@
 """The ceiling: a minimal hand-written PyMySQL loop doing the same claim and completion as
-webapp/core/repository.py, with nothing around it (no SQLAlchemy, no pool, no metrics, no logs).
+jobqueue/core/repository.py, with nothing around it (no SQLAlchemy, no pool, no metrics, no logs).
 
 Each thread has its own connection (autocommit off, READ COMMITTED, 5 s lock wait like ours) and
 loops:

@@ -24,14 +24,14 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from testkit.replication import ReplicationCluster
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.migrate import init_db
-from webapp.core.models import Status
-from webapp.core.replica_watch import ReplicaWatch
-from webapp.core.repository import JobFilter
-from webapp.core.schema import job_queue
-from webapp.core.task_modules import load_task_modules
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.migrate import init_db
+from jobqueue.core.models import Status
+from jobqueue.core.replica_watch import ReplicaWatch
+from jobqueue.core.repository import JobFilter
+from jobqueue.core.schema import job_queue
+from jobqueue.core.task_modules import load_task_modules
 
 LAG_LIMIT = 2
 HOLD_SECONDS = 6.0

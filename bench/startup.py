@@ -24,9 +24,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench import common
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.schema import job_queue
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.schema import job_queue
 
 
 def _timed(argv: list[str], env: dict[str, str]) -> float:

@@ -3,7 +3,7 @@ worker's first claim, as median milliseconds since the process was spawned.
 
     python -m bench.startup_phases [--runs 11] [--compare OTHER_CHECKOUT]
 
-With --compare, another checkout's `webapp` (say, an exported older commit) runs alternately
+With --compare, another checkout's `jobqueue` (say, an exported older commit) runs alternately
 with this one's, under the same conditions. Each child is `jobqueue` run through a harness that
 stamps the time of the phases (it imports the worker's modules itself, right after the CLI's, so
 the import phase is measured apart from the rest; the garbage collector is paused as the console
@@ -29,15 +29,15 @@ T = [("python_ready", time.time())]
 out = sys.argv.pop(1)
 def mark(name): T.append((name, time.time()))
 atexit.register(lambda: (mark("atexit"), json.dump(T, open(out, "w"))))
-import webapp.cli
+import jobqueue.cli
 try:
-    from webapp.core.cli import pause_collector
+    from jobqueue.core.cli import pause_collector
     pause_collector()
 except ImportError:
     pass
 mark("import_cli")
-import webapp.core.task_modules, webapp.core.worker
-from webapp.core.worker import loop
+import jobqueue.core.task_modules, jobqueue.core.worker
+from jobqueue.core.worker import loop
 mark("import_command")
 def stamp(cls, name):
     f = getattr(cls, name)
@@ -52,7 +52,7 @@ for name in ("_wait_for_database", "_register", "start_threads", "_maintenance",
     stamp(loop.Worker, name)
 import sqlalchemy as sa
 sa.event.listen(sa.pool.Pool, "connect", lambda *a: mark("connect"))
-webapp.cli.run()
+jobqueue.cli.run()
 '''
 
 
@@ -67,8 +67,8 @@ def _one(root: str, url: str, first_claim: bool) -> dict[str, float]:
     with engine.begin() as conn:
         conn.exec_driver_sql("DELETE FROM job_queue")
     if first_claim:
-        from webapp.core import repository
-        from webapp.core.db import create_engine
+        from jobqueue.core import repository
+        from jobqueue.core.db import create_engine
 
         ours = create_engine(url, pool_size=1)
         with ours.connect() as conn:
@@ -120,7 +120,7 @@ def main() -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=11)
-    p.add_argument("--compare", default=None, help="another checkout whose webapp runs alternately")
+    p.add_argument("--compare", default=None, help="another checkout whose jobqueue runs alternately")
     a = p.parse_args()
     roots = [("this", str(common.REPO))] + ([("compare", a.compare)] if a.compare else [])
     url = common.create_mysql_db("phases")

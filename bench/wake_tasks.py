@@ -11,7 +11,7 @@ import os
 import threading
 import time
 
-from webapp.core.tasks import task
+from jobqueue.core.tasks import task
 
 STARTED: dict[str, float] = {}
 CHANGED = threading.Condition()

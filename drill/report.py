@@ -126,7 +126,7 @@ once), SIGKILL of a gunicorn worker (its master starts another), a host's link t
 then, at {plan.failover_at:.0%} of the window, the failover: SIGKILL of `db1`, `promote()` of
 `db2` (apply the relay log, stop replicating, `read_only=OFF`), `db1` restarted `--read-only`
 as `db2`'s replica from its GTID position. No process was told: each found the new primary by
-itself (the connection pool re-checks the server's role, see `webapp/core/db.py`).
+itself (the connection pool re-checks the server's role, see `jobqueue/core/db.py`).
 
 How it is judged: `soak/checks.py` over the final tables and the execution log (one line per
 handler that did its work), as for the soak; the general logs of both servers for what the

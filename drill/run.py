@@ -266,7 +266,7 @@ class Drill:
     def enqueue_cli(self, spec: Spec, payload: dict, start_host: int, deadline_s: float = 240) -> tuple[str, dict | None]:
         """`jobqueue enqueue` on a host, with the candidate URLs; exit 1 (database) or 75 (no
         writable primary) is tried again, on the next host after a timeout or exit 1."""
-        argv = [sys.executable, "-m", "webapp.cli", "--log-level", "WARNING", "enqueue", "soak",
+        argv = [sys.executable, "-m", "jobqueue.cli", "--log-level", "WARNING", "enqueue", "soak",
                 "--key", spec.task_key, "--payload", json.dumps(payload), "--max-attempts", str(spec.max_attempts)]
         deadline = time.monotonic() + deadline_s
         pause, tries, h = 0.2, 0, start_host

@@ -52,9 +52,9 @@ def measure(topo: Topology, steps: Steps, workdir: Path, say=print) -> list[dict
 def enqueue_cost(topo: Topology, jobs: int, say) -> dict:
     """What one enqueue costs the primary when jobs come one at a time (an API request or a
     `jobqueue enqueue` each: one transaction per job), measured from this process."""
-    from webapp.core import repository
-    from webapp.core.db import create_engine
-    from webapp.core.task_modules import load_task_modules
+    from jobqueue.core import repository
+    from jobqueue.core.db import create_engine
+    from jobqueue.core.task_modules import load_task_modules
 
     load_task_modules([])
     database = "bench_enqueue"
@@ -83,9 +83,9 @@ def enqueue_cost(topo: Topology, jobs: int, say) -> dict:
 
 
 def step(topo: Topology, hosts: int, steps: Steps, workdir: Path, round_: int, say) -> dict:
-    from webapp.core import repository
-    from webapp.core.db import create_engine
-    from webapp.core.task_modules import load_task_modules
+    from jobqueue.core import repository
+    from jobqueue.core.db import create_engine
+    from jobqueue.core.task_modules import load_task_modules
 
     load_task_modules([])   # the built-in `noop`
 

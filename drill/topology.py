@@ -76,7 +76,7 @@ class Topology:
         primary.create_database(name)
         primary.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{name}`.* TO '{APP_USER}'@'%'")
         primary.execute(f"GRANT ALL PRIVILEGES ON `{name}`.* TO '{MIGRATE_USER}'@'%'")
-        out = self.net.run(self.app_names[0], [sys.executable, "-m", "webapp.cli", "--database-url",
+        out = self.net.run(self.app_names[0], [sys.executable, "-m", "jobqueue.cli", "--database-url",
                                                self.candidate_urls(name, MIGRATE_USER, MIGRATE_PASSWORD), "init-db"],
                            capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=180)
         if out.returncode != 0:
@@ -133,14 +133,14 @@ class AppHost:
         env = dict(self.env, JOBQUEUE_BIND=f"{self.address}:{WEB_PORT}", JOBQUEUE_WEB_WORKERS=str(web_workers),
                    JOBQUEUE_EMBEDDED_WORKERS=str(embedded_workers), JOBQUEUE_WEB_THREADS=str(threads))
         self.web = Proc(f"{self.name}-gunicorn",
-                        [*self.prefix, sys.executable, "-m", "gunicorn", "-c", str(REPO / "webapp/web/gunicorn_conf.py")],
+                        [*self.prefix, sys.executable, "-m", "gunicorn", "-c", str(REPO / "jobqueue/web/gunicorn_conf.py")],
                         env, self.logs / f"{self.name}-gunicorn.log")
         return self.web
 
     def start_worker(self, *args: str) -> Proc:
         self._seq += 1
         name = f"{self.name}-w{self._seq}"
-        p = Proc(name, [*self.prefix, sys.executable, "-m", "webapp.cli", "worker", "--name", name, *args],
+        p = Proc(name, [*self.prefix, sys.executable, "-m", "jobqueue.cli", "worker", "--name", name, *args],
                  self.env, self.logs / f"worker-{name}.log")
         p.host = self.name
         self.workers.append(p)

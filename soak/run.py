@@ -311,7 +311,7 @@ class Soak:
     def start_database(self) -> None:
         self.server.start()
         self.url = self.server.create_database(DB_NAME)
-        out = subprocess.run([sys.executable, "-m", "webapp.cli", "--database-url", self.url, "init-db"],
+        out = subprocess.run([sys.executable, "-m", "jobqueue.cli", "--database-url", self.url, "init-db"],
                              capture_output=True, text=True, env=self.base_env(), cwd=REPO, timeout=120)
         if out.returncode != 0:
             raise RuntimeError(f"init-db failed: {out.stdout}{out.stderr}")
@@ -333,7 +333,7 @@ class Soak:
         # Every other worker names its queue (it reads the paused set), the rest take every queue
         # (their list of ready queues leaves paused ones out): pauses must hold for both.
         queues = ["--queues", QUEUE] if self.worker_seq % 2 == 0 else []
-        p = Proc(name, [sys.executable, "-m", "webapp.cli", "--database-url", url, "worker",
+        p = Proc(name, [sys.executable, "-m", "jobqueue.cli", "--database-url", url, "worker",
                         "--name", name, "--concurrency", str(self.plan.concurrency),
                         "--lease-seconds", str(LEASE_SECONDS), "--grace-seconds", str(self.plan.grace_seconds),
                         "--tasks", "soak.tasks", *queues],
@@ -360,7 +360,7 @@ class Soak:
             "JOBQUEUE_LEASE_SECONDS": str(LEASE_SECONDS),
             "JOBQUEUE_GRACE_SECONDS": "1",
         })
-        self.web = Proc("gunicorn", [sys.executable, "-m", "gunicorn", "-c", str(REPO / "webapp/web/gunicorn_conf.py")],
+        self.web = Proc("gunicorn", [sys.executable, "-m", "gunicorn", "-c", str(REPO / "jobqueue/web/gunicorn_conf.py")],
                         env, self.logs / "gunicorn.log")
         deadline = time.monotonic() + 60
         while True:
@@ -431,7 +431,7 @@ class Soak:
             pause = min(pause * 2, 2.0)
 
     def enqueue_cli(self, spec: Spec, payload: dict, delay: float, deadline_s: float = 180) -> tuple[str, dict | None]:
-        argv = [sys.executable, "-m", "webapp.cli", "--database-url", self.url, "--log-level", "WARNING",
+        argv = [sys.executable, "-m", "jobqueue.cli", "--database-url", self.url, "--log-level", "WARNING",
                 "enqueue", "soak", "--key", spec.task_key, "--payload", json.dumps(payload),
                 "--max-attempts", str(spec.max_attempts), "--tasks", "soak.tasks"]
         if delay:
@@ -863,7 +863,7 @@ class Soak:
         self.note(f"replaying {self.plan.replay_api_keys} task_keys via the API and {self.plan.replay_cli_keys} via the CLI")
 
     def _cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "webapp.cli", "--database-url", self.url, "--log-level", "WARNING",
+        return subprocess.run([sys.executable, "-m", "jobqueue.cli", "--database-url", self.url, "--log-level", "WARNING",
                                *args], capture_output=True, text=True, env=self.base_env(), cwd=REPO, timeout=timeout)
 
     def _until_ok(self, what: str, attempt, deadline_s: float = 60, *, record: bool = True) -> bool:

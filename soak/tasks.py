@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from webapp.core.errors import LeaseLostError
-from webapp.core.tasks import JobContext, task
+from jobqueue.core.errors import LeaseLostError
+from jobqueue.core.tasks import JobContext, task
 
 ENV_EXEC_LOG = "SOAK_EXEC_LOG"
 KINDS = ("noop", "sleep", "flaky", "doomed")

@@ -24,7 +24,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 def jobqueue(url: str, *args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run one `jobqueue` command to completion."""
-    return subprocess.run([sys.executable, "-m", "webapp.cli", "--database-url", url, *args],
+    return subprocess.run([sys.executable, "-m", "jobqueue.cli", "--database-url", url, *args],
                           capture_output=True, text=True, env=env or cli_env(), cwd=REPO, timeout=timeout)
 
 
@@ -39,7 +39,7 @@ class WorkerProcess:
         self.log_path = log_dir / f"worker-{name}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "webapp.cli", "--database-url", url, "worker", "--name", name,
+            [sys.executable, "-m", "jobqueue.cli", "--database-url", url, "worker", "--name", name,
              "--tasks", "testkit.tasks", *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
@@ -127,7 +127,7 @@ class GunicornServer:
             env.update(JOBQUEUE_TLS_CERT=str(tls[0]), JOBQUEUE_TLS_KEY=str(tls[1]))
         env.update(extra_env or {})
         # app_uri: another application (a host app with the dashboard mounted) under our config.
-        command = [sys.executable, "-m", "gunicorn", "-c", str(REPO / "webapp/web/gunicorn_conf.py")]
+        command = [sys.executable, "-m", "gunicorn", "-c", str(REPO / "jobqueue/web/gunicorn_conf.py")]
         if chdir is not None:
             command += ["--chdir", str(chdir)]
         self.proc = subprocess.Popen(command + ([app_uri] if app_uri else []),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from webapp.core.builtin_tasks import export_orders
-from webapp.core.tasks import task
+from jobqueue.core.builtin_tasks import export_orders
+from jobqueue.core.tasks import task
 
 
 @task("slow_noop")

@@ -94,7 +94,7 @@ class AuthActions:
 def signed_in_app(url: str, **extra):
     """create_app on `url` (app_config's settings plus `extra`) and a test client signed in as the
     admin with its CSRF token at `client.token`; every engine the app made is disposed after."""
-    from webapp import create_app
+    from jobqueue import create_app
 
     app = create_app(app_config(url, **extra))
     client = app.test_client()

@@ -15,9 +15,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from webapp.core.db import create_engine
-from webapp.core.migrate import init_db
-from webapp.core.task_modules import load_task_modules
+from jobqueue.core.db import create_engine
+from jobqueue.core.migrate import init_db
+from jobqueue.core.task_modules import load_task_modules
 
 from testkit.netns import HostNetwork, netns_unavailable_reason
 from testkit.replication import ReplicationCluster
@@ -157,7 +157,7 @@ def _process_settings():
     """An app or a CLI command installs the process's settings (settings.use), and a one-shot
     command turns metrics off; each test starts from the environment again, metrics on."""
     yield
-    from webapp.core import metrics, settings
+    from jobqueue.core import metrics, settings
 
     settings.use(None)
     metrics.on()

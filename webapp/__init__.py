@@ -1,40 +1,47 @@
-"""jobqueue: a job queue in a MySQL table with a Flask operations dashboard.
+"""Deprecated: the package is `jobqueue` now (`from jobqueue import JobQueue, task`).
 
-    from webapp import JobQueue, task
-
-`webapp.core` is the queue (no Flask below this line); `webapp.web` is the dashboard and API.
-Everything here is imported on first use, so that workers and the command line never pay for
-what they do not use (Flask above all).
+`import webapp` and `import webapp.<anything>` keep working for one release: each name resolves to
+the very module of `jobqueue` (one module object, so registries, settings and metrics are shared),
+with a DeprecationWarning that names the new import.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
 
-if TYPE_CHECKING:
-    from .core.client import JobQueue, set_default
-    from .core.models import Enqueued, Explanation, Job, Reason, Status
-    from .core.tasks import JobContext, task
-
-__all__ = ["Enqueued", "Explanation", "Job", "JobContext", "JobQueue", "Reason", "Status", "create_app", "set_default", "task"]
-
-_LAZY = {"JobQueue": "webapp.core.client", "set_default": "webapp.core.client", "task": "webapp.core.tasks",
-         "JobContext": "webapp.core.tasks", "Enqueued": "webapp.core.models", "Job": "webapp.core.models",
-         "Explanation": "webapp.core.models", "Reason": "webapp.core.models",
-         "Status": "webapp.core.models"}
+warnings.warn("the package 'webapp' is now 'jobqueue': write `import jobqueue` "
+              "(`from jobqueue import JobQueue, task`); `webapp` goes away in the next release",
+              DeprecationWarning, stacklevel=2)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """webapp.X is jobqueue.X: the same module object under the old name."""
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'webapp' has no attribute {name!r}")
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.startswith("webapp."):
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        module = importlib.import_module("jobqueue" + spec.name[len("webapp"):])
+        spec.loader_state = module.__spec__
+        return module
+
+    def exec_module(self, module):
+        # The import system just gave the module the alias's spec: give it back its own.
+        module.__spec__ = module.__spec__.loader_state
 
 
-def create_app(test_config: dict[str, Any] | None = None) -> Any:
-    """Flask application factory (see webapp.web). Imported lazily so that workers and the CLI
-    never import Flask."""
-    from .web import create_app as _create_app
+if not any(isinstance(finder, _Alias) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _Alias())
 
-    return _create_app(test_config)
+_new = importlib.import_module("jobqueue")
+__all__ = list(_new.__all__)
+
+
+def __getattr__(name: str):
+    return getattr(_new, name)

@@ -5,7 +5,7 @@ Flask-SQLAlchemy transaction: the job exists exactly when the order does. The qu
 is mounted at /jobs-admin behind the shop's own staff login.
 
     JOBQUEUE_DATABASE_URL=mysql+pymysql://shop@db/shop SHOP_SECRET_KEY=... \\
-        gunicorn --chdir examples/flask_shop -c python:webapp.web.gunicorn_conf 'shop:create_app()'
+        gunicorn --chdir examples/flask_shop -c python:jobqueue.web.gunicorn_conf 'shop:create_app()'
 
 (the queue's gunicorn settings start the embedded workers in each web process, as for
 `jobqueue serve`). Staff come from SHOP_STAFF: `name:role:password-hash` entries separated by
@@ -24,9 +24,9 @@ from sqlalchemy import CheckConstraint, String, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from werkzeug.security import check_password_hash
 
-from webapp import JobQueue
-from webapp.core.builtin_tasks import export_orders
-from webapp.web import init_dashboard
+from jobqueue import JobQueue
+from jobqueue.core.builtin_tasks import export_orders
+from jobqueue.web import init_dashboard
 
 
 class Base(DeclarativeBase):

@@ -13,10 +13,10 @@ import pytest
 import sqlalchemy as sa
 
 from testkit.procs import WorkerProcess, claimed_ids, cli_env, jobqueue, wait_until
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.models import Lease, Outcome, Status
-from webapp.core.schema import job_attempt, job_queue, job_result
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.models import Lease, Outcome, Status
+from jobqueue.core.schema import job_attempt, job_queue, job_result
 
 pytestmark = pytest.mark.slow
 jq = job_queue.c

@@ -11,10 +11,10 @@ import sqlalchemy as sa
 
 from testkit.procs import GunicornServer, wait_until
 from testkit.web import api_post, server_env
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.models import Status
-from webapp.core.schema import job_queue, worker_process
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.models import Status
+from jobqueue.core.schema import job_queue, worker_process
 
 pytestmark = pytest.mark.slow
 jq = job_queue.c

@@ -19,11 +19,11 @@ import sqlalchemy as sa
 
 from testkit.procs import WorkerProcess, jobqueue, wait_until
 from testkit.tasks import runs
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.migrate import init_db
-from webapp.core.models import Status
-from webapp.core.schema import job_queue
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.migrate import init_db
+from jobqueue.core.models import Status
+from jobqueue.core.schema import job_queue
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ import pytest
 from testkit.web import api_post, server_env
 from testkit.procs import GunicornServer, wait_until
 from testkit.web import VIEWER_TOKEN
-from webapp.core import repository
-from webapp.core.db import create_engine
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
 
 pytestmark = pytest.mark.slow
 

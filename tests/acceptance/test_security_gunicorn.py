@@ -16,9 +16,9 @@ from sqlalchemy.engine import make_url
 
 from testkit.procs import GunicornServer, wait_until
 from testkit.web import ADMIN_PASSWORD, WebClient, server_env
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.schema import audit_log
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.schema import audit_log
 
 pytestmark = pytest.mark.slow
 

@@ -49,7 +49,7 @@ def test_serve_dev_prints_the_login_last(tmp_path):
     env = cli_env(JOBQUEUE_INSTANCE_PATH=str(tmp_path), JOBQUEUE_WEB_WORKERS="2")
     for name in ("JOBQUEUE_DATABASE_URL", "JOBQUEUE_USERS", "JOBQUEUE_API_TOKENS", "JOBQUEUE_DEV_PASSWORD"):
         env.pop(name, None)
-    output = run_until_banner([sys.executable, "-m", "webapp.cli", "serve", "--dev", "--port", str(port)], env,
+    output = run_until_banner([sys.executable, "-m", "jobqueue.cli", "serve", "--dev", "--port", str(port)], env,
                               tmp_path / "serve.log")
     lines, start = banner_lines(output, port)
     before, after = lines[:start], lines[start + 3:]

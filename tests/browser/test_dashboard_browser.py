@@ -11,9 +11,9 @@ import pytest
 from tests.browser.conftest import ARTIFACTS
 from testkit.procs import GunicornServer, wait_until
 from testkit.web import ADMIN_PASSWORD, server_env
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.models import Status
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.models import Status
 
 pytestmark = pytest.mark.slow
 

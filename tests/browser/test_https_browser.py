@@ -13,9 +13,9 @@ import pytest
 from testkit.procs import GunicornServer, free_port
 from testkit.tls import self_signed_certificate
 from testkit.web import ADMIN_PASSWORD, server_env
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.models import Status
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.models import Status
 
 pytestmark = pytest.mark.slow
 

@@ -8,9 +8,9 @@ import pytest
 import sqlalchemy as sa
 
 from tests.browser.conftest import sign_in
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.schema import job_queue
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.schema import job_queue
 
 pytestmark = pytest.mark.slow
 jq = job_queue.c

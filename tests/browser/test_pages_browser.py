@@ -9,9 +9,9 @@ import pytest
 from tests.browser.conftest import ARTIFACTS, sign_in
 from testkit.procs import REPO, GunicornServer, wait_until
 from testkit.web import ADMIN_TOKEN, api_post, server_env
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.models import Status
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.models import Status
 
 pytestmark = pytest.mark.slow
 AXE = REPO / "node_modules" / "axe-core" / "axe.min.js"

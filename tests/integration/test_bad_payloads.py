@@ -11,11 +11,11 @@ import sqlalchemy as sa
 
 from testkit.procs import jobqueue
 from testkit.web import api, app_config, login
-from webapp import create_app
-from webapp.core import repository
-from webapp.core.errors import ValidationError
-from webapp.core.schema import job_queue
-from webapp.core.validation import MAX_PAYLOAD_DEPTH
+from jobqueue import create_app
+from jobqueue.core import repository
+from jobqueue.core.errors import ValidationError
+from jobqueue.core.schema import job_queue
+from jobqueue.core.validation import MAX_PAYLOAD_DEPTH
 
 
 def nested(depth: int) -> dict:

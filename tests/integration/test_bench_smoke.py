@@ -6,8 +6,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from bench.raw_loop import RawLoop, connect_args
-from webapp.core import repository
-from webapp.core.schema import job_queue
+from jobqueue.core import repository
+from jobqueue.core.schema import job_queue
 
 jq = job_queue.c
 

@@ -15,15 +15,15 @@ from click.testing import CliRunner
 
 from testkit.locks import hold_rows
 from testkit.procs import WorkerProcess, wait_until
-from webapp.core import repository
-from webapp.core.builtin_tasks import noop
-from webapp.core.cli import main
-from webapp.core.errors import InvalidState, JobBusy, JobNotFound
-from webapp.core.models import Outcome, Status
-from webapp.core.repository import JobFilter
-from webapp.core.schema import audit_log, job_queue
-from webapp.core.tasks import Registry, TaskSpec
-from webapp.core.worker import Worker, WorkerConfig
+from jobqueue.core import repository
+from jobqueue.core.builtin_tasks import noop
+from jobqueue.core.cli import main
+from jobqueue.core.errors import InvalidState, JobBusy, JobNotFound
+from jobqueue.core.models import Outcome, Status
+from jobqueue.core.repository import JobFilter
+from jobqueue.core.schema import audit_log, job_queue
+from jobqueue.core.tasks import Registry, TaskSpec
+from jobqueue.core.worker import Worker, WorkerConfig
 
 jq = job_queue.c
 

@@ -11,11 +11,11 @@ import pytest
 from testkit.procs import WorkerProcess, jobqueue, wait_until
 from testkit.replication import read_general_log
 from testkit.web import api, app_config
-from webapp import create_app
-from webapp.core import repository
-from webapp.core.db import PRIMARY_CHECK_SECONDS, create_engine, role_of
-from webapp.core.errors import NotPrimary
-from webapp.core.migrate import init_db
+from jobqueue import create_app
+from jobqueue.core import repository
+from jobqueue.core.db import PRIMARY_CHECK_SECONDS, create_engine, role_of
+from jobqueue.core.errors import NotPrimary
+from jobqueue.core.migrate import init_db
 
 pytestmark = pytest.mark.slow
 

@@ -11,11 +11,11 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from webapp.core import repository
-from webapp.core.models import Outcome, Status
-from webapp.core.schema import job_queue
+from jobqueue.core import repository
+from jobqueue.core.models import Outcome, Status
+from jobqueue.core.schema import job_queue
 
-claim_module = importlib.import_module("webapp.core.repository.claim")
+claim_module = importlib.import_module("jobqueue.core.repository.claim")
 jq = job_queue.c
 
 
@@ -173,7 +173,7 @@ def test_batches_of_every_size_share_a_few_statements(mysql_engine):
     """A worker's batches take any size up to its capacity: statements are built for a few sizes
     (powers of two) with the unused places matching no row, so that the compiled statements a
     long-running worker keeps stay few whatever sizes it meets."""
-    common = importlib.import_module("webapp.core.repository.common")
+    common = importlib.import_module("jobqueue.core.repository.common")
     with mysql_engine.connect() as conn:
         add(conn, 1200)
         before = len(common._compiled)

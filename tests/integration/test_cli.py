@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from testkit.procs import jobqueue
-from webapp.cli import LAZY_COMMANDS, cli
-from webapp.core import repository
-from webapp.core.cli import main, pause_collector
+from jobqueue.cli import LAZY_COMMANDS, cli
+from jobqueue.core import repository
+from jobqueue.core.cli import main, pause_collector
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def _lines(result):
 
 def _keys_in_table(engine):
     import sqlalchemy as sa
-    from webapp.core.schema import job_queue
+    from jobqueue.core.schema import job_queue
 
     with engine.connect() as conn:
         return set(conn.execute(sa.select(job_queue.c.task_key)).scalars())
@@ -224,7 +224,7 @@ collecting_probe = click.Command("probe", callback=lambda: SEEN_COLLECTING.appen
 
 @pytest.fixture
 def paused_collector():
-    """What webapp.cli.run does before a command; the test's process gets its collector back."""
+    """What jobqueue.cli.run does before a command; the test's process gets its collector back."""
     pause_collector()
     try:
         yield
@@ -241,7 +241,7 @@ def test_a_command_collects_again_once_it_has_its_engine(paused_collector, sqlit
 
 
 def test_a_command_from_above_the_core_collects_from_its_start(paused_collector, monkeypatch):
-    # `jobqueue serve` runs gunicorn for days without building an engine in webapp.core.cli.
+    # `jobqueue serve` runs gunicorn for days without building an engine in jobqueue.core.cli.
     monkeypatch.setitem(LAZY_COMMANDS, "probe", (f"{__name__}:collecting_probe", "probe"))
     SEEN_COLLECTING.clear()
     result = CliRunner().invoke(cli, ["probe"], obj={})

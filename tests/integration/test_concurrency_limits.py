@@ -13,10 +13,10 @@ import pytest
 import sqlalchemy as sa
 
 from testkit.procs import WorkerProcess, jobqueue, wait_until
-from webapp.core import repository
-from webapp.core.errors import ValidationError
-from webapp.core.models import EmptyClaim, Outcome, Status
-from webapp.core.schema import concurrency_key, job_queue
+from jobqueue.core import repository
+from jobqueue.core.errors import ValidationError
+from jobqueue.core.models import EmptyClaim, Outcome, Status
+from jobqueue.core.schema import concurrency_key, job_queue
 
 jq = job_queue.c
 
@@ -224,7 +224,7 @@ def test_a_sigkilled_holder_gives_its_place_back_when_its_lease_is_reaped(mysql_
 
 def test_api_refuses_a_job_without_its_key_with_422(mysql_url):
     from testkit.web import ADMIN_TOKEN, app_config
-    from webapp import create_app
+    from jobqueue import create_app
 
     app = create_app(app_config(mysql_url))
     try:

@@ -13,10 +13,10 @@ import pytest
 
 from testkit.procs import WorkerProcess, jobqueue
 from testkit.throwaway_mariadb import ThrowawayMariaDB, free_port
-from webapp.core import doctor, preflight
-from webapp.core.db import create_engine
-from webapp.core.doctor import Verdict
-from webapp.core.errors import UnsupportedDatabase
+from jobqueue.core import doctor, preflight
+from jobqueue.core.db import create_engine
+from jobqueue.core.doctor import Verdict
+from jobqueue.core.errors import UnsupportedDatabase
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The doorbell (webapp/core/repository/doorbell.py): another process's enqueue wakes an idle
+"""The doorbell (jobqueue/core/repository/doorbell.py): another process's enqueue wakes an idle
 standalone worker at once, through the server (a marked SLEEP ended by KILL QUERY), and an
 enqueue that cannot ring (no privilege) still enqueues."""
 
@@ -10,11 +10,11 @@ import pytest
 import sqlalchemy as sa
 
 from testkit.procs import WorkerProcess, wait_until
-from webapp.core import doorbell, repository
-from webapp.core.db import create_engine
-from webapp.core.migrate import init_db
-from webapp.core.repository import doorbell as bell
-from webapp.core.tasks import TASKS
+from jobqueue.core import doorbell, repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.migrate import init_db
+from jobqueue.core.repository import doorbell as bell
+from jobqueue.core.tasks import TASKS
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def test_an_account_that_cannot_ring_still_enqueues(queue_engine, mysql_url, tmp
 
 
 def test_burst_workers_and_sqlite_have_no_doorbell(tmp_path):
-    from webapp.core.worker import Worker, WorkerConfig
+    from jobqueue.core.worker import Worker, WorkerConfig
 
     engine = create_engine(f"sqlite:///{tmp_path / 'q.db'}")
     try:

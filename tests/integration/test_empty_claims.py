@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from webapp.core import metrics, repository
-from webapp.core.models import EmptyClaim
-from webapp.core.worker import Worker, WorkerConfig
+from jobqueue.core import metrics, repository
+from jobqueue.core.models import EmptyClaim
+from jobqueue.core.worker import Worker, WorkerConfig
 
 from testkit.locks import hold_rows
 

@@ -12,10 +12,10 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from webapp.core import repository, validation
-from webapp.core.models import Status
-from webapp.core.repository.enqueue import ServerRefusedRows
-from webapp.core.schema import job_queue, pruned_key
+from jobqueue.core import repository, validation
+from jobqueue.core.models import Status
+from jobqueue.core.repository.enqueue import ServerRefusedRows
+from jobqueue.core.schema import job_queue, pruned_key
 
 jq = job_queue.c
 
@@ -115,7 +115,7 @@ def test_in_the_callers_transaction_a_mixed_batch_keeps_the_callers_rows(engine)
 def test_more_rows_than_one_statement_holds(engine, monkeypatch):
     """Large batches are split into several INSERTs (by size on MySQL, by rows on SQLite); the
     ids still belong to their rows."""
-    enqueue_module = __import__("sys").modules["webapp.core.repository.enqueue"]
+    enqueue_module = __import__("sys").modules["jobqueue.core.repository.enqueue"]
     monkeypatch.setattr(enqueue_module, "STATEMENT_BYTES", 2000)
     monkeypatch.setattr(enqueue_module, "SQLITE_ROWS", 7)
     monkeypatch.setattr(enqueue_module, "READ_KEYS", 9)

@@ -14,10 +14,10 @@ import sqlalchemy as sa
 
 from testkit.locks import hold_rows
 from testkit.procs import WorkerProcess, jobqueue, wait_until
-from webapp.core import repository
-from webapp.core.errors import InvalidState, JobNotFound
-from webapp.core.models import Status
-from webapp.core.schema import job_queue
+from jobqueue.core import repository
+from jobqueue.core.errors import InvalidState, JobNotFound
+from jobqueue.core.models import Status
+from jobqueue.core.schema import job_queue
 
 
 def explain(engine, job_id):

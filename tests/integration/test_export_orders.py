@@ -7,7 +7,7 @@ import csv
 import json
 
 from testkit.procs import cli_env, jobqueue
-from webapp.core import repository
+from jobqueue.core import repository
 
 HOSTILE = ["=HYPERLINK(\"https://evil.example\",\"x\")", "+1+1", "-2-2", "@SUM(A1)", "\tTAB", "\rCR", "fine", "a=b"]
 

@@ -16,10 +16,10 @@ from werkzeug.security import generate_password_hash
 
 from testkit.procs import GunicornServer, wait_until
 from testkit.web import ADMIN_TOKEN, tokens_setting
-from webapp.core import repository
-from webapp.core.models import Status
-from webapp.core.schema import job_queue
-from webapp.core.worker import Worker, WorkerConfig
+from jobqueue.core import repository
+from jobqueue.core.models import Status
+from jobqueue.core.schema import job_queue
+from jobqueue.core.worker import Worker, WorkerConfig
 
 SHOP_DIR = Path(__file__).resolve().parents[2] / "examples" / "flask_shop"
 PASSWORD = "shop-password-1"

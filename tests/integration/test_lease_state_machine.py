@@ -25,14 +25,14 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from webapp.core import db, repository
-from webapp.core.db import create_engine
-from webapp.core.errors import InvalidState, LeaseLostError
-from webapp.core.migrate import init_db
-from webapp.core.models import Outcome, Status
-from webapp.core.schema import job_queue
-from webapp.core.tasks import JobContext
-from webapp.core.worker.leases import LeaseKeeper, LeaseState
+from jobqueue.core import db, repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.errors import InvalidState, LeaseLostError
+from jobqueue.core.migrate import init_db
+from jobqueue.core.models import Outcome, Status
+from jobqueue.core.schema import job_queue
+from jobqueue.core.tasks import JobContext
+from jobqueue.core.worker.leases import LeaseKeeper, LeaseState
 
 LEASE = 10.0
 JOBS = 3

@@ -14,13 +14,13 @@ from sqlalchemy.exc import OperationalError
 
 from testkit.locks import hold_rows
 from testkit.procs import wait_until
-from webapp.core import db, metrics, repository
-from webapp.core.builtin_tasks import noop, sleep
-from webapp.core.errors import LeaseLostError
-from webapp.core.models import Lease, Outcome, Status
-from webapp.core.schema import job_attempt, job_queue, job_result, worker_stats
-from webapp.core.tasks import Registry, TaskSpec
-from webapp.core.worker import LeaseState, Worker, WorkerConfig
+from jobqueue.core import db, metrics, repository
+from jobqueue.core.builtin_tasks import noop, sleep
+from jobqueue.core.errors import LeaseLostError
+from jobqueue.core.models import Lease, Outcome, Status
+from jobqueue.core.schema import job_attempt, job_queue, job_result, worker_stats
+from jobqueue.core.tasks import Registry, TaskSpec
+from jobqueue.core.worker import LeaseState, Worker, WorkerConfig
 
 jq = job_queue.c
 

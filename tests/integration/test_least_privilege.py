@@ -11,7 +11,7 @@ import pytest
 
 from testkit.procs import jobqueue
 from testkit.web import app_config, csrf_token, login
-from webapp import create_app
+from jobqueue import create_app
 
 pytestmark = pytest.mark.slow
 

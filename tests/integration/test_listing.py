@@ -9,13 +9,13 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from webapp.core import repository
-from webapp.core.cli import main
-from webapp.core.errors import RunAgainNeeded, ValidationError
-from webapp.core.models import Status
-from webapp.core.repository import JobFilter
-from webapp.core.schema import audit_log, job_queue, job_result
-from webapp.core.validation import job_query
+from jobqueue.core import repository
+from jobqueue.core.cli import main
+from jobqueue.core.errors import RunAgainNeeded, ValidationError
+from jobqueue.core.models import Status
+from jobqueue.core.repository import JobFilter
+from jobqueue.core.schema import audit_log, job_queue, job_result
+from jobqueue.core.validation import job_query
 
 jq = job_queue.c
 

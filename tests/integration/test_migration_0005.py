@@ -11,9 +11,9 @@ import sqlalchemy as sa
 from alembic import command
 
 from tests.conftest import MYSQL_SERVER, _admin
-from webapp.core import migrate, repository
-from webapp.core.db import create_engine
-from webapp.core.models import Status
+from jobqueue.core import migrate, repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.models import Status
 
 
 @pytest.fixture(params=["mariadb", "sqlite"])

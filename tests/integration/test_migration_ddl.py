@@ -1,4 +1,4 @@
-"""No migration may copy the hot table. Every migration in webapp/core/migrations/versions/ is run
+"""No migration may copy the hot table. Every migration in jobqueue/core/migrations/versions/ is run
 on a fresh MariaDB database one revision at a time, and each DDL statement it sends is read: an
 ALTER TABLE job_queue must name ALGORITHM=INSTANT or ALGORITHM=INPLACE (so that the server
 refuses, at deploy time, what it could only do by copying), and must not change what always
@@ -21,8 +21,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import event
 from sqlalchemy.pool import NullPool
 
-from webapp.core import migrate
-from webapp.core.db import create_engine
+from jobqueue.core import migrate
+from jobqueue.core.db import create_engine
 
 HOT_TABLE = "job_queue"
 VERSIONS = Path(migrate.HERE) / "migrations" / "versions"
@@ -41,7 +41,7 @@ The rule for DDL on {HOT_TABLE} (the queue's hot table; a table copy there stops
     PARTITION, OPTIMIZE TABLE;
   - CREATE INDEX ... ON {HOT_TABLE} is fine (InnoDB builds a secondary index in place while writes
     go on); CREATE FULLTEXT/SPATIAL INDEX is not.
-How: call webapp.core.migrations.online (add_column, drop_column, create_index, drop_index), which
+How: call jobqueue.core.migrations.online (add_column, drop_column, create_index, drop_index), which
 writes the ALTER with its algorithm on MySQL/MariaDB and the plain Alembic operation on SQLite;
 or dispatch yourself as 0003_worker_slots.py does:
     if op.get_context().dialect.name in ("mysql", "mariadb"):
@@ -171,7 +171,7 @@ def test_no_migration_copies_job_queue(fresh_database):
 
 @pytest.mark.parametrize("backend", ["mariadb", "sqlite"])
 def test_the_online_helpers_follow_the_rule_and_work(backend, request, tmp_path):
-    from webapp.core.migrations import online
+    from jobqueue.core.migrations import online
 
     url = request.getfixturevalue("mysql_url") if backend == "mariadb" else request.getfixturevalue("sqlite_url")
     engine = create_engine(url, pool_size=1)

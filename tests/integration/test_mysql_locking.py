@@ -10,10 +10,10 @@ import pytest
 import sqlalchemy as sa
 
 from testkit.locks import hold_rows
-from webapp.core import db, migrate, preflight, repository
-from webapp.core.errors import JobBusy, UnsupportedDatabase
-from webapp.core.models import EmptyClaim, Status
-from webapp.core.schema import job_queue
+from jobqueue.core import db, migrate, preflight, repository
+from jobqueue.core.errors import JobBusy, UnsupportedDatabase
+from jobqueue.core.models import EmptyClaim, Status
+from jobqueue.core.schema import job_queue
 
 jq = job_queue.c
 

@@ -13,11 +13,11 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from testkit.procs import WorkerProcess, wait_until
-from webapp.core import repository
-from webapp.core.cli import main
-from webapp.core.models import EmptyClaim
-from webapp.core.schema import audit_log, job_queue
-from webapp.core.worker import Worker, WorkerConfig
+from jobqueue.core import repository
+from jobqueue.core.cli import main
+from jobqueue.core.models import EmptyClaim
+from jobqueue.core.schema import audit_log, job_queue
+from jobqueue.core.worker import Worker, WorkerConfig
 
 jq = job_queue.c
 

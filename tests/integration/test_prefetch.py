@@ -10,12 +10,12 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from webapp.core import repository
-from webapp.core.builtin_tasks import noop
-from webapp.core.cli import main
-from webapp.core.tasks import Registry, TaskSpec
-from webapp.core.worker import Worker, WorkerConfig
-from webapp.core.worker.loop import PREFETCH_WHILE_JOBS_UNDER_SECONDS
+from jobqueue.core import repository
+from jobqueue.core.builtin_tasks import noop
+from jobqueue.core.cli import main
+from jobqueue.core.tasks import Registry, TaskSpec
+from jobqueue.core.worker import Worker, WorkerConfig
+from jobqueue.core.worker.loop import PREFETCH_WHILE_JOBS_UNDER_SECONDS
 
 
 def most_held(worker: Worker) -> list[int]:
@@ -125,7 +125,7 @@ def test_the_command_line_takes_a_number_or_auto(monkeypatch, given, expected):
         def run(self):
             return 0
 
-    monkeypatch.setattr("webapp.core.worker.Worker", Stub)
+    monkeypatch.setattr("jobqueue.core.worker.Worker", Stub)
     result = CliRunner().invoke(main, ["--database-url", "sqlite://", "worker", "--burst", *given])
     assert result.exit_code == 0, result.output
     assert seen["prefetch"] == expected

@@ -10,16 +10,16 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-import webapp
+import jobqueue
 from testkit.procs import wait_until
-from webapp import JobQueue, task
-from webapp.core import repository
-from webapp.core.builtin_tasks import noop
-from webapp.core.errors import InvalidState, LeaseLostError
-from webapp.core.models import Status
-from webapp.core.schema import job_queue
-from webapp.core.tasks import Registry, TaskSpec
-from webapp.core.worker import LeaseState, Worker, WorkerConfig
+from jobqueue import JobQueue, task
+from jobqueue.core import repository
+from jobqueue.core.builtin_tasks import noop
+from jobqueue.core.errors import InvalidState, LeaseLostError
+from jobqueue.core.models import Status
+from jobqueue.core.schema import job_queue
+from jobqueue.core.tasks import Registry, TaskSpec
+from jobqueue.core.worker import LeaseState, Worker, WorkerConfig
 
 orders = sa.Table("shop_orders", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True),
                   sa.Column("note", sa.String(50)))
@@ -90,12 +90,12 @@ def test_a_task_enqueues_itself_and_is_still_a_function(engine, monkeypatch):
     def greet(payload, ctx):
         calls.append(payload["name"])
 
-    webapp.set_default(JobQueue(engine, registry=registry))
+    jobqueue.set_default(JobQueue(engine, registry=registry))
     try:
         res = greet.enqueue("hello-1", {"name": "Ada"})
         assert res.duplicate is False and greet.task_name == "greet"
     finally:
-        webapp.set_default(None)
+        jobqueue.set_default(None)
     greet({"name": "direct"}, None)
     assert calls == ["direct"]
     with engine.connect() as conn:

@@ -12,9 +12,9 @@ from sqlalchemy.exc import DBAPIError
 
 from testkit.replication import executed_statements
 from testkit.web import api, post, signed_in_app
-from webapp.core import repository
-from webapp.core.db import create_engine, error_code
-from webapp.core.migrate import init_db
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine, error_code
+from jobqueue.core.migrate import init_db
 
 pytestmark = pytest.mark.slow
 

@@ -14,13 +14,13 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from testkit.procs import WorkerProcess, wait_until
-from webapp.core import repository
-from webapp.core.builtin_tasks import noop
-from webapp.core.cli import main
-from webapp.core.errors import ScheduleNotFound, ValidationError
-from webapp.core.recurring import REREAD_SECONDS, latest_tick, next_tick, parse_cron, run_key
-from webapp.core.schema import job_queue, recurring_job
-from webapp.core.tasks import Registry, TaskSpec
+from jobqueue.core import repository
+from jobqueue.core.builtin_tasks import noop
+from jobqueue.core.cli import main
+from jobqueue.core.errors import ScheduleNotFound, ValidationError
+from jobqueue.core.recurring import REREAD_SECONDS, latest_tick, next_tick, parse_cron, run_key
+from jobqueue.core.schema import job_queue, recurring_job
+from jobqueue.core.tasks import Registry, TaskSpec
 
 jq = job_queue.c
 
@@ -233,7 +233,7 @@ def _now(engine):
 
 
 def test_the_runner_reads_rarely_and_enqueues_when_due(engine):
-    from webapp.core.recurring import RecurringRunner
+    from jobqueue.core.recurring import RecurringRunner
 
     clock = [1000.0]
     runner = RecurringRunner(engine, clock=lambda: clock[0])

@@ -16,13 +16,13 @@ import sqlalchemy as sa
 
 from testkit.procs import cli_env, jobqueue
 from testkit.web import api, login, post, signed_in_app
-from webapp import create_app
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.migrate import init_db
-from webapp.core.replica_watch import ReplicaWatch
-from webapp.core.schema import job_queue
-from webapp.web import dashboard
+from jobqueue import create_app
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.migrate import init_db
+from jobqueue.core.replica_watch import ReplicaWatch
+from jobqueue.core.schema import job_queue
+from jobqueue.web import dashboard
 from testkit.web import app_config
 
 pytestmark = pytest.mark.slow

@@ -9,11 +9,11 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from webapp.core import repository
-from webapp.core.errors import InvalidState, JobNotFound, LeaseStillValid, ValidationError, PayloadTooLarge
-from webapp.core.models import EmptyClaim, Lease, Outcome, Status
-from webapp.core.schema import job_queue, job_result
-from webapp.core.tasks import LeaseLostError
+from jobqueue.core import repository
+from jobqueue.core.errors import InvalidState, JobNotFound, LeaseStillValid, ValidationError, PayloadTooLarge
+from jobqueue.core.models import EmptyClaim, Lease, Outcome, Status
+from jobqueue.core.schema import job_queue, job_result
+from jobqueue.core.tasks import LeaseLostError
 
 
 def count(conn, table=job_queue, *where):
@@ -293,7 +293,7 @@ def test_counts_cache_is_shared_until_its_seconds_pass_or_an_operator_acts(engin
     """What every tab, /metrics and /api/stats of one process read: the same figures until they
     are live_seconds old (history 15 times as long), recounted at once after an operator action
     in this process, and each pair capped (done at HISTORY_CAP, shown as capped, never guessed)."""
-    from webapp.core.repository import stats
+    from jobqueue.core.repository import stats
 
     clock = [1000.0]
     monkeypatch.setattr(stats.time, "monotonic", lambda: clock[0])
@@ -334,7 +334,7 @@ def test_history_that_is_due_is_recounted_behind_the_request(mysql_engine, monke
     and one that an operator's action overtakes is dropped instead of putting back older counts.
     (MariaDB only: SQLite's transactions all take its one write lock, so a held recount there
     holds every request.)"""
-    from webapp.core.repository import stats
+    from jobqueue.core.repository import stats
 
     clock = [1000.0]
     monkeypatch.setattr(stats.time, "monotonic", lambda: clock[0])
@@ -390,7 +390,7 @@ def test_due_counts_are_read_again_only_after_a_write_to_job_queue(mysql_engine,
     """MariaDB: a refresh whose counts are due reads job_queue's UPDATE_TIME (one statement) and
     counts again only if a write was committed since the last count; a write right after a
     count, in the same second, is seen at the next refresh all the same."""
-    from webapp.core.repository import stats
+    from jobqueue.core.repository import stats
     clock = [1000.0]
     monkeypatch.setattr(stats.time, "monotonic", lambda: clock[0])
     cache = repository.CountsCache(2.0)

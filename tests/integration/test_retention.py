@@ -13,12 +13,12 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from testkit.procs import wait_until
-from webapp.core import repository
-from webapp.core.cli import main
-from webapp.core.models import Status
-from webapp.core.retention import Pruner
-from webapp.core.schema import job_attempt, job_queue, job_result, prune_run, pruned_key
-from webapp.core.worker import Worker, WorkerConfig
+from jobqueue.core import repository
+from jobqueue.core.cli import main
+from jobqueue.core.models import Status
+from jobqueue.core.retention import Pruner
+from jobqueue.core.schema import job_attempt, job_queue, job_result, prune_run, pruned_key
+from jobqueue.core.worker import Worker, WorkerConfig
 
 jq = job_queue.c
 
@@ -222,7 +222,7 @@ def test_a_pass_due_runs_in_a_thread_of_its_own_and_the_next_is_asked_for_when_d
 
 @pytest.mark.parametrize("name, value", [("JOBQUEUE_KEEP_DONE_DAYS", "-1"), ("JOBQUEUE_KEEP_FAILED_DAYS", "lots")])
 def test_bad_retention_settings_are_refused(monkeypatch, name, value):
-    from webapp.core.settings import Settings, SettingsError
+    from jobqueue.core.settings import Settings, SettingsError
 
     monkeypatch.setenv(name, value)
     with pytest.raises(SettingsError, match=name):

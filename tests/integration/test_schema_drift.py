@@ -1,4 +1,4 @@
-"""The schema is defined once: the tables the migrations build are the tables webapp/core/schema.py
+"""The schema is defined once: the tables the migrations build are the tables jobqueue/core/schema.py
 describes, on MariaDB and on SQLite (Alembic's compare_metadata finds no difference)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from webapp.core.migrate import VERSION_TABLE
-from webapp.core.schema import metadata
+from jobqueue.core.migrate import VERSION_TABLE
+from jobqueue.core.schema import metadata
 
 
 def differences(engine, target: sa.MetaData) -> list:

@@ -7,9 +7,9 @@ import threading
 
 import sqlalchemy as sa
 
-from webapp.core import repository
-from webapp.core.repository import ThrottleKey, ThrottleRule
-from webapp.core.schema import login_throttle, web_session
+from jobqueue.core import repository
+from jobqueue.core.repository import ThrottleKey, ThrottleRule
+from jobqueue.core.schema import login_throttle, web_session
 
 RULE = ThrottleRule("address_user", free=3, first_delay=30.0, max_delay=120.0, forget=600.0)
 ADDRESS = ThrottleRule("address", free=5, first_delay=30.0, max_delay=120.0, forget=600.0)

@@ -9,8 +9,8 @@ import pymysql
 import sqlalchemy as sa
 
 from soak import run as soak_run
-from webapp.core import repository
-from webapp.core.db import create_engine
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
 
 
 def test_the_hold_locks_exactly_the_rows_it_reports(mysql_url, tmp_path, monkeypatch):

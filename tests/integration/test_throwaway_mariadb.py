@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.migrate import init_db
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.migrate import init_db
 
 pytestmark = pytest.mark.slow
 

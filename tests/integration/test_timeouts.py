@@ -10,11 +10,11 @@ import time
 import pytest
 
 from testkit.procs import wait_until
-from webapp.core import repository
-from webapp.core.builtin_tasks import noop
-from webapp.core.models import Status
-from webapp.core.tasks import Registry, TaskSpec
-from webapp.core.worker import Worker, WorkerConfig
+from jobqueue.core import repository
+from jobqueue.core.builtin_tasks import noop
+from jobqueue.core.models import Status
+from jobqueue.core.tasks import Registry, TaskSpec
+from jobqueue.core.worker import Worker, WorkerConfig
 
 
 def test_a_2_s_timeout_on_a_5_s_job_fails_the_attempt_as_timeout(engine):

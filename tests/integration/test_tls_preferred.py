@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ssl
 
-from webapp.core.db import create_engine, preferred_tls_context
+from jobqueue.core.db import create_engine, preferred_tls_context
 
 from testkit.tls import self_signed_certificate
 

@@ -12,12 +12,12 @@ import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 
 from testkit.procs import WorkerProcess, wait_until
-from webapp.core import repository
-from webapp.core.builtin_tasks import noop
-from webapp.core.models import Status
-from webapp.core.schema import job_queue
-from webapp.core.tasks import Registry, TaskSpec
-from webapp.core.worker import Worker, WorkerConfig
+from jobqueue.core import repository
+from jobqueue.core.builtin_tasks import noop
+from jobqueue.core.models import Status
+from jobqueue.core.schema import job_queue
+from jobqueue.core.tasks import Registry, TaskSpec
+from jobqueue.core.worker import Worker, WorkerConfig
 
 jq = job_queue.c
 

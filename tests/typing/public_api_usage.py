@@ -9,8 +9,8 @@ import sqlalchemy as sa
 from flask import Flask, Request, session
 from sqlalchemy.orm import Session
 
-from webapp import Enqueued, Explanation, Job, JobContext, JobQueue, Status, set_default, task
-from webapp.web import init_dashboard
+from jobqueue import Enqueued, Explanation, Job, JobContext, JobQueue, Status, set_default, task
+from jobqueue.web import init_dashboard
 
 
 @task("send_invoice", queue="billing", max_attempts=10)

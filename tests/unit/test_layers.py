@@ -8,24 +8,24 @@ import subprocess
 import sys
 from pathlib import Path
 
-import webapp.core
-from webapp.core import settings
+import jobqueue.core
+from jobqueue.core import settings
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def core_modules() -> list[str]:
-    return sorted(m.name for m in pkgutil.walk_packages(webapp.core.__path__, "webapp.core.")
+    return sorted(m.name for m in pkgutil.walk_packages(jobqueue.core.__path__, "jobqueue.core.")
                   if ".migrations" not in m.name)
 
 
 def test_no_module_of_the_core_imports_flask():
     modules = core_modules()
-    assert "webapp.core.repository.claim" in modules and "webapp.core.worker.leases" in modules
+    assert "jobqueue.core.repository.claim" in modules and "jobqueue.core.worker.leases" in modules
     code = ("import importlib, sys\n"
             f"for name in {modules!r}:\n"
             "    importlib.import_module(name)\n"
-            "bad = sorted(m for m in sys.modules if m == 'flask' or m.startswith(('flask.', 'flask_', 'webapp.web')))\n"
+            "bad = sorted(m for m in sys.modules if m == 'flask' or m.startswith(('flask.', 'flask_', 'jobqueue.web')))\n"
             "print(','.join(bad))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "", f"the core imported {out.stdout.strip()}"
@@ -33,12 +33,12 @@ def test_no_module_of_the_core_imports_flask():
 
 def test_a_queue_command_imports_neither_flask_nor_alembic_nor_prometheus():
     code = ("import sys\n"
-            "from webapp.cli import cli\n"
+            "from jobqueue.cli import cli\n"
             "try:\n"
             "    cli(['--help'], obj={})\n"
             "except SystemExit:\n"
             "    pass\n"
-            "import webapp.core.repository, webapp.core.db\n"
+            "import jobqueue.core.repository, jobqueue.core.db\n"
             "heavy = [m for m in ('flask', 'alembic', 'prometheus_client', 'werkzeug') if m in sys.modules]\n"
             "print(','.join(heavy), file=sys.stderr)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
@@ -49,7 +49,7 @@ def test_a_worker_registering_reads_its_totals_without_importing_prometheus():
     # Registration comes before the first claim; prometheus_client (~10-20 ms to import) is made
     # by the first metric a claim counts, after the claim.
     code = ("import sys\n"
-            "from webapp.core import metrics\n"
+            "from jobqueue.core import metrics\n"
             "assert metrics.stat_totals()['completed'] == 0\n"
             "print('prometheus_client' in sys.modules)\n"
             "metrics.COMPLETED.labels(queue='q').inc(2)\n"
@@ -61,8 +61,8 @@ def test_a_worker_registering_reads_its_totals_without_importing_prometheus():
 def test_the_readme_configuration_table_is_the_settings_table():
     readme = (REPO / "README.md").read_text()
     assert settings.markdown_table() in readme, (
-        "README.md's configuration table differs from webapp/core/settings.py SETTINGS; paste the output of "
-        "`python -m webapp.core.settings` into README.md")
+        "README.md's configuration table differs from jobqueue/core/settings.py SETTINGS; paste the output of "
+        "`python -m jobqueue.core.settings` into README.md")
 
 
 def test_settings_parse_and_refuse_with_the_variable_named():
@@ -79,10 +79,10 @@ def test_settings_parse_and_refuse_with_the_variable_named():
         else:
             raise AssertionError(f"{env} accepted")
     every = {s.name for s in settings.SETTINGS}
-    for path in (REPO / "webapp").rglob("*.py"):
+    for path in (REPO / "jobqueue").rglob("*.py"):
         if path.name == "settings.py":
             continue
         text = path.read_text()
         assert "environ.get(\"JOBQUEUE_" not in text and "getenv(\"JOBQUEUE_" not in text, \
-            f"{path} reads a JOBQUEUE_ variable itself; declare it in webapp/core/settings.py"
+            f"{path} reads a JOBQUEUE_ variable itself; declare it in jobqueue/core/settings.py"
     assert "DATABASE_URL" in every

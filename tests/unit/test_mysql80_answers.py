@@ -11,9 +11,9 @@ import pymysql
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from webapp.core import db
-from webapp.core.doctor import read_plan
-from webapp.core.errors import NotPrimary
+from jobqueue.core import db
+from jobqueue.core.doctor import read_plan
+from jobqueue.core.errors import NotPrimary
 
 # EXPLAIN FORMAT=JSON of the claim on MySQL 8.0 (explain_format=JSON, or FORMAT=JSON).
 JSON_PLAN = {"query_block": {"select_id": 1, "cost_info": {"query_cost": "1.41"}, "ordering_operation": {

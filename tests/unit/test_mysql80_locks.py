@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy.dialects import mysql
 from sqlalchemy.exc import OperationalError
 
-from webapp.core.repository import locks
+from jobqueue.core.repository import locks
 
 # performance_schema.data_locks joined to threads: (PROCESSLIST_ID, INDEX_NAME, LOCK_DATA, LOCK_STATUS).
 # Connection 41 holds job 12 by primary key and job 13 through ix_ready_pick (a claim-like read);

@@ -1,11 +1,11 @@
-"""Reading SHOW GRANTS FOR CURRENT_USER() (webapp.core.privileges) on answers recorded from MySQL
+"""Reading SHOW GRANTS FOR CURRENT_USER() (jobqueue.core.privileges) on answers recorded from MySQL
 8.0 and MariaDB 10.11: which privileges read_only does not bind, and what the account may do with
 the queue's tables."""
 
 from __future__ import annotations
 
-from webapp.core.preflight import QUEUE_TABLES
-from webapp.core.privileges import DML, Grant, parse_grant, parse_grants
+from jobqueue.core.preflight import QUEUE_TABLES
+from jobqueue.core.privileges import DML, Grant, parse_grant, parse_grants
 
 # MySQL 8.0.3x, root@localhost after a default install (GRANT ALL ON *.* is spelled out there:
 # static privileges on one line, dynamic ones on another, without spaces after the commas).

@@ -8,13 +8,13 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from webapp.core.backoff import IdleBackoff, retry_delay
-from webapp.core.errors import UnsupportedDatabase
-from webapp.core.logs import RateLimited, event
-from webapp.core.models import EmptyClaim, EmptyClaimReport
-from webapp.core.doctor import Verdict, check_server, clock_verdict
-from webapp.core.preflight import BinlogSettings, binlog_refusal, check_version, parse_version, writable_refusal
-from webapp.core.db import resolve_url
+from jobqueue.core.backoff import IdleBackoff, retry_delay
+from jobqueue.core.errors import UnsupportedDatabase
+from jobqueue.core.logs import RateLimited, event
+from jobqueue.core.models import EmptyClaim, EmptyClaimReport
+from jobqueue.core.doctor import Verdict, check_server, clock_verdict
+from jobqueue.core.preflight import BinlogSettings, binlog_refusal, check_version, parse_version, writable_refusal
+from jobqueue.core.db import resolve_url
 
 
 def test_retry_delay_grows_exponentially_with_jitter_and_a_cap():
@@ -130,7 +130,7 @@ def test_lease_lost_flag_acts_as_an_event():
     import threading
     import time
 
-    from webapp.core.tasks import LeaseLost
+    from jobqueue.core.tasks import LeaseLost
 
     flag = LeaseLost()
     assert not flag.is_set() and flag.wait(0.01) is False
@@ -150,7 +150,7 @@ def test_a_batch_of_events_is_written_as_one_line_each_like_single_events():
     import io
     import logging
 
-    from webapp.core.logs import EventFormatter, event, events
+    from jobqueue.core.logs import EventFormatter, event, events
 
     def written(log_call) -> list[str]:
         out = io.StringIO()
@@ -183,7 +183,7 @@ def test_the_listener_writes_every_line_in_order_and_flush_writes_the_rest():
 
     code = textwrap.dedent("""
         import io, logging, sys, threading
-        from webapp.core import logs
+        from jobqueue.core import logs
         out = io.StringIO()
         logs.setup("INFO", stream=out)
         log = logging.getLogger("jobqueue.t")
@@ -219,7 +219,7 @@ def test_a_checked_payload_is_what_the_handler_reads_back(payload, read_back):
     decoded stored text otherwise: a tuple comes back a list, an int key a str key."""
     import json
 
-    from webapp.core.validation import checked_payload
+    from jobqueue.core.validation import checked_payload
 
     checked, stored = checked_payload(payload, 1 << 20)
     assert stored == json.dumps(payload)

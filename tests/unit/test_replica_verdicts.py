@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from webapp.core.doctor import Verdict, check_replica
-from webapp.core.replica_watch import Pause, ReplicaReport
-from webapp.core.repository import ReplicaLag
-from webapp.core.settings import Settings, SettingsError
+from jobqueue.core.doctor import Verdict, check_replica
+from jobqueue.core.replica_watch import Pause, ReplicaReport
+from jobqueue.core.repository import ReplicaLag
+from jobqueue.core.settings import Settings, SettingsError
 
 
 def report(lag: ReplicaLag | None, error: str | None = None) -> ReplicaReport:

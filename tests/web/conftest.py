@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from testkit.web import AuthActions, app_config, csrf_token, login
-from webapp import create_app
+from jobqueue import create_app
 
 
 @pytest.fixture

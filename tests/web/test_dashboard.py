@@ -8,10 +8,10 @@ import pytest
 import sqlalchemy as sa
 
 from testkit.web import post
-from webapp.core import repository
-from webapp.core.models import Status
-from webapp.core.schema import audit_log, job_queue
-from webapp.web import dashboard
+from jobqueue.core import repository
+from jobqueue.core.models import Status
+from jobqueue.core.schema import audit_log, job_queue
+from jobqueue.web import dashboard
 
 jq = job_queue.c
 

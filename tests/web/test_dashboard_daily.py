@@ -10,10 +10,10 @@ from datetime import timedelta
 import sqlalchemy as sa
 
 from testkit.web import VIEWER_TOKEN, api, post
-from webapp.core import repository
-from webapp.core.models import Status
-from webapp.core.schema import job_queue
-from webapp.web import dashboard
+from jobqueue.core import repository
+from jobqueue.core.models import Status
+from jobqueue.core.schema import job_queue
+from jobqueue.web import dashboard
 
 jq = job_queue.c
 

@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from testkit.web import api, app_config, login, post
-from webapp import create_app
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.migrate import init_db
-from webapp.core.schema import audit_log, job_queue
+from jobqueue import create_app
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.migrate import init_db
+from jobqueue.core.schema import audit_log, job_queue
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -276,7 +276,7 @@ def test_a_held_table_lock_gives_a_quick_503_while_login_static_and_healthz_answ
     import pymysql
     from sqlalchemy.engine import make_url
 
-    from webapp.web.state import REQUEST_LOCK_WAIT_SECONDS
+    from jobqueue.web.state import REQUEST_LOCK_WAIT_SECONDS
 
     u = make_url(mysql_url)
     holder = pymysql.connect(host=u.host, port=u.port or 3306, user=u.username, database=u.database)

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from testkit.locks import hold_rows
 from testkit.procs import wait_until
 from testkit.web import VIEWER_TOKEN, api, post
-from webapp.core import repository
+from jobqueue.core import repository
 
 
 def enqueue(engine, key):
@@ -183,7 +183,7 @@ def test_the_latest_deadlock_is_shown_to_admins(client, viewer, engine):
 
 
 def test_the_overview_counts_deadlocks_and_lock_wait_timeouts_per_minute(client, engine):
-    from webapp.web.dashboard import LOCK_MINUTES, LockCounterMinutes
+    from jobqueue.web.dashboard import LOCK_MINUTES, LockCounterMinutes
 
     LOCK_MINUTES.__init__()                      # this process's samples start now
     assert "deadlocks (server)" in client.get("/").get_data(as_text=True)

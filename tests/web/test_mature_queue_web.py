@@ -10,9 +10,9 @@ import pytest
 import sqlalchemy as sa
 
 from testkit.web import VIEWER_TOKEN, api, csrf_token, post
-from webapp.core import repository
-from webapp.core.models import Status
-from webapp.core.schema import job_queue
+from jobqueue.core import repository
+from jobqueue.core.models import Status
+from jobqueue.core.schema import job_queue
 
 jq = job_queue.c
 

@@ -12,10 +12,10 @@ from flask import Blueprint, Flask, abort, redirect, render_template, request, s
 from flask_wtf.csrf import CSRFProtect
 
 from testkit.web import ADMIN_TOKEN, VIEWER_TOKEN, tokens_setting
-from webapp.core import repository
-from webapp.core.models import Status
-from webapp.web import init_dashboard
-from webapp.web.config import ConfigError
+from jobqueue.core import repository
+from jobqueue.core.models import Status
+from jobqueue.web import init_dashboard
+from jobqueue.web.config import ConfigError
 
 ROLES = {"ada": "admin", "vic": "viewer", "bob": None}    # bob is a shop customer: no access
 

@@ -14,11 +14,11 @@ from schemathesis.checks import positive_data_acceptance
 from schemathesis.config import SchemathesisConfig
 
 from testkit.web import ADMIN_TOKEN, app_config
-from webapp import create_app
-from webapp.core import repository
-from webapp.web import openapi
+from jobqueue import create_app
+from jobqueue.core import repository
+from jobqueue.web import openapi
 
-ADD_IT = ("add it to webapp/web/openapi.py (PATHS: the path with {parameters}, the method, its request body and "
+ADD_IT = ("add it to jobqueue/web/openapi.py (PATHS: the path with {parameters}, the method, its request body and "
           "every status it can answer, with the schemas of those answers)")
 
 

@@ -8,12 +8,12 @@ import pytest
 import sqlalchemy as sa
 
 from testkit.web import (ADMIN_PASSWORD, ADMIN_TOKEN, VIEWER_TOKEN, api, app_config, csrf_token, login)
-from webapp import create_app
-from webapp.core import repository
-from webapp.core.db import create_engine
-from webapp.core.models import Status
-from webapp.core.schema import job_queue
-from webapp.web.config import ConfigError
+from jobqueue import create_app
+from jobqueue.core import repository
+from jobqueue.core.db import create_engine
+from jobqueue.core.models import Status
+from jobqueue.core.schema import job_queue
+from jobqueue.web.config import ConfigError
 
 PAGES = ["/", "/overview/panels", "/jobs", "/jobs/1", "/jobs/1/row", "/jobs/1/summary", "/workers", "/audit"]
 

@@ -7,9 +7,9 @@ import sqlalchemy as sa
 from werkzeug.security import generate_password_hash
 
 from testkit.web import ADMIN_PASSWORD, VIEWER_PASSWORD, app_config, csrf_token, login, users_setting
-from webapp import create_app
-from webapp.core import metrics
-from webapp.core.schema import audit_log, login_throttle, web_session
+from jobqueue import create_app
+from jobqueue.core import metrics
+from jobqueue.core.schema import audit_log, login_throttle, web_session
 
 COOKIE = "jobqueue_session"
 

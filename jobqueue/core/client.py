@@ -1,0 +1,161 @@
+"""The Python API: a client object over the same repository verbs the CLI and the HTTP API use.
+
+    from jobqueue import JobQueue, task
+
+    jq = JobQueue("mysql+pymysql://app@db/shop")          # or JobQueue.from_env(), or an Engine
+    jq.enqueue("send_invoice", "invoice-42", {"order": 42})
+
+    with engine.begin() as conn:                          # the application's own transaction
+        conn.execute(orders.insert().values(id=42))
+        jq.enqueue("export_orders", "export-42", conn=conn)   # exists exactly when this commits
+
+`conn=` takes the caller's SQLAlchemy Connection or ORM Session, already in a transaction: the
+job is written in it, and idle workers in this process are woken after the COMMIT, not before.
+A rollback leaves no job and no idempotency key behind.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.engine import Connection, Engine
+
+from . import repository
+from .models import Enqueued, Explanation, Job, Status
+from .repository import ActionResult, JobFilter
+from .settings import Settings
+from .tasks import TASKS, Registry
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from .tasks import TaskFunction
+    from .validation import NewJob
+
+
+
+class JobQueue:
+    """A handle on one queue database: enqueue, look, act. Thread-safe; one per application."""
+
+    def __init__(self, url_or_engine: str | Engine | None = None, *, settings: Settings | None = None,
+                 registry: Registry = TASKS, pool_size: int = 5) -> None:
+        from .db import create_engine
+
+        self.registry = registry
+        if isinstance(url_or_engine, Engine):
+            self.engine = url_or_engine
+            self._owns_engine = False
+        else:
+            self.engine = create_engine(url_or_engine, pool_size=pool_size, settings=settings)
+            self._owns_engine = True
+
+    @classmethod
+    def from_env(cls) -> JobQueue:
+        """A client on JOBQUEUE_DATABASE_URL, as the `jobqueue` command would use."""
+        return cls(None, settings=Settings.from_env())
+
+    def close(self) -> None:
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def __enter__(self) -> JobQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _connection(self, conn: Connection | Session | None) -> Iterator[Connection]:
+        if conn is None:
+            with self.engine.connect() as own:
+                yield own
+            return
+        if isinstance(conn, Connection):
+            yield conn
+            return
+        yield conn.connection()   # an ORM Session: the Connection of its current transaction
+
+    # --- enqueue -----------------------------------------------------------------------------
+
+    def enqueue(self, task: str | TaskFunction, task_key: str, payload: Mapping[str, Any] | None = None, *,
+                queue: str | None = None, priority: int = 0, delay: float = 0, max_attempts: int | None = None,
+                conn: Connection | Session | None = None) -> Enqueued:
+        """Add one job (idempotent by task_key: a known key writes nothing, duplicate=True).
+        With `conn`, in the caller's transaction."""
+        name = task if isinstance(task, str) else task.task_name
+        with self._connection(conn) as c:
+            return repository.enqueue(c, name, task_key, dict(payload) if payload is not None else None, queue=queue,
+                                      priority=priority, delay=delay, max_attempts=max_attempts,
+                                      registry=self.registry)
+
+    def enqueue_many(self, jobs: Iterable[NewJob | Mapping[str, Any]], *,
+                     conn: Connection | Session | None = None) -> list[Enqueued]:
+        """Add many jobs in one transaction (the caller's, with `conn`); all are validated first."""
+        with self._connection(conn) as c:
+            return repository.enqueue_many(c, [self._spec(j) for j in jobs], registry=self.registry)
+
+    @staticmethod
+    def _spec(job: NewJob | Mapping[str, Any]) -> NewJob | Mapping[str, Any]:
+        if isinstance(job, Mapping) and not isinstance(job.get("task", ""), str):
+            return {**job, "task": job["task"].task_name}
+        return job
+
+    # --- look ----------------------------------------------------------------------------------
+
+    def get(self, job_id: int) -> Job | None:
+        with self.engine.connect() as c:
+            return repository.get_job(c, job_id)
+
+    def list(self, *, status: Status | str | None = None, queue: str | None = None, task: str | None = None,
+             key: str | None = None, before: int | None = None, limit: int = 50) -> list[Job]:
+        """Jobs newest first, with the dashboard's filters; keyset pages (`before` an id)."""
+        job_filter = JobFilter(status=Status(status) if status else None, queue=queue, task=task, key_prefix=key)
+        with self.engine.connect() as c:
+            return repository.list_jobs(c, job_filter, before_id=before, limit=limit)
+
+    def explain(self, job_id: int) -> Explanation:
+        """Why a job is (not) running: its reasons, the main one first (JobNotFound when there is
+        no such job). Reads only; waits at most about a second on a row another transaction holds."""
+        with self.engine.connect() as c:
+            return repository.explain(c, job_id)
+
+    # --- act ---------------------------------------------------------------------------------
+
+    def requeue(self, job_id: int, *, force: bool = False, again: bool = False, actor: str = "python") -> ActionResult:
+        """Back to ready now. `force`: a running job whose lease is still valid (its attempt is
+        fenced off); `again`: a done job, whose handler then runs again (as `jobqueue requeue
+        --again`)."""
+        with self.engine.connect() as c:
+            return repository.requeue_job(c, job_id, force=force, again=again, actor=actor)
+
+    def fail(self, job_id: int, reason: str | None = None, *, actor: str = "python") -> ActionResult:
+        with self.engine.connect() as c:
+            return repository.fail_job(c, job_id, reason, actor=actor)
+
+    def cancel(self, job_id: int, reason: str | None = None, *, actor: str = "python") -> ActionResult:
+        """Cancel a job now: a running job's lease is fenced (its handler's `ctx.transaction()`
+        then commits nothing); a done job is refused (InvalidState)."""
+        with self.engine.connect() as c:
+            return repository.cancel_job(c, job_id, reason, actor=actor)
+
+
+_default: JobQueue | None = None
+_default_lock = threading.Lock()
+
+
+def set_default(client: JobQueue | None) -> None:
+    """The client that tasks' `.enqueue()` use (None: JobQueue.from_env() on first use)."""
+    global _default
+    with _default_lock:
+        _default = client
+
+
+def default_client() -> JobQueue:
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = JobQueue.from_env()
+        return _default
