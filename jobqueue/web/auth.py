@@ -8,7 +8,6 @@ Roles: `admin` acts (requeue, fail), `viewer` only looks. Mounted in a host app
 from __future__ import annotations
 
 import functools
-import hashlib
 import hmac
 import ipaddress
 import logging
@@ -26,7 +25,7 @@ from werkzeug.security import check_password_hash, generate_password_hash
 from ..core import metrics, repository
 from ..core.logs import event
 from ..core.repository import ThrottleKey, ThrottleRule
-from .config import ROLES, ApiToken, ConfigError, User
+from .config import ROLES, ApiToken, ConfigError, User, digest
 from .state import db, extension
 
 bp = Blueprint("auth", __name__)
@@ -52,14 +51,9 @@ def settings():
     return current_app.extensions["jobqueue"].settings
 
 
-def _digest(*parts: str) -> str:
-    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
-
-
 def credential_of(user: User) -> str:
-    """A digest of the user's password hash: it changes when JOBQUEUE_USERS gives a new password,
-    which ends the sessions signed in with the old one."""
-    return _digest("credential", user.password_hash)
+    """What a session remembers of the user's password (config.User.credential)."""
+    return user.credential
 
 
 def client_address() -> str:
@@ -79,8 +73,8 @@ def client_address() -> str:
 
 def throttle_keys(address: str, user_name: str) -> list[ThrottleKey]:
     # The address first: while it is blocked no (address, user) row is made (login_attempt).
-    return [ThrottleKey(_digest("address", address), ADDRESS_RULE),
-            ThrottleKey(_digest("address_user", address, user_name), ADDRESS_USER_RULE)]
+    return [ThrottleKey(digest("address", address), ADDRESS_RULE),
+            ThrottleKey(digest("address_user", address, user_name), ADDRESS_USER_RULE)]
 
 
 def _shown(name: str) -> str:
@@ -127,7 +121,7 @@ def _signed_in_user() -> User | None:
         session.clear()          # a cookie from before sessions were kept on the server
         return None
     user = settings().users.get(name)
-    session_id = _digest("session", token)
+    session_id = digest("session", token)
     with db() as conn:
         state = repository.session_state(conn, session_id)
         reason = _end_reason(state, user)
@@ -236,7 +230,7 @@ def bearer_token() -> ApiToken | None:
     given = header[len("Bearer "):].strip().encode()
     found = None
     for token in settings().api_tokens:
-        if hmac.compare_digest(given, token.token.encode()):
+        if hmac.comparedigest(given, token.token.encode()):
             found = token
     return found
 
@@ -307,7 +301,7 @@ def login():
         token = secrets.token_urlsafe(32)
         with db() as conn:
             repository.login_succeeded(conn, keys)
-            repository.start_session(conn, _digest("session", token), user_name=user.name,
+            repository.start_session(conn, digest("session", token), user_name=user.name,
                                      credential=credential_of(user), address=request.remote_addr)
         session.clear()
         session["user"] = user.name
@@ -326,7 +320,7 @@ def logout():
     token = session.get("sid")
     if isinstance(token, str):
         with db() as conn:
-            if repository.end_session(conn, _digest("session", token), "logout"):
+            if repository.end_session(conn, digest("session", token), "logout"):
                 metrics.SESSIONS_ENDED.labels(reason="logout").inc()
                 event(log, logging.INFO, "logout", user=_shown(str(session.get("user", ""))))
     session.clear()
@@ -343,7 +337,7 @@ def sessions():
                                         max_seconds=settings().session_max_seconds,
                                         user_name=None if g.user.can_act else g.user.name)
         now = repository.database_now(conn)
-    current = _digest("session", session.get("sid", ""))
+    current = digest("session", session.get("sid", ""))
     return render_template("jobqueue/auth/sessions.html", sessions=rows, now=now, current=current,
                            users=sorted(settings().users), idle_minutes=round(settings().session_idle_seconds / 60),
                            max_hours=f"{settings().session_max_seconds / 3600:g}")

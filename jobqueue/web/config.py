@@ -4,6 +4,7 @@ Settings (jobqueue.core.settings reads every JOBQUEUE_* variable)."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import secrets
 from dataclasses import dataclass, field
 
@@ -25,10 +26,23 @@ class User:
     name: str
     role: str
     password_hash: str
+    # What a session remembers of the password it was signed in with (auth.credential_of): it
+    # changes when the password does, which ends the sessions signed in with the old one. By
+    # default a digest of the configured hash. It must be the same in every process of the
+    # deployment, so a password that each process hashes itself (--dev) gives its own.
+    credential: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.credential:
+            object.__setattr__(self, "credential", digest("credential", self.password_hash))
 
     @property
     def can_act(self) -> bool:
         return self.role == "admin"
+
+
+def digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -114,7 +128,10 @@ def load_settings(overrides: dict | None = None, *, settings: Settings | None = 
         # Development mode on localhost: one admin whose password is given (jobqueue serve
         # --dev passes the same one to every gunicorn worker) or made up and logged.
         dev_password = base.dev_password or secrets.token_urlsafe(12)
-        users = {"admin": User("admin", "admin", generate_password_hash(dev_password))}
+        # Each process salts its own hash; the credential comes from the password every process
+        # was given, so a session made by one process holds in the others.
+        users = {"admin": User("admin", "admin", generate_password_hash(dev_password),
+                               credential=digest("dev-credential", dev_password))}
     secret = base.secret_key or ""
     if not secret and not hosted:
         if not base.dev:
