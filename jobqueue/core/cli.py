@@ -23,7 +23,7 @@ import click
 
 from .errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_NOT_FOUND, EXIT_STATE, JobQueueError, LeaseStillValid,
                      RunAgainNeeded, ValidationError, answer_for)
-from .settings import Settings, SettingsError, use
+from .settings import BY_ATTRIBUTE, PREFIX, Settings, SettingsError, use
 
 url_option = click.option("--database-url", envvar="JOBQUEUE_DATABASE_URL", default=None,
                           help="mysql+pymysql://user:pass@host/db or sqlite:///path; several URLs separated by "
@@ -31,6 +31,23 @@ url_option = click.option("--database-url", envvar="JOBQUEUE_DATABASE_URL", defa
                                "./instance]")
 tasks_option = click.option("--tasks", "tasks", envvar="JOBQUEUE_TASKS", default=None,
                             help="Comma-separated modules that register tasks [env JOBQUEUE_TASKS]")
+
+
+def setting_option(attribute: str, *flags: str, **kwargs: Any):
+    """A flag whose default is a setting's (settings.py declares it once): its JOBQUEUE_ variable,
+    parsed as the setting's own, else the declared default."""
+    declared = BY_ATTRIBUTE[attribute]
+
+    def default() -> Any:
+        raw = os.environ.get(PREFIX + declared.name)
+        try:
+            return declared.default if raw is None else declared.parse(declared.name, raw)
+        except SettingsError as exc:
+            raise click.BadParameter(str(exc)) from None
+
+    shown = f"{declared.default:g}" if isinstance(declared.default, float) else str(declared.default)
+    help_text = f"{kwargs.pop('help', '')} [env {PREFIX}{declared.name}; default: {shown}]".lstrip()
+    return click.option(*flags, default=default, show_default=False, help=help_text, **kwargs)
 
 
 def fail(code: int, message: str) -> None:
@@ -130,8 +147,8 @@ def actor() -> str:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @url_option
-@click.option("--log-level", envvar="JOBQUEUE_LOG_LEVEL", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@setting_option("log_level", "--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
+                                                               case_sensitive=False))
 @click.pass_context
 def main(ctx: click.Context, database_url: str | None, log_level: str) -> None:
     """A job queue in a MySQL table, claimed with SELECT ... FOR UPDATE SKIP LOCKED."""
@@ -320,9 +337,10 @@ class PrefetchType(click.ParamType):
 @click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True, help="Handler threads")
 @click.option("--queues", default=None, help="Comma-separated queues to take jobs from (default: all)")
 @click.option("--name", default=None, help="Worker name, added to host:pid in lease owners")
-@click.option("--lease-seconds", type=click.FloatRange(1, 86400), default=60.0, show_default=True)
-@click.option("--grace-seconds", type=click.FloatRange(0, 86400), default=30.0, show_default=True,
-              help="On SIGTERM, how long running jobs may finish before they are released")
+@setting_option("lease_seconds", "--lease-seconds", type=click.FloatRange(1, 86400),
+                help="How long a claimed job is leased, renewed every third of it")
+@setting_option("grace_seconds", "--grace-seconds", type=click.FloatRange(0, 86400),
+                help="On SIGTERM, how long running jobs may finish before they are released")
 @click.option("--idle-cap-seconds", type=click.FloatRange(0.05, 300), default=2.0, show_default=True,
               help="Longest sleep between claims when idle")
 @click.option("--prefetch", type=PrefetchType(), default="auto", show_default=True,

@@ -9,7 +9,8 @@ import sys
 
 import click
 
-from ..core.cli import answers_errors, engine_of, enqueue_demo, fail, settings_of, tasks_option, url_option
+from ..core.cli import (answers_errors, engine_of, enqueue_demo, fail, setting_option, settings_of, tasks_option,
+                        url_option)
 from ..core.errors import EXIT_BAD_INPUT
 from .config import ConfigError, load_settings
 
@@ -18,17 +19,16 @@ from .config import ConfigError, load_settings
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(1, 65535), default=None,
               help="Port [env PORT; default 8000]")
-@click.option("--web-workers", type=click.IntRange(1, 64), default=None,
-              help="gunicorn worker processes [env JOBQUEUE_WEB_WORKERS, default 2]")
-@click.option("--embedded-workers", type=click.IntRange(0, 256), default=None,
-              help="Job threads inside each web process [env JOBQUEUE_EMBEDDED_WORKERS, default 2]")
+@setting_option("web_workers", "--web-workers", type=click.IntRange(1, 64), help="gunicorn worker processes")
+@setting_option("embedded_workers", "--embedded-workers", type=click.IntRange(0, 256),
+                help="Job threads inside each web process")
 @click.option("--dev", is_flag=True, help="Development mode: localhost only, a generated admin login and API token")
 @click.option("--demo", is_flag=True, help="Enqueue demo jobs first")
 @tasks_option
 @url_option
 @click.pass_context
 @answers_errors
-def serve(ctx: click.Context, host: str, port: int | None, web_workers: int | None, embedded_workers: int | None,
+def serve(ctx: click.Context, host: str, port: int | None, web_workers: int, embedded_workers: int,
           dev: bool, demo: bool, tasks: str | None, database_url: str | None) -> None:
     """Run the dashboard under gunicorn with embedded workers and the reaper."""
     from ..core.logs import flush
@@ -41,10 +41,8 @@ def serve(ctx: click.Context, host: str, port: int | None, web_workers: int | No
         env["JOBQUEUE_DATABASE_URL"] = url
     if tasks:
         env["JOBQUEUE_TASKS"] = tasks
-    if web_workers is not None:
-        env["JOBQUEUE_WEB_WORKERS"] = str(web_workers)
-    if embedded_workers is not None:
-        env["JOBQUEUE_EMBEDDED_WORKERS"] = str(embedded_workers)
+    env["JOBQUEUE_WEB_WORKERS"] = str(web_workers)
+    env["JOBQUEUE_EMBEDDED_WORKERS"] = str(embedded_workers)
     port = port or int(env.get("PORT") or 8000)
     if dev:
         try:

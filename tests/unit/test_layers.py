@@ -1,4 +1,4 @@
-"""The layout's rules, checked: the core never imports Flask, every setting is in the README,
+"""The layout's rules, checked: the core never imports Flask, every setting is in docs/configuration.md,
 and the command line starts quickly because it imports only what a command uses."""
 
 from __future__ import annotations
@@ -58,11 +58,11 @@ def test_a_worker_registering_reads_its_totals_without_importing_prometheus():
     assert out.stdout.split() == ["False", "2"]
 
 
-def test_the_readme_configuration_table_is_the_settings_table():
-    readme = (REPO / "README.md").read_text()
-    assert settings.markdown_table() in readme, (
-        "README.md's configuration table differs from jobqueue/core/settings.py SETTINGS; paste the output of "
-        "`python -m jobqueue.core.settings` into README.md")
+def test_the_configuration_page_is_made_from_the_settings():
+    page = (REPO / "docs" / "configuration.md").read_text()
+    assert page == settings.markdown_page(), (
+        "docs/configuration.md differs from jobqueue/core/settings.py; run "
+        "`python -m jobqueue.core.settings > docs/configuration.md`")
 
 
 def test_settings_parse_and_refuse_with_the_variable_named():

@@ -5,15 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..settings import DEFAULTS
+
 
 @dataclass
 class WorkerConfig:
     concurrency: int = 4                         # handler threads
     queues: Sequence[str] | None = None          # None: every queue
     name: str | None = None
-    lease_seconds: float = 60.0
+    lease_seconds: float = DEFAULTS.lease_seconds
     burst: bool = False                          # exit when nothing is ready and nothing is held
-    grace_seconds: float = 30.0                  # on stop: how long running jobs may finish
+    grace_seconds: float = DEFAULTS.grace_seconds  # on stop: how long running jobs may finish
     idle_cap_seconds: float = 2.0                # longest sleep between claims when idle
     doorbell: bool = True                        # MySQL: other processes' enqueues wake it (worker/doorbell.py)
     prefetch: int | None = None                  # jobs claimed ahead of a free thread (leased, renewed);
