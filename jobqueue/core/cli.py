@@ -49,6 +49,11 @@ def setting_option(attribute: str, *flags: str, **kwargs: Any):
     help_text = f"{kwargs.pop('help', '')} [env {PREFIX}{declared.name}; default: {shown}]".lstrip()
     return click.option(*flags, default=default, show_default=False, help=help_text, **kwargs)
 
+allow_unregistered_option = click.option(
+    "--allow-unregistered", is_flag=True,
+    help="Take a task name that neither --tasks, the built-in tasks nor any worker registered (its worker "
+         "has not started yet); without it such a name is refused as a likely typo")
+
 
 def fail(code: int, message: str) -> None:
     click.echo(f"error: {message}", err=True)
@@ -184,13 +189,16 @@ def init_db_cmd(ctx: click.Context, database_url: str | None) -> None:
 @click.option("--priority", type=int, default=0, show_default=True, help="Lower runs first")
 @click.option("--delay", type=float, default=0.0, show_default=True, help="Seconds before it may run")
 @click.option("--max-attempts", type=int, default=None, help="Attempts before it fails for good")
+@allow_unregistered_option
 @tasks_option
 @url_option
 @click.pass_context
 @answers_errors
 def enqueue(ctx: click.Context, task: str, task_key: str, payload: str, queue: str | None, priority: int,
-            delay: float, max_attempts: int | None, tasks: str | None, database_url: str | None) -> None:
-    """Add a job; prints {"id", "task_key", "duplicate", "status"}."""
+            delay: float, max_attempts: int | None, allow_unregistered: bool, tasks: str | None,
+            database_url: str | None) -> None:
+    """Add a job; prints {"id", "task_key", "duplicate", "status"}. TASK is a task of --tasks, a
+    built-in one, or one a worker registered; --allow-unregistered takes any name."""
     from . import repository
     from .task_modules import load_task_modules
 
@@ -202,21 +210,23 @@ def enqueue(ctx: click.Context, task: str, task_key: str, payload: str, queue: s
         fail(EXIT_BAD_INPUT, f"--payload is not valid JSON: {exc}")
     with engine_of(ctx, database_url).connect() as conn:
         res = repository.enqueue(conn, task, task_key, data, queue=queue, priority=priority, delay=delay,
-                                 max_attempts=max_attempts)
+                                 max_attempts=max_attempts, allow_unregistered=allow_unregistered)
         status = res.status or repository.get_job(conn, res.id).status
     print_json({"id": res.id, "task_key": res.task_key, "duplicate": res.duplicate, "status": str(status)})
 
 
 @main.command("enqueue-many")
 @click.argument("file", type=click.File("rb"))
+@allow_unregistered_option
 @tasks_option
 @url_option
 @click.pass_context
 @answers_errors
-def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: str | None) -> None:
+def enqueue_many_cmd(ctx: click.Context, file, allow_unregistered: bool, tasks: str | None,
+                     database_url: str | None) -> None:
     """Add the jobs in FILE, JSON lines (`-`: standard input), one job a line with the fields of
     POST /api/jobs ({"task", "task_key", "payload", "queue", "priority", "delay",
-    "max_attempts"}); blank lines are skipped. 1,000 jobs per transaction.
+    "max_attempts", "allow_unregistered"}); blank lines are skipped. 1,000 jobs per transaction.
 
     Prints one JSON line per job, in order: {"id", "task_key", "duplicate", "status"}. A bad
     line prints {"line", "error", "field"} instead, and nothing of its batch is written (its other
@@ -237,9 +247,12 @@ def enqueue_many_cmd(ctx: click.Context, file, tasks: str | None, database_url: 
     refused: list[str] = []
     engine = engine_of(ctx, database_url)
 
+    known = repository.KnownTasks(engine)
+
     def parse(raw: bytes):
         try:
-            return repository.validate_job(job_spec(json.loads(raw.decode("utf-8"))), limit=limit)
+            return repository.validate_job(job_spec(json.loads(raw.decode("utf-8"))), limit=limit, registry=known,
+                                           allow_unregistered=allow_unregistered)
         except ValidationError as exc:
             return exc
         except RecursionError:

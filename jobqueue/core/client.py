@@ -82,20 +82,25 @@ class JobQueue:
 
     def enqueue(self, task: str | TaskFunction, task_key: str, payload: Mapping[str, Any] | None = None, *,
                 queue: str | None = None, priority: int = 0, delay: float = 0, max_attempts: int | None = None,
-                conn: Connection | Session | None = None) -> Enqueued:
+                conn: Connection | Session | None = None, allow_unregistered: bool = False) -> Enqueued:
         """Add one job (idempotent by task_key: a known key writes nothing, duplicate=True).
-        With `conn`, in the caller's transaction."""
+        With `conn`, in the caller's transaction.
+
+        `task` by name needs no import of its handler: a task of this process, a built-in one or
+        one a worker registered (with that worker's queue and attempts). Any other name is
+        refused as a likely typo, unless `allow_unregistered` (its worker has not started yet)."""
         name = task if isinstance(task, str) else task.task_name
         with self._connection(conn) as c:
             return repository.enqueue(c, name, task_key, dict(payload) if payload is not None else None, queue=queue,
                                       priority=priority, delay=delay, max_attempts=max_attempts,
-                                      registry=self.registry)
+                                      registry=self.registry, allow_unregistered=allow_unregistered)
 
     def enqueue_many(self, jobs: Iterable[NewJob | Mapping[str, Any]], *,
-                     conn: Connection | Session | None = None) -> list[Enqueued]:
+                     conn: Connection | Session | None = None, allow_unregistered: bool = False) -> list[Enqueued]:
         """Add many jobs in one transaction (the caller's, with `conn`); all are validated first."""
         with self._connection(conn) as c:
-            return repository.enqueue_many(c, [self._spec(j) for j in jobs], registry=self.registry)
+            return repository.enqueue_many(c, [self._spec(j) for j in jobs], registry=self.registry,
+                                           allow_unregistered=allow_unregistered)
 
     @staticmethod
     def _spec(job: NewJob | Mapping[str, Any]) -> NewJob | Mapping[str, Any]:

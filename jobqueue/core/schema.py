@@ -253,3 +253,19 @@ prune_run = sa.Table(
     sa.Column("batches", sa.Integer(), nullable=False, server_default="0"),
     sa.Column("seconds", sa.Float(), nullable=True),
 )
+
+# The tasks that worker processes have registered (each worker writes its own on start), so a
+# process that imports no handler can still enqueue by name, with the task's queue, attempts and
+# concurrency key, and a misspelt name is still caught. One row per task name; the latest worker
+# to start wins (workers of one deploy register the same code).
+task_definition = sa.Table(
+    "task_definition",
+    metadata,
+    sa.Column("name", sa.String(100), primary_key=True),
+    sa.Column("queue", sa.String(64), nullable=False),
+    sa.Column("max_attempts", sa.Integer(), nullable=False),
+    sa.Column("concurrency_key", sa.String(100), nullable=True),
+    sa.Column("concurrency_limit", sa.Integer(), nullable=True),
+    sa.Column("registered_by", sa.String(64), nullable=False),
+    sa.Column("registered_at", Timestamp, nullable=False),
+)

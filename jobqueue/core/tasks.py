@@ -67,10 +67,20 @@ class TaskSpec:
             parse_cron(self.cron)   # a bad expression fails at import, not at the first tick
 
 
+def handled_elsewhere(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """The handler of a task this process knows only by name (registered by a worker, or
+    enqueued with allow_unregistered): it runs in the workers that import it."""
+    raise RuntimeError("this task's handler lives in the worker processes that import it")
+
+
 class Registry:
-    def __init__(self) -> None:
+    """Task names to their specs. `builtins`: a module of tasks this registry always has,
+    imported on first look, so that every process knows them without importing anything."""
+
+    def __init__(self, builtins: str | None = None) -> None:
         self._tasks: dict[str, TaskSpec] = {}
         self._lock = threading.Lock()
+        self._builtins = builtins
 
     def register(self, spec: TaskSpec) -> None:
         with self._lock:
@@ -79,17 +89,33 @@ class Registry:
                 raise ValueError(f"task {spec.name!r} is already registered to {existing.handler!r}")
             self._tasks[spec.name] = spec
 
+    def _load_builtins(self) -> None:
+        if self._builtins is not None:
+            import importlib
+
+            module, self._builtins = self._builtins, None
+            importlib.import_module(module)
+
     def get(self, name: str) -> TaskSpec | None:
-        return self._tasks.get(name)
+        spec = self._tasks.get(name)
+        if spec is None and self._builtins is not None:
+            self._load_builtins()
+            spec = self._tasks.get(name)
+        return spec
 
     def names(self) -> list[str]:
+        self._load_builtins()
         return sorted(self._tasks)
 
+    def specs(self) -> list[TaskSpec]:
+        self._load_builtins()
+        return [self._tasks[name] for name in sorted(self._tasks)]
+
     def __contains__(self, name: object) -> bool:
-        return name in self._tasks
+        return isinstance(name, str) and self.get(name) is not None
 
 
-TASKS = Registry()
+TASKS = Registry(builtins="jobqueue.core.builtin_tasks")
 
 
 class TaskFunction(Protocol):

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from .errors import PayloadTooLarge, ValidationError
 from .settings import current
-from .tasks import TASKS, Registry
+from .tasks import TASKS, Registry, TaskSpec, handled_elsewhere
 
 # MariaDB's JSON check refuses documents nested 32 levels or more (error 4025); MySQL allows 100.
 # Refused here first, with a clear error, so that a client is never told "try again" for a
@@ -29,7 +29,8 @@ QUEUE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")     # fullmatch: "$" would let
 # Jobs per batch: a POST /api/jobs array at most, and a transaction of `jobqueue enqueue-many`.
 MAX_BATCH_JOBS = 1000
 # The fields of one job, as POST /api/jobs and `jobqueue enqueue-many` take them.
-ENQUEUE_FIELDS = frozenset({"task", "task_key", "payload", "queue", "priority", "delay", "max_attempts"})
+ENQUEUE_FIELDS = frozenset({"task", "task_key", "payload", "queue", "priority", "delay", "max_attempts",
+                            "allow_unregistered"})
 
 
 def job_spec(value: Any) -> dict[str, Any]:
@@ -236,16 +237,35 @@ def _depth(value: Any, limit: int = MAX_PAYLOAD_DEPTH + 1) -> int:
     return deepest
 
 
+MAX_TASK_NAME_CHARS = 100   # job_queue.task_name
+
+
+def check_task_name(name: str) -> str:
+    """A task name no code registered (allow_unregistered): one that fits the column and prints."""
+    if len(name) > MAX_TASK_NAME_CHARS or not name.isprintable() or name != name.strip():
+        raise ValidationError(f"task name must be 1-{MAX_TASK_NAME_CHARS} printable characters, without spaces "
+                              "around it", "task")
+    return name
+
+
 def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = None, priority: Any = 0,
             delay: Any = 0, max_attempts: Any = None, registry: Registry = TASKS,
-            max_payload: int | None = None) -> NewJob:
-    """The job, checked; `max_payload` is the payload size limit (default: the settings')."""
+            max_payload: int | None = None, allow_unregistered: bool = False) -> NewJob:
+    """The job, checked; `max_payload` is the payload size limit (default: the settings').
+    A task that `registry` does not know is refused, unless `allow_unregistered`: then it takes
+    the default queue and attempts, and the worker that imports it decides the rest."""
     if not isinstance(task_name, str) or not task_name:
         raise ValidationError("task name must be a non-empty string", "task")
+    if not isinstance(allow_unregistered, bool):
+        raise ValidationError("allow_unregistered must be true or false", "allow_unregistered")
     spec = registry.get(task_name)
+    if spec is None and allow_unregistered:
+        spec = TaskSpec(check_task_name(task_name), handled_elsewhere)
     if spec is None:
         known = ", ".join(registry.names()) or "none"
-        raise ValidationError(f"unknown task {task_name!r} (registered: {known})", "task")
+        raise ValidationError(f"unknown task {task_name!r}: neither this process nor any worker registered it "
+                              f"(registered: {known}); to enqueue it before its worker starts, allow it "
+                              "(allow_unregistered=True, --allow-unregistered, \"allow_unregistered\": true)", "task")
     task_key = check_task_key(task_key)
     payload, payload_json = checked_payload(payload, max_payload)
 

@@ -124,7 +124,8 @@ def enqueue():
         with db() as conn:
             res = repository.enqueue(conn, body.get("task"), body.get("task_key"), body.get("payload"),
                                      queue=body.get("queue"), priority=body.get("priority", 0),
-                                     delay=body.get("delay", 0), max_attempts=body.get("max_attempts"))
+                                     delay=body.get("delay", 0), max_attempts=body.get("max_attempts"),
+                                     allow_unregistered=body.get("allow_unregistered", False))
     except ValidationError as exc:
         answer = answer_for(exc)
         return error(answer.http_status, answer.message, **answer.extra)
@@ -155,16 +156,18 @@ def _enqueue_batch(items: list[Any]):
         return error(413, f"at most {MAX_BATCH_JOBS} jobs per request, got {len(items)}")
     jobs = repository.Validated()
     limit = max_payload_bytes()
-    for index, item in enumerate(items):
-        if not isinstance(item, dict):   # as for a body that is not an object
-            return error(400, f"job {index}: a job must be a JSON object, got {type(item).__name__}", index=index)
-        try:
-            jobs.append(repository.validate_job(job_spec(item), limit=limit))
-        except ValidationError as exc:
-            answer = answer_for(exc)
-            return error(answer.http_status, f"job {index}: {answer.message}", index=index,
-                         **{"field": None, **answer.extra})
     with db() as conn:
+        known = repository.KnownTasks(conn)
+        for index, item in enumerate(items):
+            if not isinstance(item, dict):   # as for a body that is not an object
+                return error(400, f"job {index}: a job must be a JSON object, got {type(item).__name__}",
+                             index=index)
+            try:
+                jobs.append(repository.validate_job(job_spec(item), limit=limit, registry=known))
+            except ValidationError as exc:
+                answer = answer_for(exc)
+                return error(answer.http_status, f"job {index}: {answer.message}", index=index,
+                             **{"field": None, **answer.extra})
         results = repository.enqueue_many(conn, jobs)
     body = [{"id": r.id, "task_key": r.task_key, "duplicate": r.duplicate, "status": r.status.value} for r in results]
     return jsonify(body), (201 if any(not r.duplicate for r in results) else 200)

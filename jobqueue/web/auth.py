@@ -230,7 +230,7 @@ def bearer_token() -> ApiToken | None:
     given = header[len("Bearer "):].strip().encode()
     found = None
     for token in settings().api_tokens:
-        if hmac.comparedigest(given, token.token.encode()):
+        if hmac.compare_digest(given, token.token.encode()):
             found = token
     return found
 

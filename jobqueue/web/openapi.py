@@ -262,7 +262,8 @@ SCHEMAS: dict[str, Any] = {
     "NewJob": {
         "type": "object", "required": ["task", "task_key"], "additionalProperties": False,
         "properties": {
-            "task": {"type": "string", "description": "a registered task name"},
+            "task": {"type": "string", "description": "a task name: built in, of the web process's JOBQUEUE_TASKS, "
+                                                      "or registered by a worker (unless allow_unregistered)"},
             "task_key": {"type": "string", "minLength": 1, "maxLength": 80, "pattern": TASK_KEY_PATTERN,
                          "description": "unique per job: no control characters, line separators or edge spaces"},
             "payload": {"type": ["object", "null"],
@@ -273,6 +274,9 @@ SCHEMAS: dict[str, Any] = {
             "delay": {"type": "number", "minimum": 0, "maximum": MAX_DELAY_SECONDS},
             "max_attempts": {"type": ["integer", "null"], "minimum": MAX_ATTEMPTS_RANGE[0],
                              "maximum": MAX_ATTEMPTS_RANGE[1], "description": "null: the task's own"},
+            "allow_unregistered": {"type": "boolean",
+                                   "description": "take a task name no process registered yet (default false: "
+                                                  "refused as a likely typo)"},
         },
     },
     "Enqueued": {"type": "object", "required": ["id", "task_key", "duplicate", "status"], "properties": {
@@ -336,7 +340,8 @@ SCHEMAS: dict[str, Any] = {
             "name": {"type": "string", "pattern": NAME_PATTERN.format(n=50)},
             "cron": {"type": "string", "description": "five fields (minute hour day month weekday) or @hourly, "
                                                       "@daily, @weekly, @monthly, @yearly; UTC"},
-            "task": {"type": "string", "description": "a registered task name"},
+            "task": {"type": "string", "description": "a task name: built in, of the web process's JOBQUEUE_TASKS, "
+                                                      "or registered by a worker (unless allow_unregistered)"},
             "payload": {"type": ["object", "null"], "description": "the payload of each run's job; null means {}"},
             "queue": {"type": ["string", "null"], "pattern": NAME_PATTERN.format(n=64),
                       "description": "null: the task's own queue"},

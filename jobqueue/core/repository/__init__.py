@@ -11,6 +11,7 @@ verb. The worker loop, the reaper, the dashboard, the CLI and the HTTP API all c
     operator.py     requeue_job, fail_job, cancel_job, bulk_action, list_audit, JobFilter (the job filter and search)
     sessions.py     dashboard sessions and the login throttle
     processes.py    register_process, heartbeat, list_processes
+    task_definitions.py  KnownTasks: the tasks workers registered, for enqueue by name
     reads.py        get_job, page_jobs, count_matching, get_result, list_attempts, ...
     stats.py        queue_summaries, count_by_status, activity, operator_failures
     sessions.py     start_session, session_state, end_session(s), login_attempt, ... (sign-in state)
@@ -67,6 +68,7 @@ from .enqueue import ServerRefusedRows, Validated, validate_job, validate_jobs
 from .maintenance import PROMOTE_BATCH, REAP_BATCH, ReapResult, Reclaimed, prune_history
 from .operator import BULK_ELIGIBLE, SEARCH_WINDOW, SPARSE_SEARCH_WINDOW, ActionResult, BulkResult, JobFilter, list_audit
 from .processes import heartbeat, list_processes, mark_stopped, register_process
+from .task_definitions import KnownTasks
 from .queues import QueueState, queue_states
 from .reads import COUNT_CAP, SPARSE_WINDOW, JobPage, search_index, search_window, count_matching, database_now, distinct_values, get_job, get_job_by_key, \
     get_result, jobs_by_id, list_attempts, list_jobs, page_jobs, running_jobs
@@ -88,19 +90,25 @@ log = logging.getLogger("jobqueue.repository")
 
 def enqueue(conn: Connection, task_name: str, task_key: str, payload: dict | None = None, *,
             queue: str | None = None, priority: int = 0, delay: float = 0,
-            max_attempts: int | None = None, registry: Registry = TASKS) -> Enqueued:
-    """Add one job. A known task_key writes nothing and returns the existing id, duplicate=True."""
+            max_attempts: int | None = None, registry: Registry = TASKS,
+            allow_unregistered: bool = False) -> Enqueued:
+    """Add one job. A known task_key writes nothing and returns the existing id, duplicate=True.
+    The task is looked up in `registry`, then among the tasks workers registered (KnownTasks);
+    `allow_unregistered` takes a name found in neither, with the default options."""
     result = _enqueue.enqueue(conn, task_name, task_key, payload, queue=queue, priority=priority, delay=delay,
-                              max_attempts=max_attempts, registry=registry)
+                              max_attempts=max_attempts, registry=KnownTasks(conn, base=registry),
+                              allow_unregistered=allow_unregistered)
     engine = conn.engine
     _after_commit(conn, lambda: _report_enqueued([result], engine))
     return result
 
 
 def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *,
-                 registry: Registry = TASKS) -> list[Enqueued]:
-    """Add many jobs in one transaction (multi-row INSERT); all validated before any is written."""
-    results = _enqueue.enqueue_many(conn, jobs, registry=registry)
+                 registry: Registry = TASKS, allow_unregistered: bool = False) -> list[Enqueued]:
+    """Add many jobs in one transaction (multi-row INSERT); all validated before any is written
+    (task names as `enqueue` looks them up)."""
+    results = _enqueue.enqueue_many(conn, jobs, registry=KnownTasks(conn, base=registry),
+                                    allow_unregistered=allow_unregistered)
     engine = conn.engine
     _after_commit(conn, lambda: _report_enqueued(results, engine))
     return results
@@ -479,5 +487,5 @@ __all__ = [
     "queue_states", "queue_summaries", "read_only_flags", "ready_queues", "reap", "record_result", "register_process",
     "release", "remove_recurring", "renew", "renew_leases", "replica_lag", "requeue_job", "resume_queue",
     "retry", "running_jobs", "session_state", "set_recurring_enabled", "start_session", "sync_code_schedules",
-    "touch_session", "upsert_recurring", "Validated", "validate_job", "validate_jobs",
+    "touch_session", "KnownTasks", "upsert_recurring", "Validated", "validate_job", "validate_jobs",
 ]

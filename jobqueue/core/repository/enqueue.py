@@ -80,7 +80,8 @@ class Validated(list):
     """Jobs that validate_jobs / validate_job checked: enqueue_many takes them as they are."""
 
 
-def validate_job(spec: NewJob | Mapping[str, Any], *, registry: Registry = TASKS, limit: int | None = None) -> NewJob:
+def validate_job(spec: NewJob | Mapping[str, Any], *, registry: Registry = TASKS, limit: int | None = None,
+                 allow_unregistered: bool = False) -> NewJob:
     """One job checked (a NewJob again: it may have been built or changed by hand, and INSERT
     IGNORE must never meet a value the server would refuse); `limit` is the payload size limit."""
     if limit is None:
@@ -89,35 +90,38 @@ def validate_job(spec: NewJob | Mapping[str, Any], *, registry: Registry = TASKS
         if isinstance(spec, NewJob):
             return new_job(spec.task_name, spec.task_key, spec.payload, queue=spec.queue, priority=spec.priority,
                            delay=spec.delay_seconds, max_attempts=spec.max_attempts, registry=registry,
-                           max_payload=limit)
+                           max_payload=limit, allow_unregistered=allow_unregistered)
         if type(spec) is dict and spec.keys() <= ENQUEUE_FIELDS:
             # The fields of POST /api/jobs (what the CLI, the API and most callers pass): read
             # where they are, without a copy of the dict and a call by keywords.
             get = spec.get
             return new_job(get("task"), get("task_key"), get("payload"), queue=get("queue"),
                            priority=get("priority", 0), delay=get("delay", 0), max_attempts=get("max_attempts"),
-                           registry=registry, max_payload=limit)
+                           registry=registry, max_payload=limit,
+                           allow_unregistered=get("allow_unregistered", allow_unregistered))
         fields = dict(spec)
+        fields.setdefault("allow_unregistered", allow_unregistered)
         return new_job(fields.pop("task", fields.pop("task_name", None)), fields.pop("task_key", None),
                        fields.pop("payload", None), registry=registry, max_payload=limit, **fields)
     except TypeError as exc:   # a field new_job does not take
         raise ValidationError(str(exc)) from None
 
 
-def validate_jobs(jobs: Iterable[NewJob | Mapping[str, Any]], *, registry: Registry = TASKS) -> Validated:
+def validate_jobs(jobs: Iterable[NewJob | Mapping[str, Any]], *, registry: Registry = TASKS,
+                  allow_unregistered: bool = False) -> Validated:
     """Every job checked before anything is written; the error names the job's position."""
     validated = Validated()
     limit = max_payload_bytes()   # read once: the settings are not looked up again per job
     for i, item in enumerate(jobs):
         try:
-            validated.append(validate_job(item, registry=registry, limit=limit))
+            validated.append(validate_job(item, registry=registry, limit=limit, allow_unregistered=allow_unregistered))
         except ValidationError as exc:
             raise type(exc)(f"job {i}: {exc}", exc.field) from None
     return validated
 
 
 def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *,
-                 registry: Registry = TASKS) -> list[Enqueued]:
+                 registry: Registry = TASKS, allow_unregistered: bool = False) -> list[Enqueued]:
     """Add many jobs in one transaction (the caller's, if one is open). All are validated before
     anything is written; task_keys already known (in the table, pruned, or repeated in the
     batch) come back duplicate=True with the existing job's id and status.
@@ -126,7 +130,8 @@ def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *
     A key that a try which may have committed wrote, and that now holds this call's job (same
     task, queue, priority and payload), is reported as written by us, not as a duplicate.
     """
-    return _write(conn, jobs if type(jobs) is Validated else validate_jobs(jobs, registry=registry))
+    return _write(conn, jobs if type(jobs) is Validated else
+                  validate_jobs(jobs, registry=registry, allow_unregistered=allow_unregistered))
 
 
 def _write(conn: Connection, validated: list[NewJob]) -> list[Enqueued]:
@@ -406,8 +411,8 @@ def _refusals(c: Connection) -> None:
 
 def enqueue(conn: Connection, task_name: str, task_key: str, payload: dict | None = None, *,
             queue: str | None = None, priority: int = 0, delay: float = 0,
-            max_attempts: int | None = None, registry: Registry = TASKS) -> Enqueued:
+            max_attempts: int | None = None, registry: Registry = TASKS, allow_unregistered: bool = False) -> Enqueued:
     """Add one job. A known task_key writes nothing and returns the existing id, duplicate=True."""
     job = new_job(task_name, task_key, payload, queue=queue, priority=priority, delay=delay,
-                  max_attempts=max_attempts, registry=registry)
+                  max_attempts=max_attempts, registry=registry, allow_unregistered=allow_unregistered)
     return _write(conn, [job])[0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -12,7 +12,9 @@ from sqlalchemy.engine import Connection
 
 from ..db import db_now, require_primary, transaction
 from ..schema import worker_process, worker_stats
+from ..tasks import TaskSpec
 from .common import as_datetime, database_now, upsert
+from .task_definitions import register_tasks
 
 wp = worker_process.c
 
@@ -37,13 +39,15 @@ def _db_minute_sqlite(element, compiler, **kw):
 
 
 def register_process(conn: Connection, *, process_id: str, host: str, pid: int, kind: str, concurrency: int,
-                     queues: str) -> None:
+                     queues: str, tasks: Iterable[TaskSpec] = ()) -> None:
+    """Record the process (and, in the same transaction, the tasks it can run: task_definitions)."""
     values = dict(id=process_id, host=host[:255], pid=pid, kind=kind, concurrency=concurrency, queues=queues[:1000],
                   started_at=db_now(), last_heartbeat=db_now(), stopped_at=None, jobs_in_hand=0, processed=0,
                   state=None)
     def write(c: Connection) -> None:
         require_primary(c)   # bookkeeping too: a write on a replica is an errant transaction there
         upsert(c, worker_process, ["id"], values, {k: (lambda new, k=k: getattr(new, k)) for k in values if k != "id"})
+        register_tasks(c, process_id, tasks)
 
     transaction(conn, write, what="register_process")
 

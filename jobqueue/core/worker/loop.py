@@ -762,7 +762,7 @@ class Worker:
             with self.engine.connect() as conn:
                 repository.register_process(
                     conn, process_id=self.id, host=socket.gethostname(), pid=os.getpid(), kind=self.config.kind,
-                    concurrency=self.config.concurrency, queues=self._queue_label)
+                    concurrency=self.config.concurrency, queues=self._queue_label, tasks=self.registry.specs())
         except DB_ERRORS as exc:
             self._sql_error("heartbeat", exc)
 
