@@ -1,1 +1,1 @@
-"""Fault-injection soak for the queue: `python -m soak.run` (see README, "Soak")."""
+"""Fault-injection soak for the queue: `python -m soak.run` (see docs/soak-and-drill.md)."""

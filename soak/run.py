@@ -69,7 +69,7 @@ FAULT_KINDS = ("sigkill_worker", "sigterm_worker", "sigstop_worker", "kill_conne
                "sigkill_web_worker", "replay", "force_requeue", "read_only_flip", "partition_worker", "pause_queue",
                "cancel")
 QUEUE = "default"
-PAUSE_NOTICE_SECONDS = 2.0   # a pause takes effect in every process within this (README: about a second)
+PAUSE_NOTICE_SECONDS = 2.0   # a pause takes effect in every process within this (docs/operations.md: about a second)
 
 
 # --- the plan --------------------------------------------------------------------------------------
@@ -1343,7 +1343,7 @@ average {n['load_average_1min'][0]} at the start, {n['load_average_1min'][1]} at
 Set-up: a throwaway mariadbd; {plan.workers} `jobqueue worker --concurrency {plan.concurrency}
 --lease-seconds {LEASE_SECONDS}` processes and gunicorn with {plan.web_workers} web processes of
 {plan.embedded_workers} embedded workers each; faults for {plan.fault_seconds:g} s on a seeded
-schedule, then a drain. See README, "Soak", for what each check means.
+schedule, then a drain. See docs/soak-and-drill.md for what each check means.
 
 Enqueue retries (same task_key): {json.dumps(n['enqueue_retries'], sort_keys=True)}. Fresh keys
 acknowledged with `duplicate: true` because an earlier try had committed but its answer was lost

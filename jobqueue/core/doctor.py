@@ -374,7 +374,7 @@ def check_privileges(conn: Connection, flavour: str) -> Check:
                      f"from the primary{roles}",
                      "run the queue as an account with only SELECT, INSERT, UPDATE, DELETE on its database, and "
                      "`jobqueue init-db` as a separate one that may also CREATE, ALTER, INDEX, DROP there "
-                     "(README: Least privilege)")
+                     "(docs/security.md: Least privilege)")
     held = grants.on_tables(database or "", preflight.QUEUE_TABLES) if database else {}
     missing = sorted({p for table in held.values() for p in privileges.DML if p not in table})
     if missing and not grants.roles:

@@ -4,7 +4,7 @@ Finished jobs are deleted once they are old enough: `done` after JOBQUEUE_KEEP_D
 `failed` and `cancelled` after JOBQUEUE_KEEP_FAILED_DAYS (30); 0 keeps them forever. Their
 attempts and results go with them. Their task_keys do not: each is kept in `pruned_key` for
 JOBQUEUE_KEEP_KEYS_DAYS (365) after the prune, so a replay of a pruned job's key still answers
-`duplicate: true` and never runs again (see README, Retention, for what that costs).
+`duplicate: true` and never runs again (see docs/operations.md, Retention, for what that costs).
 
 Every worker process takes part, standalone or embedded: its maintenance starts a pass in a
 thread of its own when no process has started one for `every_seconds` (the prune_run table says,

@@ -24,7 +24,7 @@ MYSQL_ROOT = [
     "`root`@`localhost` WITH GRANT OPTION",
     "GRANT PROXY ON ''@'' TO 'root'@'localhost' WITH GRANT OPTION",
 ]
-# MySQL 8.0: the account the README recommends, one with CONNECTION_ADMIN on top, one whose
+# MySQL 8.0: the account docs/deploy.md recommends, one with CONNECTION_ADMIN on top, one whose
 # privileges come through a role, and one with ALL on its database (DDL included, no SUPER).
 MYSQL_APP = ["GRANT USAGE ON *.* TO `jobqueue`@`%`",
              "GRANT SELECT, INSERT, UPDATE, DELETE ON `jobqueue`.* TO `jobqueue`@`%`"]
