@@ -1,9 +1,21 @@
 """Fixtures shared by every test.
 
-Databases: each test that needs MariaDB gets a database of its own with a unique name on the
-server at JOBQUEUE_TEST_MYSQL (default the local MariaDB, root, no password), migrated with the
-real init-db, and dropped afterwards. Nothing here changes a global setting of that server; tests
-that need one start a throwaway mariadbd (see testkit/throwaway_mariadb.py).
+Servers: every test that needs a MySQL-family server runs on each selected one, its id saying
+which (`test_x[mysql]`):
+
+    mariadb     MariaDB 10.11, the machine's own, 127.0.0.1:3306
+    mysql       MySQL 9.x from Debian unstable, 127.0.0.1:3307    (scripts/ensure-services)
+    mariadb11   MariaDB 11.8 from Debian stable, 127.0.0.1:3308   (scripts/ensure-services)
+
+`--servers mysql,mariadb` (or JOBQUEUE_TEST_SERVERS) picks some; the default is all three, and a
+selected server that does not answer fails the run rather than skipping it. JOBQUEUE_TEST_SERVER_<NAME>
+gives another URL for one (JOBQUEUE_TEST_MYSQL, the old spelling, still names the mariadb one).
+`--server-tests-only` keeps only the tests that run on a server (scripts/test runs the other
+servers' share in processes of their own). Tests that run on both a server and SQLite take `db_url`.
+
+Each test gets a database of its own with a unique name, migrated with the real init-db, and
+dropped afterwards. Nothing here changes a global setting of a server; tests that need one start
+a throwaway mariadbd (see testkit/throwaway_mariadb.py).
 """
 
 from __future__ import annotations
@@ -23,35 +35,116 @@ from testkit.netns import HostNetwork, netns_unavailable_reason
 from testkit.replication import ReplicationCluster
 from testkit.throwaway_mariadb import ThrowawayMariaDB
 
-MYSQL_SERVER = os.environ.get("JOBQUEUE_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306")
+SERVERS = {
+    "mariadb": os.environ.get("JOBQUEUE_TEST_SERVER_MARIADB")
+    or os.environ.get("JOBQUEUE_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306"),
+    "mysql": os.environ.get("JOBQUEUE_TEST_SERVER_MYSQL", "mysql+pymysql://root@127.0.0.1:3307"),
+    "mariadb11": os.environ.get("JOBQUEUE_TEST_SERVER_MARIADB11", "mysql+pymysql://root@127.0.0.1:3308"),
+}
+MYSQL_SERVER = SERVERS["mariadb"]   # tests that need one server, whichever (the old name)
 
 load_task_modules(["testkit.tasks"])
 
 
-def _admin():
-    return sa.create_engine(MYSQL_SERVER + "/", poolclass=NullPool)
+def pytest_addoption(parser):
+    parser.addoption("--servers", default=os.environ.get("JOBQUEUE_TEST_SERVERS", ",".join(SERVERS)),
+                     help=f"comma-separated servers the database tests run on (of {', '.join(SERVERS)})")
+    parser.addoption("--server-tests-only", action="store_true",
+                     help="only the tests that run on a server (no unit, SQLite-only or throwaway-server tests)")
+
+
+def selected_servers(config) -> list[str]:
+    names = [n.strip() for n in config.getoption("--servers").split(",") if n.strip()]
+    unknown = sorted(set(names) - set(SERVERS))
+    if unknown or not names:
+        raise pytest.UsageError(f"--servers: unknown {unknown or 'none given'}; choose from {', '.join(SERVERS)}")
+    return names
+
+
+def pytest_generate_tests(metafunc):
+    servers = selected_servers(metafunc.config)
+    if "db_server" in metafunc.fixturenames:
+        metafunc.parametrize("db_server", servers, indirect=True)
+    if "db_backend" in metafunc.fixturenames:
+        metafunc.parametrize("db_backend", servers + ([] if metafunc.config.getoption("--server-tests-only")
+                                                   else ["sqlite"]), indirect=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--server-tests-only"):
+        return
+    servers = set(selected_servers(config))
+    kept = [item for item in items if getattr(item, "callspec", None) is not None
+            and ({item.callspec.params.get("db_server"), item.callspec.params.get("db_backend")} & servers)]
+    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    items[:] = kept
+
+
+_answered: dict[str, str | None] = {}
+
+
+def _admin(server: str = "mariadb"):
+    return sa.create_engine(SERVERS[server] + "/", poolclass=NullPool)
+
+
+def _server_up(server: str) -> None:
+    """Fail (never skip) when a selected server does not answer: scripts/ensure-services starts them."""
+    if server not in _answered:
+        try:
+            with _admin(server).connect() as conn:
+                conn.exec_driver_sql("SELECT 1")
+            _answered[server] = None
+        except sa.exc.OperationalError as exc:
+            _answered[server] = f"{exc.orig}"
+    if _answered[server] is not None:
+        pytest.fail(f"the {server} server at {SERVERS[server]} does not answer ({_answered[server]}); "
+                    "scripts/ensure-services starts it, or leave it out with --servers", pytrace=False)
 
 
 @pytest.fixture
-def mysql_url():
-    name = f"jqt_{uuid.uuid4().hex[:16]}"
-    admin = _admin()
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-    url = f"{MYSQL_SERVER}/{name}"
-    engine = create_engine(url, pool_size=1)
-    init_db(engine)
-    engine.dispose()
-    try:
-        yield url
-    finally:
+def db_server(request) -> str:
+    """The name of the server this test runs on (parametrised: mariadb, mysql, mariadb11)."""
+    return request.param
+
+
+@pytest.fixture
+def db_backend(request) -> str:
+    """A server's name, or sqlite (parametrised)."""
+    return request.param
+
+
+def database_on(server: str):
+    """A context manager: a fresh migrated database on `server`, dropped after."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def made():
+        _server_up(server)
+        name = f"jqt_{uuid.uuid4().hex[:16]}"
+        admin = _admin(server)
         with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
-        admin.dispose()
+            conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+        url = f"{SERVERS[server]}/{name}"
+        engine = create_engine(url, pool_size=1)
+        try:
+            init_db(engine)
+            engine.dispose()
+            yield url
+        finally:
+            engine.dispose()
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+            admin.dispose()
+    return made()
 
 
 @pytest.fixture
-def sqlite_url(tmp_path):
+def mysql_url(db_server):
+    with database_on(db_server) as url:
+        yield url
+
+
+def _sqlite(tmp_path) -> str:
     url = f"sqlite:///{tmp_path / 'jobqueue.sqlite3'}"
     engine = create_engine(url, pool_size=1)
     init_db(engine)
@@ -59,10 +152,19 @@ def sqlite_url(tmp_path):
     return url
 
 
-@pytest.fixture(params=["mariadb", "sqlite"])
-def db_url(request):
-    """The same test on both supported backends."""
-    return request.getfixturevalue("mysql_url" if request.param == "mariadb" else "sqlite_url")
+@pytest.fixture
+def sqlite_url(tmp_path):
+    return _sqlite(tmp_path)
+
+
+@pytest.fixture
+def db_url(db_backend, tmp_path):
+    """The same test on every selected server and on SQLite."""
+    if db_backend == "sqlite":
+        yield _sqlite(tmp_path)
+        return
+    with database_on(db_backend) as url:
+        yield url
 
 
 @pytest.fixture

@@ -379,7 +379,12 @@ def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10
             conn = candidates.connect()
             cursor = conn.cursor()
             try:
-                sets = init + ([timeout_sql(_is_mariadb(conn))] if timeout_sql else [])
+                mariadb = _is_mariadb(conn)
+                sets = init + ([timeout_sql(mariadb)] if timeout_sql else [])
+                if not mariadb:
+                    # MySQL answers information_schema.TABLES from a cache of up to a day unless
+                    # told not to: table_status and job_queue's UPDATE_TIME (stats.py) read it.
+                    sets.append("information_schema_stats_expiry = 0")
                 cursor.execute("SET SESSION " + ", ".join(sets))
                 if read_only:
                     # The same syntax on MySQL 8.0 and MariaDB (their variables' names differ).

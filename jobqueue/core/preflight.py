@@ -92,18 +92,12 @@ class TableStatus:
 
 def table_status(conn: Connection) -> dict[str, TableStatus]:
     """The queue tables that exist in the current database, with engine and estimated size."""
-    if is_mysql(conn) and not _is_mariadb(conn):
-        # MySQL 8.0 caches information_schema.TABLES statistics for up to a day by default.
-        conn.exec_driver_sql("SET SESSION information_schema_stats_expiry = 0")
+    # Fresh on MySQL too: the engine sets information_schema_stats_expiry = 0 on every connection.
     rows = conn.execute(sa.text(
         "SELECT TABLE_NAME, ENGINE, TABLE_ROWS FROM information_schema.TABLES "
         "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN :names"
     ).bindparams(sa.bindparam("names", expanding=True)), {"names": list(QUEUE_TABLES)}).all()
     return {name: TableStatus(engine or "", None if n is None else int(n)) for name, engine, n in rows}
-
-
-def _is_mariadb(conn: Connection) -> bool:
-    return bool(getattr(conn.dialect, "is_mariadb", False))
 
 
 def table_engines(conn: Connection) -> dict[str, str]:

@@ -17,6 +17,7 @@ from jobqueue.core import doctor, preflight
 from jobqueue.core.db import create_engine
 from jobqueue.core.doctor import Verdict
 from jobqueue.core.errors import UnsupportedDatabase
+from testkit.sql import seq_rows
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +64,7 @@ def test_doctor_on_the_shared_server_finds_no_problem(mysql_url):
             assert check["advice"], check
     # What this server is known to be: MariaDB 10.6+, a writable primary, migrated by init-db.
     assert checks["server"]["verdict"] == "ok"
-    assert re.fullmatch(r"MariaDB \d+\.\d+\.\d+ supports SKIP LOCKED and NOWAIT", checks["server"]["detail"])
+    assert re.fullmatch(r"(MariaDB|MySQL) \d+\.\d+\.\d+ supports SKIP LOCKED and NOWAIT", checks["server"]["detail"])
     for name in ("primary", "tables", "isolation", "claim_plan", "lock_wait"):
         assert checks[name]["verdict"] == "ok", checks[name]
     assert "READ-COMMITTED" in checks["isolation"]["detail"]
@@ -74,7 +75,7 @@ def test_doctor_text_output_has_one_line_per_check(mysql_url):
     result = jobqueue(mysql_url, "doctor")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert re.fullmatch(r"ok {7}server: MariaDB \d+\.\d+\.\d+ supports SKIP LOCKED and NOWAIT", lines[0])
+    assert re.fullmatch(r"ok {7}server: (MariaDB|MySQL) \d+\.\d+\.\d+ supports SKIP LOCKED and NOWAIT", lines[0])
     verdict_lines = [line for line in lines if not line.startswith(" ")]
     assert [line.split()[1].rstrip(":") for line in verdict_lines] == CHECK_NAMES
     assert all(line.split()[0] in ("ok", "warning") for line in verdict_lines)
@@ -144,7 +145,7 @@ def test_claim_plan_uses_the_pick_index_and_notices_when_it_cannot(mysql_engine)
             "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
             "max_attempts, created_at, updated_at, finished_at) "
             "SELECT CONCAT('done-', seq), 'noop', 'default', 0, '{}', 'done', UTC_TIMESTAMP(6), 1, 5, "
-            "UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM seq_1_to_5000")
+            f"UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM {seq_rows(5000)}")
         conn.commit()
         conn.exec_driver_sql("ANALYZE TABLE job_queue").all()
         check = doctor.check_claim_plan(conn)

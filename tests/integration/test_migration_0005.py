@@ -10,23 +10,23 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from tests.conftest import MYSQL_SERVER, _admin
+from tests.conftest import SERVERS, _admin
 from jobqueue.core import migrate, repository
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Status
 
 
-@pytest.fixture(params=["mariadb", "sqlite"])
-def empty_url(request, tmp_path):
-    if request.param == "sqlite":
+@pytest.fixture
+def empty_url(db_backend, tmp_path):
+    if db_backend == "sqlite":
         yield f"sqlite:///{tmp_path / 'old.sqlite3'}"
         return
     name = f"jqt_{uuid.uuid4().hex[:16]}"
-    admin = _admin()
+    admin = _admin(db_backend)
     with admin.connect() as conn:
         conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
     try:
-        yield f"{MYSQL_SERVER}/{name}"
+        yield f"{SERVERS[db_backend]}/{name}"
     finally:
         with admin.connect() as conn:
             conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")

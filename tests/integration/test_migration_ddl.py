@@ -7,7 +7,6 @@ ends. See docs/deploy.md, "Upgrades"."""
 
 from __future__ import annotations
 
-import os
 import re
 import uuid
 from pathlib import Path
@@ -16,6 +15,8 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.migration import MigrationContext
+
+from tests.conftest import SERVERS
 from alembic.operations import Operations
 from alembic.script import ScriptDirectory
 from sqlalchemy import event
@@ -122,8 +123,8 @@ def test_the_rule(statement, refused):
 
 
 @pytest.fixture
-def fresh_database():
-    server = os.environ.get("JOBQUEUE_TEST_MYSQL", "mysql+pymysql://root@127.0.0.1:3306")
+def fresh_database(db_server):
+    server = SERVERS[db_server]
     name = f"jqt_ddl_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(server + "/", poolclass=NullPool)
     with admin.connect() as conn:
@@ -169,11 +170,10 @@ def test_no_migration_copies_job_queue(fresh_database):
         f"  {rev} ({f}): {why}:\n      {s}" for rev, f, s, why in refused) + "\n" + RULE
 
 
-@pytest.mark.parametrize("backend", ["mariadb", "sqlite"])
-def test_the_online_helpers_follow_the_rule_and_work(backend, request, tmp_path):
+def test_the_online_helpers_follow_the_rule_and_work(db_url, db_backend):
     from jobqueue.core.migrations import online
 
-    url = request.getfixturevalue("mysql_url") if backend == "mariadb" else request.getfixturevalue("sqlite_url")
+    url = db_url
     engine = create_engine(url, pool_size=1)
     sent: list[str] = []
     event.listen(engine, "before_cursor_execute", lambda c, cur, statement, *a: sent.append(statement))
@@ -193,7 +193,7 @@ def test_the_online_helpers_follow_the_rule_and_work(backend, request, tmp_path)
     finally:
         engine.dispose()
     assert "paused_at" in columns and "ix_paused" in indexes and "paused_at" not in after
-    if backend == "mariadb":   # the rule is about MySQL/MariaDB (SQLite gets Alembic's plain DDL)
+    if db_backend != "sqlite":   # the rule is about MySQL/MariaDB (SQLite gets Alembic's plain DDL)
         assert [s for s in sent if copying_ddl(s)] == []
         assert any("ADD COLUMN" in s and "ALGORITHM=INSTANT" in s for s in sent)
         assert any("ALGORITHM=INPLACE" in s for s in sent)

@@ -19,6 +19,7 @@ from jobqueue.core.models import Status
 from jobqueue.core.retention import Pruner
 from jobqueue.core.schema import job_attempt, job_queue, job_result, prune_run, pruned_key
 from jobqueue.core.worker import Worker, WorkerConfig
+from testkit.sql import seq_rows
 
 jq = job_queue.c
 
@@ -115,7 +116,7 @@ def test_batches_are_capped_at_1000(mysql_engine):
             "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
             "max_attempts, created_at, updated_at, finished_at) SELECT CONCAT('old-', seq), 'noop', 'default', 0, "
             "'{}', 'done', UTC_TIMESTAMP(6) - INTERVAL 9 DAY, 1, 5, UTC_TIMESTAMP(6) - INTERVAL 9 DAY, "
-            "UTC_TIMESTAMP(6) - INTERVAL 9 DAY, UTC_TIMESTAMP(6) - INTERVAL 9 DAY FROM seq_1_to_2500")
+            f"UTC_TIMESTAMP(6) - INTERVAL 9 DAY, UTC_TIMESTAMP(6) - INTERVAL 9 DAY FROM {seq_rows(2500)}")
         conn.commit()
         counts = repository.prune(conn, done_days=7, failed_days=30, batch_size=5000, pause=0)
         assert (counts.done, counts.batches) == (2500, 3)
