@@ -66,8 +66,13 @@ def pytest_generate_tests(metafunc):
     if "db_server" in metafunc.fixturenames:
         metafunc.parametrize("db_server", servers, indirect=True)
     if "db_backend" in metafunc.fixturenames:
-        metafunc.parametrize("db_backend", servers + ([] if metafunc.config.getoption("--server-tests-only")
-                                                   else ["sqlite"]), indirect=True)
+        # @pytest.mark.servers_only: not on SQLite; @pytest.mark.sqlite_only: on SQLite alone.
+        backends = servers + ([] if metafunc.config.getoption("--server-tests-only") else ["sqlite"])
+        if metafunc.definition.get_closest_marker("servers_only"):
+            backends = servers
+        if metafunc.definition.get_closest_marker("sqlite_only"):
+            backends = [b for b in backends if b == "sqlite"]
+        metafunc.parametrize("db_backend", backends, indirect=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -86,7 +86,7 @@ def test_failing_renewals_lose_the_lease_by_its_local_deadline(engine, monkeypat
 
 # --- 4: finished jobs are renewed while their completion waits; one held row stalls no one ------
 
-@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+@pytest.mark.servers_only
 def test_a_held_row_in_a_completion_batch_stalls_no_other_job_and_keeps_its_lease(engine):
     gate = threading.Event()
 
@@ -144,7 +144,7 @@ def commit_reply_lost(engine, monkeypatch):
     return armed
 
 
-@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+@pytest.mark.servers_only
 def test_enqueue_after_a_lost_commit_reply_is_not_a_duplicate(engine, commit_reply_lost, caplog):
     commit_reply_lost["left"] = 1
     with engine.connect() as conn:
@@ -157,7 +157,7 @@ def test_enqueue_after_a_lost_commit_reply_is_not_a_duplicate(engine, commit_rep
     assert "event=db_retry" in caplog.text and caplog.text.count("event=duplicate_enqueue") == 1
 
 
-@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+@pytest.mark.servers_only
 def test_record_result_and_retry_after_a_lost_commit_reply_report_success(engine, commit_reply_lost, caplog):
     with engine.connect() as conn:
         repository.enqueue(conn, "noop", "r1")
@@ -175,7 +175,7 @@ def test_record_result_and_retry_after_a_lost_commit_reply_report_success(engine
     assert attempts == ["retry"] and "event=lease_lost" not in caplog.text
 
 
-@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+@pytest.mark.servers_only
 def test_complete_after_a_lost_commit_reply_is_ok(engine, commit_reply_lost, caplog):
     with engine.connect() as conn:
         repository.enqueue(conn, "noop", "c1")
@@ -192,7 +192,7 @@ def skipped() -> float:
     return metrics.REGISTRY.get_sample_value("jobqueue_rows_skipped_total") or 0.0
 
 
-@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+@pytest.mark.servers_only
 def test_a_claim_that_took_fewer_rows_than_it_asked_counts_the_rows_it_passed_by(engine):
     with engine.connect() as conn:
         ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"s{i}"} for i in range(6)])]
@@ -210,7 +210,7 @@ def test_a_claim_that_took_fewer_rows_than_it_asked_counts_the_rows_it_passed_by
 
 # --- 8: per-minute activity by the database clock ------------------------------------------------
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.sqlite_only
 def test_activity_minutes_come_from_the_database_clock(engine, monkeypatch):
     shifted = time.time() + 7200   # the database's clock two hours ahead of this host's
     monkeypatch.setattr(db, "sqlite_clock", lambda: shifted)
@@ -225,7 +225,7 @@ def test_activity_minutes_come_from_the_database_clock(engine, monkeypatch):
 
 # --- 9: cooperative cancellation ------------------------------------------------------------
 
-@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+@pytest.mark.servers_only
 def test_an_operator_failing_a_running_job_stops_its_handler_within_a_renewal(engine, caplog):
     reg = registry_with()
     with engine.connect() as conn:
@@ -247,7 +247,7 @@ def test_an_operator_failing_a_running_job_stops_its_handler_within_a_renewal(en
     assert "event=handler_lease_lost" in caplog.text
 
 
-@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+@pytest.mark.servers_only
 def test_slots_show_a_lost_lease_whose_handler_still_runs(engine):
     gate = threading.Event()
 

@@ -190,7 +190,7 @@ def test_writes_in_ctx_transaction_commit_with_the_completion_and_roll_back_with
         assert repository.get_job(conn, res.id).attempts == 2
 
 
-@pytest.mark.parametrize("db_url", ["mariadb"], indirect=True)
+@pytest.mark.servers_only
 def test_an_attempt_that_lost_its_lease_commits_nothing_and_the_next_one_does(shop):
     registry = Registry()
     go = threading.Event()
