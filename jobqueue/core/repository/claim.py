@@ -52,7 +52,7 @@ from ..db import db_after, db_micros_since, db_now, error_code, is_mysql, requir
 from ..errors import NotPrimary
 from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Job, Lease, LeaseLoss, Outcome, Status
 from ..schema import concurrency_key, job_queue, queue_state
-from .common import NO_ROW, as_datetime, compiled_sql, execute_fast, execute_sql, jq, shape
+from .common import NO_ROW, as_datetime, by_id, compiled_sql, execute_fast, execute_sql, jq, shape
 from .leases import completions_read_back, fence_any, fence_params
 
 PICK_INDEX = "ix_ready_pick"
@@ -115,7 +115,7 @@ def _settle(done: int, take: int) -> sa.Update:
         guards.append(sa.and_(jq.status == Status.RUNNING.value, fence_any(done)))
     if take:
         guards.append(sa.and_(jq.status == Status.READY.value, jq.id.in_(take_ids)))
-    stmt = sa.update(job_queue).where(jq.id.in_(done_ids + take_ids), sa.or_(*guards))
+    stmt = by_id(sa.update(job_queue).where(jq.id.in_(done_ids + take_ids), sa.or_(*guards)))
     lease_until = db_after(micros=sa.bindparam("lease_us", type_=sa.BigInteger))
     if not take:
         return stmt.values(status=Status.DONE.value, finished_at=db_now(), lease_until=None, updated_at=db_now())

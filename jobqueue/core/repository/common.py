@@ -26,6 +26,18 @@ def through_index(c: Connection, stmt: sa.Select, index: str | None, table: sa.T
     if index is None or c.dialect.name not in ("mysql", "mariadb"):
         return stmt
     return stmt.with_hint(table, f"FORCE INDEX ({index})", c.dialect.name)
+
+
+def by_id(stmt: sa.Update) -> sa.Update:
+    """An UPDATE of listed job ids that reads only those rows, through the primary key. On a small
+    table the planner scans the whole key instead (EXPLAIN type `index`), and the UPDATE then
+    reads, and on MariaDB 11.8 waits for, every row another transaction holds: a claim stood 2 s
+    behind 5 rows a paused transaction held, then failed with 1205 (MariaDB 10.11 passed them by)."""
+    for dialect in ("mysql", "mariadb"):
+        stmt = stmt.with_hint("FORCE INDEX (PRIMARY)", dialect_name=dialect)
+    return stmt
+
+
 MAX_ERROR_CHARS = 4000
 
 

@@ -31,7 +31,7 @@ from ..db import db_after, db_now, is_mysql, require_primary, transaction
 from ..errors import LeaseLostError, NotPrimary
 from ..models import Lease, LeaseLoss, Outcome, Status
 from ..schema import job_attempt, job_queue, job_result
-from .common import NO_ROW, execute_fast, fence, shape, is_duplicate_key, jq, lease_loss, one_more_attempt, record_attempts, \
+from .common import NO_ROW, by_id, execute_fast, fence, shape, is_duplicate_key, jq, lease_loss, one_more_attempt, record_attempts, \
     truncate_error
 
 
@@ -83,7 +83,7 @@ def _ids(n: int) -> list[sa.BindParameter]:
 
 @functools.lru_cache(maxsize=512)
 def _renew(n: int) -> sa.Update:
-    return (sa.update(job_queue).where(jq.id.in_(_ids(n)), jq.status == Status.RUNNING.value, fence_any(n))
+    return (by_id(sa.update(job_queue)).where(jq.id.in_(_ids(n)), jq.status == Status.RUNNING.value, fence_any(n))
             .values(lease_until=db_after(micros=sa.bindparam("lease_us", type_=sa.BigInteger)), updated_at=db_now()))
 
 
@@ -148,7 +148,7 @@ def _loss_from(row, lease: Lease, operation: str) -> LeaseLoss:
 @functools.lru_cache(maxsize=512)
 def _mark_done(n: int) -> sa.Update:
     """running -> done for n leases, each row fenced by its own (id, lease_owner, attempts)."""
-    return (sa.update(job_queue).where(jq.id.in_(_ids(n)), jq.status == Status.RUNNING.value, fence_any(n))
+    return (by_id(sa.update(job_queue)).where(jq.id.in_(_ids(n)), jq.status == Status.RUNNING.value, fence_any(n))
             .values(status=Status.DONE.value, finished_at=db_now(), lease_until=None, updated_at=db_now()))
 
 

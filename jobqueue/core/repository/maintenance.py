@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 from ..db import db_now, require_primary, transaction
 from ..models import Status
 from ..schema import job_queue, worker_process, worker_stats
-from .common import as_datetime, jq, record_attempts
+from .common import as_datetime, by_id, jq, record_attempts
 
 REAP_BATCH = 500
 PROMOTE_BATCH = 1000
@@ -110,7 +110,7 @@ def promote_due(conn: Connection, *, batch_size: int = PROMOTE_BATCH, max_batche
                             .order_by(jq.run_at).limit(batch_size).with_for_update(skip_locked=True)).scalars().all()
             if not ids:
                 return 0
-            return c.execute(sa.update(job_queue).where(jq.id.in_(ids), jq.status == Status.SCHEDULED.value)
+            return c.execute(by_id(sa.update(job_queue)).where(jq.id.in_(ids), jq.status == Status.SCHEDULED.value)
                              .values(status=Status.READY.value, updated_at=db_now())).rowcount
 
         n = transaction(conn, write, what="promote")
