@@ -326,6 +326,17 @@ def enqueue_many_cmd(ctx: click.Context, file, allow_unregistered: bool, tasks: 
                              f"(first: {refused[0]})")
 
 
+class FiniteRange(click.FloatRange):
+    """A number in a range, never NaN or an infinity: NaN compares false with both ends, so
+    click.FloatRange let `--done-older-than nan` through to a traceback."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if number != number or number in (float("inf"), float("-inf")):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 class PrefetchType(click.ParamType):
     """A number of jobs from 0 to 256, or `auto` (None)."""
 
@@ -350,11 +361,11 @@ class PrefetchType(click.ParamType):
 @click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True, help="Handler threads")
 @click.option("--queues", default=None, help="Comma-separated queues to take jobs from (default: all)")
 @click.option("--name", default=None, help="Worker name, added to host:pid in lease owners")
-@setting_option("lease_seconds", "--lease-seconds", type=click.FloatRange(1, 86400),
+@setting_option("lease_seconds", "--lease-seconds", type=FiniteRange(1, 86400),
                 help="How long a claimed job is leased, renewed every third of it")
-@setting_option("grace_seconds", "--grace-seconds", type=click.FloatRange(0, 86400),
+@setting_option("grace_seconds", "--grace-seconds", type=FiniteRange(0, 86400),
                 help="On SIGTERM, how long running jobs may finish before they are released")
-@click.option("--idle-cap-seconds", type=click.FloatRange(0.05, 300), default=2.0, show_default=True,
+@click.option("--idle-cap-seconds", type=FiniteRange(0.05, 300), default=2.0, show_default=True,
               help="Longest sleep between claims when idle")
 @click.option("--prefetch", type=PrefetchType(), default="auto", show_default=True,
               help="Jobs claimed ahead of a free thread (leased and renewed while they wait): a number, or "
@@ -612,9 +623,9 @@ def recurring_enable(ctx: click.Context, name: str, database_url: str | None) ->
 
 
 @main.command()
-@click.option("--done-older-than", "done_days", type=click.FloatRange(0, 36500), default=None,
+@click.option("--done-older-than", "done_days", type=FiniteRange(0, 36500), default=None,
               help="Days a done job is kept [default: JOBQUEUE_KEEP_DONE_DAYS, 7; 0 keeps them]")
-@click.option("--failed-older-than", "failed_days", type=click.FloatRange(0, 36500), default=None,
+@click.option("--failed-older-than", "failed_days", type=FiniteRange(0, 36500), default=None,
               help="Days a failed or cancelled job is kept [default: JOBQUEUE_KEEP_FAILED_DAYS, 30; 0 keeps them]")
 @click.option("--dry-run", is_flag=True, help="Count what would be pruned; delete nothing")
 @url_option

@@ -247,3 +247,16 @@ def test_a_command_from_above_the_core_collects_from_its_start(paused_collector,
     result = CliRunner().invoke(cli, ["probe"], obj={})
     assert result.exit_code == 0, result.output
     assert SEEN_COLLECTING == [True]
+
+
+@pytest.mark.parametrize("args", [
+    ["prune", "--done-older-than", "nan"], ["prune", "--failed-older-than", "inf"],
+    ["worker", "--burst", "--lease-seconds", "nan"], ["worker", "--burst", "--grace-seconds", "inf"],
+    ["worker", "--burst", "--idle-cap-seconds", "nan"], ["enqueue", "noop", "--key", "k", "--delay", "nan"],
+])
+def test_numeric_options_refuse_nan_and_infinities(sqlite_url, args):
+    """`prune --done-older-than nan` passed click's range check (NaN compares false with both ends)
+    and failed with a traceback, exit 1 (issue 25, defect 7)."""
+    result = jobqueue(sqlite_url, *args)
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
