@@ -69,6 +69,9 @@ def test_a_held_row_names_exactly_the_connection_that_holds_it(mysql_url, mysql_
         assert locked["connection_id"] == holder_id
         assert locked["account"].startswith("root@") and locked["transaction_state"] == "RUNNING"
         assert locked["transaction_age_seconds"] is not None and "runnable" not in [r["code"] for r in data["reasons"]]
+        # The holder sits idle in its transaction: said so on every server (MySQL keeps the last
+        # statement of an idle connection, which read as "running SELECT ..." there).
+        assert "it is idle in its transaction" in locked["detail"] and "it is running" not in locked["detail"], locked["detail"]
         # A whole command (interpreter start included): far below the server's 50 s or the
         # engine's 5 s lock wait, so the probe did not wait on the lock.
         print(f"explain of a held row: {took:.2f} s as a command")

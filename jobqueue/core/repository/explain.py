@@ -206,8 +206,11 @@ def _locked(lock: RowLock) -> Reason:
                       {"connection_id": None, "unknown_why": lock.unknown_why})
     h = lock.holders[0]
     age = f"{h.age_seconds:.0f} s" if h.age_seconds is not None else "an unknown time"
-    doing = (f"running {_first_line(h.statement)}" if h.statement
-             else "idle in its transaction, running no statement")
+    if h.idle or not h.statement:
+        doing = "idle in its transaction" + (f" (its last statement: {_first_line(h.statement)})" if h.statement
+                                             else ", running no statement")
+    else:
+        doing = f"running {_first_line(h.statement)}"
     return Reason("locked_by_transaction", f"Connection {h.connection_id} ({h.account or 'unknown account'}) holds its "
                   f"row in a transaction open for {age}, so every claim passes it by (SKIP LOCKED); it is {doing}.",
                   {"connection_id": h.connection_id, "account": h.account, "user": h.user, "host": h.host,

@@ -74,6 +74,12 @@ class Transaction:
         return f"{self.user}@{self.host}" if self.user else None
 
     @property
+    def idle(self) -> bool:
+        """Open but running no statement: `statement` is then its last one where the server keeps
+        it (MySQL's events_statements_current), not something it is doing."""
+        return (self.command or "").lower() == "sleep"
+
+    @property
     def waiting(self) -> bool:
         return bool(self.waiting_for) or (self.trx_state or "").upper() == "LOCK WAIT"
 
