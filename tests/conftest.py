@@ -20,6 +20,7 @@ a throwaway mariadbd (see testkit/throwaway_mariadb.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 
@@ -118,29 +119,25 @@ def db_backend(request) -> str:
     return request.param
 
 
+@contextlib.contextmanager
 def database_on(server: str):
-    """A context manager: a fresh migrated database on `server`, dropped after."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def made():
-        _server_up(server)
-        name = f"jqt_{uuid.uuid4().hex[:16]}"
-        admin = _admin(server)
+    """A fresh migrated database on `server`, dropped after."""
+    _server_up(server)
+    name = f"jqt_{uuid.uuid4().hex[:16]}"
+    admin = _admin(server)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+    url = f"{SERVERS[server]}/{name}"
+    engine = create_engine(url, pool_size=1)
+    try:
+        init_db(engine)
+        engine.dispose()
+        yield url
+    finally:
+        engine.dispose()
         with admin.connect() as conn:
-            conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-        url = f"{SERVERS[server]}/{name}"
-        engine = create_engine(url, pool_size=1)
-        try:
-            init_db(engine)
-            engine.dispose()
-            yield url
-        finally:
-            engine.dispose()
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
-            admin.dispose()
-    return made()
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+        admin.dispose()
 
 
 @pytest.fixture
