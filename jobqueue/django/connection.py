@@ -83,6 +83,7 @@ def lent_engine(alias: str) -> Engine:
     with _lock:
         engine = _engines.get(alias)
         if engine is None:
+            require_mysql(alias)
             engine = sa.create_engine("mysql+jobqueue_django://", pool=LentConnections(alias))
 
             @sa.event.listens_for(engine, "connect")
