@@ -81,6 +81,14 @@ class Registry:
         self._tasks: dict[str, TaskSpec] = {}
         self._lock = threading.Lock()
         self._builtins = builtins
+        self._finders: list[Callable[[str], TaskSpec | None]] = []
+
+    def add_finder(self, finder: Callable[[str], TaskSpec | None]) -> None:
+        """`finder(name)` makes the spec of a task known by a name this process has not imported
+        (jobqueue.django: a Django task by its module path), or answers None; asked on a miss."""
+        with self._lock:
+            if finder not in self._finders:
+                self._finders.append(finder)
 
     def register(self, spec: TaskSpec) -> None:
         with self._lock:
@@ -101,6 +109,12 @@ class Registry:
         if spec is None and self._builtins is not None:
             self._load_builtins()
             spec = self._tasks.get(name)
+        if spec is None:
+            for find in list(self._finders):
+                spec = find(name)
+                if spec is not None:
+                    self.register(spec)
+                    return self._tasks[name]
         return spec
 
     def names(self) -> list[str]:

@@ -52,6 +52,7 @@ def test_the_wheel_ships_the_package_and_not_the_test_kit(installed):
     for needed in ("jobqueue/core/repository/claim.py", "jobqueue/core/worker/loop.py",
                    "jobqueue/core/migrations/versions/0001_job_queue.py", "jobqueue/core/migrations/script.py.mako",
                    "jobqueue/templates/dashboard/overview.html", "jobqueue/static/htmx.min.js", "jobqueue/py.typed",
+                   "jobqueue/django/management/commands/jobqueue_worker.py",
                    "webapp/__init__.py"):
         assert needed in names, f"{needed} is missing from the wheel"
     assert not [n for n in names if n.startswith(("testkit/", "tests/", "bench/", "soak/", "drill/"))]

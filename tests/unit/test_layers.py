@@ -31,6 +31,19 @@ def test_no_module_of_the_core_imports_flask():
     assert out.stdout.strip() == "", f"the core imported {out.stdout.strip()}"
 
 
+def test_only_jobqueue_django_imports_django():
+    # Django is an extra (jobqueue[django]): the core and the web app never import it.
+    import jobqueue.web
+
+    web = sorted(m.name for m in pkgutil.walk_packages(jobqueue.web.__path__, "jobqueue.web."))
+    code = ("import importlib, sys\n"
+            f"for name in {core_modules() + web!r}:\n"
+            "    importlib.import_module(name)\n"
+            "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'django_tasks'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "", f"imported {out.stdout.strip()}"
+
+
 def test_a_queue_command_imports_neither_flask_nor_alembic_nor_prometheus():
     code = ("import sys\n"
             "from jobqueue.cli import cli\n"

@@ -120,6 +120,12 @@ def _after_commit(conn: Connection, report) -> None:
     if not conn.in_transaction():
         report()
         return
+    defer = conn.info.get("after_commit")
+    if defer is not None:
+        # A framework owns this transaction and its COMMIT (jobqueue.django: Django's atomic
+        # blocks): it runs the report when that commits, and never after a rollback.
+        defer(report)
+        return
     # Whichever ends the transaction first decides; the other listener, left behind, does
     # nothing when it fires (once) at a later transaction's end. Without the rollback side, a
     # rolled-back job would be reported (counted, and would wake workers) at the connection's

@@ -149,8 +149,16 @@ class Slots:
 
 
 def describe(exc: BaseException) -> str:
+    """The attempt's error: its first line names the exception's class as the traceback's last
+    line does (module-qualified unless a builtin), since only the head survives truncation and a
+    Django TaskError needs the class path."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=8))
-    return f"{type(exc).__name__}: {exc}\n{tb}"
+    return f"{class_path(type(exc))}: {exc}\n{tb}"
+
+
+def class_path(cls: type) -> str:
+    module = cls.__module__
+    return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
 
 
 def first_line(text: str | None) -> str | None:
