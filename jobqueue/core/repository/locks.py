@@ -7,8 +7,8 @@ claim, and nothing waits or fails. Nothing here ever waits on a row for more tha
 
 The two servers show locks differently:
 - MySQL 8.0: performance_schema.data_locks lists every record lock, granted or waited for, with the
-  row's key (LOCK_DATA), and data_lock_waits pairs waiters with blockers. Who holds job N's row is
-  one read there.
+  row's key (LOCK_DATA). Reading it costs the server (see _MYSQL_LOCKS): it is read only for the
+  transactions INNODB_TRX says lock rows, bounded in rows and time.
 - MariaDB 10.11: information_schema.INNODB_LOCKS / INNODB_LOCK_WAITS list only locks that someone
   waits for. So who holds job N's row is found by making someone wait: a probe connection tries
   the row with FOR UPDATE under innodb_lock_wait_timeout = 1 (its session only), the lock-wait
@@ -16,8 +16,9 @@ The two servers show locks differently:
   connection). Which job rows are held at all is found with SKIP LOCKED: ready and running rows a
   plain read sees but a SKIP LOCKED read passes by.
 
-Both read INNODB_TRX for a transaction's age, state and rows locked (PROCESS privilege; without it
-the holder is reported as unknown) and the process list for account, host and statement.
+Both read INNODB_TRX for a transaction's age, state and rows locked (PROCESS privilege, and on
+MySQL SELECT on performance_schema's data_locks, threads and events_statements_current; without
+them the holder is reported as unknown) and the process list for account, host and statement.
 """
 
 from __future__ import annotations
@@ -147,7 +148,9 @@ def row_lock(conn: Connection, job_id: int) -> RowLock:
         return RowLock(True, tuple(_details(conn, kind, ids, jobs={cid: (job_id,) for cid in ids})))
     except DBAPIError as exc:
         if error_code(exc) in ER_ACCESS_DENIED:
-            return RowLock(True, unknown_why="reading who holds it needs the PROCESS privilege")
+            return RowLock(True, unknown_why=f"reading who holds it {_denied(kind)}")
+        if error_code(exc) == ER_QUERY_TIMEOUT:
+            return RowLock(True, unknown_why=f"the server's lock tables took over {MYSQL_READ_MS} ms to read")
         raise
     finally:
         if conn.in_transaction():
@@ -215,12 +218,27 @@ _MARIADB_WAITS = sa.text(
     "JOIN information_schema.INNODB_LOCKS bl ON bl.lock_id = w.blocking_lock_id "
     "WHERE bl.lock_table = CONCAT('`', DATABASE(), '`.`job_queue`') AND r.trx_mysql_thread_id <> CONNECTION_ID()")
 
-# Every record lock on job_queue (MySQL 8.0), granted or waited for.
+# MySQL: performance_schema.data_locks is built by walking InnoDB's lock lists under its
+# transaction-system mutex, so a read of every lock on a busy server (a transaction holding
+# 100,000 row locks, thousands of short claims) holds up every other transaction's start and
+# commit while it runs (MySQL bugs 111082, 112035). So the inspector reads INNODB_TRX first (one
+# row per transaction) and data_locks only for the few transactions that lock rows, through its
+# ENGINE_TRANSACTION_ID index, job_queue's rows only, at most MYSQL_LOCK_ROWS of them, and every
+# statement stops after MYSQL_READ_MS (MAX_EXECUTION_TIME: error 3024).
+MYSQL_TRANSACTIONS = 50
+MYSQL_LOCK_ROWS = 5000
+MYSQL_READ_MS = 2000
+ER_QUERY_TIMEOUT = 3024
+
+_MYSQL_LOCKING_TRX = sa.text(
+    f"SELECT /*+ MAX_EXECUTION_TIME({MYSQL_READ_MS}) */ trx_id, trx_mysql_thread_id FROM information_schema.INNODB_TRX "
+    "WHERE (trx_rows_locked > 0 OR trx_state = 'LOCK WAIT') AND trx_mysql_thread_id <> CONNECTION_ID() "
+    f"ORDER BY trx_started LIMIT {MYSQL_TRANSACTIONS}")
 _MYSQL_LOCKS = sa.text(
-    "SELECT t.PROCESSLIST_ID, l.INDEX_NAME, l.LOCK_DATA, l.LOCK_STATUS FROM performance_schema.data_locks l "
-    "JOIN performance_schema.threads t ON t.THREAD_ID = l.THREAD_ID "
-    "WHERE l.OBJECT_SCHEMA = DATABASE() AND l.OBJECT_NAME = 'job_queue' AND l.LOCK_TYPE = 'RECORD' "
-    "AND t.PROCESSLIST_ID <> CONNECTION_ID() LIMIT 5000")
+    f"SELECT /*+ MAX_EXECUTION_TIME({MYSQL_READ_MS}) */ ENGINE_TRANSACTION_ID, INDEX_NAME, LOCK_DATA, LOCK_STATUS "
+    "FROM performance_schema.data_locks WHERE ENGINE_TRANSACTION_ID IN :trx AND OBJECT_SCHEMA = DATABASE() "
+    f"AND OBJECT_NAME = 'job_queue' AND LOCK_TYPE = 'RECORD' LIMIT {MYSQL_LOCK_ROWS}"
+).bindparams(sa.bindparam("trx", expanding=True))
 
 
 def job_of_lock(index: str | None, data: str | None) -> int | None:
@@ -234,13 +252,25 @@ def job_of_lock(index: str | None, data: str | None) -> int | None:
 
 
 def _mysql_record_locks(c: Connection) -> list[tuple[int, int, bool]]:
-    """(connection id, job id, granted) for every record lock on job_queue (MySQL 8.0)."""
+    """(connection id, job id, granted) for record locks on job_queue (MySQL), read as bounded as
+    the comment above says."""
+    threads = {int(trx): int(cid) for trx, cid in c.execute(_MYSQL_LOCKING_TRX).all() if cid is not None}
+    if not threads:
+        return []
     out = []
-    for cid, index, data, status in c.execute(_MYSQL_LOCKS).all():
+    for trx, index, data, status in c.execute(_MYSQL_LOCKS, {"trx": sorted(threads)}).all():
         job = job_of_lock(index, data)
-        if cid is not None and job is not None:
-            out.append((int(cid), job, str(status).upper() == "GRANTED"))
+        if job is not None and int(trx) in threads:
+            out.append((threads[int(trx)], job, str(status).upper() == "GRANTED"))
     return out
+
+
+def _denied(kind: str) -> str:
+    """Why another connection's transaction could not be read (an access error)."""
+    from ..privileges import PERFORMANCE_SCHEMA_TABLES
+
+    tables = ", ".join(f"performance_schema.{t}" for t in PERFORMANCE_SCHEMA_TABLES)
+    return "needs the PROCESS privilege" + (f" and SELECT on {tables}" if kind == "mysql" else "")
 
 
 def _details(c: Connection, kind: str, ids: Iterable[int], *, jobs: dict[int, Sequence[int]] | None = None,
@@ -252,7 +282,7 @@ def _details(c: Connection, kind: str, ids: Iterable[int], *, jobs: dict[int, Se
     if kind == "mysql":
         # The process list there has no statement of an idle connection; events_statements_current
         # keeps its last one.
-        sql = ("SELECT x.trx_mysql_thread_id, t.PROCESSLIST_USER, t.PROCESSLIST_HOST, x.trx_started, "
+        sql = (f"SELECT /*+ MAX_EXECUTION_TIME({MYSQL_READ_MS}) */ x.trx_mysql_thread_id, t.PROCESSLIST_USER, t.PROCESSLIST_HOST, x.trx_started, "
                "TIMESTAMPDIFF(SECOND, x.trx_started, NOW()), x.trx_state, t.PROCESSLIST_COMMAND, t.PROCESSLIST_STATE, "
                "COALESCE(x.trx_query, s.SQL_TEXT), x.trx_rows_locked FROM information_schema.INNODB_TRX x "
                "LEFT JOIN performance_schema.threads t ON t.PROCESSLIST_ID = x.trx_mysql_thread_id "
@@ -292,7 +322,10 @@ def lock_report(conn: Connection) -> LockReport:
         return _mysql_report(conn) if kind == "mysql" else _mariadb_report(conn)
     except DBAPIError as exc:
         if error_code(exc) in ER_ACCESS_DENIED:
-            return LockReport([], unavailable="reading other connections' transactions needs the PROCESS privilege")
+            return LockReport([], unavailable=f"reading other connections' transactions {_denied(kind)}")
+        if error_code(exc) == ER_QUERY_TIMEOUT:
+            return LockReport([], unavailable=f"the server's lock tables took over {MYSQL_READ_MS} ms to read: "
+                                              "left alone so as not to hold up its transactions")
         raise
     finally:
         if conn.in_transaction():
