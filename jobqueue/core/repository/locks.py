@@ -69,6 +69,7 @@ class Transaction:
     rows_locked: int | None = None
     jobs: tuple[int, ...] = ()            # job rows it holds (those found)
     waiting_for: tuple[int, ...] = ()     # job rows it waits on
+    locks_unread: bool = False            # MySQL: it locks too many rows for its locks to be read
 
     @property
     def account(self) -> str | None:
@@ -89,7 +90,7 @@ class Transaction:
                 "transaction_age_seconds": self.age_seconds, "transaction_state": self.trx_state,
                 "command": self.command, "state": self.state, "rows_locked": self.rows_locked,
                 "statement": self.statement if statement else None, "jobs": list(self.jobs),
-                "waiting_for": list(self.waiting_for)}
+                "waiting_for": list(self.waiting_for), "locks_unread": self.locks_unread}
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,12 @@ def row_lock(conn: Connection, job_id: int) -> RowLock:
     kind = flavour(conn)
     try:
         if kind == "mysql":
-            ids = {cid for cid, job, granted in _mysql_record_locks(conn) if job == job_id and granted}
+            found, unread = _mysql_record_locks(conn)
+            ids = {cid for cid, job, granted in found if job == job_id and granted}
+            if not ids and unread:
+                return RowLock(True, unknown_why=f"the transactions of connections {', '.join(map(str, sorted(unread)))} "
+                                                 f"lock over {MYSQL_LOCK_ROWS} rows: which ones is not read, to "
+                                                 "spare the server (see the Locks page)")
         else:
             blockers = _probe(conn, job_id)
             if blockers is None:
@@ -219,21 +225,23 @@ _MARIADB_WAITS = sa.text(
     "WHERE bl.lock_table = CONCAT('`', DATABASE(), '`.`job_queue`') AND r.trx_mysql_thread_id <> CONNECTION_ID()")
 
 # MySQL: performance_schema.data_locks is built by walking InnoDB's lock lists under its
-# transaction-system mutex, so a read of every lock on a busy server (a transaction holding
-# 100,000 row locks, thousands of short claims) holds up every other transaction's start and
-# commit while it runs (MySQL bugs 111082, 112035). So the inspector reads INNODB_TRX first (one
-# row per transaction) and data_locks only for the few transactions that lock rows, through its
-# ENGINE_TRANSACTION_ID index, job_queue's rows only, at most MYSQL_LOCK_ROWS of them, and every
-# statement stops after MYSQL_READ_MS (MAX_EXECUTION_TIME: error 3024).
+# transaction-system mutex, every lock of a transaction whatever the WHERE and LIMIT, so a read
+# while a transaction holds 100,000 row locks halved a claim loop's rate here while it ran back
+# to back (MySQL bugs 111082, 112035; docs/servers.md). So the inspector reads INNODB_TRX first
+# (one row per transaction, with how many rows it locks) and data_locks only for transactions that
+# lock MYSQL_LOCK_ROWS rows or fewer between them, through its ENGINE_TRANSACTION_ID index; a
+# transaction that locks more is shown from INNODB_TRX alone (`locks_unread`). Every statement
+# stops after MYSQL_READ_MS (MAX_EXECUTION_TIME: error 3024).
 MYSQL_TRANSACTIONS = 50
 MYSQL_LOCK_ROWS = 5000
 MYSQL_READ_MS = 2000
 ER_QUERY_TIMEOUT = 3024
 
 _MYSQL_LOCKING_TRX = sa.text(
-    f"SELECT /*+ MAX_EXECUTION_TIME({MYSQL_READ_MS}) */ trx_id, trx_mysql_thread_id FROM information_schema.INNODB_TRX "
+    f"SELECT /*+ MAX_EXECUTION_TIME({MYSQL_READ_MS}) */ trx_id, trx_mysql_thread_id, trx_rows_locked "
+    "FROM information_schema.INNODB_TRX "
     "WHERE (trx_rows_locked > 0 OR trx_state = 'LOCK WAIT') AND trx_mysql_thread_id <> CONNECTION_ID() "
-    f"ORDER BY trx_started LIMIT {MYSQL_TRANSACTIONS}")
+    f"ORDER BY trx_rows_locked, trx_started LIMIT {MYSQL_TRANSACTIONS}")
 _MYSQL_LOCKS = sa.text(
     f"SELECT /*+ MAX_EXECUTION_TIME({MYSQL_READ_MS}) */ ENGINE_TRANSACTION_ID, INDEX_NAME, LOCK_DATA, LOCK_STATUS "
     "FROM performance_schema.data_locks WHERE ENGINE_TRANSACTION_ID IN :trx AND OBJECT_SCHEMA = DATABASE() "
@@ -251,18 +259,25 @@ def job_of_lock(index: str | None, data: str | None) -> int | None:
     return int(last) if last.isdigit() else None
 
 
-def _mysql_record_locks(c: Connection) -> list[tuple[int, int, bool]]:
-    """(connection id, job id, granted) for record locks on job_queue (MySQL), read as bounded as
-    the comment above says."""
-    threads = {int(trx): int(cid) for trx, cid in c.execute(_MYSQL_LOCKING_TRX).all() if cid is not None}
-    if not threads:
-        return []
+def _mysql_record_locks(c: Connection) -> tuple[list[tuple[int, int, bool]], set[int]]:
+    """(connection id, job id, granted) for record locks on job_queue (MySQL), and the connections
+    whose locks were not read (too many: see _MYSQL_LOCKS)."""
+    readable, unread, budget = {}, set(), MYSQL_LOCK_ROWS
+    for trx, cid, rows in c.execute(_MYSQL_LOCKING_TRX).all():
+        if cid is None:
+            continue
+        if int(rows or 0) <= budget:
+            readable[int(trx)] = int(cid)
+            budget -= int(rows or 0)
+        else:
+            unread.add(int(cid))
     out = []
-    for trx, index, data, status in c.execute(_MYSQL_LOCKS, {"trx": sorted(threads)}).all():
-        job = job_of_lock(index, data)
-        if job is not None and int(trx) in threads:
-            out.append((threads[int(trx)], job, str(status).upper() == "GRANTED"))
-    return out
+    if readable:
+        for trx, index, data, status in c.execute(_MYSQL_LOCKS, {"trx": sorted(readable)}).all():
+            job = job_of_lock(index, data)
+            if job is not None and int(trx) in readable:
+                out.append((readable[int(trx)], job, str(status).upper() == "GRANTED"))
+    return out, unread
 
 
 def _denied(kind: str) -> str:
@@ -335,9 +350,11 @@ def lock_report(conn: Connection) -> LockReport:
 def _mysql_report(c: Connection) -> LockReport:
     holds: dict[int, set[int]] = {}
     waits: dict[int, set[int]] = {}
-    for cid, job, granted in _mysql_record_locks(c):
+    found, unread = _mysql_record_locks(c)
+    for cid, job, granted in found:
         (holds if granted else waits).setdefault(cid, set()).add(job)
-    return LockReport(_details(c, "mysql", set(holds) | set(waits), jobs=holds, waiting=waits))
+    report = _details(c, "mysql", set(holds) | set(waits) | unread, jobs=holds, waiting=waits)
+    return LockReport([replace(t, locks_unread=t.connection_id in unread) for t in report])
 
 
 def _held_rows(c: Connection) -> list[int]:
@@ -394,6 +411,9 @@ def kill_connection(conn: Connection, connection_id: int, *, actor: str) -> Tran
     if report.unavailable:
         raise InvalidState(f"cannot kill connection {connection_id}: {report.unavailable}")
     found = next((t for t in report.transactions if t.connection_id == connection_id and t.jobs), None)
+    if found is None and any(t.connection_id == connection_id and t.locks_unread for t in report.transactions):
+        raise InvalidState(f"connection {connection_id} locks over {MYSQL_LOCK_ROWS} rows, which were not read: "
+                           "whether it holds job rows is not known, so it is not killed from here")
     if found is None:
         raise InvalidState(f"connection {connection_id} holds no job_queue rows right now; nothing killed")
 
