@@ -415,7 +415,8 @@ def check_replica(report: ReplicaReport, limit: int) -> Check:
         return Check(name, Verdict.PROBLEM,
                      f"replication is not running ({threads}): Seconds_Behind_Master is NULL, so its data may be "
                      "any age and bulk actions cannot wait for it",
-                     "see Last_IO_Error / Last_SQL_Error in SHOW SLAVE STATUS on the replica, then START SLAVE")
+                     "see Last_IO_Error / Last_SQL_Error in SHOW REPLICA STATUS on the replica (SHOW SLAVE STATUS "
+                     "before MySQL 8.0.22 and MariaDB 10.5.1; gone in MySQL 8.4), then START REPLICA")
     if lag.seconds > limit:
         return Check(name, Verdict.WARNING,
                      f"{lag.seconds} s behind the primary ({threads}), over the {limit} s bound: bulk actions wait "

@@ -13,7 +13,8 @@ columns the same. Nothing to do on MariaDB and SQLite.
 A column's type change is a table copy on MySQL (no server does it in place): ALGORITHM=COPY,
 LOCK=SHARED, so reads (the dashboard) go on and writes (enqueue, claim, completion) wait until it
 ends. Timed in docs/deploy.md ("Upgrading to 0008 on MySQL"): plan it for a quiet moment on a
-big queue, or run it with an online schema change tool. Rows written before keep MySQL's form of
+big queue, or change the columns beforehand with an online schema change tool (then they are
+skipped here). Rows written before keep MySQL's form of
 their document (keys sorted, as they read before the upgrade).
 """
 
@@ -33,10 +34,19 @@ def _on_mysql() -> bool:
     return dialect.name in ("mysql", "mariadb") and not getattr(dialect, "is_mariadb", False)
 
 
+def _data_type(table: str, column: str) -> str:
+    return op.get_bind().exec_driver_sql(
+        "SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
+        f"AND TABLE_NAME = '{table}' AND COLUMN_NAME = '{column}'").scalar().lower()
+
+
 def upgrade() -> None:
     if not _on_mysql():
         return
     for table, column in DOCUMENTS:
+        # Already text: changed beforehand with an online schema change tool (docs/deploy.md).
+        if _data_type(table, column) != "json":
+            continue
         op.execute(f"ALTER TABLE {table} MODIFY {column} LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
                    f"NOT NULL, ADD CONSTRAINT ck_{table}_{column}_json CHECK (JSON_VALID({column})), "
                    "ALGORITHM=COPY, LOCK=SHARED")
