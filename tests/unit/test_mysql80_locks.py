@@ -14,9 +14,10 @@ from sqlalchemy.exc import OperationalError
 from jobqueue.core.repository import locks
 
 # information_schema.INNODB_TRX, the transactions that lock rows or wait, fewest rows first:
-# (trx_id, trx_mysql_thread_id, trx_rows_locked). Connection 63 runs a migration that locks 200,000
-# rows: too many to read.
-LOCKING_TRX = [("4257", 57, 1), ("4241", 41, 3), ("4263", 63, 200_000)]
+# (trx_id, trx_mysql_thread_id, trx_rows_locked, its connection uses this database). Connection 63
+# runs a migration that locks 200,000 rows: too many to read; connection 70 another application's
+# batch in another database.
+LOCKING_TRX = [("4257", 57, 1, 1), ("4241", 41, 3, 1), ("4263", 63, 200_000, 1), ("4270", 70, 90_000, 0)]
 # performance_schema.data_locks of those transactions: (ENGINE_TRANSACTION_ID, INDEX_NAME, LOCK_DATA,
 # LOCK_STATUS). Connection 41 holds job 12 by primary key and job 13 through ix_ready_pick (a
 # claim-like read); connection 57 waits for job 12; the supremum pseudo-record names no job.
@@ -85,7 +86,7 @@ class MySQL80:
             raise OperationalError(sql, {}, pymysql.err.OperationalError(
                 3572, "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set."))
         if "performance_schema.data_locks" in sql:
-            assert 4263 not in params["trx"]   # the 200,000 locks are never read
+            assert 4263 not in params["trx"] and 4270 not in params["trx"]   # big ones are never read
             return Result([r for r in DATA_LOCKS if r[0] in params["trx"]])
         if "information_schema.INNODB_TRX" in sql and "trx_rows_locked > 0" in sql:
             return Result(LOCKING_TRX)
@@ -157,7 +158,7 @@ def test_the_inspector_on_mysql80_lists_holders_and_waiters():
     assert by_id[57].jobs == () and by_id[57].waiting_for == (12,) and by_id[57].waiting
     assert by_id[57].statement.startswith("UPDATE job_queue")
     assert by_id[63].locks_unread and by_id[63].rows_locked == 200_000 and by_id[63].jobs == ()
-    assert not by_id[41].locks_unread
+    assert not by_id[41].locks_unread and 70 not in by_id
 
 
 def test_the_latest_deadlock_section():

@@ -230,7 +230,8 @@ _MARIADB_WAITS = sa.text(
 # to back (MySQL bugs 111082, 112035; docs/servers.md). So the inspector reads INNODB_TRX first
 # (one row per transaction, with how many rows it locks) and data_locks only for transactions that
 # lock MYSQL_LOCK_ROWS rows or fewer between them, through its ENGINE_TRANSACTION_ID index; a
-# transaction that locks more is shown from INNODB_TRX alone (`locks_unread`). Every statement
+# transaction that locks more is shown from INNODB_TRX alone (`locks_unread`) when its connection
+# uses this database. Every statement
 # stops after MYSQL_READ_MS (MAX_EXECUTION_TIME: error 3024).
 MYSQL_TRANSACTIONS = 50
 MYSQL_LOCK_ROWS = 5000
@@ -238,10 +239,11 @@ MYSQL_READ_MS = 2000
 ER_QUERY_TIMEOUT = 3024
 
 _MYSQL_LOCKING_TRX = sa.text(
-    f"SELECT /*+ MAX_EXECUTION_TIME({MYSQL_READ_MS}) */ trx_id, trx_mysql_thread_id, trx_rows_locked "
-    "FROM information_schema.INNODB_TRX "
-    "WHERE (trx_rows_locked > 0 OR trx_state = 'LOCK WAIT') AND trx_mysql_thread_id <> CONNECTION_ID() "
-    f"ORDER BY trx_rows_locked, trx_started LIMIT {MYSQL_TRANSACTIONS}")
+    f"SELECT /*+ MAX_EXECUTION_TIME({MYSQL_READ_MS}) */ x.trx_id, x.trx_mysql_thread_id, x.trx_rows_locked, "
+    "t.PROCESSLIST_DB <=> DATABASE() FROM information_schema.INNODB_TRX x "
+    "LEFT JOIN performance_schema.threads t ON t.PROCESSLIST_ID = x.trx_mysql_thread_id "
+    "WHERE (x.trx_rows_locked > 0 OR x.trx_state = 'LOCK WAIT') AND x.trx_mysql_thread_id <> CONNECTION_ID() "
+    f"ORDER BY x.trx_rows_locked, x.trx_started LIMIT {MYSQL_TRANSACTIONS}")
 _MYSQL_LOCKS = sa.text(
     f"SELECT /*+ MAX_EXECUTION_TIME({MYSQL_READ_MS}) */ ENGINE_TRANSACTION_ID, INDEX_NAME, LOCK_DATA, LOCK_STATUS "
     "FROM performance_schema.data_locks WHERE ENGINE_TRANSACTION_ID IN :trx AND OBJECT_SCHEMA = DATABASE() "
@@ -261,15 +263,16 @@ def job_of_lock(index: str | None, data: str | None) -> int | None:
 
 def _mysql_record_locks(c: Connection) -> tuple[list[tuple[int, int, bool]], set[int]]:
     """(connection id, job id, granted) for record locks on job_queue (MySQL), and the connections
-    whose locks were not read (too many: see _MYSQL_LOCKS)."""
+    whose locks were not read (too many: see _MYSQL_LOCKS), of those using this database (on a
+    shared server, another application's big transaction is none of the queue's business)."""
     readable, unread, budget = {}, set(), MYSQL_LOCK_ROWS
-    for trx, cid, rows in c.execute(_MYSQL_LOCKING_TRX).all():
+    for trx, cid, rows, this_database in c.execute(_MYSQL_LOCKING_TRX).all():
         if cid is None:
             continue
         if int(rows or 0) <= budget:
             readable[int(trx)] = int(cid)
             budget -= int(rows or 0)
-        else:
+        elif this_database:
             unread.add(int(cid))
     out = []
     if readable:
