@@ -366,12 +366,16 @@ def check_privileges(conn: Connection, flavour: str) -> Check:
     database = conn.exec_driver_sql("SELECT DATABASE()").scalar()
     roles = f"; it also has roles ({', '.join(grants.roles)}) whose privileges are not listed here" \
         if grants.roles else ""
+    missing_reads = grants.lock_inspection_missing(flavour)
+    # Optional, read-only; named so that an operator knows why the Locks page cannot say more.
+    inspection = (f"; without {' and '.join(missing_reads)} the Locks page and `explain` cannot name who holds "
+                  "a job's row (optional, read-only: docs/security.md)") if missing_reads and not grants.roles else ""
     exempt = grants.read_only_exempt(flavour)
     if exempt:
         return Check("privileges", Verdict.WARNING,
                      f"account {account} holds {', '.join(exempt)} on *.*, which read_only does not bind: on a "
                      f"replica made read-only it still writes, so a queue pointed there by mistake would diverge "
-                     f"from the primary{roles}",
+                     f"from the primary{roles}{inspection}",
                      "run the queue as an account with only SELECT, INSERT, UPDATE, DELETE on its database, and "
                      "`jobqueue init-db` as a separate one that may also CREATE, ALTER, INDEX, DROP there "
                      "(docs/security.md: Least privilege)")
@@ -380,14 +384,14 @@ def check_privileges(conn: Connection, flavour: str) -> Check:
     if missing and not grants.roles:
         return Check("privileges", Verdict.WARNING,
                      f"account {account} lacks {', '.join(missing)} on some queue tables in {database!r}: the "
-                     "queue's statements will be refused there",
+                     f"queue's statements will be refused there{inspection}",
                      f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{database}`.* TO {account}")
     ddl = sorted({p for table in held.values() for p in privileges.DDL if p in table})
     note = (f"; it may also change the schema ({', '.join(ddl)}): needed by `jobqueue init-db` only, a separate "
             "migration account is safer") if ddl else ""
     return Check("privileges", Verdict.OK,
                  f"account {account} holds SELECT, INSERT, UPDATE, DELETE on the queue's tables and nothing that "
-                 f"read_only does not bind{note}{roles}")
+                 f"read_only does not bind{note}{roles}{inspection}")
 
 
 def check_replica(report: ReplicaReport, limit: int) -> Check:
@@ -411,7 +415,8 @@ def check_replica(report: ReplicaReport, limit: int) -> Check:
         return Check(name, Verdict.PROBLEM,
                      f"replication is not running ({threads}): Seconds_Behind_Master is NULL, so its data may be "
                      "any age and bulk actions cannot wait for it",
-                     "see Last_IO_Error / Last_SQL_Error in SHOW SLAVE STATUS on the replica, then START SLAVE")
+                     "see Last_IO_Error / Last_SQL_Error in SHOW REPLICA STATUS on the replica (SHOW SLAVE STATUS "
+                     "before MySQL 8.0.22 and MariaDB 10.5.1; gone in MySQL 8.4), then START REPLICA")
     if lag.seconds > limit:
         return Check(name, Verdict.WARNING,
                      f"{lag.seconds} s behind the primary ({threads}), over the {limit} s bound: bulk actions wait "

@@ -35,6 +35,10 @@ READ_ONLY_EXEMPT = {
     "mariadb": ("SUPER", "ALL PRIVILEGES", "READ_ONLY ADMIN"),
     "mysql": ("SUPER", "ALL PRIVILEGES", "CONNECTION_ADMIN"),
 }
+# What the Locks page and `explain` read to name who holds a job's row (read-only, optional):
+# PROCESS for INNODB_TRX on both, and on MySQL these performance_schema tables too (without
+# SELECT on them MySQL answers 1142; no account reads them by default).
+PERFORMANCE_SCHEMA_TABLES = ("data_locks", "threads", "events_statements_current")
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,16 @@ class Grants:
     def read_only_exempt(self, flavour: str) -> list[str]:
         held = self.global_privileges()
         return [p for p in READ_ONLY_EXEMPT.get(flavour, READ_ONLY_EXEMPT["mysql"]) if _normal(p) in held]
+
+    def lock_inspection_missing(self, flavour: str) -> list[str]:
+        """What the account lacks to read other connections' transactions and row locks."""
+        missing = [] if {"PROCESS", "ALL PRIVILEGES"} & self.global_privileges() else ["PROCESS"]
+        if flavour == "mysql":
+            held = self.on_tables("performance_schema", PERFORMANCE_SCHEMA_TABLES)
+            lacking = [t for t in PERFORMANCE_SCHEMA_TABLES if "SELECT" not in held[t]]
+            if lacking:
+                missing.append("SELECT on " + ", ".join(f"performance_schema.{t}" for t in lacking))
+        return missing
 
     def on_tables(self, database: str, tables: Sequence[str]) -> dict[str, frozenset[str]]:
         """What the account may do with each of `tables` in `database` (whole-table privileges;

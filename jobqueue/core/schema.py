@@ -17,6 +17,8 @@ Indexes, and which statement each one serves:
 
 from __future__ import annotations
 
+import json
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
@@ -26,6 +28,32 @@ metadata = sa.MetaData()
 
 Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+class JsonText(sa.types.TypeDecorator):
+    """A JSON document kept as the text it was written, byte for byte, on every server: LONGTEXT
+    with a JSON_VALID check on MySQL and MariaDB (MariaDB's JSON type is exactly that; MySQL's is
+    a binary document that sorts keys, drops escapes and turns integers beyond 64 bits into
+    doubles: migration 0008), SQLite's JSON (text) there. Written as json.dumps writes it, read
+    back with json.loads: a handler gets the keys in their order and every integer as it was."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect):
+        return dialect.type_descriptor(mysql.LONGTEXT() if _as_text(dialect) else sa.JSON())
+
+    def process_bind_param(self, value, dialect):
+        return json.dumps(value) if value is not None and _as_text(dialect) else value
+
+    def process_result_value(self, value, dialect):
+        return json.loads(value) if isinstance(value, (str, bytes)) else value
+
+
+def _as_text(dialect) -> bool:
+    return dialect.name in ("mysql", "mariadb")
+
+
 StatusType = sa.Enum(
     *[s.value for s in Status], name="job_status", native_enum=True, create_constraint=False,
     validate_strings=True,
@@ -39,7 +67,7 @@ job_queue = sa.Table(
     sa.Column("task_name", sa.String(100), nullable=False),
     sa.Column("queue", sa.String(64), nullable=False),
     sa.Column("priority", sa.SmallInteger(), nullable=False),
-    sa.Column("payload", sa.JSON(), nullable=False),
+    sa.Column("payload", JsonText(), nullable=False),
     sa.Column("status", StatusType, nullable=False),
     sa.Column("run_at", Timestamp, nullable=False),
     sa.Column("lease_owner", sa.String(64), nullable=True),
@@ -72,7 +100,7 @@ job_result = sa.Table(
     sa.Column("job_id", sa.BigInteger(), nullable=False),
     sa.Column("attempt", sa.Integer(), nullable=False),
     sa.Column("worker", sa.String(64), nullable=False),
-    sa.Column("result", sa.JSON(), nullable=False),
+    sa.Column("result", JsonText(), nullable=False),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.UniqueConstraint("task_key", name="uk_result_task_key"),
 )
@@ -197,7 +225,7 @@ recurring_job = sa.Table(
     sa.Column("name", sa.String(50), primary_key=True),
     sa.Column("cron", sa.String(100), nullable=False),
     sa.Column("task_name", sa.String(100), nullable=False),
-    sa.Column("payload", sa.JSON(), nullable=False),
+    sa.Column("payload", JsonText(), nullable=False),
     sa.Column("queue", sa.String(64), nullable=True),         # None: the task's queue
     sa.Column("enabled", sa.Boolean(), nullable=False),
     sa.Column("source", sa.String(10), nullable=False),

@@ -20,6 +20,7 @@ from ..core import repository
 from ..core.errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, NotFound, RunAgainNeeded, ValidationError
 from ..core.models import Job, Status
 from ..core.repository import JobFilter
+from ..core.repository.locks import MYSQL_LOCK_ROWS
 from ..core.tasks import TASKS
 from ..core.validation import JobQuery, job_query
 from .auth import admin_required, login_required
@@ -361,12 +362,14 @@ def job_explain(job_id: int):
 
 # --- locks ----------------------------------------------------------------------------------------
 
-def locks_context() -> dict[str, Any]:
+def locks_context(*, with_deadlock: bool = True) -> dict[str, Any]:
+    """`with_deadlock`: also read SHOW ENGINE INNODB STATUS (the full page; its 5 s poll does not show it)."""
     with db() as conn:
         report = repository.lock_report(conn)
-        deadlock, deadlock_unavailable = repository.latest_deadlock(conn) if g.user.can_act else (None, None)
+        deadlock, deadlock_unavailable = (repository.latest_deadlock(conn) if with_deadlock and g.user.can_act
+                                          else (None, None))
     lease = extension().settings.core.lease_seconds
-    return {"report": report, "lease_seconds": lease, "deadlock": deadlock,
+    return {"report": report, "lease_seconds": lease, "deadlock": deadlock, "lock_rows_read": MYSQL_LOCK_ROWS,
             "deadlock_unavailable": deadlock_unavailable, "show_sql": g.user.can_act,
             "long": {t.connection_id for t in report.transactions if (t.age_seconds or 0) > lease}}
 
@@ -381,7 +384,7 @@ def locks():
 @bp.get("/locks/panel")
 @login_required
 def locks_panel():
-    return render_template("jobqueue/dashboard/_locks.html", **locks_context())
+    return render_template("jobqueue/dashboard/_locks.html", **locks_context(with_deadlock=False))
 
 
 def _kill_target(connection_id: int):

@@ -268,8 +268,7 @@ SCHEMAS: dict[str, Any] = {
                          "description": "unique per job: no control characters, line separators or edge spaces"},
             "payload": {"type": ["object", "null"],
                         "description": "at most JOBQUEUE_MAX_PAYLOAD_BYTES as JSON, 20 levels deep; null means {}. "
-                                       "On MySQL an integer outside -2^63..2^64-1 is refused (422): "
-                                       "its JSON column would store it as a float"},
+                                       "The handler gets it as sent: key order, integers of any size"},
             "queue": {"type": ["string", "null"], "pattern": NAME_PATTERN.format(n=64),
                       "description": "null: the task's own queue"},
             "priority": {"type": "integer", "minimum": PRIORITY_RANGE[0], "maximum": PRIORITY_RANGE[1]},

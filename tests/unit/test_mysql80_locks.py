@@ -13,15 +13,20 @@ from sqlalchemy.exc import OperationalError
 
 from jobqueue.core.repository import locks
 
-# performance_schema.data_locks joined to threads: (PROCESSLIST_ID, INDEX_NAME, LOCK_DATA, LOCK_STATUS).
-# Connection 41 holds job 12 by primary key and job 13 through ix_ready_pick (a claim-like read);
-# connection 57 waits for job 12; the supremum pseudo-record names no job.
+# information_schema.INNODB_TRX, the transactions that lock rows or wait, fewest rows first:
+# (trx_id, trx_mysql_thread_id, trx_rows_locked, its connection uses this database). Connection 63
+# runs a migration that locks 200,000 rows: too many to read; connection 70 another application's
+# batch in another database.
+LOCKING_TRX = [("4257", 57, 1, 1), ("4241", 41, 3, 1), ("4263", 63, 200_000, 1), ("4270", 70, 90_000, 0)]
+# performance_schema.data_locks of those transactions: (ENGINE_TRANSACTION_ID, INDEX_NAME, LOCK_DATA,
+# LOCK_STATUS). Connection 41 holds job 12 by primary key and job 13 through ix_ready_pick (a
+# claim-like read); connection 57 waits for job 12; the supremum pseudo-record names no job.
 DATA_LOCKS = [
-    (41, "PRIMARY", "12", "GRANTED"),
-    (41, "ix_ready_pick", "'ready', 'default', 0, 13", "GRANTED"),
-    (41, "PRIMARY", "13", "GRANTED"),
-    (41, "ix_ready_pick", "supremum pseudo-record", "GRANTED"),
-    (57, "PRIMARY", "12", "WAITING"),
+    (4241, "PRIMARY", "12", "GRANTED"),
+    (4241, "ix_ready_pick", "'ready', 'default', 0, 13", "GRANTED"),
+    (4241, "PRIMARY", "13", "GRANTED"),
+    (4241, "ix_ready_pick", "supremum pseudo-record", "GRANTED"),
+    (4257, "PRIMARY", "12", "WAITING"),
 ]
 # information_schema.INNODB_TRX joined to threads and events_statements_current.
 TRX = [
@@ -30,6 +35,8 @@ TRX = [
     (41, "app", "10.0.0.7", datetime(2026, 12, 2, 9, 0, 0), 754, "RUNNING", "Sleep", None, "SELECT 1", 3),
     (57, "ops", "bastion", datetime(2026, 12, 2, 9, 12, 30), 4, "LOCK WAIT", "Query", "executing",
      "UPDATE job_queue SET status = 'failed' WHERE id = 12", 1),
+    (63, "migrate", "deploy", datetime(2026, 12, 2, 8, 0, 0), 4354, "RUNNING", "Query", "updating",
+     "UPDATE job_queue SET priority = 0", 200_000),
 ]
 STATUS = """
 =====================================
@@ -79,7 +86,10 @@ class MySQL80:
             raise OperationalError(sql, {}, pymysql.err.OperationalError(
                 3572, "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set."))
         if "performance_schema.data_locks" in sql:
-            return Result(DATA_LOCKS)
+            assert 4263 not in params["trx"] and 4270 not in params["trx"]   # big ones are never read
+            return Result([r for r in DATA_LOCKS if r[0] in params["trx"]])
+        if "information_schema.INNODB_TRX" in sql and "trx_rows_locked > 0" in sql:
+            return Result(LOCKING_TRX)
         if "information_schema.INNODB_TRX" in sql:
             return Result([r for r in TRX if r[0] in params["ids"]])
         raise AssertionError(f"unexpected statement: {sql}")
@@ -117,12 +127,38 @@ def test_who_holds_a_row_is_read_from_data_locks_without_waiting():
     assert any("events_statements_current" in s for s in conn.sent)
 
 
+def test_data_locks_is_read_only_for_the_transactions_that_lock_rows_bounded_in_rows_and_time():
+    """MySQL bugs 111082 / 112035: reading all of data_locks walks every lock under InnoDB's
+    transaction-system mutex. INNODB_TRX first, then data_locks by transaction id, with a LIMIT
+    and MAX_EXECUTION_TIME on every statement."""
+    conn = MySQL80()
+    locks.lock_report(conn)
+    reads = [s for s in conn.sent if "performance_schema.data_locks" in s]
+    assert len(reads) == 1 and "ENGINE_TRANSACTION_ID IN" in reads[0] and "LIMIT" in reads[0]
+    assert conn.sent.index(reads[0]) > next(i for i, s in enumerate(conn.sent) if "trx_rows_locked > 0" in s)
+    assert all("MAX_EXECUTION_TIME" in s for s in conn.sent)
+
+
+def test_a_lock_read_cut_short_by_the_time_limit_says_so():
+    class Slow(MySQL80):
+        def execute(self, stmt, params=None):
+            if "performance_schema.data_locks" in str(stmt):
+                raise OperationalError("", {}, pymysql.err.OperationalError(
+                    3024, "Query execution was interrupted, maximum statement execution time exceeded"))
+            return super().execute(stmt, params)
+
+    assert "took over" in locks.lock_report(Slow()).unavailable
+    assert "took over" in locks.row_lock(Slow(), 12).unknown_why
+
+
 def test_the_inspector_on_mysql80_lists_holders_and_waiters():
     report = locks.lock_report(MySQL80())
     by_id = {t.connection_id: t for t in report.transactions}
     assert by_id[41].jobs == (12, 13) and by_id[41].waiting_for == ()
     assert by_id[57].jobs == () and by_id[57].waiting_for == (12,) and by_id[57].waiting
     assert by_id[57].statement.startswith("UPDATE job_queue")
+    assert by_id[63].locks_unread and by_id[63].rows_locked == 200_000 and by_id[63].jobs == ()
+    assert not by_id[41].locks_unread and 70 not in by_id
 
 
 def test_the_latest_deadlock_section():

@@ -212,3 +212,32 @@ def test_the_overview_counts_deadlocks_and_lock_wait_timeouts_per_minute(client,
     assert [(r["deadlocks"], r["lock_timeouts"]) for r in rows] == [(2, 0), (1, 3)]
     rows = history.record(t0 + timedelta(minutes=4), None)          # the oldest minute drops out
     assert [(r["deadlocks"], r["lock_timeouts"]) for r in rows] == [(1, 3)]
+
+
+def test_a_holder_of_more_locks_than_are_read_is_shown_without_its_jobs_on_mysql(client, engine, db_server,
+                                                                                 monkeypatch):
+    """MySQL: data_locks walks every lock of a transaction whatever the query asks, under InnoDB's
+    trx_sys mutex; a transaction locking more than MYSQL_LOCK_ROWS rows (lowered to 5 here) is
+    shown from INNODB_TRX alone. MariaDB finds holders by probing and has no such limit."""
+    from jobqueue.core.repository import locks
+
+    monkeypatch.setattr(locks, "MYSQL_LOCK_ROWS", 5)
+    ids = [enqueue(engine, f"many-{i}") for i in range(8)]
+    holder = hold_rows(engine, ids)
+    try:
+        holder_id = holder.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
+        page = client.get("/locks").get_data(as_text=True)
+        row = re.search(rf'<tr id="connection-{holder_id}".*?</tr>', page, re.S).group(0)
+        with engine.connect() as conn:
+            one = repository.row_lock(conn, ids[0])
+        if db_server == "mysql":
+            assert "not read: it locks over" in row and f'href="/jobs/{ids[0]}"' not in row
+            assert "Kill connection" not in row
+            assert one.held and one.holders == () and f"{holder_id}" in one.unknown_why and "lock over 5 rows" in one.unknown_why
+            refused = post(client, f"/locks/{holder_id}/kill/confirm", htmx=False)
+            assert holder.exec_driver_sql("SELECT 1").scalar() == 1 and refused.status_code != 500
+        else:
+            assert f'href="/jobs/{ids[0]}"' in row and "not read" not in row
+            assert [t.connection_id for t in one.holders] == [holder_id]
+    finally:
+        holder.close()

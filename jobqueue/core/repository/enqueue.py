@@ -54,7 +54,7 @@ from ..models import Enqueued, Status
 from ..schema import job_queue
 from ..tasks import TASKS, Registry
 from ..validation import ENQUEUE_FIELDS, NewJob, max_payload_bytes, new_job
-from .claim import ensure_keys, flavour
+from .claim import ensure_keys
 from .common import execute_sql, jq
 
 ER_DUP_ENTRY = 1062
@@ -138,8 +138,6 @@ def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *
 def _write(conn: Connection, validated: list[NewJob]) -> list[Enqueued]:
     if not validated:
         return []
-    if flavour(conn) == "mysql":
-        _refuse_what_mysql_json_changes(validated)
     batch = _Batch(validated)
     if conn.in_transaction():
         # The caller's transaction: each try in a savepoint, so that undoing one leaves the
@@ -264,38 +262,6 @@ class _Batch:
             else:
                 out.append(Enqueued(job_id, key, True, status))
         return out
-
-
-# MySQL's JSON column stores an integer outside this range as a double, with no error or warning
-# ({"n": 2**70} came back 1.1805916207174113e+21). MariaDB keeps JSON as text, and SQLite too.
-MYSQL_JSON_INTEGERS = (-(2 ** 63), 2 ** 64 - 1)
-_LONG_NUMBER = re.compile(r"\d{19}")   # every integer out of that range has 19 digits or more
-
-
-def _refuse_what_mysql_json_changes(jobs: list[NewJob]) -> None:
-    """Refuse, naming the field, a payload MySQL would store changed. Only payloads whose JSON
-    has a run of 19 digits are walked, so the check costs one regex search per job."""
-    for job in jobs:
-        if _LONG_NUMBER.search(job.payload_json) is None:
-            continue
-        path = _out_of_range(job.payload, "payload")
-        if path is not None:
-            raise ValidationError(f"{path} (task_key {job.task_key!r}) is an integer outside "
-                                  f"{MYSQL_JSON_INTEGERS[0]}..{MYSQL_JSON_INTEGERS[1]}: MySQL's JSON column would "
-                                  "store it as a float; send it as a string", "payload")
-
-
-def _out_of_range(value: Any, path: str) -> str | None:
-    stack = [(value, path)]
-    while stack:
-        item, where = stack.pop()
-        if isinstance(item, dict):
-            stack.extend((v, f"{where}.{k}") for k, v in reversed(list(item.items())))
-        elif isinstance(item, list):
-            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
-        elif type(item) is int and not MYSQL_JSON_INTEGERS[0] <= item <= MYSQL_JSON_INTEGERS[1]:
-            return where
-    return None
 
 
 def _same_job(row, job: NewJob) -> bool:

@@ -7,8 +7,8 @@ claim, and nothing waits or fails. Nothing here ever waits on a row for more tha
 
 The two servers show locks differently:
 - MySQL 8.0: performance_schema.data_locks lists every record lock, granted or waited for, with the
-  row's key (LOCK_DATA), and data_lock_waits pairs waiters with blockers. Who holds job N's row is
-  one read there.
+  row's key (LOCK_DATA). Reading it costs the server (see _MYSQL_LOCKS): it is read only for the
+  transactions INNODB_TRX says lock rows, bounded in rows and time.
 - MariaDB 10.11: information_schema.INNODB_LOCKS / INNODB_LOCK_WAITS list only locks that someone
   waits for. So who holds job N's row is found by making someone wait: a probe connection tries
   the row with FOR UPDATE under innodb_lock_wait_timeout = 1 (its session only), the lock-wait
@@ -16,8 +16,9 @@ The two servers show locks differently:
   connection). Which job rows are held at all is found with SKIP LOCKED: ready and running rows a
   plain read sees but a SKIP LOCKED read passes by.
 
-Both read INNODB_TRX for a transaction's age, state and rows locked (PROCESS privilege; without it
-the holder is reported as unknown) and the process list for account, host and statement.
+Both read INNODB_TRX for a transaction's age, state and rows locked (PROCESS privilege, and on
+MySQL SELECT on performance_schema's data_locks, threads and events_statements_current; without
+them the holder is reported as unknown) and the process list for account, host and statement.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class Transaction:
     rows_locked: int | None = None
     jobs: tuple[int, ...] = ()            # job rows it holds (those found)
     waiting_for: tuple[int, ...] = ()     # job rows it waits on
+    locks_unread: bool = False            # MySQL: it locks too many rows for its locks to be read
 
     @property
     def account(self) -> str | None:
@@ -88,7 +90,7 @@ class Transaction:
                 "transaction_age_seconds": self.age_seconds, "transaction_state": self.trx_state,
                 "command": self.command, "state": self.state, "rows_locked": self.rows_locked,
                 "statement": self.statement if statement else None, "jobs": list(self.jobs),
-                "waiting_for": list(self.waiting_for)}
+                "waiting_for": list(self.waiting_for), "locks_unread": self.locks_unread}
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,12 @@ def row_lock(conn: Connection, job_id: int) -> RowLock:
     kind = flavour(conn)
     try:
         if kind == "mysql":
-            ids = {cid for cid, job, granted in _mysql_record_locks(conn) if job == job_id and granted}
+            found, unread = _mysql_record_locks(conn)
+            ids = {cid for cid, job, granted in found if job == job_id and granted}
+            if not ids and unread:
+                return RowLock(True, unknown_why=f"the transactions of connections {', '.join(map(str, sorted(unread)))} "
+                                                 f"lock over {MYSQL_LOCK_ROWS} rows: which ones is not read, to "
+                                                 "spare the server (see the Locks page)")
         else:
             blockers = _probe(conn, job_id)
             if blockers is None:
@@ -147,7 +154,9 @@ def row_lock(conn: Connection, job_id: int) -> RowLock:
         return RowLock(True, tuple(_details(conn, kind, ids, jobs={cid: (job_id,) for cid in ids})))
     except DBAPIError as exc:
         if error_code(exc) in ER_ACCESS_DENIED:
-            return RowLock(True, unknown_why="reading who holds it needs the PROCESS privilege")
+            return RowLock(True, unknown_why=f"reading who holds it {_denied(kind)}")
+        if error_code(exc) == ER_QUERY_TIMEOUT:
+            return RowLock(True, unknown_why=f"the server's lock tables took over {MYSQL_READ_MS} ms to read")
         raise
     finally:
         if conn.in_transaction():
@@ -215,12 +224,31 @@ _MARIADB_WAITS = sa.text(
     "JOIN information_schema.INNODB_LOCKS bl ON bl.lock_id = w.blocking_lock_id "
     "WHERE bl.lock_table = CONCAT('`', DATABASE(), '`.`job_queue`') AND r.trx_mysql_thread_id <> CONNECTION_ID()")
 
-# Every record lock on job_queue (MySQL 8.0), granted or waited for.
+# MySQL: performance_schema.data_locks is built by walking InnoDB's lock lists under its
+# transaction-system mutex, every lock of a transaction whatever the WHERE and LIMIT, so a read
+# while a transaction holds 100,000 row locks halved a claim loop's rate here while it ran back
+# to back (MySQL bugs 111082, 112035; docs/servers.md). So the inspector reads INNODB_TRX first
+# (one row per transaction, with how many rows it locks) and data_locks only for transactions that
+# lock MYSQL_LOCK_ROWS rows or fewer between them, through its ENGINE_TRANSACTION_ID index; a
+# transaction that locks more is shown from INNODB_TRX alone (`locks_unread`) when its connection
+# uses this database. Every statement
+# stops after MYSQL_READ_MS (MAX_EXECUTION_TIME: error 3024).
+MYSQL_TRANSACTIONS = 50
+MYSQL_LOCK_ROWS = 5000
+MYSQL_READ_MS = 2000
+ER_QUERY_TIMEOUT = 3024
+
+_MYSQL_LOCKING_TRX = sa.text(
+    f"SELECT /*+ MAX_EXECUTION_TIME({MYSQL_READ_MS}) */ x.trx_id, x.trx_mysql_thread_id, x.trx_rows_locked, "
+    "t.PROCESSLIST_DB <=> DATABASE() FROM information_schema.INNODB_TRX x "
+    "LEFT JOIN performance_schema.threads t ON t.PROCESSLIST_ID = x.trx_mysql_thread_id "
+    "WHERE (x.trx_rows_locked > 0 OR x.trx_state = 'LOCK WAIT') AND x.trx_mysql_thread_id <> CONNECTION_ID() "
+    f"ORDER BY x.trx_rows_locked, x.trx_started LIMIT {MYSQL_TRANSACTIONS}")
 _MYSQL_LOCKS = sa.text(
-    "SELECT t.PROCESSLIST_ID, l.INDEX_NAME, l.LOCK_DATA, l.LOCK_STATUS FROM performance_schema.data_locks l "
-    "JOIN performance_schema.threads t ON t.THREAD_ID = l.THREAD_ID "
-    "WHERE l.OBJECT_SCHEMA = DATABASE() AND l.OBJECT_NAME = 'job_queue' AND l.LOCK_TYPE = 'RECORD' "
-    "AND t.PROCESSLIST_ID <> CONNECTION_ID() LIMIT 5000")
+    f"SELECT /*+ MAX_EXECUTION_TIME({MYSQL_READ_MS}) */ ENGINE_TRANSACTION_ID, INDEX_NAME, LOCK_DATA, LOCK_STATUS "
+    "FROM performance_schema.data_locks WHERE ENGINE_TRANSACTION_ID IN :trx AND OBJECT_SCHEMA = DATABASE() "
+    f"AND OBJECT_NAME = 'job_queue' AND LOCK_TYPE = 'RECORD' LIMIT {MYSQL_LOCK_ROWS}"
+).bindparams(sa.bindparam("trx", expanding=True))
 
 
 def job_of_lock(index: str | None, data: str | None) -> int | None:
@@ -233,14 +261,34 @@ def job_of_lock(index: str | None, data: str | None) -> int | None:
     return int(last) if last.isdigit() else None
 
 
-def _mysql_record_locks(c: Connection) -> list[tuple[int, int, bool]]:
-    """(connection id, job id, granted) for every record lock on job_queue (MySQL 8.0)."""
+def _mysql_record_locks(c: Connection) -> tuple[list[tuple[int, int, bool]], set[int]]:
+    """(connection id, job id, granted) for record locks on job_queue (MySQL), and the connections
+    whose locks were not read (too many: see _MYSQL_LOCKS), of those using this database (on a
+    shared server, another application's big transaction is none of the queue's business)."""
+    readable, unread, budget = {}, set(), MYSQL_LOCK_ROWS
+    for trx, cid, rows, this_database in c.execute(_MYSQL_LOCKING_TRX).all():
+        if cid is None:
+            continue
+        if int(rows or 0) <= budget:
+            readable[int(trx)] = int(cid)
+            budget -= int(rows or 0)
+        elif this_database:
+            unread.add(int(cid))
     out = []
-    for cid, index, data, status in c.execute(_MYSQL_LOCKS).all():
-        job = job_of_lock(index, data)
-        if cid is not None and job is not None:
-            out.append((int(cid), job, str(status).upper() == "GRANTED"))
-    return out
+    if readable:
+        for trx, index, data, status in c.execute(_MYSQL_LOCKS, {"trx": sorted(readable)}).all():
+            job = job_of_lock(index, data)
+            if job is not None and int(trx) in readable:
+                out.append((readable[int(trx)], job, str(status).upper() == "GRANTED"))
+    return out, unread
+
+
+def _denied(kind: str) -> str:
+    """Why another connection's transaction could not be read (an access error)."""
+    from ..privileges import PERFORMANCE_SCHEMA_TABLES
+
+    tables = ", ".join(f"performance_schema.{t}" for t in PERFORMANCE_SCHEMA_TABLES)
+    return "needs the PROCESS privilege" + (f" and SELECT on {tables}" if kind == "mysql" else "")
 
 
 def _details(c: Connection, kind: str, ids: Iterable[int], *, jobs: dict[int, Sequence[int]] | None = None,
@@ -252,7 +300,7 @@ def _details(c: Connection, kind: str, ids: Iterable[int], *, jobs: dict[int, Se
     if kind == "mysql":
         # The process list there has no statement of an idle connection; events_statements_current
         # keeps its last one.
-        sql = ("SELECT x.trx_mysql_thread_id, t.PROCESSLIST_USER, t.PROCESSLIST_HOST, x.trx_started, "
+        sql = (f"SELECT /*+ MAX_EXECUTION_TIME({MYSQL_READ_MS}) */ x.trx_mysql_thread_id, t.PROCESSLIST_USER, t.PROCESSLIST_HOST, x.trx_started, "
                "TIMESTAMPDIFF(SECOND, x.trx_started, NOW()), x.trx_state, t.PROCESSLIST_COMMAND, t.PROCESSLIST_STATE, "
                "COALESCE(x.trx_query, s.SQL_TEXT), x.trx_rows_locked FROM information_schema.INNODB_TRX x "
                "LEFT JOIN performance_schema.threads t ON t.PROCESSLIST_ID = x.trx_mysql_thread_id "
@@ -292,7 +340,10 @@ def lock_report(conn: Connection) -> LockReport:
         return _mysql_report(conn) if kind == "mysql" else _mariadb_report(conn)
     except DBAPIError as exc:
         if error_code(exc) in ER_ACCESS_DENIED:
-            return LockReport([], unavailable="reading other connections' transactions needs the PROCESS privilege")
+            return LockReport([], unavailable=f"reading other connections' transactions {_denied(kind)}")
+        if error_code(exc) == ER_QUERY_TIMEOUT:
+            return LockReport([], unavailable=f"the server's lock tables took over {MYSQL_READ_MS} ms to read: "
+                                              "left alone so as not to hold up its transactions")
         raise
     finally:
         if conn.in_transaction():
@@ -302,9 +353,11 @@ def lock_report(conn: Connection) -> LockReport:
 def _mysql_report(c: Connection) -> LockReport:
     holds: dict[int, set[int]] = {}
     waits: dict[int, set[int]] = {}
-    for cid, job, granted in _mysql_record_locks(c):
+    found, unread = _mysql_record_locks(c)
+    for cid, job, granted in found:
         (holds if granted else waits).setdefault(cid, set()).add(job)
-    return LockReport(_details(c, "mysql", set(holds) | set(waits), jobs=holds, waiting=waits))
+    report = _details(c, "mysql", set(holds) | set(waits) | unread, jobs=holds, waiting=waits)
+    return LockReport([replace(t, locks_unread=t.connection_id in unread) for t in report])
 
 
 def _held_rows(c: Connection) -> list[int]:
@@ -361,6 +414,9 @@ def kill_connection(conn: Connection, connection_id: int, *, actor: str) -> Tran
     if report.unavailable:
         raise InvalidState(f"cannot kill connection {connection_id}: {report.unavailable}")
     found = next((t for t in report.transactions if t.connection_id == connection_id and t.jobs), None)
+    if found is None and any(t.connection_id == connection_id and t.locks_unread for t in report.transactions):
+        raise InvalidState(f"connection {connection_id} locks over {MYSQL_LOCK_ROWS} rows, which were not read: "
+                           "whether it holds job rows is not known, so it is not killed from here")
     if found is None:
         raise InvalidState(f"connection {connection_id} holds no job_queue rows right now; nothing killed")
 

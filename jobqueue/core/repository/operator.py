@@ -143,17 +143,16 @@ SPARSE_SEARCH_WINDOW = 5_000   # ... when they are read by id one by one (reads.
 
 class searchable(sa.sql.expression.ColumnElement):
     """`column` as text compared without regard to case, whatever its collation (an install may
-    use utf8mb4_bin): COLLATE utf8mb4_general_ci on MySQL and MariaDB (MySQL 8.0's JSON type is
-    cast to text first: it has no collation to override); SQLite's LIKE ignores ASCII case."""
+    use utf8mb4_bin): COLLATE utf8mb4_general_ci on MySQL and MariaDB; SQLite's LIKE ignores
+    ASCII case."""
 
     type = sa.Text()
     inherit_cache = True
-    # Both in the statement cache's key: a compiled search names its own columns.
-    _traverse_internals = [("column", InternalTraversal.dp_clauseelement), ("json", InternalTraversal.dp_boolean)]
+    # In the statement cache's key: a compiled search names its own columns.
+    _traverse_internals = [("column", InternalTraversal.dp_clauseelement)]
 
-    def __init__(self, column, *, json: bool = False):
+    def __init__(self, column):
         self.column = column
-        self.json = json
 
 
 @sa.ext.compiler.compiles(searchable)
@@ -164,10 +163,7 @@ def _searchable_sqlite(element, compiler, **kw):
 @sa.ext.compiler.compiles(searchable, "mysql")
 @sa.ext.compiler.compiles(searchable, "mariadb")
 def _searchable_mysql(element, compiler, **kw):
-    column = compiler.process(element.column, **kw)
-    if element.json and not getattr(compiler.dialect, "is_mariadb", False):
-        column = f"CAST({column} AS CHAR)"
-    return f"{column} COLLATE utf8mb4_general_ci"
+    return f"{compiler.process(element.column, **kw)} COLLATE utf8mb4_general_ci"
 
 
 def like_escaped(text: str) -> str:
@@ -209,9 +205,8 @@ class JobFilter:
     def search_clause(self) -> Any:
         """The search alone: `search` in the payload, the last error or the task_key."""
         pattern = "%" + like_escaped(self.search or "") + "%"
-        # The payload as the text the server holds (MariaDB and SQLite: the stored document;
-        # MySQL 8.0: the JSON column's text form).
-        return sa.or_(*(searchable(column, json=column is jq.payload).like(pattern, escape="\\")
+        # The payload as the text it was written (json.dumps': non-ASCII as \\u escapes).
+        return sa.or_(*(searchable(column).like(pattern, escape="\\")
                         for column in (jq.payload, jq.last_error, jq.task_key)))
 
     def args(self) -> dict[str, str]:
