@@ -7,8 +7,14 @@ duplicate: true with the old job's id and status, and writes nothing.
 A batch is, in one transaction:
 
     INSERT IGNORE INTO job_queue (...) VALUES (...), (...), ...      -- keys already there are skipped
-    SELECT 'p', task_key, job_id, status FROM pruned_key WHERE task_key IN (...)
+    (SELECT 'p', task_key, job_id, status FROM pruned_key WHERE task_key IN (...) LOCK IN SHARE MODE)
     COMMIT
+
+The reads after the INSERT lock what they must see whatever the isolation level of the
+transaction (the caller's may be REPEATABLE READ, whose consistent reads miss rows committed after
+its snapshot): pruned_key always, job_queue for our own rows and for known keys the consistent
+read does not find (see _read). A deadlock or MariaDB 11.6.2+'s 1020 there has rolled the
+caller's whole transaction back: TransactionConflict (db.callers_transaction).
 
 The INSERT's row count says what happened. Every row went in: all ours, and their ids are
 LAST_INSERT_ID() onwards where InnoDB numbers a statement's rows consecutively (see
