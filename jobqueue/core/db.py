@@ -410,6 +410,7 @@ def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10
             pool_reset_on_return=None,
         )
         engine.candidates = candidates
+        engine.read_committed = True   # see reads_committed
         if statement_timeout_seconds:
             engine.transaction_policy = REQUEST_TRANSACTION
         if not read_only:
@@ -538,6 +539,14 @@ def _db_after_mysql(element, compiler, **kw):
 @compiles(db_after, "sqlite")
 def _db_after_sqlite(element, compiler, **kw):
     return f"jq_now_plus({compiler.process(element.clauses, **kw)})"
+
+
+def reads_committed(conn: Connection) -> bool:
+    """Whether this connection's transactions run at READ COMMITTED for certain: the queue's own
+    engines do (create_engine), unless a connection was given another level. An application's
+    engine runs at whatever its server or its code says (REPEATABLE READ by default)."""
+    level = conn.get_execution_options().get("isolation_level")
+    return getattr(conn.engine, "read_committed", False) and level in (None, "READ COMMITTED")
 
 
 # --- transactions --------------------------------------------------------------------------------

@@ -7,13 +7,13 @@ duplicate: true with the old job's id and status, and writes nothing.
 A batch is, in one transaction:
 
     INSERT IGNORE INTO job_queue (...) VALUES (...), (...), ...      -- keys already there are skipped
-    (SELECT 'p', task_key, job_id, status FROM pruned_key WHERE task_key IN (...) LOCK IN SHARE MODE)
+    SELECT 'p', task_key, job_id, status FROM pruned_key WHERE task_key IN (...)
     COMMIT
 
-The reads after the INSERT lock what they must see whatever the isolation level of the
-transaction (the caller's may be REPEATABLE READ, whose consistent reads miss rows committed after
-its snapshot): pruned_key always, job_queue for our own rows and for known keys the consistent
-read does not find (see _read). A deadlock or MariaDB 11.6.2+'s 1020 there has rolled the
+In a transaction above READ COMMITTED (the caller's, REPEATABLE READ by default, whose consistent
+reads miss rows committed after its snapshot) the reads after the INSERT lock what they must see:
+pruned_key, and job_queue for our own rows and for known keys the consistent read does not find
+(see _read). A deadlock or MariaDB 11.6.2+'s 1020 there has rolled the
 caller's whole transaction back: TransactionConflict (db.callers_transaction).
 
 The INSERT's row count says what happened. Every row went in: all ours, and their ids are
@@ -54,7 +54,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .. import retry
-from ..db import TRANSACTION_ROLLED_BACK, callers_transaction, error_code, is_mysql, require_primary, transaction
+from ..db import (TRANSACTION_ROLLED_BACK, callers_transaction, error_code, is_mysql, reads_committed, require_primary,
+                  transaction)
 from ..errors import JobQueueError, ValidationError
 from ..models import Enqueued, Status
 from ..schema import job_queue
@@ -433,16 +434,21 @@ def _read(c: Connection, keys: list[str], *, queue: bool = True, pruned: bool = 
     """The jobs holding `keys` (task_key -> (id, status)) and the records of pruned jobs holding
     them, each unless told not to, in one statement per READ_KEYS keys.
 
-    pruned_key is always read with a lock (LOCK IN SHARE MODE, which MySQL 9 still takes): in the
-    caller's REPEATABLE READ transaction a consistent read misses a prune that committed after
-    its snapshot, and the key would be taken twice. job_queue is read with one when `lock_jobs`
-    (see the callers). At READ COMMITTED, the queue's own, the lock reads what a plain read does
-    and takes no gap locks; at REPEATABLE READ it locks the gaps of absent keys until the caller
-    commits; on MariaDB 11.6.2+ it fails with 1020 where the snapshot is stale."""
+    Above READ COMMITTED (an application's transaction: REPEATABLE READ by default), pruned_key
+    is read with a lock (LOCK IN SHARE MODE, which MySQL 9 still takes): a consistent read misses
+    a prune that committed after the snapshot, and the key would be taken twice; job_queue too
+    when `lock_jobs` (see the callers). Such a read locks the gaps of absent keys until the caller
+    commits, and on MariaDB 11.6.2+ fails with 1020 where the snapshot is stale. The queue's own
+    transactions (READ COMMITTED) read plainly."""
     rows: dict[str, tuple[int, Status]] = {}
     gone: dict[str, tuple[int, Status]] = {}
     mysql = is_mysql(c)
     escape = c.connection.dbapi_connection.escape if mysql else None
+    # At READ COMMITTED every statement reads what is committed, the rows our INSERT waited on
+    # included, and a locking read would only add waits: on MySQL-family servers its IN-list range
+    # scan locks the record past each key, which an enqueue of a neighbouring key may hold
+    # uncommitted (4 concurrent batches over the same keys deadlocked six times running).
+    lock = mysql and not reads_committed(c)
     for lo in range(0, len(keys), READ_KEYS):
         chunk = keys[lo:lo + READ_KEYS]
         if mysql:
@@ -451,11 +457,13 @@ def _read(c: Connection, keys: list[str], *, queue: bool = True, pruned: bool = 
             in_list, params = ",".join("?" * len(chunk)), tuple(chunk) * (queue + pruned)
         selects = []
         if queue:
-            selects.append(_locked(f"SELECT 'q', task_key, id, status FROM job_queue WHERE task_key IN ({in_list})",
-                                   mysql and lock_jobs))
+            hint = " FORCE INDEX (uk_task_key)" if mysql else ""
+            selects.append(_locked(f"SELECT 'q', task_key, id, status FROM job_queue{hint} WHERE task_key IN ({in_list})",
+                                   lock and lock_jobs))
         if pruned:
-            selects.append(_locked(f"SELECT 'p', task_key, job_id, status FROM pruned_key WHERE task_key IN ({in_list})",
-                                   mysql))
+            hint = " FORCE INDEX (PRIMARY)" if mysql else ""
+            selects.append(_locked(f"SELECT 'p', task_key, job_id, status FROM pruned_key{hint} "
+                                   f"WHERE task_key IN ({in_list})", lock))
         sql = " UNION ALL ".join(selects)
         found = execute_sql(c, sql).rows if mysql else c.exec_driver_sql(sql, params).all()
         for table, key, job_id, status in found:
@@ -465,6 +473,9 @@ def _read(c: Connection, keys: list[str], *, queue: bool = True, pruned: bool = 
 
 def _locked(select: str, lock: bool) -> str:
     # In parentheses, a UNION ALL's part takes its own locking clause (MariaDB and MySQL alike).
+    # Both reads force their key's index: a locking read waits on every row it scans, matching
+    # or not, and when the optimizer scanned the small table instead of looking 15 keys up, the
+    # read waited on rows other enqueues held and deadlocked with them (1213, six times running).
     return f"({select} LOCK IN SHARE MODE)" if lock else select
 
 
