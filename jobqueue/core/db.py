@@ -28,13 +28,14 @@ claim sent between two checks can land on a demoted server.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TypeVar
@@ -47,7 +48,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
 from . import retry
-from .errors import NotPrimary, TransientDatabaseError
+from .errors import NotPrimary, TransactionConflict, TransientDatabaseError
 from .schema import Timestamp
 from .settings import Settings, current
 from .logs import event as log_event
@@ -66,6 +67,7 @@ NOT_WRITABLE_CHECK_SECONDS = 1.0
 # MySQL / MariaDB error codes we act on.
 ER_LOCK_WAIT_TIMEOUT = 1205   # also MariaDB's answer to NOWAIT on a locked row
 ER_LOCK_DEADLOCK = 1213
+ER_CHECKREAD = 1020           # MariaDB 11.6.2+ at REPEATABLE READ: a row changed since the snapshot
 ER_LOCK_NOWAIT = 3572         # MySQL 8.0's answer to NOWAIT on a locked row
 ER_GR_ROLLBACK = 3101         # MySQL group replication rolled the transaction back: retry like a deadlock
 ER_CONNECTION_KILLED = 1927   # MariaDB
@@ -77,6 +79,8 @@ ER_INNODB_READ_ONLY = 1836    # innodb_read_only (MySQL) / read-only mode
 ER_STATEMENT_TIMEOUT = (1969, 3024)   # MariaDB max_statement_time, MySQL MAX_EXECUTION_TIME
 CR_CONNECTION_ERRORS = {2002, 2003, 2006, 2013, 2055}
 NOT_PRIMARY_ERRORS = {ER_READ_ONLY, ER_READ_ONLY_TRANSACTION, ER_INNODB_READ_ONLY}
+# Errors after which the server has rolled back the whole transaction, not just the statement.
+TRANSACTION_ROLLED_BACK = {ER_LOCK_DEADLOCK, ER_CHECKREAD, ER_GR_ROLLBACK}
 
 
 def default_sqlite_path(settings: Settings | None = None) -> str:
@@ -406,6 +410,7 @@ def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10
             pool_reset_on_return=None,
         )
         engine.candidates = candidates
+        engine.read_committed = True   # see reads_committed
         if statement_timeout_seconds:
             engine.transaction_policy = REQUEST_TRANSACTION
         if not read_only:
@@ -536,6 +541,14 @@ def _db_after_sqlite(element, compiler, **kw):
     return f"jq_now_plus({compiler.process(element.clauses, **kw)})"
 
 
+def reads_committed(conn: Connection) -> bool:
+    """Whether this connection's transactions run at READ COMMITTED for certain: the queue's own
+    engines do (create_engine), unless a connection was given another level. An application's
+    engine runs at whatever its server or its code says (REPEATABLE READ by default)."""
+    level = conn.get_execution_options().get("isolation_level")
+    return getattr(conn.engine, "read_committed", False) and level in (None, "READ COMMITTED")
+
+
 # --- transactions --------------------------------------------------------------------------------
 
 def error_code(exc: BaseException) -> int | None:
@@ -543,7 +556,7 @@ def error_code(exc: BaseException) -> int | None:
 
 
 def transient_kind(exc: BaseException) -> str | None:
-    """'deadlock', 'lock_timeout' or 'disconnect' for errors worth retrying, else None."""
+    """'deadlock', 'record_changed', 'lock_timeout' or 'disconnect' for errors worth retrying, else None."""
     if not isinstance(exc, DBAPIError):
         return None
     if exc.connection_invalidated:
@@ -551,6 +564,11 @@ def transient_kind(exc: BaseException) -> str | None:
     code = error_code(exc)
     if code in (ER_LOCK_DEADLOCK, ER_GR_ROLLBACK):
         return "deadlock"
+    if code == ER_CHECKREAD:
+        # Like a deadlock, the server rolled the transaction back: a new one takes a new snapshot.
+        # The queue's own sessions run at READ COMMITTED, where MariaDB does not raise it; an
+        # engine the application passed in (JobQueue(engine)) may run at REPEATABLE READ.
+        return "record_changed"
     if code == ER_LOCK_WAIT_TIMEOUT:
         return "lock_timeout"
     if code in CR_CONNECTION_ERRORS or code in (ER_CONNECTION_KILLED, ER_SERVER_SHUTDOWN, ER_CLIENT_INTERACTION_TIMEOUT):
@@ -573,6 +591,22 @@ REQUEST_TRANSACTION = retry.RetryPolicy(attempts=6, first_delay=0.01, max_delay=
                                         attempts_by_kind={"lock_timeout": 1})
 
 
+@contextlib.contextmanager
+def callers_transaction(what: str) -> Iterator[None]:
+    """Inside a transaction the caller owns: an error after which the server rolled the whole
+    transaction back is raised as TransactionConflict, which says so; the caller retries it."""
+    try:
+        yield
+    except DBAPIError as exc:
+        code = error_code(exc)
+        if code not in TRANSACTION_ROLLED_BACK:
+            raise
+        why = ("a row changed after the transaction's snapshot (REPEATABLE READ with innodb_snapshot_isolation)"
+               if code == ER_CHECKREAD else "a deadlock")
+        raise TransactionConflict(f"{what}: the server rolled back your transaction ({why}: {exc.orig}); "
+                                  "none of its writes were kept: run the whole transaction again") from exc
+
+
 def transaction(conn: Connection, fn: Callable[[Connection], T], *, what: str,
                 policy: retry.RetryPolicy | None = None) -> T:
     """Run `fn(conn)` in its own short transaction; retry deadlocks, lock-wait timeouts and lost
@@ -588,7 +622,8 @@ def transaction(conn: Connection, fn: Callable[[Connection], T], *, what: str,
     if conn.in_transaction():
         # The caller owns the transaction (say, an enqueue next to its own business rows); it
         # also owns commit and retry.
-        return fn(conn)
+        with callers_transaction(what):
+            return fn(conn)
 
     def once() -> T:
         try:

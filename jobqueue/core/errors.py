@@ -100,6 +100,15 @@ class TransientDatabaseError(JobQueueError):
     http_status = 503
 
 
+class TransactionConflict(TransientDatabaseError):
+    """The server rolled back the caller's own transaction (the one passed as `conn=`): a deadlock
+    (1213), or on MariaDB 11.6.2+ at REPEATABLE READ a row another transaction changed after this
+    one's snapshot (1020, innodb_snapshot_isolation). Nothing of that transaction was kept, the
+    caller's own writes included: run the whole transaction again."""
+
+    exit_code = EXIT_BUSY
+
+
 class PermanentError(Exception):
     """Raise from a handler to fail the job at once, without retries."""
 

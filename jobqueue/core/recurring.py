@@ -12,7 +12,8 @@ the latest tick missed, not one per missed tick: the run enqueued is always the 
 before now.
 
 Cron expressions are the usual five fields (minute hour day-of-month month day-of-week, Sunday is
-0 or 7) or an alias such as `@hourly`, evaluated in UTC by croniter; the clock is the database's,
+0 or 7) or an alias such as `@hourly`, evaluated in UTC by croniter (whose `R` and `H` are refused:
+every process must compute the same tick); the clock is the database's,
 so hosts with skewed clocks agree on when a tick is due.
 """
 
@@ -56,6 +57,14 @@ def parse_cron(expr: object) -> str:
     elif len(text.split(" ")) != 5:
         raise ValidationError(f"cron {text!r} must have 5 fields (minute hour day-of-month month day-of-week), "
                               f"it has {len(text.split(' '))}", "cron")
+    else:
+        chance = _CHANCE.search(text)
+        if chance is not None:
+            letter = chance.group(1).upper()
+            raise ValidationError(
+                f"cron {text!r}: {letter!r} ({'random' if letter == 'R' else 'hashed'}) picks a tick that differs "
+                "from process to process, so each process would enqueue a run of its own; write the minute or "
+                "hour out (e.g. '17 * * * *')", "cron")
     from croniter import croniter   # here, not at import: 40 ms a one-shot command need not pay
     from croniter.croniter import CroniterError
 
@@ -64,6 +73,11 @@ def parse_cron(expr: object) -> str:
     except (CroniterError, ValueError, KeyError) as exc:
         raise ValidationError(f"cron {text!r} is not valid: {exc}", "cron") from None
     return text
+
+
+# croniter's R (random) and H (hashed) as a field's value, a list item or a range's start: no month
+# or weekday name starts with either letter (MAR, THU and FRI are fine).
+_CHANCE = re.compile(r"(?:^|[ ,/-])([HhRr])")
 
 
 def _aware(when: datetime) -> datetime:

@@ -10,6 +10,12 @@ A batch is, in one transaction:
     SELECT 'p', task_key, job_id, status FROM pruned_key WHERE task_key IN (...)
     COMMIT
 
+In a transaction above READ COMMITTED (the caller's, REPEATABLE READ by default, whose consistent
+reads miss rows committed after its snapshot) the reads after the INSERT lock what they must see:
+pruned_key, and job_queue for our own rows and for known keys the consistent read does not find
+(see _read). A deadlock or MariaDB 11.6.2+'s 1020 there has rolled the
+caller's whole transaction back: TransactionConflict (db.callers_transaction).
+
 The INSERT's row count says what happened. Every row went in: all ours, and their ids are
 LAST_INSERT_ID() onwards where InnoDB numbers a statement's rows consecutively (see
 _consecutive_ids; elsewhere the read below also reads job_queue for them). A key that turns out
@@ -48,7 +54,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .. import retry
-from ..db import is_mysql, require_primary, transaction
+from ..db import (TRANSACTION_ROLLED_BACK, callers_transaction, error_code, is_mysql, reads_committed, require_primary,
+                  transaction)
 from ..errors import JobQueueError, ValidationError
 from ..models import Enqueued, Status
 from ..schema import job_queue
@@ -141,13 +148,22 @@ def _write(conn: Connection, validated: list[NewJob]) -> list[Enqueued]:
     batch = _Batch(validated)
     if conn.in_transaction():
         # The caller's transaction: each try in a savepoint, so that undoing one leaves the
-        # caller's own writes alone.
-        for _ in range(_TRIES.attempts):
-            try:
-                with conn.begin_nested():
-                    return batch.results(batch.run(conn))
-            except _Undo:
-                batch.undone()
+        # caller's own writes alone. A deadlock or a 1020 has rolled back the whole transaction
+        # and its savepoint with it: TransactionConflict says so, and the caller retries.
+        with callers_transaction("enqueue"):
+            for _ in range(_TRIES.attempts):
+                savepoint = conn.begin_nested()
+                try:
+                    written = batch.run(conn)
+                except BaseException as exc:
+                    if error_code(exc) not in TRANSACTION_ROLLED_BACK:   # else there is no savepoint left
+                        savepoint.rollback()
+                    if not isinstance(exc, _Undo):
+                        raise
+                    batch.undone()
+                    continue
+                savepoint.commit()
+                return batch.results(written)
         raise ServerRefusedRows("enqueue: the batch kept meeting keys inserted by other transactions")
 
     def classify(exc: BaseException) -> str | None:
@@ -210,7 +226,16 @@ class _Batch:
                 return {key: (job_id, _status(job), True) for (key, job), job_id in zip(self.firsts.items(), ids)}
             rows = {key: (job_id, _status(job)) for (key, job), job_id in zip(self.firsts.items(), ids)}
         else:
-            rows, pruned = _read(c, keys)
+            # All inserted: our own rows, read with a lock so that at REPEATABLE READ an older
+            # job of the same key (pruned after the caller's snapshot) is not read instead.
+            rows, pruned = _read(c, keys, lock_jobs=inserted == len(keys))
+            if inserted == 0 and len(rows) < len(keys):
+                # At REPEATABLE READ a key that another transaction committed after the caller's
+                # snapshot made our INSERT skip it, yet the consistent read above does not see
+                # it: the locking read does. (Only these keys: a locking read of a job a worker
+                # changed since the snapshot is refused on MariaDB 11.6.2+, error 1020.)
+                more, _ = _read(c, [key for key in keys if key not in rows], pruned=False, lock_jobs=True)
+                rows.update(more)
         if inserted == len(keys):
             # All ours; but a pruned key's job must not come back.
             if pruned:
@@ -237,7 +262,7 @@ class _Batch:
             # this one runs only after it met such a race).
             self.pending = {job.task_key for job in fresh}
             mine = {job.task_key for job in fresh if _insert(c, [job])[0] == 1}
-            written, _ = _read(c, [job.task_key for job in fresh], pruned=False)
+            written, _ = _read(c, [job.task_key for job in fresh], pruned=False, lock_jobs=True)
             out.update({key: written[key] + (key in mine,) for key in written})
         return {key: out[key] for key in keys}
 
@@ -370,14 +395,26 @@ def _sqlite_inserts(jobs: Iterable[NewJob]) -> Iterator[tuple[str, tuple]]:
         yield f"INSERT OR IGNORE INTO job_queue ({_COLUMNS}) VALUES {values}", tuple(params)
 
 
-def _read(c: Connection, keys: list[str], *, queue: bool = True, pruned: bool = True
+def _read(c: Connection, keys: list[str], *, queue: bool = True, pruned: bool = True, lock_jobs: bool = False
           ) -> tuple[dict[str, tuple[int, Status]], dict[str, tuple[int, Status]]]:
     """The jobs holding `keys` (task_key -> (id, status)) and the records of pruned jobs holding
-    them, each unless told not to, in one statement per READ_KEYS keys."""
+    them, each unless told not to, in one statement per READ_KEYS keys.
+
+    Above READ COMMITTED (an application's transaction: REPEATABLE READ by default), pruned_key
+    is read with a lock (LOCK IN SHARE MODE, which MySQL 9 still takes): a consistent read misses
+    a prune that committed after the snapshot, and the key would be taken twice; job_queue too
+    when `lock_jobs` (see the callers). Such a read locks the gaps of absent keys until the caller
+    commits, and on MariaDB 11.6.2+ fails with 1020 where the snapshot is stale. The queue's own
+    transactions (READ COMMITTED) read plainly."""
     rows: dict[str, tuple[int, Status]] = {}
     gone: dict[str, tuple[int, Status]] = {}
     mysql = is_mysql(c)
     escape = c.connection.dbapi_connection.escape if mysql else None
+    # At READ COMMITTED every statement reads what is committed, the rows our INSERT waited on
+    # included, and a locking read would only add waits: on MySQL-family servers its IN-list range
+    # scan locks the record past each key, which an enqueue of a neighbouring key may hold
+    # uncommitted (4 concurrent batches over the same keys deadlocked six times running).
+    lock = mysql and not reads_committed(c)
     for lo in range(0, len(keys), READ_KEYS):
         chunk = keys[lo:lo + READ_KEYS]
         if mysql:
@@ -386,14 +423,26 @@ def _read(c: Connection, keys: list[str], *, queue: bool = True, pruned: bool = 
             in_list, params = ",".join("?" * len(chunk)), tuple(chunk) * (queue + pruned)
         selects = []
         if queue:
-            selects.append(f"SELECT 'q', task_key, id, status FROM job_queue WHERE task_key IN ({in_list})")
+            hint = " FORCE INDEX (uk_task_key)" if mysql else ""
+            selects.append(_locked(f"SELECT 'q', task_key, id, status FROM job_queue{hint} WHERE task_key IN ({in_list})",
+                                   lock and lock_jobs))
         if pruned:
-            selects.append(f"SELECT 'p', task_key, job_id, status FROM pruned_key WHERE task_key IN ({in_list})")
+            hint = " FORCE INDEX (PRIMARY)" if mysql else ""
+            selects.append(_locked(f"SELECT 'p', task_key, job_id, status FROM pruned_key{hint} "
+                                   f"WHERE task_key IN ({in_list})", lock))
         sql = " UNION ALL ".join(selects)
         found = execute_sql(c, sql).rows if mysql else c.exec_driver_sql(sql, params).all()
         for table, key, job_id, status in found:
             (rows if table == "q" else gone)[key] = (job_id, Status(status))
     return rows, gone
+
+
+def _locked(select: str, lock: bool) -> str:
+    # In parentheses, a UNION ALL's part takes its own locking clause (MariaDB and MySQL alike).
+    # Both reads force their key's index: a locking read waits on every row it scans, matching
+    # or not, and when the optimizer scanned the small table instead of looking 15 keys up, the
+    # read waited on rows other enqueues held and deadlocked with them (1213, six times running).
+    return f"({select} LOCK IN SHARE MODE)" if lock else select
 
 
 def _delete(c: Connection, ids: list[int]) -> None:

@@ -283,6 +283,7 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
     paused, replica_note = 0.0, None
     cursor = after_id
     pending = list(ids) if ids is not None else None
+    in_filter = sa.and_(sa.true(), *job_filter.where()) if job_filter is not None else sa.true()
 
     def result(finished: bool) -> BulkResult:
         return BulkResult(changed, busy, skipped, cursor, finished, action, selection, paused, replica_note)
@@ -311,10 +312,14 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
             require_primary(c)
             seen = c.execute(sa.select(jq.id, jq.status).where(jq.id.in_(batch_ids))).all()
             wanted = [r.id for r in seen if r.status in eligible]
-            locked = c.execute(sa.select(jq.id, jq.status, (jq.lease_until > db_now()).label("lease_valid"))
+            # The whole filter again, under the lock: a job that left it since the page was read
+            # (a failed job requeued meanwhile, under "cancel the failed ones") is skipped.
+            locked = c.execute(sa.select(jq.id, jq.status, (jq.lease_until > db_now()).label("lease_valid"),
+                                         in_filter.label("in_filter"))
                                .where(jq.id.in_(wanted), jq.status.in_(eligible))
                                .with_for_update(skip_locked=True)).all() if wanted else []
-            targets = [r for r in locked if not (r.status == Status.RUNNING.value and r.lease_valid and not force)]
+            targets = [r for r in locked if r.in_filter
+                       and not (r.status == Status.RUNNING.value and r.lease_valid and not force)]
             n_busy = len(wanted) - len(locked)
             n_skipped = len(batch_ids) - len(wanted) + (len(locked) - len(targets))
             if not targets:
