@@ -15,8 +15,10 @@ One worker process holds up to `concurrency + prefetch` leases ("lease slots") a
 
 Paused queues: a worker on every queue claims from the queues with ready jobs that are not
 paused (read at most every second); a worker with a list of queues leaves out the paused ones
-(the paused set read at most every second). So within about a second of a pause no new claim
-touches that queue; jobs already running finish normally.
+(the paused set read at most every second). The claim transaction itself reads its queues'
+state under a shared lock and leaves out paused ones (repository/claim.py), and a job that
+waited in hand is confirmed before its handler starts (slots.py): once a pause has answered, no
+claim of that queue commits and no handler of it starts; jobs already running finish normally.
 
 The renewer thread (renewer.py) renews every lease in hand every third of the lease, until its
 final write has committed, loses leases whose local deadline passed (leases.py), and sends the
