@@ -91,12 +91,16 @@ def test_prefetched_jobs_of_a_paused_queue_never_start_and_go_back_ready_with_th
         assert done.returncode == 0, done.stderr
         wait_until(lambda: rows(mysql_engine, ids[:1])[ids[0]] == ("done", 1), timeout=10, message="the first done")
         time.sleep(2.5)   # before the fix, the second started as the first ended
-        late = {i: round(at - answered, 3) for i in range(1, 4) for _, at in starts(tmp_path, "held", i)}
+        late = {i: round(at - answered, 3) for i in range(1, 4) for _, at in starts(tmp_path, "held", i)
+                if at >= answered}
         assert late == {}, f"handlers started this many seconds after the pause answered: {late}"
-        wait_until(lambda: rows(mysql_engine, ids[1:]) == {i: ("ready", 1) for i in ids[1:]}, timeout=10,
+        # On a loaded machine the first may end, and the second start, before the command returns.
+        waited = [ids[i] for i in range(1, 4) if not starts(tmp_path, "held", i)]
+        assert len(waited) >= 2, "the pause came too late to test anything"
+        wait_until(lambda: rows(mysql_engine, waited) == {i: ("ready", 1) for i in waited}, timeout=10,
                    message=f"the prefetched jobs released to ready with attempts kept ({rows(mysql_engine, ids)})")
         assert jobqueue(mysql_url, "resume", "held").returncode == 0
-        wait_until(lambda: rows(mysql_engine, ids[1:]) == {i: ("done", 2) for i in ids[1:]}, timeout=30,
+        wait_until(lambda: rows(mysql_engine, waited) == {i: ("done", 2) for i in waited}, timeout=30,
                    message="the released jobs run after the resume")
     finally:
         code = worker.stop()
