@@ -561,7 +561,7 @@ class Worker:
                 if reachability(exc) is None:
                     raise
                 self._sql_error("start", exc)
-                self._stop.wait(FINISH.first_delay)   # the lease's deadline says when to give up
+                time.sleep(FINISH.first_delay)   # the lease's deadline (the renewer's clock) says when to give up
                 continue
             if outcome is Outcome.OK:
                 self.keeper.end_renewal([held], sent_at, {lease: outcome})
