@@ -26,9 +26,9 @@ restart it; the shared server is never touched):
   pause the queue for a few seconds (`POST /api/queues/default/pause`, resumed by `jobqueue
   resume`), and cancel random jobs in every state (`POST /api/jobs/<id>/cancel` and `jobqueue cancel`);
 - take back a prefetched job (fault_take_back_prefetched): a worker of its own (`--concurrency 1
-  --prefetch 2`, 6 s jobs, a database of its own on the same server) holds a job in hand while
-  another runs; the operator cancels, fails or force-requeues it; its handler must not start
-  after the command answered;
+  --prefetch 2`, a 12 s job and two short ones, its own database on the same server) holds a
+  job in hand while another runs; the operator cancels, fails or force-requeues it; its handler
+  must not start after the command answered;
 - pause during stalled claims (fault_pause_stalled_claim): the queue's queue_state row held in a
   transaction stalls every claim of the queue inside its claim transaction, a worker is
   SIGSTOPped there, the pause is sent, the hold released, the worker continued: no claim may
@@ -997,8 +997,9 @@ class Soak:
 
     def fault_take_back_prefetched(self, later) -> None:
         """An operator takes back a job that waits in hand for a thread (issue 25): a worker of its
-        own, `--concurrency 1 --prefetch 2`, holds three 6 s jobs (testkit.tasks.record_runs, which
-        writes the wall-clock time its handler starts); while the first runs, the second is
+        own, `--concurrency 1 --prefetch 2`, holds three jobs, the first 12 s long
+        (testkit.tasks.record_runs, which writes the wall-clock time its handler starts); while
+        the first runs, the second is
         cancelled, failed or force-requeued (in turn) with the CLI. Its first attempt's handler
         must not start after the command answered. Its own database on the soak's server, so
         that the soak's workers and checks never see these jobs."""
@@ -1017,8 +1018,8 @@ class Soak:
 
     def _take_back_round(self, n: int, action: tuple[str, ...]) -> None:
         """One round, tried again (each try its own queue) while another fault spoils it (the
-        database restarting or read-only), for up to 90 s."""
-        deadline = time.monotonic() + 90
+        database restarting or read-only), for up to 120 s."""
+        deadline = time.monotonic() + 120
         try:
             for attempt in range(1, 100):
                 try:
@@ -1049,8 +1050,9 @@ class Soak:
                 raise
         ids = []
         for i in range(3):
-            # Long enough that the CLI's action lands while the first runs, even on a loaded machine.
-            payload = {"seconds": 6, "log": str(folder / f"{queue}-{i}.log")}
+            # The first runs long enough that the CLI's action lands while it runs, even on a loaded
+            # machine (the CLI alone took over 6 s there); the others are short.
+            payload = {"seconds": 12 if i == 0 else 1, "log": str(folder / f"{queue}-{i}.log")}
             out = self._take_back_cli("enqueue", "record_runs", "--key", f"{queue}-{i}", "--queue", queue,
                                       "--payload", json.dumps(payload), "--tasks", "testkit.tasks")
             ids.append(int(json.loads(out.stdout.strip().splitlines()[-1])["id"]))
@@ -1079,7 +1081,7 @@ class Soak:
                 raise RuntimeError("the second job started before it could be taken back")
             self._take_back_cli(*action, str(ids[1]))
             answered = time.time()
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + 30
             while not starts(2) and time.monotonic() < deadline:
                 time.sleep(0.1)
             time.sleep(0.5)
