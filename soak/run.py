@@ -24,7 +24,15 @@ restart it; the shared server is never touched):
   jobs as an operator would, hold ready rows in a paused SELECT ... FOR UPDATE, SIGKILL a
   gunicorn worker (its master starts another), replay slices of known task_keys through both doors,
   pause the queue for a few seconds (`POST /api/queues/default/pause`, resumed by `jobqueue
-  resume`), and cancel random jobs in every state (`POST /api/jobs/<id>/cancel` and `jobqueue cancel`).
+  resume`), and cancel random jobs in every state (`POST /api/jobs/<id>/cancel` and `jobqueue cancel`);
+- take back a prefetched job (fault_take_back_prefetched): a worker of its own (`--concurrency 1
+  --prefetch 2`, a 12 s job and two short ones, its own database on the same server) holds a
+  job in hand while another runs; the operator cancels, fails or force-requeues it; its handler
+  must not start after the command answered;
+- pause during stalled claims (fault_pause_stalled_claim): the queue's queue_state row held in a
+  transaction stalls every claim of the queue inside its claim transaction, a worker is
+  SIGSTOPped there, the pause is sent, the hold released, the worker continued: no claim may
+  commit after the pause answered (the monitor's paused-claims count stays 0).
 
 Then the faults stop, the queue drains, every process gets SIGTERM (exit 0 expected), and
 soak/checks.py compares what was acknowledged with what the tables hold. One verdict line
@@ -67,7 +75,7 @@ DB_NAME = "soak"
 LEASE_SECONDS = 3
 FAULT_KINDS = ("sigkill_worker", "sigterm_worker", "sigstop_worker", "kill_connection", "db_restart", "hold_rows",
                "sigkill_web_worker", "replay", "force_requeue", "read_only_flip", "partition_worker", "pause_queue",
-               "cancel")
+               "cancel", "take_back_prefetched", "pause_stalled_claim")
 QUEUE = "default"
 PAUSE_NOTICE_SECONDS = 2.0   # a pause takes effect in every process within this (docs/operations.md: about a second)
 
@@ -110,6 +118,8 @@ class Plan:
     cancels: int = 5
     cancel_api_keys: int = 20
     cancel_cli_keys: int = 2
+    take_backs: int = 3                      # an operator's action on a job prefetched, not started
+    stalled_pauses: int = 2                  # a pause sent while claims stall in their transaction
     replay_api_keys: int = 40
     replay_cli_keys: int = 2
     drain_timeout: float = 600.0
@@ -119,7 +129,8 @@ class Plan:
         return cls(jobs=1200, cli_jobs=30, fault_seconds=30.0, kill_every=(3.0, 5.0), stops=1, pauses=2,
                    pause_seconds=4.0, cancels=2, cancel_api_keys=10, cancel_cli_keys=1,
                    conn_kill_every=(2.0, 4.0), holds=2, web_kills=1, graceful_restarts=1, replays=2, replay_api_keys=20,
-                   replay_cli_keys=1, drain_timeout=60.0, force_requeues=2, read_only_flips=1, partitions=1)
+                   replay_cli_keys=1, drain_timeout=60.0, force_requeues=2, read_only_flips=1, partitions=1,
+                   take_backs=2, stalled_pauses=1)
 
 
 def job_specs(plan: Plan, rng: random.Random) -> list[tuple[Spec, dict, float]]:
@@ -162,7 +173,8 @@ def fault_schedule(plan: Plan, rng: random.Random) -> list[tuple[float, str]]:
     for kind, n in (("sigstop_worker", plan.stops), ("hold_rows", plan.holds), ("sigkill_web_worker", plan.web_kills),
                     ("sigterm_worker", plan.graceful_restarts), ("replay", plan.replays),
                     ("force_requeue", plan.force_requeues), ("read_only_flip", plan.read_only_flips),
-                    ("partition_worker", plan.partitions), ("pause_queue", plan.pauses), ("cancel", plan.cancels)):
+                    ("partition_worker", plan.partitions), ("pause_queue", plan.pauses), ("cancel", plan.cancels),
+                    ("take_back_prefetched", plan.take_backs), ("pause_stalled_claim", plan.stalled_pauses)):
         for j in range(n):
             lo, hi = window * (0.05 + 0.8 * j / n), window * (0.05 + 0.8 * (j + 1) / n)
             at = rng.uniform(lo, hi)
@@ -305,6 +317,13 @@ class Soak:
         self.status_counts: Counter = Counter()
         self.t0 = 0.0
         self.timeline: list[tuple[float, int]] = []   # (seconds since start, terminal jobs)
+        # Operators taking back prefetched jobs (fault_take_back_prefetched).
+        self.take_back_url = ""
+        self.take_back_busy = False
+        self.take_back_rounds: list[str] = []
+        self.take_back_done = 0                   # rounds that got to take a job back
+        self.take_back_late: list[str] = []       # a handler started after the action answered
+        self.resumes_in_flight = 0                # resumes sent that have not answered yet
 
     # --- set-up ----------------------------------------------------------------------------------
 
@@ -892,6 +911,8 @@ class Soak:
         # A pause refused for 20 s (the primary read-only, restarting, or cut off by another
         # fault) is not a problem: the fault is tried again later, like any fault whose moment
         # has not come. Only a resume that never goes through is (the queue would stay paused).
+        if self._pause_open():
+            raise NotNow("another pause is open")
         if not self._until_ok("pause", pause, 20, record=False):
             raise NotNow("the pause did not go through")
         window = [time.monotonic() + PAUSE_NOTICE_SECONDS, float("inf")]
@@ -900,7 +921,11 @@ class Soak:
         self.note(f"paused queue {QUEUE} (API) for {self.plan.pause_seconds:g} s")
 
         def resume():
-            ok = self._until_ok("resume", lambda: self._cli("resume", QUEUE).returncode == 0)
+            try:
+                ok = self._until_ok("resume", lambda: self._cli("resume", QUEUE).returncode == 0)
+            finally:
+                with self.lock:
+                    self.resumes_in_flight -= 1
             self.note(f"resumed queue {QUEUE} (CLI){'' if ok else ' FAILED'}")
 
         def start_resume():
@@ -908,6 +933,7 @@ class Soak:
             # restarting), and the end of that fault is due in this same loop.
             with self.lock:
                 window[1] = time.monotonic()
+                self.resumes_in_flight += 1
             t = threading.Thread(target=_guarded(resume, self), name="resume", daemon=True)
             t.start()
             self.action_threads.append(t)
@@ -962,6 +988,195 @@ class Soak:
         t.start()
         self.action_threads.append(t)
         self.note(f"cancelling {len(sample)} jobs ({self.plan.cancel_api_keys} via the API)")
+
+    def _pause_open(self) -> bool:
+        """A pause whose resume has not landed (it may wait for the database, or for a claim that
+        a stopped worker holds open): another pause now would be ended by that resume."""
+        with self.lock:
+            return self.resumes_in_flight > 0 or any(w[1] == float("inf") for w in self.pause_windows)
+
+    def fault_take_back_prefetched(self, later) -> None:
+        """An operator takes back a job that waits in hand for a thread (issue 25): a worker of its
+        own, `--concurrency 1 --prefetch 2`, holds three jobs, the first 12 s long
+        (testkit.tasks.record_runs, which writes the wall-clock time its handler starts); while
+        the first runs, the second is
+        cancelled, failed or force-requeued (in turn) with the CLI. Its first attempt's handler
+        must not start after the command answered. Its own database on the soak's server, so
+        that the soak's workers and checks never see these jobs."""
+        with self.lock:
+            if self.take_back_busy:
+                raise NotNow("the last round still runs")
+            self.take_back_busy = True
+        actions = (("cancel",), ("requeue", "--force"), ("fail",))
+        action = actions[len(self.take_back_rounds) % len(actions)]
+        self.take_back_rounds.append(" ".join(action))
+        t = threading.Thread(target=_guarded(lambda: self._take_back_round(len(self.take_back_rounds), action), self),
+                             name="take-back", daemon=True)
+        t.start()
+        self.action_threads.append(t)
+        self.note(f"take back a prefetched job: round {len(self.take_back_rounds)}, `{' '.join(action)}`")
+
+    def _take_back_round(self, n: int, action: tuple[str, ...]) -> None:
+        """One round, tried again (each try its own queue) while another fault spoils it (the
+        database restarting or read-only), for up to 120 s."""
+        deadline = time.monotonic() + 120
+        try:
+            for attempt in range(1, 100):
+                try:
+                    self._take_back_once(f"tb{n}-{attempt}", action)
+                    with self.lock:
+                        self.take_back_done += 1
+                    return
+                except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired, pymysql.MySQLError) as exc:
+                    self.note(f"take back round {n}, try {attempt} spoilt: {str(exc)[:200]}")
+                    if time.monotonic() > deadline:
+                        return
+                    time.sleep(1.0)
+        finally:
+            with self.lock:
+                self.take_back_busy = False
+
+    def _take_back_once(self, queue: str, action: tuple[str, ...]) -> None:
+        folder = self.workdir / "take-back"
+        folder.mkdir(exist_ok=True)
+        if not self.take_back_url:
+            # A database of its own, made from scratch: a restart may have cut the last init-db short.
+            self.server.execute("DROP DATABASE IF EXISTS soak_take_back")
+            self.take_back_url = self.server.create_database("soak_take_back")
+            try:
+                self._take_back_cli("init-db", timeout=120)
+            except BaseException:
+                self.take_back_url = ""
+                raise
+        ids = []
+        for i in range(3):
+            # The first runs long enough that the CLI's action lands while it runs, even on a loaded
+            # machine (the CLI alone took over 6 s there); the others are short.
+            payload = {"seconds": 12 if i == 0 else 1, "log": str(folder / f"{queue}-{i}.log")}
+            out = self._take_back_cli("enqueue", "record_runs", "--key", f"{queue}-{i}", "--queue", queue,
+                                      "--payload", json.dumps(payload), "--tasks", "testkit.tasks")
+            ids.append(int(json.loads(out.stdout.strip().splitlines()[-1])["id"]))
+        worker = Proc(f"take-back-{queue}", [sys.executable, "-m", "jobqueue.cli", "--database-url", self.take_back_url,
+                                             "worker", "--name", queue, "--concurrency", "1", "--prefetch", "2",
+                                             "--queues", queue, "--tasks", "testkit.tasks"],
+                      self.base_env(), self.logs / f"worker-take-back-{queue}.log")
+
+        def starts(i: int) -> list[tuple[int, float]]:
+            path = folder / f"{queue}-{i}.log"
+            lines = path.read_text().split("\n") if path.exists() else []
+            return [(int(p[1]), float(p[3])) for p in (line.split() for line in lines) if p and p[0] == "start"]
+
+        def all_running() -> bool:
+            rows = self.server.execute(f"SELECT COUNT(*) FROM job_queue WHERE status = 'running' AND id IN "
+                                       f"({','.join(map(str, ids))})", "soak_take_back")
+            return rows[0][0] == 3
+
+        try:
+            deadline = time.monotonic() + 30
+            while not (starts(0) and all_running()):
+                if time.monotonic() > deadline or not worker.alive():
+                    raise RuntimeError("the three jobs were not all claimed with the first one started")
+                time.sleep(0.1)
+            if starts(1):
+                raise RuntimeError("the second job started before it could be taken back")
+            self._take_back_cli(*action, str(ids[1]))
+            answered = time.time()
+            deadline = time.monotonic() + 30
+            while not starts(2) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(0.5)
+            late = [at - answered for attempt, at in starts(1) if attempt == 1 and at >= answered]
+            with self.lock:
+                if late:
+                    self.take_back_late.append(f"queue {queue} `{' '.join(action)}` job {ids[1]}: attempt 1 started "
+                                               f"{late[0]:.3f} s after the command answered")
+            self.note(f"take back in queue {queue}: {'LATE START' if late else 'no start after the action'}")
+        finally:
+            code = worker.terminate(30)
+            if code != 0:
+                self.unexpected_exits.append(f"take-back worker {worker.name} exited with {code}")
+
+    def _take_back_cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        out = subprocess.run([sys.executable, "-m", "jobqueue.cli", "--database-url", self.take_back_url,
+                              "--log-level", "WARNING", *args], capture_output=True, text=True, env=self.base_env(),
+                             cwd=REPO, timeout=timeout)
+        if out.returncode != 0:
+            raise RuntimeError(f"jobqueue {' '.join(args[:2])}: exit {out.returncode}: {out.stderr[-300:]}")
+        return out
+
+    def fault_pause_stalled_claim(self, later) -> None:
+        """A pause while claims stall inside their transaction (issue 25): the queue's queue_state
+        row is held FOR UPDATE, so every claim of the queue waits there, after its worker read
+        the queue open; one worker is SIGSTOPped while it waits; the pause is sent (through the
+        API) and the hold released; the worker is continued after stop_seconds. The pause answers
+        only once that claim committed, and from then on no claim of the queue commits: the
+        monitor's pause window (from PAUSE_NOTICE_SECONDS after the answer) must see none."""
+        if self._pause_open():
+            raise NotNow("another pause is open")
+        victims = [w for w in self.live_workers(started=True) if not getattr(w, "proxied", False)]
+        if not victims:
+            raise NotNow("no started worker to stop")
+        hold = self._connect()
+        try:
+            with hold.cursor() as cur:
+                cur.execute("BEGIN")
+                cur.execute("SELECT paused FROM queue_state WHERE queue = %s FOR UPDATE", (QUEUE,))
+                row = cur.fetchone()
+                if row is None or row[0]:
+                    raise NotNow("no queue_state row to hold yet" if row is None else "the queue is paused")
+        except BaseException:
+            hold.close()
+            raise
+        time.sleep(0.5)   # the workers' next claims reach the held row and wait there
+        victim = self.rng.choice(victims)
+        victim.signal(signal.SIGSTOP)
+        victim.stopped = True
+        self.stopped_pids.add(victim.pid)
+        window = [float("inf"), float("inf")]
+        with self.lock:
+            self.pause_windows.append(window)   # open from the answer on, see pause() below
+
+        def pause() -> None:
+            def once() -> bool:
+                status, answer = self._http("POST", f"/api/queues/{QUEUE}/pause", {}, timeout=30)
+                return status == 200 and answer.get("paused") is True
+            ok = self._until_ok("pause during a stalled claim", once, 60)
+            with self.lock:
+                if not ok:
+                    window[1] = time.monotonic()   # never opened
+                    return
+                window[0] = time.monotonic() + PAUSE_NOTICE_SECONDS
+            self.note(f"paused queue {QUEUE} during a stalled claim")
+            time.sleep(self.plan.pause_seconds)
+            with self.lock:
+                window[1] = time.monotonic()
+                self.resumes_in_flight += 1
+            try:
+                ok = self._until_ok("resume", lambda: self._cli("resume", QUEUE).returncode == 0)
+            finally:
+                with self.lock:
+                    self.resumes_in_flight -= 1
+            self.note(f"resumed queue {QUEUE} (CLI){'' if ok else ' FAILED'}")
+
+        t = threading.Thread(target=_guarded(pause, self), name="stalled-pause", daemon=True)
+        t.start()
+        self.action_threads.append(t)
+        time.sleep(0.3)   # the pause is queued behind the hold
+        try:
+            hold.rollback()
+        except pymysql.MySQLError:
+            pass   # the session is gone (a restart): its lock went with it
+        hold.close()
+        self.note(f"held the queue_state row of {QUEUE} 0.8 s, SIGSTOP worker {victim.name} (pid {victim.pid}) in "
+                  f"its claim, paused, released the hold")
+
+        def resume_worker():
+            victim.signal(signal.SIGCONT)
+            victim.stopped = False
+            victim.fate = "stopped-then-continued"
+            self.note(f"SIGCONT worker {victim.name} (pid {victim.pid})")
+
+        later(self.plan.stop_seconds / 2, resume_worker)
 
     def run_faults(self, schedule: list[tuple[float, str]]) -> None:
         """Run the schedule in real time; durational faults (stops, holds) end from the same loop."""
@@ -1256,6 +1471,10 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
         problems["held_rows_touched"] = len(soak.held_touched)
     if soak.actions_gave_up:
         problems["actions_gave_up"] = len(soak.actions_gave_up)
+    if soak.take_back_late:
+        problems["started_after_take_back"] = len(soak.take_back_late)
+    if soak.take_back_rounds and not soak.take_back_done:
+        problems["take_back_never_done"] = len(soak.take_back_rounds)
     if soak.unexpected_exits:
         problems["unexpected_exits"] = len(soak.unexpected_exits)
     bad_codes = {k: v for k, v in codes.items() if v != 0}
@@ -1272,6 +1491,8 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
         "enqueue_gave_up": soak.enqueue_gave_up[:10], "enqueue_rejected": soak.enqueue_rejected[:10],
         "replay_mismatches": soak.replay_mismatches[:10], "held_rows_touched": soak.held_touched[:10],
         "actions_gave_up": soak.actions_gave_up[:10],
+        "take_back_rounds": soak.take_back_rounds, "take_back_done": soak.take_back_done,
+        "started_after_take_back": soak.take_back_late,
         "unexpected_exits": soak.unexpected_exits, "nonzero_exit_codes": bad_codes, "faults_not_injected": missing,
     }
     passed = not problems

@@ -148,11 +148,12 @@ class EmptyClaimReport:
 
 
 class Outcome(str, enum.Enum):
-    """Result of a fenced write (renew, complete, retry, fail, release)."""
+    """Result of a fenced write (renew, start, complete, retry, fail, release)."""
 
     OK = "ok"
     LEASE_LOST = "lease_lost"
     BUSY = "busy"                   # the row was held by another transaction this instant; try again
+    PAUSED = "paused"               # start: the job's queue is paused; its lease is still held
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The fault-injection soak, scaled down to about a minute: `python -m soak.run --quick` against
 its own throwaway mariadbd, with every kind of fault at least once (SIGKILLed, SIGTERMed and
 SIGSTOPped workers, a SIGKILLed gunicorn worker, killed connections, a database restart, held
-rows, replayed task_keys). What goes in must come out: nothing acknowledged is lost, no task_key
-gets two results. The full soak is `python -m soak.run` (docs/soak.md has its last result)."""
+rows, replayed task_keys, an operator taking back a prefetched job, a pause while claims stall in
+their transaction). What goes in must come out: nothing acknowledged is lost, no task_key gets
+two results, no handler starts after its job was taken back, no claim commits in a pause. The full soak is `python -m soak.run` (docs/soak.md has its last result)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def test_quick_soak_loses_nothing_under_faults(tmp_path):
     assert {k: n for k, n in results["faults"].items() if n < 1} == {}, report
     assert set(results["faults"]) == set(FAULT_KINDS)
     assert results["acked"] == results["jobs"], report
+    assert results["claims_while_paused"] == 0, report
+    assert results["details"]["take_back_done"] >= 1 and results["details"]["started_after_take_back"] == [], report
     assert results["problems"] == {}, report
     assert results["passed"] and out.returncode == 0, report
     verdicts = [line for line in out.stdout.splitlines() if line.startswith("SOAK ")]

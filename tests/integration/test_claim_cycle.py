@@ -1,5 +1,6 @@
-"""The worker's cycle on a real server: the finished jobs' rows locked and the next jobs picked in
-one locking SELECT (a UNION ALL of two), completions and claims in one fenced UPDATE, one COMMIT;
+"""The worker's cycle on a real server: its queues' queue_state rows share-locked (one SELECT),
+the finished jobs' rows locked and the next jobs picked in one locking SELECT (a UNION ALL of
+two), completions and claims in one fenced UPDATE, one COMMIT;
 and the same outcomes where a server refuses the UNION and the SELECTs go apart (issue 17)."""
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def test_a_cycle_completes_and_claims_with_one_select_one_update_one_commit(mysq
                                        completions=[c.lease for c in first.claimed])
         after = session_counts(conn)
     sent = {k: after[k] - before[k] for k in before}
-    assert sent == {"com_select": 1 if shape == "one statement" else 2, "com_update": 1, "com_commit": 1,
+    # One more SELECT: the claim share-locks its queues' queue_state rows (a pause waits for it).
+    assert sent == {"com_select": 1 + (1 if shape == "one statement" else 2), "com_update": 1, "com_commit": 1,
                     "com_rollback": 0}
     assert set(cycle.completed.values()) == {Outcome.OK} and len(cycle.completed) == 4
     # Each finished job's slot took a new job, under that slot's owner.

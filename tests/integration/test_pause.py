@@ -4,8 +4,10 @@ statement does not change (the EXPLAIN test in test_mysql_locking still holds)."
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -134,3 +136,92 @@ def _claims(conn, queue, start, end):
 def _db_now(engine):
     with engine.connect() as conn:
         return repository.database_now(conn)
+
+
+# --- a pause is serialised with claims (issue 25, defect 3) ---------------------------------------
+
+def claimed(engine, queue):
+    with engine.connect() as conn:
+        return conn.execute(sa.select(jq.id, jq.started_at).where(jq.queue == queue, jq.status != "ready")).all()
+
+
+@pytest.mark.parametrize("queues", [None, ("held",)], ids=["every-queue", "listed-queues"])
+def test_no_claim_commits_after_the_pause_answered_though_the_cycle_read_the_queues_before_it(
+        mysql_engine, monkeypatch, queues):
+    """The worker read its queues (the paused set, or the ready queues) and stalls before its
+    claim transaction; the queue is paused meanwhile. Once the pause has answered, that claim
+    takes nothing from it."""
+    with mysql_engine.connect() as conn:
+        add(conn, "held", 3)
+    real, stalled, go = repository.claim_cycle, threading.Event(), threading.Event()
+
+    def stalling(*args, **kwargs):
+        if not go.is_set():
+            stalled.set()
+            go.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(repository, "claim_cycle", stalling)
+    worker = Worker(mysql_engine, WorkerConfig(concurrency=2, queues=queues, idle_cap_seconds=0.2, doorbell=False))
+    t = threading.Thread(target=worker.run, daemon=True)
+    t.start()
+    try:
+        assert stalled.wait(10), "the worker never reached its claim"
+        with mysql_engine.connect() as conn:
+            repository.pause_queue(conn, "held", actor="tester")
+        go.set()
+        time.sleep(1.0)
+        assert claimed(mysql_engine, "held") == [], "claims committed after the pause answered"
+    finally:
+        go.set()
+        worker.stop()
+        t.join(10)
+
+
+def test_a_pause_waits_for_a_claim_in_flight_and_no_claim_commits_after_it_answered(mysql_engine, monkeypatch):
+    """A claim transaction stalls after its locking pick; a pause sent meanwhile answers only
+    once that claim committed (the claim's queue-state lock), and from then on nothing of the
+    queue is claimed."""
+    claim_module = importlib.import_module("jobqueue.core.repository.claim")   # the facade's `claim` is a function
+
+    with mysql_engine.connect() as conn:
+        add(conn, "held", 6)
+    real, stalled, go = claim_module._pick, threading.Event(), threading.Event()
+
+    def stalling(*args, **kwargs):
+        rows = real(*args, **kwargs)
+        if not go.is_set():
+            stalled.set()
+            go.wait(10)
+        return rows
+
+    monkeypatch.setattr(claim_module, "_pick", stalling)
+    worker = Worker(mysql_engine, WorkerConfig(concurrency=2, prefetch=0, queues=("held",), idle_cap_seconds=0.2,
+                                               doorbell=False))
+    paused: list = []
+
+    def pause():
+        with mysql_engine.connect() as conn:
+            paused.append(repository.pause_queue(conn, "held", actor="tester"))
+            paused.append(time.monotonic())
+
+    t = threading.Thread(target=worker.run, daemon=True)
+    pauser = threading.Thread(target=pause, daemon=True)
+    t.start()
+    try:
+        assert stalled.wait(10), "the worker never picked"
+        pauser.start()
+        time.sleep(1.0)
+        assert not paused, "the pause answered while a claim of its queue was in flight"
+        released = time.monotonic()
+        go.set()
+        pauser.join(10)
+        assert paused and paused[1] >= released
+        time.sleep(1.0)
+        taken = claimed(mysql_engine, "held")
+        assert len(taken) == 2, taken    # the stalled claim's, committed before the pause answered
+        assert all(at <= paused[0].changed_at for _, at in taken), (taken, paused[0].changed_at)
+    finally:
+        go.set()
+        worker.stop()
+        t.join(10)

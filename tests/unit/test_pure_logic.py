@@ -225,3 +225,24 @@ def test_a_checked_payload_is_what_the_handler_reads_back(payload, read_back):
     assert stored == json.dumps(payload)
     assert checked == json.loads(stored) == (payload if read_back is None else read_back)
     assert [type(v) for v in checked.values()] == [type(v) for v in json.loads(stored).values()]
+
+
+def test_a_lease_past_its_local_deadline_never_starts():
+    """Issue 25: a prefetched job whose lease may have expired in the database (no renewal got
+    through) does not start its handler, even before the renewer's clock marked it lost."""
+    from jobqueue.core.models import ClaimedJob, Job, Lease, Status
+    from jobqueue.core.tasks import JobContext
+    from jobqueue.core.worker.leases import LeaseKeeper, LeaseState
+
+    now = [100.0]
+    keeper = LeaseKeeper(10.0, clock=lambda: now[0], margin=1.0)
+    job = Job(id=1, task_key="k", task_name="noop", queue="default", priority=0, payload={}, status=Status.RUNNING,
+              attempts=1, max_attempts=3, lease_owner="w:1")
+    ctx = JobContext(job_id=1, task_key="k", task_name="noop", queue="default", attempt=1, max_attempts=3,
+                     worker_id="w:1", _record_result=lambda result: True)
+    early = keeper.hold(ClaimedJob(job=job, lease=Lease(1, "w:1", 1)), 1, ctx, sent_at=100.0)
+    late = keeper.hold(ClaimedJob(job=job, lease=Lease(1, "w:1", 2)), 2, ctx, sent_at=100.0)
+    now[0] = 108.9
+    assert keeper.start(early) and early.state is LeaseState.RUNNING
+    now[0] = 109.0   # sent_at + lease - margin
+    assert not keeper.start(late) and late.state is LeaseState.WAITING

@@ -3,7 +3,7 @@ verb. The worker loop, the reaper, the dashboard, the CLI and the HTTP API all c
 
     enqueue.py      enqueue, enqueue_many              (idempotent by task_key)
     claim.py        claim, claim_cycle, classify_empty (the claim query; why a claim found nothing)
-    leases.py       renew, complete, retry, fail, release, record_result (fenced by the lease)
+    leases.py       renew, start_lease, complete, retry, fail, release, record_result (fenced by the lease)
     maintenance.py  reap, promote_due, prune_history   (what happens when a worker dies)
     retention.py    prune, last_prune, prune_due(_in)  (finished jobs past their keep time; their keys kept)
     queues.py       pause_queue, resume_queue, queue_states
@@ -220,6 +220,12 @@ def renew(conn: Connection, leases: Sequence[Lease], lease_seconds: float) -> di
     metrics.RENEWALS.inc(sum(1 for o in outcomes.values() if o is Outcome.OK))
     _report_losses(losses)
     return outcomes
+
+
+def start_lease(conn: Connection, lease: Lease, queue: str, lease_seconds: float) -> Outcome:
+    """Before the handler of a job that waited in hand starts: renew its lease under the fence
+    and check its queue is not paused (OK, LEASE_LOST, PAUSED or BUSY; see leases.start_lease)."""
+    return _finished(_leases.start_lease(conn, lease, queue, lease_seconds))
 
 
 def renew_leases(conn: Connection, leases: Sequence[Lease], lease_seconds: float) -> dict[int, Outcome]:
@@ -481,7 +487,7 @@ __all__ = [
     "ActionResult", "BULK_ELIGIBLE", "BulkResult", "COUNT_CAP", "CountsCache", "DueRuns", "JobFilter", "JobPage",
     "LockReport", "LoginGate", "RowLock", "Transaction", "explain", "kill_connection", "latest_deadlock",
     "lock_counters", "lock_report", "row_lock", "PRUNE_BATCH", "PruneCounts", "QueueState", "QueueSummary", "ReapResult", "Reclaimed",
-    "ReplicaLag", "SEARCH_WINDOW", "SPARSE_SEARCH_WINDOW", "SPARSE_WINDOW", "search_index", "search_window", "ServerRefusedRows", "SessionState", "ThrottleKey", "ThrottleRule", "activity", "bulk_action",
+    "ReplicaLag", "SEARCH_WINDOW", "SPARSE_SEARCH_WINDOW", "SPARSE_WINDOW", "search_index", "search_window", "ServerRefusedRows", "SessionState", "start_lease", "ThrottleKey", "ThrottleRule", "activity", "bulk_action",
     "cancel_job", "claim", "claim_cycle", "classify_empty", "classify_row", "classify_statement", "complete",
     "complete_many", "complete_with", "count_by_status", "count_matching", "database_now", "distinct_values",
     "end_session", "end_sessions", "enqueue", "enqueue_due_recurring", "enqueue_many", "ensure_keys",

@@ -31,8 +31,13 @@ jobs of other keys (at most LOOKAHEAD_ROUNDS ranges of LOOKAHEAD_MAX rows, each 
 the last one ended, so a long backlog of one full key costs a claim a bounded read, not a scan). Nothing waits on a lock, so the claim stays
 deadlock-free, and a place is just a running row: it comes back whenever the job stops running.
 
-Paused queues are not the claim's business: workers leave them out of the queues they pass in
-(see ready_queues and paused_queues), so the claim's statement is the same with or without them.
+Paused queues: the claim share-locks the queue_state rows of the queues it was given and leaves
+out the paused ones (_open_queues), in its own transaction. A pause locks its row exclusively,
+so it waits for the claims in flight that read the queue open, and the claims after it read it
+paused: once `pause` has answered, no claim of that queue commits, whatever the worker read
+before (workers still leave paused queues out of the lists they pass in, see ready_queues and
+paused_queues, so that an idle worker does not claim from them in vain). The pick's statement is
+the same with or without paused queues.
 """
 
 from __future__ import annotations
@@ -154,10 +159,12 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
         # send it nothing; the flags in the locking SELECTs below catch a demotion since.
         require_primary(c)
         kind = flavour(c)
+        wanted = owners or (refill and completions)
+        open_queues = _open_queues(c, kind, queues) if queues and wanted else []
         # One statement locks the finished jobs' rows and picks from the first queue, as if every
         # finished job's slot will take new work; a slot whose row was held elsewhere (BUSY: the
         # lease is still ours, its completion is tried again next cycle) takes none.
-        first = queues[0] if queues and (owners or (refill and completions)) else None
+        first = open_queues[0] if open_queues else None
         optimistic = len(owners) + (len(completions) if refill else 0)
         mine, finishing, first_rows = _lock_and_pick(c, kind, completions, first, optimistic)
         done = [lease for lease in completions if lease.job_id in mine]
@@ -167,8 +174,8 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
         picked: list[tuple[tuple, str]] = []
         tried: list[str] = []
         places = _Places(c, kind, finishing)
-        if limit and queues:
-            for queue in queues:
+        if limit and open_queues:
+            for queue in open_queues:
                 tried.append(queue)
                 room = limit - len(picked)
                 rows = first_rows[:room] if queue == first and len(tried) == 1 else _pick(c, kind, {"queue": queue, "limit": room})
@@ -217,6 +224,32 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
         # (the next enqueue of that task sets the task's own); its jobs wait until then.
         transaction(conn, lambda c: ensure_keys(c, {key: 1 for key in missing}), what="concurrency_keys")
     return cycle
+
+
+# Built once (an expanding IN list keeps it in SQLAlchemy's statement cache whatever the count).
+_QUEUES = sa.bindparam("queues", expanding=True)
+_QUEUE_STATES = sa.select(queue_state.c.queue, queue_state.c.paused).where(queue_state.c.queue.in_(_QUEUES))
+_QUEUE_STATES_SHARED = _QUEUE_STATES.with_for_update(read=True)
+
+
+def _open_queues(c: Connection, kind: str, queues: Sequence[str]) -> list[str]:
+    """`queues` without the paused ones, their queue_state rows share-locked until this claim
+    commits. A pause locks its row exclusively: it waits for the claims that read the queue open,
+    and every claim after it reads it paused; so once `pause` has answered, no claim of that
+    queue commits. A queue without a row gets one (not paused) first: a missing row could not be
+    locked, and a pause that created it would not wait for this claim. That happens once per
+    queue; a pause creating the same row meanwhile makes the insert wait for it."""
+    statement = _QUEUE_STATES if kind == "sqlite" else _QUEUE_STATES_SHARED   # SQLite: the claim holds the database
+    names = list(dict.fromkeys(queues))
+    paused = dict(c.execute(statement, {"queues": names}).all())
+    missing = [q for q in names if q not in paused]
+    if missing:
+        c.execute(sa.insert(queue_state).values(queue=sa.bindparam("name"), paused=False, changed_at=db_now(),
+                                                changed_by="")
+                  .prefix_with("IGNORE", dialect="mysql").prefix_with("IGNORE", dialect="mariadb")
+                  .prefix_with("OR IGNORE", dialect="sqlite"), [{"name": q} for q in sorted(missing)])
+        paused = dict(c.execute(statement, {"queues": names}).all())
+    return [q for q in queues if q in paused and not paused[q]]
 
 
 class _Places:

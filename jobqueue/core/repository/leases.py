@@ -1,4 +1,4 @@
-"""The fenced writes of a lease holder: renew, complete, retry, fail, release, record_result.
+"""The fenced writes of a lease holder: renew, start, complete, retry, fail, release, record_result.
 
 Each is guarded by `common.fence(lease)`: the row must still be `running` under exactly this
 lease (owner and attempt), and exactly one row must change. A worker whose lease was reaped,
@@ -30,7 +30,7 @@ from sqlalchemy.exc import IntegrityError
 from ..db import db_after, db_now, is_mysql, require_primary, transaction
 from ..errors import LeaseLostError, NotPrimary
 from ..models import Lease, LeaseLoss, Outcome, Status
-from ..schema import job_attempt, job_queue, job_result
+from ..schema import job_attempt, job_queue, job_result, queue_state
 from .common import NO_ROW, by_id, execute_fast, fence, shape, is_duplicate_key, jq, lease_loss, one_more_attempt, record_attempts, \
     truncate_error
 
@@ -130,6 +130,37 @@ def renew_leases(conn: Connection, leases: Sequence[Lease], lease_seconds: float
         return outcomes, []
 
     return transaction(conn, write, what="renew")
+
+
+# --- start ---------------------------------------------------------------------------------------
+
+_QUEUE_PAUSED = sa.select(queue_state.c.paused).where(queue_state.c.queue == sa.bindparam("queue"))
+_QUEUE_PAUSED_SHARED = _QUEUE_PAUSED.with_for_update(read=True)
+
+
+def start_lease(conn: Connection, lease: Lease, queue: str, lease_seconds: float
+                ) -> tuple[Outcome, LeaseLoss | None]:
+    """A job that waited in hand for a thread is about to run its handler: renew its lease under
+    the fence, in a transaction that share-locks its queue's row (as the claim does, see
+    claim._open_queues). OK: start it (the lease runs from now); LEASE_LOST: an operator took it
+    back (cancel, fail, forced requeue) or it was reaped; PAUSED: its queue was paused since the
+    claim (the lease is still ours, for the caller to release); BUSY: its row is held by another
+    transaction this instant. An operator's action and a pause either wait for this transaction
+    (the pause) or are refused while it holds the row (NOWAIT), or they committed before it: so
+    once one has answered, the job's handler does not start."""
+    lease_us = int(round(lease_seconds * 1_000_000))
+
+    def write(c: Connection) -> tuple[Outcome, LeaseLoss | None]:
+        if not lock_leased(c, [lease.job_id]):
+            return Outcome.BUSY, None
+        paused = c.execute(_QUEUE_PAUSED_SHARED if is_mysql(c) else _QUEUE_PAUSED, {"queue": queue}).scalar()
+        if paused:
+            return Outcome.PAUSED, None
+        if execute_fast(c, _renew(1), {**fence_params([lease], 1), "lease_us": lease_us}).rowcount == 1:
+            return Outcome.OK, None
+        return Outcome.LEASE_LOST, lease_loss(c, lease, "start")
+
+    return transaction(conn, write, what="start")
 
 
 def _current(c: Connection, job_ids: Sequence[int]) -> dict[int, Any]:

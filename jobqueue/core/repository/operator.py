@@ -4,7 +4,10 @@ the filter the dashboard, the API and the CLI select jobs with.
 
 Failing or cancelling a running job changes its status, which is what every write of its worker
 is fenced on: that worker's completion changes nothing, and its next renewal tells it the lease
-is gone (ctx.lease_lost)."""
+is gone (ctx.lease_lost). A job its worker holds in hand without having started its handler
+(prefetched) is confirmed under the same fence before the handler starts (leases.start_lease):
+once the action has answered, that handler never starts. While the confirmation holds the row,
+the action answers JobBusy (NOWAIT) and may be tried again at once."""
 
 from __future__ import annotations
 

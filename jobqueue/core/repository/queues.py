@@ -1,10 +1,17 @@
 """Queues: pause and resume (queue_state), and the list of every known queue.
 
-A paused queue still takes enqueues and its running jobs finish normally; workers leave it out
-of the queues they claim from within about a second (workers on every queue read the ready
-queues without the paused ones, see claim.ready_queues; workers with a list of queues read the
-paused set, claim.paused_queues, at most every second). A queue may be paused before it has any
-job. Each change is audited.
+A paused queue still takes enqueues and its running jobs finish normally. The pause locks the
+queue's row exclusively, and every claim share-locks the rows of the queues it claims from
+(claim._open_queues), so the pause waits for the claims in flight and, once it has answered, no
+claim of the queue commits; no handler of the queue starts either (a job that waited in hand for
+a thread is checked against its queue's row when it starts, worker/slots.py, and goes back to
+`ready`). Workers also leave paused queues out of the queues they claim from (workers on every
+queue read the ready queues without the paused ones, see claim.ready_queues; workers with a list
+of queues read the paused set, claim.paused_queues, at most every second). A queue may be paused
+before it has any job. Each change is audited.
+
+A claim gives a queue without a row one, not paused, with an empty `changed_by`: such a row says
+nothing was ever changed, and queue_states leaves it out.
 """
 
 from __future__ import annotations
@@ -56,7 +63,8 @@ def set_paused(conn: Connection, queue: str, paused: bool, *, actor: str) -> Que
 
 def queue_states(conn: Connection) -> dict[str, QueueState]:
     """Every queue that was ever paused (or resumed), by name."""
-    rows = transaction(conn, lambda c: c.execute(sa.select(queue_state)).all(), what="queue_states")
+    rows = transaction(conn, lambda c: c.execute(sa.select(queue_state).where(qs.changed_by != "")).all(),
+                       what="queue_states")
     return {r.queue: QueueState(r.queue, bool(r.paused), r.changed_at, r.changed_by) for r in rows}
 
 

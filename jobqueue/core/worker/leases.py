@@ -25,6 +25,11 @@ stop early; its writes stay fenced.
 
 Renewals and final writes never overlap on one lease (`writing`): a renewal racing the
 completion would find the row done and cry "lost".
+
+`start` refuses a lease that is not WAITING any more or is past its local deadline: the handler
+of a job taken back, or whose lease may have expired, never starts. A job that waited in hand is
+also confirmed in the database before that (slots.py): the keeper alone learns of an operator's
+action only at the next renewal.
 """
 
 from __future__ import annotations
@@ -118,9 +123,9 @@ class LeaseKeeper:
 
     def start(self, held: Held) -> bool:
         """WAITING -> RUNNING: a thread runs the handler now. False when the lease was lost while
-        the job waited (the handler must not run)."""
+        the job waited, or its local deadline passed (the handler must not run)."""
         with self._cond:
-            if held.state is not LeaseState.WAITING:
+            if held.state is not LeaseState.WAITING or self.clock() >= held.deadline:
                 return False
             held.state = LeaseState.RUNNING
             held.started_at = self.clock()

@@ -15,8 +15,10 @@ One worker process holds up to `concurrency + prefetch` leases ("lease slots") a
 
 Paused queues: a worker on every queue claims from the queues with ready jobs that are not
 paused (read at most every second); a worker with a list of queues leaves out the paused ones
-(the paused set read at most every second). So within about a second of a pause no new claim
-touches that queue; jobs already running finish normally.
+(the paused set read at most every second). The claim transaction itself reads its queues'
+state under a shared lock and leaves out paused ones (repository/claim.py), and a job that
+waited in hand is confirmed before its handler starts (slots.py): once a pause has answered, no
+claim of that queue commits and no handler of it starts; jobs already running finish normally.
 
 The renewer thread (renewer.py) renews every lease in hand every third of the lease, until its
 final write has committed, loses leases whose local deadline passed (leases.py), and sends the
@@ -542,6 +544,39 @@ class Worker:
         self.processed += 1
         self._wake.set()
 
+    def confirm_start(self, held: Held) -> bool:
+        """Before the handler of a job that waited in hand starts: one fenced write that renews its
+        lease and reads its queue's state under a shared lock (repository.start_lease). False
+        when the handler must not start: taken back by an operator or reaped (the lease is lost),
+        its queue paused (the job is released to `ready`, its attempts kept), or its lease lost
+        here meanwhile (the deadline passed while the database could not be reached, a shutdown)."""
+        lease, queue = held.lease, held.claimed.job.queue
+        while not held.lost:
+            sent_at = time.monotonic()
+            try:
+                with self.keeper.writing([held]):
+                    with self.engine.connect() as conn:
+                        outcome = repository.start_lease(conn, lease, queue, self.config.lease_seconds)
+            except DB_ERRORS as exc:
+                if reachability(exc) is None:
+                    raise
+                self._sql_error("start", exc)
+                time.sleep(FINISH.first_delay)   # the lease's deadline (the renewer's clock) says when to give up
+                continue
+            if outcome is Outcome.OK:
+                self.keeper.end_renewal([held], sent_at, {lease: outcome})
+                return True
+            if outcome is Outcome.PAUSED:
+                if self.keeper.lose(held, "paused", "its queue was paused before its handler started",
+                                    only_if=(LeaseState.WAITING,)):
+                    self._release(held, "its queue was paused before its handler started")
+                return False
+            if outcome is Outcome.LEASE_LOST:
+                self.keeper.lose(held, "start", "taken back before its handler started")
+                return False
+            time.sleep(BUSY_RETRY_SECONDS)   # BUSY: its row is held by another transaction this instant
+        return False
+
     def finish_attempt(self, held: Held, operation: str, error: str | None, delay: float = 0.0,
                        outcome: str | None = None) -> None:
         """retry or fail one job under its lease (from the slot thread whose handler raised, or
@@ -716,10 +751,10 @@ class Worker:
             self._give_back(finished)
             self._sql_error("complete", exc)
 
-    def _release(self, held: Held) -> int:
+    def _release(self, held: Held, reason: str = "worker shutting down") -> int:
         """running -> ready under the lease (attempts kept), renewed until it commits."""
         lease = held.lease
-        outcome = self._final_write("release", [held], lambda conn: repository.release(conn, lease))
+        outcome = self._final_write("release", [held], lambda conn: repository.release(conn, lease, reason))
         if outcome is not None:
             metrics.RELEASED.inc()
             event(log, logging.WARNING, "released", job_id=lease.job_id, task_key=held.claimed.job.task_key,

@@ -1,6 +1,15 @@
 """The threads that run handlers. Each takes a leased job from the inbox, runs its handler after
 the claim committed (never inside it), and says how the attempt ended:
 
+- before it starts: a job that waited in hand for a thread (prefetched) longer than
+  CONFIRM_AFTER_SECONDS is confirmed in the database first (Worker.confirm_start: one fenced
+  write that renews its lease and share-locks its queue's row), because an operator may have
+  cancelled, failed or requeued it, or paused its queue, while it waited; the worker would only
+  hear of it at the next renewal. Taken back: its handler never starts; its queue paused: it is
+  released to `ready` with its attempts kept. Past its local lease deadline it never starts
+  either. A job handed to a free thread at once is not confirmed: it waited no longer than the
+  claim's own round trip;
+
 - it returned: the lease goes to FINISHING and the job to the claim loop, which completes it in
   its next cycle (one COMMIT with the next claim); the thread takes the next job at once;
 - it raised: the thread itself schedules the retry (backoff) or fails the job, under the lease;
@@ -28,6 +37,11 @@ if TYPE_CHECKING:
     from .loop import Worker
 
 log = logging.getLogger("jobqueue.worker")
+
+# A job that waited in hand longer than this before its thread took it is confirmed in the
+# database before its handler starts (one fenced write). Shorter waits are those of a job handed
+# to a busy thread that freed up within about a claim's round trip.
+CONFIRM_AFTER_SECONDS = 0.05
 
 
 class Slots:
@@ -78,9 +92,9 @@ class Slots:
     def run_attempt(self, held: Held) -> None:
         worker, keeper = self.worker, self.worker.keeper
         job, lease = held.claimed.job, held.claimed.lease
-        if not keeper.start(held):
-            # Lost while it waited for a thread (an operator took it, or it was reaped): the
-            # handler never starts.
+        if not self._may_start(held):
+            # Lost while it waited for a thread (an operator took it, its queue was paused, it was
+            # reaped, its local deadline passed): the handler never starts.
             worker.forget(held)
             return
         spec = worker.registry.get(job.task_name)
@@ -115,6 +129,12 @@ class Slots:
                   attempt=lease.attempt, worker=lease.owner, reason=held.lost_reason,
                   seconds=f"{held.duration:.3f}")
             worker.forget(held)
+
+    def _may_start(self, held: Held) -> bool:
+        keeper = self.worker.keeper
+        if keeper.clock() - held.claimed_at >= CONFIRM_AFTER_SECONDS and not self.worker.confirm_start(held):
+            return False
+        return keeper.start(held)
 
     def _failed(self, held: Held, spec, exc: Exception, started: float) -> None:
         """The handler raised: how the attempt ends."""
