@@ -749,8 +749,10 @@ class Soak:
                   f"(worker {TWIN_WORKER} lists both)")
 
         def back():
-            twin.writable(False)
+            # Read before the flip: on a loaded host the read may take seconds, and claims after the
+            # flip are the worker's right.
             spell.read_only_at = self._db_now()
+            twin.writable(False)
             twin.spells.append(spell)
             self.note("two primaries: the twin is read-only again")
             if self.twin_worker not in self.workers:

@@ -76,6 +76,9 @@ NOT_WRITABLE_CHECK_SECONDS = 1.0
 # that does not answer costs that thread up to PEER_CONNECT_TIMEOUT, never a claim.
 PEER_CHECK_SECONDS = PRIMARY_CHECK_SECONDS
 PEER_CONNECT_TIMEOUT = 2
+# A candidate seen writable that then does not answer a look still counts as writable for this
+# many looks: no answer is not read-only, and a loaded host's slow connect must not resume claims.
+PEER_MISSED_LOOKS = 3
 
 # MySQL / MariaDB error codes we act on.
 ER_LOCK_WAIT_TIMEOUT = 1205   # also MariaDB's answer to NOWAIT on a locked row
@@ -214,6 +217,7 @@ class Candidates:
         self.two_writable: tuple[str, ...] = ()   # addresses, while the last look found several
         self._watchers = 0
         self._watch_stop: threading.Event | None = None
+        self._missed: dict[int, int] = {}   # looks a candidate did not answer in a row
 
     @property
     def chosen(self) -> int:
@@ -292,15 +296,18 @@ class Candidates:
         for i in range(len(self.urls)):
             try:
                 conn = self._open(i, connect_timeout=PEER_CONNECT_TIMEOUT)
-            except Exception:   # a candidate that does not answer takes no writes either
-                continue
-            try:
-                if self._refusal(conn) is None:
-                    writable.append(self.address(i))
+                try:
+                    refusal = self._refusal(conn)
+                finally:
+                    conn.close()
             except Exception:
-                pass
-            finally:
-                conn.close()
+                self._missed[i] = self._missed.get(i, 0) + 1
+                if self.address(i) in self.two_writable and self._missed[i] < PEER_MISSED_LOOKS:
+                    writable.append(self.address(i))
+                continue
+            self._missed[i] = 0
+            if refusal is None:
+                writable.append(self.address(i))
         found = tuple(writable) if len(writable) > 1 else ()
         before, self.two_writable = self.two_writable, found
         if found and found != before:
