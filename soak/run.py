@@ -33,6 +33,8 @@ restart it; the shared server is never touched):
   transaction stalls every claim of the queue inside its claim transaction, a worker is
   SIGSTOPped there, the pause is sent, the hold released, the worker continued: no claim may
   commit after the pause answered (the monitor's paused-claims count stays 0).
+- two writable primaries: a twin server in one worker's candidate list made writable for a spell
+  (soak/two_primaries.py): nothing may be claimed on the twin, nor by that worker while it sees both.
 
 Then the faults stop, the queue drains, every process gets SIGTERM (exit 0 expected), and
 soak/checks.py compares what was acknowledged with what the tables hold. One verdict line
@@ -67,6 +69,7 @@ import pymysql
 
 from soak.checks import Execution, Observed, Row, Spec, check
 from soak.partition import PartitionProxy
+from soak.two_primaries import NAME as TWIN_WORKER, Spell, TwinServer
 from testkit.throwaway_mariadb import ThrowawayMariaDB
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,7 +78,7 @@ DB_NAME = "soak"
 LEASE_SECONDS = 3
 FAULT_KINDS = ("sigkill_worker", "sigterm_worker", "sigstop_worker", "kill_connection", "db_restart", "hold_rows",
                "sigkill_web_worker", "replay", "force_requeue", "read_only_flip", "partition_worker", "pause_queue",
-               "cancel", "take_back_prefetched", "pause_stalled_claim")
+               "cancel", "take_back_prefetched", "pause_stalled_claim", "two_primaries")
 QUEUE = "default"
 PAUSE_NOTICE_SECONDS = 2.0   # a pause takes effect in every process within this (docs/operations.md: about a second)
 
@@ -123,6 +126,8 @@ class Plan:
     replay_api_keys: int = 40
     replay_cli_keys: int = 2
     drain_timeout: float = 600.0
+    two_primaries: int = 1                   # a twin made writable in one worker's candidate list
+    two_primaries_seconds: float = 12.0
 
     @classmethod
     def quick(cls) -> Plan:
@@ -181,7 +186,24 @@ def fault_schedule(plan: Plan, rng: random.Random) -> list[tuple[float, str]]:
             if abs(at - window * plan.restart_at) < 4:
                 at = (at + 5) if at >= window * plan.restart_at else (at - 5)
             events.append((max(0.5, min(at, window - plan.stop_seconds - 1)), kind))
+    for _ in range(plan.two_primaries):   # after the others: the same seed keeps their schedule
+        events.append((two_primaries_start(events, plan, rng), "two_primaries"))
     return sorted(events)
+
+
+def two_primaries_start(events: list[tuple[float, str]], plan: Plan, rng: random.Random) -> float:
+    """When a two_primaries spell may start: away from read-only flips and server restarts, each of
+    which would leave the twin the only writable candidate (a real failover to it, where claiming
+    on the twin is right), and after the twin server had time to start."""
+    window = plan.fault_seconds
+    span = plan.two_primaries_seconds + 5   # the twin's worker may take a few seconds to start
+    busy = [t for t, kind in events if kind in ("read_only_flip", "db_restart", "two_primaries")]
+    lo = max(15.0, window * 0.05)   # the twin and its worker start meanwhile
+    for _ in range(200):
+        at = rng.uniform(lo, max(lo, window * 0.9))
+        if not any(at - 8 <= t <= at + span for t in busy):
+            return at
+    return max([window] + busy) + 8
 
 
 # --- processes -----------------------------------------------------------------------------------
@@ -308,6 +330,8 @@ class Soak:
         self.unexpected_exits: list[str] = []
         self.own_connection_ids: set[int] = set()
         self.restart_outage = 0.0
+        self.twin: TwinServer | None = None
+        self.twin_worker: Proc | None = None
         # The monitor's view.
         self.monitor_stop = threading.Event()
         self.last_seen: dict[int, tuple[int, str]] = {}
@@ -729,6 +753,50 @@ class Soak:
             self.read_only_grace_until = time.monotonic() + 5
 
         later(self.plan.read_only_seconds, back)
+
+    def fault_two_primaries(self, later) -> None:
+        """A failover that left the old primary writable, seen by one worker: its second
+        candidate (the twin, a standby until now) turns writable for a spell, then read-only."""
+        twin = self.twin
+        if twin is None or twin.error:
+            raise RuntimeError(twin.error if twin else "no twin server")
+        if self.twin_worker is None or not self.twin_worker.started():
+            raise NotNow("the twin server or its worker is still starting")
+        spell = Spell(self._db_now(), time.time())
+        twin.writable(True)
+        self.note(f"two primaries: the twin is writable for {self.plan.two_primaries_seconds:g} s "
+                  f"(worker {TWIN_WORKER} lists both)")
+
+        def back():
+            # Read before the flip: on a loaded host the read may take seconds, and claims after the
+            # flip are the worker's right.
+            spell.read_only_at = self._db_now()
+            twin.writable(False)
+            twin.spells.append(spell)
+            self.note("two primaries: the twin is read-only again")
+            if self.twin_worker not in self.workers:
+                self.workers.append(self.twin_worker)   # a worker like the others from now on
+
+        later(self.plan.two_primaries_seconds, back)
+
+    def start_twin_worker(self) -> None:
+        """The worker whose candidates are "<primary> <twin>", as soon as the twin is ready: it
+        claims on the primary like the others until the two_primaries fault."""
+        self.twin_worker = Proc(TWIN_WORKER, [
+            sys.executable, "-m", "jobqueue.cli", "--database-url", f"{self.url} {self.twin.url()}", "worker",
+            "--name", TWIN_WORKER, "--concurrency", str(self.plan.concurrency), "--lease-seconds",
+            str(LEASE_SECONDS), "--grace-seconds", str(self.plan.grace_seconds), "--tasks", "soak.tasks"],
+            self.base_env(), self.logs / f"worker-{TWIN_WORKER}.log")
+        self.all_workers.append(self.twin_worker)
+
+    def _db_now(self):
+        conn = self._connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT UTC_TIMESTAMP(6)")
+                return cur.fetchone()[0]
+        finally:
+            conn.close()
 
     def fault_partition_worker(self, later) -> None:
         """Cut the proxied worker off from the database for longer than its lease: its statements
@@ -1367,6 +1435,9 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
     drained = False
     try:
         soak.start_database()
+        if plan.two_primaries:
+            soak.twin = TwinServer(workdir, DB_NAME)
+            soak.twin.start(soak.base_env(), REPO, then=soak.start_twin_worker)
         soak.proxy = PartitionProxy(soak.server.port)
         for i in range(plan.workers):
             soak.start_worker(proxied=plan.partitions > 0 and i == 0)
@@ -1394,10 +1465,20 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
         waiter.join(plan.drain_timeout)
         drained = soak.drain()
         drain_end = time.monotonic()
+        if soak.twin_worker is not None and soak.twin_worker not in soak.workers:
+            soak.workers.append(soak.twin_worker)   # the fault never ran: stopped like the others
         codes = soak.stop_all()
         soak.monitor_stop.set()
         monitor.join(10)
         obs = soak.observe()
+        if soak.twin is not None and soak.twin.ready.is_set() and not soak.twin.error:
+            primary = soak._connect(own=False)
+            try:
+                twin_check = soak.twin.check(primary, soak.twin_worker.log() if soak.twin_worker else "")
+            finally:
+                primary.close()
+        else:
+            twin_check = {"problems": {}, "numbers": {}}
     finally:
         soak.monitor_stop.set()
         for w in soak.all_workers:
@@ -1407,6 +1488,9 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
             soak.web.proc.kill()
         if soak.proxy is not None:
             soak.proxy.close()
+        if soak.twin is not None:
+            soak.twin.ready.wait(60)
+            soak.twin.cleanup()
         soak.server.cleanup()
         shutil.rmtree(workdir / "mariadb" / "data", ignore_errors=True)
 
@@ -1458,7 +1542,9 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
         "violations": findings.violations(),
         "examples": {k: v for k, v in findings.examples.items() if k in findings.violations()},
     }
+    numbers["two_primaries"] = twin_check["numbers"]
     problems = dict(findings.violations())
+    problems.update(twin_check["problems"])
     if not drained:
         problems["drain_timed_out"] = 1
     if soak.enqueue_gave_up:

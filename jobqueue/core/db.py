@@ -24,6 +24,15 @@ dashboard) keep working, and every write path refuses with NotPrimary before it 
 (`require_primary`; the claim too, so nothing is sent to a server known to be read-only). The
 claim also re-reads the flags in its own locking SELECT (see repository.claim), so not even a
 claim sent between two checks can land on a demoted server.
+
+One server at a time. The candidate a process chose stays its primary while it answers as
+writable; a pooled connection to any other candidate is dropped at its next checkout, so that a
+failover that left the old primary writable cannot spread one process's claims, renewals and
+completions over two servers (issue 25: a worker whose pool held connections to both claimed on
+both, and renewed and completed on the wrong one). Whether two candidates are writable at once
+(split brain) is only seen by looking at all of them: a worker does so every PEER_CHECK_SECONDS
+in a thread of its own (`watch_primaries`), stops claiming while it sees two (`two_primaries`),
+and while it does, never moves to the other writable one even when its own stops answering.
 """
 
 from __future__ import annotations
@@ -63,6 +72,14 @@ PRIMARY_CHECK_SECONDS = 5.0
 # is checked again this soon: during a failover the new primary is found within about a second
 # of its promotion, not PRIMARY_CHECK_SECONDS later (by then 5 s leases have run out).
 NOT_WRITABLE_CHECK_SECONDS = 1.0
+# A worker with several candidates looks at every one this often for a second writable primary
+# (every NOT_WRITABLE_CHECK_SECONDS while it sees two), from a thread of its own: a candidate
+# that does not answer costs that thread up to PEER_CONNECT_TIMEOUT, never a claim.
+PEER_CHECK_SECONDS = PRIMARY_CHECK_SECONDS
+PEER_CONNECT_TIMEOUT = 2
+# A candidate seen writable that then does not answer a look still counts as writable for this
+# many looks: no answer is not read-only, and a loaded host's slow connect must not resume claims.
+PEER_MISSED_LOOKS = 3
 
 # MySQL / MariaDB error codes we act on.
 ER_LOCK_WAIT_TIMEOUT = 1205   # also MariaDB's answer to NOWAIT on a locked row
@@ -130,6 +147,7 @@ class ServerRole:
     address: str                    # host:port
     refusal: str | None             # why it must not take writes (None: a writable primary)
     checked_at: float               # time.monotonic()
+    candidate: int | None = None    # which of the engine's candidates (Candidates.urls) it is on
 
     @property
     def writable(self) -> bool:
@@ -192,32 +210,50 @@ def _code(exc: BaseException) -> int | None:
 
 
 class Candidates:
-    """The candidate primaries of one engine, and which one last answered as writable."""
+    """The candidate primaries of one engine: which one is chosen (the last that answered as
+    writable), and whether a look at all of them found two writable."""
 
     def __init__(self, urls: Sequence[str], connect_args: dict):
         self.urls = [make_url(u) for u in urls]
         self.connect_args = connect_args
         self._preferred = 0
         self._lock = threading.Lock()
+        self.two_writable: tuple[str, ...] = ()   # addresses, while the last look found several
+        self._watchers = 0
+        self._watch_stop: threading.Event | None = None
+        self._missed: dict[int, int] = {}   # looks a candidate did not answer in a row
+
+    @property
+    def chosen(self) -> int:
+        return self._preferred
 
     def address(self, i: int) -> str:
         return f"{self.urls[i].host or 'localhost'}:{self.urls[i].port or 3306}"
 
+    def _open(self, i: int, **overrides):
+        u = self.urls[i]
+        return _connection_class()(host=u.host or "localhost", port=u.port or 3306, user=u.username,
+                                   password=u.password or "", database=u.database,
+                                   **{**self.connect_args, **overrides}, **dict(u.query))
+
+    def _refusal(self, conn) -> str | None:
+        return server_refusal(conn) or (replica_refusal(conn) if len(self.urls) > 1 else None)
+
     def connect(self):
         """A PyMySQL connection to the writable primary, or (none writable) to one that answers,
-        with its ServerRole attached as `conn._jobqueue_role`."""
+        with its ServerRole attached as `conn._jobqueue_role`. While two candidates are known to
+        be writable, only the chosen one is taken as the primary: a process does not move its
+        writes to the other side of a split brain because its own side stopped answering."""
         import pymysql
 
         with self._lock:
-            order = list(range(self._preferred, len(self.urls))) + list(range(self._preferred))
+            preferred = self._preferred
+            order = list(range(preferred, len(self.urls))) + list(range(preferred))
         fallback = None
         errors = []
         for i in order:
-            u = self.urls[i]
             try:
-                conn = _connection_class()(host=u.host or "localhost", port=u.port or 3306, user=u.username,
-                                           password=u.password or "", database=u.database, **self.connect_args,
-                                           **dict(u.query))
+                conn = self._open(i)
             except pymysql.err.Error as exc:
                 errors.append(f"{self.address(i)}: {exc}")
                 continue
@@ -227,12 +263,17 @@ class Candidates:
                 errors.append(f"{self.address(i)}: {exc}")
                 continue
             try:
-                refusal = server_refusal(conn) or (replica_refusal(conn) if len(self.urls) > 1 else None)
+                refusal = self._refusal(conn)
             except pymysql.err.Error as exc:
                 conn.close()
                 errors.append(f"{self.address(i)}: {exc}")
                 continue
-            conn._jobqueue_role = ServerRole(self.address(i), refusal, time.monotonic())
+            if i == preferred and refusal is not None:
+                self.two_writable = ()   # the chosen one is not writable: no longer two (the next look confirms)
+            elif refusal is None and i != preferred and self.two_writable:
+                refusal = (f"two candidates are writable ({', '.join(self.two_writable)}): staying with "
+                           f"{self.address(preferred)}, which does not answer")
+            conn._jobqueue_role = ServerRole(self.address(i), refusal, time.monotonic(), i)
             if refusal is None:
                 if fallback is not None:
                     fallback.close()
@@ -249,6 +290,65 @@ class Candidates:
         if fallback is not None:
             return fallback
         raise pymysql.err.OperationalError(2003, "no database server answered: " + "; ".join(errors))
+
+    # --- split brain ---------------------------------------------------------------------------
+
+    def look(self) -> tuple[str, ...]:
+        """Connect to every candidate and ask whether it is writable; remember (and log) when two
+        or more are. Returns the addresses of the writable ones when there are several."""
+        writable = []
+        for i in range(len(self.urls)):
+            try:
+                conn = self._open(i, connect_timeout=PEER_CONNECT_TIMEOUT)
+                try:
+                    refusal = self._refusal(conn)
+                finally:
+                    conn.close()
+            except Exception:
+                self._missed[i] = self._missed.get(i, 0) + 1
+                if self.address(i) in self.two_writable and self._missed[i] < PEER_MISSED_LOOKS:
+                    writable.append(self.address(i))
+                continue
+            self._missed[i] = 0
+            if refusal is None:
+                writable.append(self.address(i))
+        found = tuple(writable) if len(writable) > 1 else ()
+        before, self.two_writable = self.two_writable, found
+        if found and found != before:
+            log_event(log, logging.ERROR, "two_primaries", writable=",".join(found),
+                      chosen=self.address(self._preferred),
+                      detail="two candidates are writable (split brain): claims stop until one is read-only")
+        elif before and not found:
+            log_event(log, logging.WARNING, "two_primaries_resolved", chosen=self.address(self._preferred))
+        return found
+
+    def watch(self) -> None:
+        """Look now, then every PEER_CHECK_SECONDS (every NOT_WRITABLE_CHECK_SECONDS while two
+        are writable) in a thread of its own, until each watch() has had its unwatch()."""
+        with self._lock:
+            self._watchers += 1
+            if self._watchers > 1:
+                return
+            stop = self._watch_stop = threading.Event()
+        self.look()
+
+        def run() -> None:
+            while not stop.wait(NOT_WRITABLE_CHECK_SECONDS if self.two_writable else PEER_CHECK_SECONDS):
+                try:
+                    self.look()
+                except Exception as exc:   # never let the watch die silently
+                    log_event(log, logging.WARNING, "primaries_look_failed", error=str(exc)[:300])
+
+        threading.Thread(target=run, name="jobqueue-primaries", daemon=True).start()
+
+    def unwatch(self) -> None:
+        with self._lock:
+            self._watchers -= 1
+            if self._watchers > 0 or self._watch_stop is None:
+                return
+            self._watch_stop.set()
+            self._watch_stop = None
+        self.two_writable = ()
 
 
 @functools.lru_cache(maxsize=1)
@@ -300,6 +400,12 @@ def _watch_roles(engine: Engine, candidates: Candidates) -> None:
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_conn, record, proxy) -> None:
         role: ServerRole | None = record.info.get("role")
+        if several and role is not None and role.candidate is not None and role.candidate != candidates.chosen:
+            # One server at a time: this process moved to another candidate since this connection
+            # was made. Were it kept because its server still answers as writable (a failover that
+            # left the old primary writable), claims and completions would alternate between them.
+            raise DisconnectionError(f"{role.address} is not the chosen primary "
+                                     f"({candidates.address(candidates.chosen)}); dropped")
         if role is not None:
             interval = PRIMARY_CHECK_SECONDS if role.writable or not several else NOT_WRITABLE_CHECK_SECONDS
             if time.monotonic() - role.checked_at < interval:
@@ -315,7 +421,40 @@ def _watch_roles(engine: Engine, candidates: Candidates) -> None:
             log_event(log, logging.ERROR, "not_primary", address=address, reason=refusal)
         elif role is not None and not role.writable and refusal is None:
             log_event(log, logging.WARNING, "primary_writable_again", address=address)
-        record.info["role"] = ServerRole(address, refusal, time.monotonic())
+        record.info["role"] = ServerRole(address, refusal, time.monotonic(), role.candidate if role else None)
+
+
+def on_chosen_primary(engine: Engine, info: dict) -> bool:
+    """False when a connection (its pool record's `info`) is on a candidate other than the one
+    this engine chose: for connections kept checked out (the idle probe, the doorbell), which the
+    checkout hook does not see again."""
+    candidates = getattr(engine, "candidates", None)
+    role = info.get("role")
+    return (candidates is None or len(candidates.urls) < 2 or role is None or role.candidate is None
+            or role.candidate == candidates.chosen)
+
+
+def watch_primaries(engine: Engine) -> None:
+    """Start looking for a second writable candidate (a worker does, with several candidates)."""
+    candidates = getattr(engine, "candidates", None)
+    if candidates is not None and len(candidates.urls) > 1:
+        candidates.watch()
+
+
+def unwatch_primaries(engine: Engine) -> None:
+    candidates = getattr(engine, "candidates", None)
+    if candidates is not None and len(candidates.urls) > 1:
+        candidates.unwatch()
+
+
+def two_primaries(engine: Engine) -> str | None:
+    """Why claims must stop (two candidates writable at the last look), or None."""
+    candidates = getattr(engine, "candidates", None)
+    if candidates is None or not candidates.two_writable:
+        return None
+    return (f"two writable primaries ({', '.join(candidates.two_writable)}): a failover left the old primary "
+            f"writable; claiming stopped on {candidates.address(candidates.chosen)} until one of them is "
+            "read-only")
 
 
 def role_of(conn: Connection) -> ServerRole | None:
@@ -341,7 +480,8 @@ def mark_not_primary(conn: Connection, reason: str) -> None:
         role = conn.connection.info.get("role")
         if role is not None and not role.writable:
             return
-        conn.connection.info["role"] = ServerRole(role.address if role else "?", reason, 0.0)
+        conn.connection.info["role"] = ServerRole(role.address if role else "?", reason, 0.0,
+                                                  role.candidate if role else None)
 
 
 # --- engines -------------------------------------------------------------------------------------

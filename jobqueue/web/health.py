@@ -15,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..core import doctor, metrics, repository
 from ..core.errors import TransientDatabaseError
+from ..core.worker.loop import NOT_CLAIMING
 from .auth import bearer_token, current_user, login_required, token_refusal
 from .state import extension
 
@@ -31,7 +32,7 @@ ALIVE_SECONDS = 45   # a heartbeat every 15 s: three missed ones make a process 
 def workers_report() -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """Every worker process heard from lately, with what each slot holds, read fresh (not
     cached: a worker that stopped claiming must show at once), and a check when a live one is
-    not claiming because its server is not a writable primary."""
+    not claiming because its server is not a writable primary, or because two are."""
     with extension().engine.connect() as conn:
         processes, now = repository.list_processes(conn, limit=100)
     workers = []
@@ -43,14 +44,20 @@ def workers_report() -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
                         "alive": alive, "state": p["state"].get("state"), "detail": p["state"].get("detail"),
                         "jobs_in_hand": p["jobs_in_hand"], "slots": p["slots"],
                         "last_heartbeat_seconds_ago": round((now - p["last_heartbeat"]).total_seconds(), 1)})
-    paused = [w for w in workers if w["alive"] and w["state"] in ("not_primary", "database_unreachable")]
-    check = None
-    if paused:
-        check = {"name": "workers", "verdict": "problem",
-                 "detail": "; ".join(f"{w['id']} is not claiming ({w['state']}: {w['detail']})" for w in paused)[:2000],
-                 "advice": "point the workers at the writable primary (JOBQUEUE_DATABASE_URL may list several "
-                           "candidates); they resume on their own once one answers"}
-    return workers, check
+    paused = [w for w in workers if w["alive"] and w["state"] in NOT_CLAIMING]
+    return workers, (_not_claiming_check(paused) if paused else None)
+
+
+def _not_claiming_check(paused: list[dict[str, Any]]) -> dict[str, Any]:
+    if any(w["state"] == "split_brain" for w in paused):
+        advice = ("two candidate primaries are writable (split brain): make the old primary read-only "
+                  "(read_only=ON, and super_read_only=ON on MySQL); the workers resume on their own")
+    else:
+        advice = ("point the workers at the writable primary (JOBQUEUE_DATABASE_URL may list several "
+                  "candidates); they resume on their own once one answers")
+    return {"name": "workers", "verdict": "problem",
+            "detail": "; ".join(f"{w['id']} is not claiming ({w['state']}: {w['detail']})" for w in paused)[:2000],
+            "advice": advice}
 
 
 def run_health(force: bool = False) -> dict[str, Any]:
@@ -74,10 +81,8 @@ def run_health(force: bool = False) -> dict[str, Any]:
         mine = runtime.worker.status()
         workers = [w for w in workers if w["id"] != runtime.worker.id]
         workers.insert(0, {"id": runtime.worker.id, "kind": "embedded", "alive": True, "this_process": True, **mine})
-        if mine["state"] in ("not_primary", "database_unreachable") and check is None:
-            check = {"name": "workers", "verdict": "problem",
-                     "detail": f"{runtime.worker.id} is not claiming ({mine['state']}: {mine['detail']})",
-                     "advice": "point the workers at the writable primary; they resume on their own once one answers"}
+        if mine["state"] in NOT_CLAIMING and check is None:
+            check = _not_claiming_check([{"id": runtime.worker.id, **mine}])
     checks = result["checks"] + ([check] if check else [])
     if replicas is not None:
         checks += [doctor.check_replica(r, replicas.lag_limit).as_dict() for r in reports]

@@ -54,24 +54,27 @@ def register_process(conn: Connection, *, process_id: str, host: str, pid: int, 
 
 def heartbeat(conn: Connection, process_id: str, *, jobs_in_hand: int, processed: int,
               stats: Mapping[str, int], state: Mapping[str, Any] | None = None,
-              minute: datetime | None = None) -> None:
+              minute: datetime | None = None) -> bool:
     """Mark the process alive, say how it is doing (`state`: claiming or not and why, what each
     slot holds; see worker.Worker.state), and add its activity counts
     since the last heartbeat to its row for this minute of the database clock (each process
-    writes only its own rows: no contention between processes)."""
+    writes only its own rows: no contention between processes). False when the server has no
+    row for the process (a primary it moved to that never had it): register it there."""
     stats = {k: int(v) for k, v in stats.items() if v}
 
-    def write(c: Connection) -> None:
+    def write(c: Connection) -> bool:
         require_primary(c)
-        c.execute(sa.update(worker_process).where(wp.id == process_id).values(
+        # last_heartbeat moves on every time (microseconds), so a known row always counts as changed.
+        known = c.execute(sa.update(worker_process).where(wp.id == process_id).values(
             last_heartbeat=db_now(), jobs_in_hand=jobs_in_hand, processed=processed, stopped_at=None,
-            state=json.dumps(state, default=str) if state is not None else None))
+            state=json.dumps(state, default=str) if state is not None else None)).rowcount > 0
         if stats:
             upsert(c, worker_stats, ["minute", "process_id"],
                    {"minute": minute if minute is not None else db_minute(), "process_id": process_id, **stats},
                    {k: (lambda new, k=k: worker_stats.c[k] + getattr(new, k)) for k in stats})
+        return known
 
-    transaction(conn, write, what="heartbeat")
+    return transaction(conn, write, what="heartbeat")
 
 
 def mark_stopped(conn: Connection, process_id: str) -> None:

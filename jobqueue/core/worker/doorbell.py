@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from sqlalchemy.engine import Engine
 
+from ..db import on_chosen_primary
 from ..logs import RateLimited, event
 from ..repository import doorbell as _doorbell
 from ..wakeup import Wake
@@ -57,6 +58,9 @@ class Doorbell(threading.Thread):
                     self._conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
                     self.connection_id = int(self._conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar())
                 while not self.stop_event.is_set() and self._idle.is_set():
+                    if not on_chosen_primary(self.engine, self._conn.connection.info):
+                        self._drop()   # the engine moved to another candidate: listen there
+                        break
                     if _doorbell.wait_for_ring(self._conn, SLEEP_SECONDS, self.queues):
                         self.rings += 1
                         event(log, logging.DEBUG, "doorbell_rung", worker=self.name)

@@ -13,6 +13,11 @@ One worker process holds up to `concurrency + prefetch` leases ("lease slots") a
         nothing claimed? the same transaction said why (idle / contended / waiting on leases):
             back off accordingly, reading before claiming while idle
 
+Two writable candidate primaries (a failover that left the old one writable): the engine keeps
+every connection on the candidate it chose (db.py), and while a look at all of them finds two
+writable the loop claims nothing and does no maintenance; the jobs in hand still renew and
+complete on the chosen server. The state says so (`split_brain`) until one is read-only again.
+
 Paused queues: a worker on every queue claims from the queues with ready jobs that are not
 paused (read at most every second); a worker with a list of queues leaves out the paused ones
 (the paused set read at most every second). The claim transaction itself reads its queues'
@@ -48,7 +53,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from .. import metrics, preflight, repository, retry, wakeup
 from ..backoff import IdleBackoff
-from ..db import is_mysql, is_not_primary, transient_kind
+from ..db import is_mysql, is_not_primary, transient_kind, two_primaries, unwatch_primaries, watch_primaries
 from ..errors import JobQueueError, LeaseLostError, NotPrimary, TransientDatabaseError, UnsupportedDatabase
 from ..logs import RateLimited, event, events
 from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Outcome
@@ -70,6 +75,7 @@ DB_ERRORS = (DBAPIError, SQLAlchemyError, TransientDatabaseError, NotPrimary, py
 DOORBELL_AFTER_SECONDS = 0.2   # backoff sleeps this long or longer are spent listening for the doorbell
 SWEEP_SECONDS = 60.0   # an idle worker's reaper sweep, besides the ones its reads trigger
 NOT_PRIMARY_RETRY_SECONDS = 1.0
+NOT_CLAIMING = ("not_primary", "split_brain", "database_unreachable")   # states in which a worker claims nothing
 BUSY_RETRY_SECONDS = 0.1
 # Automatic prefetch (the default): jobs are claimed ahead of a free thread only while handlers
 # take less than this on average, so that a prefetched job waits about one short job for its
@@ -140,7 +146,7 @@ class Worker:
         self._started = False
         self.processed = 0
         self.last_empty: EmptyClaimReport | None = None
-        self.state = "starting"          # claiming | not_primary | database_unreachable | stopping | stopped
+        self.state = "starting"          # claiming | not_primary | split_brain | database_unreachable | stopping | stopped
         self.state_detail: str | None = None
 
     def slot_id(self, slot: int) -> str:
@@ -196,6 +202,7 @@ class Worker:
         if self._started:
             return
         self._started = True
+        watch_primaries(self.engine)
         self._register()
         self.slots.start()
         self.renewer.start()
@@ -233,6 +240,11 @@ class Worker:
         burst worker has nothing left to do."""
         if self._stop.is_set():
             return None
+        split = two_primaries(self.engine)
+        if split is not None:
+            self._complete_finished()   # on the chosen server, where these jobs were claimed
+            self._split_brain(split)
+            return NOT_PRIMARY_RETRY_SECONDS
         self._maintenance()
         finished = self._take_finished()
         free, refill = self._fillable(finished)
@@ -732,6 +744,7 @@ class Worker:
             self._doorbell.hang_up()
         if self._probe is not None:
             self._probe.close()
+        unwatch_primaries(self.engine)
         try:
             self.heartbeat()
             with self.engine.connect() as conn:
@@ -769,8 +782,17 @@ class Worker:
         if state == self.state and detail == self.state_detail:
             return
         before, self.state, self.state_detail = self.state, state, detail
-        if state == "claiming" and before in ("not_primary", "database_unreachable"):
+        if state == "claiming" and before in NOT_CLAIMING:
             event(log, logging.WARNING, "claiming_resumed", worker=self.id, after=before)
+        if state != before and (state in NOT_CLAIMING or before in NOT_CLAIMING):
+            self.renewer.beat_soon()   # the dashboard and /api/health show it now, not at the next beat
+
+    def _split_brain(self, detail: str) -> None:
+        first = self.state != "split_brain"
+        self._set_state("split_brain", detail)
+        allowed = self._error_log.allow(("split_brain", "claim")) is not None
+        if first or allowed:
+            event(log, logging.ERROR, "split_brain", worker=self.id, detail=detail)
 
     def _not_primary(self, operation: str, exc: BaseException) -> None:
         metrics.NOT_PRIMARY.labels(operation=operation).inc()
@@ -812,9 +834,12 @@ class Worker:
         sent = getattr(self, "_stats_sent", {})
         deltas = {k: v - sent.get(k, 0) for k, v in totals.items()}
         with self.engine.connect() as conn:
-            repository.heartbeat(conn, self.id, jobs_in_hand=len(self.keeper), processed=self.processed,
-                                 stats=deltas, state=self.status())
+            known = repository.heartbeat(conn, self.id, jobs_in_hand=len(self.keeper), processed=self.processed,
+                                         stats=deltas, state=self.status())
         self._stats_sent = totals
+        if not known:
+            self._register()
+            self.renewer.beat_soon()
 
     def renew_now(self) -> None:
         self.renewer.renew()

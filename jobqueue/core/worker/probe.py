@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy.engine import Engine
 
 from .. import repository
+from ..db import on_chosen_primary
 from ..errors import NotPrimary
 from ..models import EmptyClaimReport
 
@@ -26,6 +27,8 @@ class IdleProbe:
         self._conn = None
 
     def read(self) -> EmptyClaimReport:
+        if self._conn is not None and not on_chosen_primary(self.engine, self._conn.info):
+            self.close()   # the engine moved to another candidate: read where the claims go
         if self._conn is None:
             self._conn = self.engine.raw_connection()
             self._conn.dbapi_connection.autocommit(True)

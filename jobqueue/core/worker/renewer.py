@@ -34,6 +34,7 @@ class Renewer:
     def __init__(self, worker: Worker):
         self.worker = worker
         self._done = threading.Event()
+        self._beat_now = threading.Event()
         self._threads = [threading.Thread(target=self._run, name="jobqueue-renewer", daemon=True),
                          threading.Thread(target=self._watch, name="jobqueue-lease-clock", daemon=True)]
 
@@ -61,12 +62,17 @@ class Renewer:
             if now >= next_renew:
                 ok = self.renew()
                 next_renew = now + (renew_every if ok else min(renew_every, RETRY_AFTER_FAILURE_SECONDS))
-            if now >= next_beat:
+            if now >= next_beat or self._beat_now.is_set():
+                self._beat_now.clear()
                 next_beat = now + worker.config.heartbeat_seconds
                 try:
                     worker.heartbeat()
                 except Exception as exc:
                     worker._sql_error("heartbeat", exc)
+
+    def beat_soon(self) -> None:
+        """Send the heartbeat at the next tick (the worker's state changed)."""
+        self._beat_now.set()
 
     def renew(self) -> bool:
         """Renew every lease in hand now. False when the renewal failed (it is tried again soon)."""
