@@ -34,7 +34,10 @@ def table(n: dict) -> str:
         rows += [
             ("failover: replica promoted (by the drill)", f"writable {f['writable_seconds']} s after the primary's SIGKILL "
                                                           f"(promote() returned at {f['promoted_seconds']} s); old primary back "
-                                                          f"as a read-only replica at {f['demoted_seconds']} s"),
+                                                          f"as a read-only replica at {f['demoted_seconds']} s"
+                                                          + (f", rebuilt by CLONE: it held {f['old_primary_rebuilt_without']}"
+                                                             " (binlogged, never acknowledged by the replica)"
+                                                             if f.get('old_primary_rebuilt_without') else "")),
             ("**failover: first claim on the new primary**", f"{f['first_claim_seconds']} s after the primary died, "
                                                              f"{f['first_claim_after_writable_seconds']} s after the new one "
                                                              "turned writable"),

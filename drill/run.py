@@ -510,8 +510,12 @@ class Drill:
         promoted_at = time.time()
         self.note(f"failover: db2 promoted {promoted_at - killed_at:.2f} s after the kill")
         new.execute = execute
-        cluster.demote(old, new_primary)
+        # On MySQL the killed primary may hold a transaction it binlogged that the replica never
+        # acknowledged: it is rebuilt from the new primary then, and the drill says so.
+        cluster.demote(old, new_primary, rebuild=True)
         demoted_at = time.time()
+        if old in cluster.discarded:
+            self.note(f"failover: db1 held {cluster.discarded[old]} that db2 never got: rebuilt by CLONE from db2")
         self.note(f"failover: db1 back as a read-only replica of db2 {demoted_at - killed_at:.2f} s after the kill")
         self.failover = {"killed_at": killed_at, "promoted_at": promoted_at, "demoted_at": demoted_at,
                          "writable_at": writable[0] if writable else None,
@@ -715,6 +719,7 @@ class Drill:
             "writable_seconds": round(writable - killed, 2) if writable else None,
             "first_claim_after_writable_seconds": round(first_claim - writable, 2) if first_claim and writable else None,
             "demoted_seconds": round(f["demoted_at"] - killed, 2),
+            "old_primary_rebuilt_without": self.topo.cluster.discarded.get(self.topo.db1),
             "first_claim_seconds": round(first_claim - killed, 2) if first_claim else None,
             "first_ack_seconds": round(min(after) - killed, 2) if after else None,
             "enqueue_gap_seconds": round(gap, 2) if gap is not None else None,

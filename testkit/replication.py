@@ -100,7 +100,8 @@ class _Dialect:
                   "--relay-log=relay-bin",
                   "--binlog-format=ROW"]
         if self.mysql:
-            return [*common, "--log-replica-updates", "--gtid-mode=ON", "--enforce-gtid-consistency=ON"]
+            return [*common, "--log-replica-updates", "--gtid-mode=ON", "--enforce-gtid-consistency=ON",
+                    "--plugin-load-add=mysql_clone.so"]     # demote(rebuild=True)
         return [*common,
                 "--log-slave-updates",       # a replica's binlog holds what it applied: it can serve replicas
                 "--gtid-strict-mode=ON"]     # out-of-order or extra GTIDs are an error, not silent divergence
@@ -351,6 +352,7 @@ class ReplicationCluster:
         self._primary_lock = threading.Lock()   # the heartbeat writes only to the current primary
         self._heartbeat: _Heartbeat | None = None
         self.timings: dict[str, float] = {}     # seconds: "start", "promote", "demote"
+        self.discarded: dict[ThrowawayServer, str] = {}   # GTIDs a rebuilt old primary had alone
 
     @classmethod
     def create(cls, base_dir: Path | str, replicas: int = 1, *extra_args: str, general_log: bool = False,
@@ -500,10 +502,19 @@ class ReplicationCluster:
         return new
 
     def demote(self, old_primary: ThrowawayServer, new_primary: ThrowawayServer | None = None,
-               timeout: float = 30.0) -> None:
+               timeout: float = 30.0, rebuild: bool = False) -> None:
         """Bring a former primary back as a read-only replica of the (already promoted) new one,
         from its own GTID position. A dead one (SIGKILLed, stopped) is started with --read-only
-        first. Raises if it does not replicate and catch up (an extra transaction, see above)."""
+        first. Raises if it does not replicate and catch up (an extra transaction, see above).
+
+        MySQL keeps what a SIGKILLed primary had binlogged but the replica never acknowledged
+        (its crash recovery commits every transaction in the binlog; MariaDB 10.6+ truncates them
+        on a server started as a semi-sync replica), and its source refuses a replica's extra
+        GTIDs only when they carry the source's own server_uuid: such a server would replicate
+        and then stop on the first row they touch (1062). So on MySQL demote() compares the GTID
+        sets first: with extra transactions it raises, or with `rebuild` it replaces the old
+        primary's data by a CLONE of the new primary's (the extra transactions are gone; what they
+        were is in self.discarded)."""
         new_primary = new_primary or self.primary
         if new_primary is not self.primary or old_primary is new_primary:
             raise ValueError("promote() the new primary first, then demote the old one")
@@ -516,6 +527,15 @@ class ReplicationCluster:
                 old_primary.execute(f"SET GLOBAL {self.dialect.semi_sync_variable('replica')} = ON")
         else:
             old_primary.start()          # with --read-only; InnoDB crash recovery if it was killed
+        if self.dialect.mysql:
+            extra = _gtid_set(old_primary.execute(
+                f"SELECT GTID_SUBTRACT(@@GLOBAL.gtid_executed, '{gtid_binlog_pos(new_primary)}')")[0][0])
+            if extra and not rebuild:
+                raise RuntimeError(f"{old_primary} holds transactions {extra} that {new_primary} never got: "
+                                   "rebuild it (demote(rebuild=True) clones the new primary)")
+            if extra:
+                self._clone(old_primary, new_primary)
+                self.discarded[old_primary] = extra
         old_primary.execute(self.dialect.replica("STOP %"))
         old_primary.execute(self.dialect.replica("RESET % ALL"))
         if not self.dialect.mysql:
@@ -530,6 +550,19 @@ class ReplicationCluster:
         self.timings["demote"] = time.monotonic() - started
 
     # --- internals -------------------------------------------------------------------------------
+
+    def _clone(self, server: ThrowawayServer, donor: ThrowawayServer) -> None:
+        """MySQL's CLONE INSTANCE: the donor's data replaces the server's (binlogs included), and
+        the server stops (no supervisor restarts it here: error 3707), so it is started again."""
+        server.execute(f"SET GLOBAL clone_valid_donor_list = '{donor.host}:{donor.port}'")
+        try:
+            server.execute(f"CLONE INSTANCE FROM 'root'@'{donor.host}':{donor.port} IDENTIFIED BY ''")
+        except pymysql.err.OperationalError as exc:
+            if exc.args[0] != 3707:      # "Restart server failed (mysqld is not managed by supervisor process)"
+                raise
+        server.proc.wait(60)
+        server.proc = None
+        server.start()
 
     def _replica(self, replica: ThrowawayServer | None) -> ThrowawayServer:
         if replica is None:
