@@ -98,8 +98,11 @@ def markdown(outcome, command: str, plan, docs_dir: Path) -> str:
 
 {arithmetic(n['throughput'])}
 """
-    return f"""# Scale-out and failover drill: last result
-
+    others = ("" if plan.server != "mariadb" else
+              "\nThe same drill with MySQL servers (`--server mysql`): [scale-out-mysql.md](scale-out-mysql.md).\n")
+    title = "" if plan.server == "mariadb" else f" ({plan.server})"
+    return f"""# Scale-out and failover drill{title}: last result
+{others}
 `{command}` on {when} ({platform.machine()}, {os.cpu_count()} cores shared with other work: load
 average {n['load_average_1min'][0]} at the start, {n['load_average_1min'][1]} at the end; Python
 {platform.python_version()}, {describe_flavour(plan.server)}),
