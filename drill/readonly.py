@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testkit.replication import binlog_events, read_general_log
-from testkit.throwaway_mariadb import ThrowawayMariaDB
+from testkit.throwaway import ThrowawayServer
 
 CLAIM = re.compile(r"FROM job_queue .*FOR UPDATE SKIP LOCKED", re.IGNORECASE | re.DOTALL)
 CLAIM_UPDATE = re.compile(r"^\s*UPDATE job_queue SET status\s*=\s*'running'", re.IGNORECASE)
@@ -57,14 +57,14 @@ def window_of(entries, server: str, app_user: str) -> ReadOnlyWindow:
     return window
 
 
-def replica_before_promotion(replica: ThrowawayMariaDB, app_user: str) -> ReadOnlyWindow:
+def replica_before_promotion(replica: ThrowawayServer, app_user: str) -> ReadOnlyWindow:
     entries = read_general_log(replica)
     cut = next((i for i, e in enumerate(entries) if e.command == "Query" and PROMOTION.search(e.argument)
                 and (e.user or "").startswith("root@")), len(entries))
     return window_of(entries[:cut], "db2 (the replica) before its promotion", app_user)
 
 
-def old_primary_after_demotion(old: ThrowawayMariaDB, app_user: str, offset: int, scratch: Path) -> ReadOnlyWindow:
+def old_primary_after_demotion(old: ThrowawayServer, app_user: str, offset: int, scratch: Path) -> ReadOnlyWindow:
     """What the old primary logged after `offset`, the size of its general log once it was dead
     (a header line does not mark the restart: turning the general log on at run time writes one
     too)."""
@@ -86,13 +86,13 @@ class BinlogVerdict:
         return self.own_before_promotion == 0 and self.extra_on_old_primary == 0
 
 
-def _gtid_server_ids(server: ThrowawayMariaDB) -> list[int]:
+def _gtid_server_ids(server: ThrowawayServer) -> list[int]:
     """The originating server id of each transaction in the server's binlogs, in order (the
     cluster's heartbeat writes included: they are transactions like any other)."""
     return [e.server_id for e in binlog_events(server) if e.event_type == "Gtid"]
 
 
-def binlog_verdict(old_primary: ThrowawayMariaDB, new_primary: ThrowawayMariaDB, old_id: int = 1,
+def binlog_verdict(old_primary: ThrowawayServer, new_primary: ThrowawayServer, old_id: int = 1,
                    new_id: int = 2) -> BinlogVerdict:
     return compare_origins(_gtid_server_ids(old_primary), _gtid_server_ids(new_primary), old_id, new_id)
 

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from drill.topology import SEMI_SYNC_TIMEOUT_MS
+from testkit.throwaway import FLAVOURS, describe_flavour
 
 
 def table(n: dict) -> str:
@@ -33,7 +34,10 @@ def table(n: dict) -> str:
         rows += [
             ("failover: replica promoted (by the drill)", f"writable {f['writable_seconds']} s after the primary's SIGKILL "
                                                           f"(promote() returned at {f['promoted_seconds']} s); old primary back "
-                                                          f"as a read-only replica at {f['demoted_seconds']} s"),
+                                                          f"as a read-only replica at {f['demoted_seconds']} s"
+                                                          + (f", rebuilt by CLONE: it held {f['old_primary_rebuilt_without']}"
+                                                             " (binlogged, never acknowledged by the replica)"
+                                                             if f.get('old_primary_rebuilt_without') else "")),
             ("**failover: first claim on the new primary**", f"{f['first_claim_seconds']} s after the primary died, "
                                                              f"{f['first_claim_after_writable_seconds']} s after the new one "
                                                              "turned writable"),
@@ -77,11 +81,14 @@ def markdown(outcome, command: str, plan, docs_dir: Path) -> str:
     when = n.get("finished_at") or datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     f = n.get("failover") or {}
     semi = f.get("semi_sync_before_kill", {})
+    mysql = FLAVOURS[plan.server].mysql
+    source, monitor = ("source", "REPLICATION CLIENT") if mysql else ("master", "SLAVE MONITOR")
     throughput = ""
     if n.get("throughput"):
         from drill.throughput import arithmetic, plot, steps_table
 
-        image = plot(n["throughput"], docs_dir / "scale-out-throughput.png")
+        image = plot(n["throughput"], docs_dir / ("scale-out-throughput.png" if plan.server == "mariadb"
+                                                   else f"scale-out-{plan.server}-throughput.png"))
         throughput = f"""
 ## Throughput against application hosts
 
@@ -91,11 +98,14 @@ def markdown(outcome, command: str, plan, docs_dir: Path) -> str:
 
 {arithmetic(n['throughput'])}
 """
-    return f"""# Scale-out and failover drill: last result
-
+    others = ("" if plan.server != "mariadb" else
+              "\nThe same drill with MySQL servers (`--server mysql`): [scale-out-mysql.md](scale-out-mysql.md).\n")
+    title = "" if plan.server == "mariadb" else f" ({plan.server})"
+    return f"""# Scale-out and failover drill{title}: last result
+{others}
 `{command}` on {when} ({platform.machine()}, {os.cpu_count()} cores shared with other work: load
 average {n['load_average_1min'][0]} at the start, {n['load_average_1min'][1]} at the end; Python
-{platform.python_version()}, MariaDB from `{os.environ.get('JOBQUEUE_TEST_MARIADBD', '/usr/sbin/mariadbd')}`),
+{platform.python_version()}, {describe_flavour(plan.server)}),
 seed {n['seed']}.
 
 **{outcome.verdict}**
@@ -105,15 +115,15 @@ seed {n['seed']}.
 ## What ran
 
 Every machine is a network namespace on one bridge (`testkit.netns`): `db1` and `db2` run a
-throwaway mariadbd each, `db1` the GTID primary and `db2` its semi-synchronous replica
+throwaway {plan.server} server each, `db1` the GTID primary and `db2` its semi-synchronous replica
 (`--read-only`, AFTER_SYNC, a {SEMI_SYNC_TIMEOUT_MS // 1000}-second ack timeout so that the primary never falls back to
 asynchronous replication unnoticed: commits without an ack before the kill,
-`Rpl_semi_sync_master_no_tx`, were {semi.get('Rpl_semi_sync_master_no_tx', '?')} against
-{semi.get('Rpl_semi_sync_master_yes_tx', '?')} acknowledged). `app1`..`app{plan.hosts}` run gunicorn
+`Rpl_semi_sync_{source}_no_tx`, were {semi.get('no_tx', '?')} against
+{semi.get('yes_tx', '?')} acknowledged). `app1`..`app{plan.hosts}` run gunicorn
 ({plan.web_workers} web processes with {plan.embedded_workers} embedded workers each, and the
 reaper) and a standalone `jobqueue worker --concurrency {plan.concurrency} --lease-seconds 5`,
 all configured with the same two candidate URLs, `JOBQUEUE_DATABASE_URL="<db1> <db2>"`, as the
-account `jq_app` (SELECT, INSERT, UPDATE, DELETE on its database and SLAVE MONITOR: no SUPER, so
+account `jq_app` (SELECT, INSERT, UPDATE, DELETE on its database and {monitor}: no SUPER, so
 `read_only` binds it; see docs/deploy.md). The schema was created by `jq_migrate`.
 
 Jobs were enqueued at an even pace over {plan.window_seconds:g} s, or as fast as the hosts answered

@@ -10,7 +10,8 @@ itself.
 
 What runs (root: `ip netns`, veth pairs and a bridge, all removed at the end):
 
-- hosts db1 and db2: a throwaway mariadbd each, db1 the GTID primary, db2 its semi-synchronous
+- hosts db1 and db2: a throwaway server each (--server: the machine's MariaDB, MySQL 9.x or
+  MariaDB 11.8, testkit/throwaway.py), db1 the GTID primary, db2 its semi-synchronous
   replica (--read-only), both with general logs; the application's account has no SUPER, so
   read_only binds it;
 - hosts app1..app3: gunicorn (2 web processes, 2 embedded workers each, the reaper) and a
@@ -57,7 +58,7 @@ from pathlib import Path
 import pymysql
 
 from drill import readonly
-from drill.topology import APP_USER, REPO, AppHost, Topology, base_env, run_in
+from drill.topology import APP_USER, REPO, AppHost, Topology, base_env, run_in, semi_sync_counts
 from soak.checks import Execution, Observed, Row, Spec, check
 from soak.run import NotNow, Proc
 
@@ -88,6 +89,7 @@ class Plan:
     cli_threads_per_host: int = 2     # a CLI enqueue is a process start: seconds each on a busy machine
     grace_seconds: float = 8.0
     drain_timeout: float = 300.0
+    server: str = "mariadb"          # the throwaway servers' flavour: mariadb, mysql, mariadb11
 
     @classmethod
     def quick(cls) -> Plan:
@@ -195,7 +197,7 @@ class Drill:
 
     def start_servers(self) -> None:
         started = time.monotonic()
-        self.topo = Topology(self.workdir / "servers", self.plan.hosts).start()
+        self.topo = Topology(self.workdir / "servers", self.plan.hosts, flavour=self.plan.server).start()
         self.setup_seconds = time.monotonic() - started
 
     def start_hosts(self) -> None:
@@ -211,8 +213,7 @@ class Drill:
         self.setup_seconds += time.monotonic() - started
         # The cluster's own first statements ran before the replica connected (asynchronously):
         # count only what the drill's processes committed.
-        self.semi_sync_at_start = {k: int(v) for k, v in self.topo.db1.execute(
-            "SHOW GLOBAL STATUS LIKE 'Rpl_semi_sync_master_%tx'")}
+        self.semi_sync_at_start = semi_sync_counts(self.topo.db1)
         self.say(f"drill: {len(self.hosts)} hosts up in {self.setup_seconds:.1f} s ({self.topo.net})")
 
     # --- enqueue ---------------------------------------------------------------------------------
@@ -347,7 +348,7 @@ class Drill:
     def connect_primary(self) -> pymysql.Connection:
         primary = self.topo.cluster.primary
         conn = pymysql.connect(host=primary.host, port=primary.port, user="root", password="", database=DB_NAME,
-                               autocommit=True, connect_timeout=3, read_timeout=30, write_timeout=30)
+                               autocommit=True, connect_timeout=3, read_timeout=30, write_timeout=30, ssl_disabled=True)
         with conn.cursor() as cur:
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         return conn
@@ -487,8 +488,7 @@ class Drill:
         """SIGKILL the primary, promote the replica, bring the old primary back read-only as the
         new primary's replica. The processes are told nothing."""
         cluster, old, new = self.topo.cluster, self.topo.db1, self.topo.db2
-        semi_sync = {k: int(v) - self.semi_sync_at_start.get(k, 0)
-                     for k, v in old.execute("SHOW GLOBAL STATUS LIKE 'Rpl_semi_sync_master_%tx'")}
+        semi_sync = {k: v - self.semi_sync_at_start.get(k, 0) for k, v in semi_sync_counts(old).items()}
         writable: list[float] = []
         execute = new.execute
 
@@ -510,8 +510,12 @@ class Drill:
         promoted_at = time.time()
         self.note(f"failover: db2 promoted {promoted_at - killed_at:.2f} s after the kill")
         new.execute = execute
-        cluster.demote(old, new_primary)
+        # On MySQL the killed primary may hold a transaction it binlogged that the replica never
+        # acknowledged: it is rebuilt from the new primary then, and the drill says so.
+        cluster.demote(old, new_primary, rebuild=True)
         demoted_at = time.time()
+        if old in cluster.discarded:
+            self.note(f"failover: db1 held {cluster.discarded[old]} that db2 never got: rebuilt by CLONE from db2")
         self.note(f"failover: db1 back as a read-only replica of db2 {demoted_at - killed_at:.2f} s after the kill")
         self.failover = {"killed_at": killed_at, "promoted_at": promoted_at, "demoted_at": demoted_at,
                          "writable_at": writable[0] if writable else None,
@@ -715,6 +719,7 @@ class Drill:
             "writable_seconds": round(writable - killed, 2) if writable else None,
             "first_claim_after_writable_seconds": round(first_claim - writable, 2) if first_claim and writable else None,
             "demoted_seconds": round(f["demoted_at"] - killed, 2),
+            "old_primary_rebuilt_without": self.topo.cluster.discarded.get(self.topo.db1),
             "first_claim_seconds": round(first_claim - killed, 2) if first_claim else None,
             "first_ack_seconds": round(min(after) - killed, 2) if after else None,
             "enqueue_gap_seconds": round(gap, 2) if gap is not None else None,
@@ -876,7 +881,7 @@ def run(plan: Plan, seed: int, workdir: Path, say=print, throughput_steps=None) 
     wall = drain_end - drill.t0
     finished = sum(1 for r in obs.rows if r.status in ("done", "failed"))
     numbers = {
-        "seed": seed, "jobs": plan.jobs, "hosts": plan.hosts,
+        "seed": seed, "jobs": plan.jobs, "hosts": plan.hosts, "server": plan.server,
         "jobs_api": sum(1 for s in drill.specs.values() if s.via == "api"),
         "jobs_cli": sum(1 for s in drill.specs.values() if s.via == "cli"),
         "acked": len(drill.acked),
@@ -1002,6 +1007,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-seconds", type=float, default=None)
     parser.add_argument("--skip-throughput", action="store_true", help="no throughput steps (1, 2, 3 hosts)")
     parser.add_argument("--throughput-jobs", type=int, default=None, help="jobs per throughput step")
+    parser.add_argument("--server", choices=("mariadb", "mysql", "mariadb11"), default="mariadb",
+                        help="the database hosts' server: the machine's MariaDB, or the MySQL or MariaDB 11.8 root")
     parser.add_argument("--out", default=None, help="markdown report (default docs/scale-out.md; with --quick, none)")
     parser.add_argument("--workdir", default=None, help="logs and results.json (default test-artifacts/drill-<time>)")
     args = parser.parse_args(argv)
@@ -1018,6 +1025,7 @@ def main(argv: list[str] | None = None) -> int:
         plan.cli_jobs = min(plan.cli_jobs, max(1, args.jobs // 50))
     if args.window_seconds is not None:
         plan.window_seconds = args.window_seconds
+    plan.server = args.server
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     workdir = Path(args.workdir or REPO / "test-artifacts" / f"drill-{stamp}")

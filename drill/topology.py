@@ -8,7 +8,8 @@ one bridge (testkit.netns), with a GTID primary and a semi-synchronous replica
     topo.cleanup()
 
 The application connects as `jq_app`, an account with only SELECT, INSERT, UPDATE and DELETE on
-its database (plus SLAVE MONITOR, so a process can tell a replica from a primary): like every
+its database (plus SLAVE MONITOR on MariaDB, REPLICATION CLIENT on MySQL, so a process can tell a
+replica from a primary): like every
 account without SUPER / READ ONLY ADMIN, read_only binds it, which is what makes a replica
 refuse its writes. Migrations run as `jq_migrate` (all privileges on the database, nothing
 else). docs/deploy.md has the same grants.
@@ -28,7 +29,7 @@ from pathlib import Path
 from soak.run import Proc, gunicorn_children
 from testkit.netns import HostNetwork
 from testkit.replication import ReplicationCluster
-from testkit.throwaway_mariadb import ThrowawayMariaDB
+from testkit.throwaway import ThrowawayServer
 
 REPO = Path(__file__).resolve().parents[1]
 APP_USER, APP_PASSWORD = "jq_app", "app-pw-drill"
@@ -36,19 +37,20 @@ MIGRATE_USER, MIGRATE_PASSWORD = "jq_migrate", "migrate-pw-drill"
 WEB_PORT = 8000
 # A semi-sync commit waits this long for the replica's ack before the primary falls back to
 # asynchronous replication. Long, so that no acknowledged write can be missing from the replica
-# when the primary is killed (the drill reports Rpl_semi_sync_master_no_tx to show it held).
+# when the primary is killed (the drill reports Rpl_semi_sync_master_no_tx to show it held;
+# MySQL's Rpl_semi_sync_source_no_tx).
 SEMI_SYNC_TIMEOUT_MS = 60_000
 
 
 class Topology:
-    def __init__(self, workdir: Path, app_hosts: int = 3, *, general_log: bool = True):
+    def __init__(self, workdir: Path, app_hosts: int = 3, *, general_log: bool = True, flavour: str = "mariadb"):
         self.workdir = workdir
         self.net = HostNetwork()
         for name in ("db1", "db2", *[f"app{i}" for i in range(1, app_hosts + 1)]):
             self.net.add_host(name)
         self.app_names = [f"app{i}" for i in range(1, app_hosts + 1)]
-        servers = [self.net.mariadb(name, workdir / name, "--max-connections=600", general_log=general_log)
-                   for name in ("db1", "db2")]
+        servers = [self.net.mariadb(name, workdir / name, "--max-connections=600", general_log=general_log,
+                                    flavour=flavour) for name in ("db1", "db2")]
         self.db1, self.db2 = servers
         self.cluster = ReplicationCluster(servers, semi_sync_timeout_ms=SEMI_SYNC_TIMEOUT_MS)
 
@@ -56,7 +58,8 @@ class Topology:
         self.cluster.start()
         primary = self.cluster.primary
         primary.execute(f"CREATE USER '{APP_USER}'@'%' IDENTIFIED BY '{APP_PASSWORD}'")
-        primary.execute(f"GRANT SLAVE MONITOR ON *.* TO '{APP_USER}'@'%'")
+        monitor = "REPLICATION CLIENT" if primary.is_mysql else "SLAVE MONITOR"
+        primary.execute(f"GRANT {monitor} ON *.* TO '{APP_USER}'@'%'")
         primary.execute(f"CREATE USER '{MIGRATE_USER}'@'%' IDENTIFIED BY '{MIGRATE_PASSWORD}'")
         self.cluster.wait_caught_up()
         return self
@@ -93,7 +96,15 @@ class Topology:
         return AppHost(name, self.net.address(name), self.net.exec_prefix(name), env, logs)
 
 
-def server_url(server: ThrowawayMariaDB, database: str, user: str = APP_USER, password: str = APP_PASSWORD) -> str:
+def semi_sync_counts(server: ThrowawayServer) -> dict[str, int]:
+    """The primary's commits acknowledged by a replica (yes_tx) and not (no_tx) since it started:
+    Rpl_semi_sync_master_*_tx on MariaDB, Rpl_semi_sync_source_*_tx on MySQL."""
+    source = "source" if server.is_mysql else "master"
+    rows = server.execute(f"SHOW GLOBAL STATUS LIKE 'Rpl_semi_sync_{source}_%tx'")
+    return {name.rsplit("_", 2)[-2] + "_tx": int(value) for name, value in rows}
+
+
+def server_url(server: ThrowawayServer, database: str, user: str = APP_USER, password: str = APP_PASSWORD) -> str:
     return f"mysql+pymysql://{user}:{password}@{server.host}:{server.port}/{database}"
 
 

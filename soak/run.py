@@ -70,7 +70,7 @@ import pymysql
 from soak.checks import Execution, Observed, Row, Spec, check
 from soak.partition import PartitionProxy
 from soak.two_primaries import NAME as TWIN_WORKER, Spell, TwinServer
-from testkit.throwaway_mariadb import ThrowawayMariaDB
+from testkit.throwaway import FLAVOURS, ThrowawayServer, describe_flavour
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -104,6 +104,7 @@ class Plan:
     restart_at: float = 0.45                 # fraction of the fault window
     restart_down_seconds: float = 1.5
     crash_db: bool = False                   # SIGKILL the server instead of a clean stop
+    server: str = "mariadb"                  # the throwaway server's flavour: mariadb, mysql, mariadb11
     holds: int = 3
     hold_rows: int = 5
     hold_seconds: float = 5.0
@@ -283,7 +284,7 @@ class Soak:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.exec_log = workdir / "executions.log"
         self.exec_log.write_text("")
-        self.server = ThrowawayMariaDB(workdir / "mariadb")
+        self.server = ThrowawayServer(workdir / "mariadb", flavour=plan.server)
         self.url = ""
         self.token = secrets.token_urlsafe(32)
         self.env: dict[str, str] = {}
@@ -1436,7 +1437,7 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
     try:
         soak.start_database()
         if plan.two_primaries:
-            soak.twin = TwinServer(workdir, DB_NAME)
+            soak.twin = TwinServer(workdir, DB_NAME, flavour=plan.server)
             soak.twin.start(soak.base_env(), REPO, then=soak.start_twin_worker)
         soak.proxy = PartitionProxy(soak.server.port)
         for i in range(plan.workers):
@@ -1510,6 +1511,7 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
         "fault_errors": soak.fault_errors,
         "restart_outage_seconds": round(soak.restart_outage, 2),
         "db_crash": plan.crash_db,
+        "server": plan.server,
         "lost": findings.get("lost"),
         "duplicate_results": findings.get("duplicate_results"),
         "duplicate_executions": findings.get("duplicate_executions"),
@@ -1641,13 +1643,13 @@ def markdown(outcome: Outcome, command: str, plan: Plan) -> str:
 
 `{command}` on {when} ({platform.machine()}, {os.cpu_count()} cores shared with other work: load
 average {n['load_average_1min'][0]} at the start, {n['load_average_1min'][1]} at the end; Python
-{platform.python_version()}, MariaDB from `{os.environ.get('JOBQUEUE_TEST_MARIADBD', '/usr/sbin/mariadbd')}`), seed {n['seed']}.
+{platform.python_version()}, {describe_flavour(plan.server)}), seed {n['seed']}.
 
 **{outcome.verdict}**
 
 {outcome.table}
 
-Set-up: a throwaway mariadbd; {plan.workers} `jobqueue worker --concurrency {plan.concurrency}
+Set-up: a throwaway server ({plan.server}); {plan.workers} `jobqueue worker --concurrency {plan.concurrency}
 --lease-seconds {LEASE_SECONDS}` processes and gunicorn with {plan.web_workers} web processes of
 {plan.embedded_workers} embedded workers each; faults for {plan.fault_seconds:g} s on a seeded
 schedule, then a drain. See docs/soak-and-drill.md for what each check means.
@@ -1669,6 +1671,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-seconds", type=float, default=None)
     parser.add_argument("--db-crash", action="store_true",
                         help="restart the database by SIGKILL (crash recovery) instead of a clean stop")
+    parser.add_argument("--server", choices=sorted(FLAVOURS), default="mariadb",
+                        help="the throwaway server: the machine's MariaDB, or the MySQL or MariaDB 11.8 root")
     parser.add_argument("--out", default=None,
                         help="markdown report (default docs/soak.md; with --quick, none)")
     parser.add_argument("--workdir", default=None, help="logs and results.json (default test-artifacts/soak-<time>)")
@@ -1681,6 +1685,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fault_seconds is not None:
         plan.fault_seconds = args.fault_seconds
     plan.crash_db = args.db_crash
+    plan.server = args.server
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     workdir = Path(args.workdir or REPO / "test-artifacts" / f"soak-{stamp}")

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from jobqueue.core.db import PEER_CHECK_SECONDS
-from testkit.throwaway_mariadb import ThrowawayMariaDB
+from testkit.throwaway import ThrowawayServer
 
 NAME = "twin"        # the worker's --name: its lease owners read host:pid:twin:slot
 DECOYS = 20
@@ -51,8 +51,8 @@ def seen_at(log: str, after_wall: float) -> float | None:
 
 
 class TwinServer:
-    def __init__(self, workdir: Path, database: str):
-        self.server = ThrowawayMariaDB(workdir / "twin")
+    def __init__(self, workdir: Path, database: str, flavour: str = "mariadb"):
+        self.server = ThrowawayServer(workdir / "twin", flavour=flavour)
         self.database = database
         self.ready = threading.Event()
         self.error: str | None = None

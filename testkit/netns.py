@@ -62,7 +62,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from testkit.throwaway_mariadb import ThrowawayMariaDB
+from testkit.throwaway import ThrowawayMariaDB
 
 IP = shutil.which("ip") or "/usr/sbin/ip"
 _ALIAS = "jobqueue-testkit pid="

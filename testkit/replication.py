@@ -1,7 +1,8 @@
-"""A primary and GTID replicas made of throwaway mariadbd servers, for tests of failover and of
-reading from replicas; and readers of what a server executed (general log, binlog).
+"""A primary and GTID replicas made of throwaway servers (MariaDB or MySQL: testkit.throwaway's
+flavours), for tests of failover and of reading from replicas; and readers of what a server
+executed (general log, binlog).
 
-    cluster = ReplicationCluster.create(tmp_path, replicas=1).start()   # ~2 s: 2 installs + starts
+    cluster = ReplicationCluster.create(tmp_path, replicas=1, flavour="mysql").start()
     url = cluster.primary.create_database("jq")        # replicated: the replica has it too
     cluster.wait_caught_up()
     cluster.stop_sql_thread(); ...; cluster.lag_seconds()   # grows while the SQL thread is stopped
@@ -16,6 +17,16 @@ promoted; server ids are 1, 2, ... by position. A replica runs with --read-only 
 with MASTER_USE_GTID=slave_pos as the user `repl`. Semi-synchronous replication (built into
 MariaDB 10.3+) is on by default: the primary is rpl_semi_sync_master, replicas are
 rpl_semi_sync_slave, and promote()/demote() switch the roles.
+
+On MySQL the same in its own words (the `_Dialect` below holds each statement): GTIDs with
+gtid_mode=ON and enforce_gtid_consistency, log_replica_updates; `CHANGE REPLICATION SOURCE TO
+... SOURCE_AUTO_POSITION = 1, GET_SOURCE_PUBLIC_KEY = 1` (the `repl` account uses
+caching_sha2_password, whose full authentication over plain TCP needs the server's RSA key),
+`START REPLICA`, `SHOW REPLICA STATUS`; positions are GTID sets (`@@gtid_executed`,
+Retrieved_Gtid_Set) waited for with WAIT_FOR_EXECUTED_GTID_SET; semi-sync comes from the plugins
+semisync_source and semisync_replica, both loaded on every server (rpl_semi_sync_source_* /
+rpl_semi_sync_replica_*). ReplicaStatus keeps MariaDB's field names for both. MySQL has no
+gtid_strict_mode, but a source refuses a replica holding GTIDs it lacks (error 1236) all the same.
 
 What MariaDB 10.11 does here (measured with these servers):
 
@@ -70,7 +81,7 @@ from pathlib import Path
 
 import pymysql
 
-from testkit.throwaway_mariadb import ThrowawayMariaDB
+from testkit.throwaway import ThrowawayServer
 
 REPLICATION_USER = "repl"
 REPLICATION_PASSWORD = "repl-pw"
@@ -78,38 +89,90 @@ HEARTBEAT_USER = "testkit_heartbeat"
 HEARTBEAT_PASSWORD = "heartbeat-pw"
 HEARTBEAT_DATABASE = "testkit_heartbeat"
 
-# The same on every server, so that any replica can become the primary.
-_BINLOG_ARGS = (
-    "--log-bin=binlog",          # fixed names: the default ones carry the host name
-    "--relay-log=relay-bin",
-    "--binlog-format=ROW",
-    "--log-slave-updates",       # a replica's binlog holds what it applied: it can serve replicas
-    "--gtid-strict-mode=ON",     # out-of-order or extra GTIDs are an error, not silent divergence
-)
+@dataclass(frozen=True)
+class _Dialect:
+    """What differs between MariaDB and MySQL in setting up and watching replication."""
+    mysql: bool
+
+    def binlog_args(self) -> list[str]:
+        """The same on every server, so that any replica can become the primary."""
+        common = ["--log-bin=binlog",          # fixed names: the default ones carry the host name
+                  "--relay-log=relay-bin",
+                  "--binlog-format=ROW"]
+        if self.mysql:
+            return [*common, "--log-replica-updates", "--gtid-mode=ON", "--enforce-gtid-consistency=ON",
+                    "--plugin-load-add=mysql_clone.so"]     # demote(rebuild=True)
+        return [*common,
+                "--log-slave-updates",       # a replica's binlog holds what it applied: it can serve replicas
+                "--gtid-strict-mode=ON"]     # out-of-order or extra GTIDs are an error, not silent divergence
+
+    def semi_sync_args(self, role: str, timeout_ms: int) -> list[str]:
+        primary = role == "primary"
+        source, replica = ("source", "replica") if self.mysql else ("master", "slave")
+        plugins = ["--plugin-load-add=semisync_source.so", "--plugin-load-add=semisync_replica.so"] if self.mysql else []
+        return [
+            *plugins,
+            f"--rpl-semi-sync-{source}-enabled={'ON' if primary else 'OFF'}",
+            f"--rpl-semi-sync-{replica}-enabled={'OFF' if primary else 'ON'}",
+            f"--rpl-semi-sync-{source}-timeout={timeout_ms}",
+            f"--rpl-semi-sync-{source}-wait-no-{replica}=OFF",   # see the module docstring
+            f"--rpl-semi-sync-{source}-wait-point=AFTER_SYNC",   # acked before the commit is visible
+        ]
+
+    def semi_sync_variable(self, role: str) -> str:
+        """rpl_semi_sync_master_enabled (MariaDB) / rpl_semi_sync_source_enabled (MySQL), ..."""
+        if role == "primary":
+            return "rpl_semi_sync_source_enabled" if self.mysql else "rpl_semi_sync_master_enabled"
+        return "rpl_semi_sync_replica_enabled" if self.mysql else "rpl_semi_sync_slave_enabled"
+
+    def semi_sync_status(self, role: str) -> str:
+        """The status variable saying whether semi-sync is active in that role now."""
+        if role == "primary":
+            return "Rpl_semi_sync_source_status" if self.mysql else "Rpl_semi_sync_master_status"
+        return "Rpl_semi_sync_replica_status" if self.mysql else "Rpl_semi_sync_slave_status"
+
+    def change_source(self, primary: ThrowawayServer) -> str:
+        if self.mysql:
+            return (f"CHANGE REPLICATION SOURCE TO SOURCE_HOST='{primary.host}', SOURCE_PORT={primary.port}, "
+                    f"SOURCE_USER='{REPLICATION_USER}', SOURCE_PASSWORD='{REPLICATION_PASSWORD}', "
+                    # MySQL gives up reconnecting after 10 tries (MariaDB after 100,000).
+                    "SOURCE_AUTO_POSITION=1, SOURCE_CONNECT_RETRY=1, SOURCE_RETRY_COUNT=86400, GET_SOURCE_PUBLIC_KEY=1")
+        return (f"CHANGE MASTER TO MASTER_HOST='{primary.host}', MASTER_PORT={primary.port}, "
+                f"MASTER_USER='{REPLICATION_USER}', MASTER_PASSWORD='{REPLICATION_PASSWORD}', "
+                "MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1")
+
+    def replica(self, verb: str) -> str:
+        """STOP / START / RESET ... ALL / SHOW ... STATUS, with an optional tail (SQL_THREAD)."""
+        return verb.replace("%", "REPLICA" if self.mysql else "SLAVE")
+
+    @property
+    def executed_gtids(self) -> str:
+        """An expression for what the server has written to its binlog."""
+        return "@@GLOBAL.gtid_executed" if self.mysql else "@@gtid_binlog_pos"
+
+    def wait_for_gtids(self, position: str, seconds: float) -> str:
+        """A SELECT answering 0 once `position` is applied, non-zero after `seconds`."""
+        if self.mysql:
+            return f"SELECT WAIT_FOR_EXECUTED_GTID_SET('{position}', {seconds:.3f})"
+        return f"SELECT MASTER_GTID_WAIT('{position}', {seconds:.3f})"
 
 
-def _semi_sync_args(role: str, timeout_ms: int) -> list[str]:
-    primary = role == "primary"
-    return [
-        f"--rpl-semi-sync-master-enabled={'ON' if primary else 'OFF'}",
-        f"--rpl-semi-sync-slave-enabled={'OFF' if primary else 'ON'}",
-        f"--rpl-semi-sync-master-timeout={timeout_ms}",
-        "--rpl-semi-sync-master-wait-no-slave=OFF",   # see the module docstring
-        "--rpl-semi-sync-master-wait-point=AFTER_SYNC",   # acked before the commit is visible
-    ]
+def dialect(server: ThrowawayServer) -> _Dialect:
+    return _Dialect(server.is_mysql)
 
 
 # --- what a server reports -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ReplicaStatus:
-    """The parts of SHOW SLAVE STATUS (and the GTID variables) that tests look at."""
+    """The parts of SHOW SLAVE STATUS / SHOW REPLICA STATUS (and the GTID variables) that tests
+    look at, under MariaDB's names; on MySQL the positions are GTID sets."""
     seconds_behind_master: int | None   # NULL (None) whenever the SQL or IO thread is not running
     io_running: str                     # "Yes", "No" or "Connecting"
     sql_running: str                    # "Yes" or "No"
-    gtid_io_pos: str                    # received by the IO thread (into the relay log)
-    gtid_slave_pos: str                 # applied by the SQL thread
-    gtid_binlog_pos: str                # in this server's own binlog
+    gtid_io_pos: str                    # received by the IO thread (MySQL: Retrieved_Gtid_Set)
+    gtid_slave_pos: str                 # applied by the SQL thread (MySQL: gtid_executed)
+    gtid_binlog_pos: str                # in this server's own binlog (MySQL: gtid_executed)
     master_host: str
     master_port: int
     last_io_error: str
@@ -120,19 +183,31 @@ class ReplicaStatus:
         return self.io_running == "Yes" and self.sql_running == "Yes"
 
 
-def replica_status(server: ThrowawayMariaDB) -> ReplicaStatus | None:
+def replica_status(server: ThrowawayServer) -> ReplicaStatus | None:
     """None when the server is not configured as a replica."""
+    mysql = server.is_mysql
     conn = server.connect()
     try:
         with conn.cursor(pymysql.cursors.DictCursor) as cur:
-            cur.execute("SHOW SLAVE STATUS")
+            cur.execute(dialect(server).replica("SHOW % STATUS"))
             row = cur.fetchone()
             if row is None:
                 return None
-            cur.execute("SELECT @@gtid_slave_pos AS slave_pos, @@gtid_binlog_pos AS binlog_pos")
+            if mysql:
+                cur.execute("SELECT @@GLOBAL.gtid_executed AS slave_pos, @@GLOBAL.gtid_executed AS binlog_pos")
+            else:
+                cur.execute("SELECT @@gtid_slave_pos AS slave_pos, @@gtid_binlog_pos AS binlog_pos")
             gtid = cur.fetchone()
     finally:
         conn.close()
+    if mysql:
+        return ReplicaStatus(
+            seconds_behind_master=row["Seconds_Behind_Source"],
+            io_running=row["Replica_IO_Running"], sql_running=row["Replica_SQL_Running"],
+            gtid_io_pos=_gtid_set(row["Retrieved_Gtid_Set"]), gtid_slave_pos=_gtid_set(gtid["slave_pos"]),
+            gtid_binlog_pos=_gtid_set(gtid["binlog_pos"]),
+            master_host=row["Source_Host"], master_port=int(row["Source_Port"]),
+            last_io_error=row["Last_IO_Error"], last_sql_error=row["Last_SQL_Error"])
     return ReplicaStatus(
         seconds_behind_master=row["Seconds_Behind_Master"],
         io_running=row["Slave_IO_Running"], sql_running=row["Slave_SQL_Running"],
@@ -141,8 +216,13 @@ def replica_status(server: ThrowawayMariaDB) -> ReplicaStatus | None:
         last_io_error=row["Last_IO_Error"], last_sql_error=row["Last_SQL_Error"])
 
 
-def gtid_binlog_pos(server: ThrowawayMariaDB) -> str:
-    return server.execute("SELECT @@gtid_binlog_pos")[0][0]
+def gtid_binlog_pos(server: ThrowawayServer) -> str:
+    """What the server has in its binlog: MariaDB's gtid_binlog_pos, MySQL's gtid_executed."""
+    return _gtid_set(server.execute(f"SELECT {dialect(server).executed_gtids}")[0][0])
+
+
+def _gtid_set(value: str) -> str:
+    return value.replace("\n", "")    # MySQL breaks a long GTID set over lines
 
 
 # --- what a server executed ----------------------------------------------------------------------
@@ -158,15 +238,16 @@ class LoggedCommand:
                            # threads (a replica's SQL thread) that never log a Connect
 
 
-# An entry starts with a date and time (only when the second changed) or two tabs, then the
-# thread id, the command and a tab. Any other line continues a multi-line statement.
-_ENTRY = re.compile(r"^(?:\d{6}\s+\d{1,2}:\d\d:\d\d|\t\t)\s*(\d+) ([A-Z][A-Za-z ]*?)\t(.*)$")
+# An entry starts with a date and time (MariaDB: only when the second changed, else two tabs;
+# MySQL: an ISO time on every line), then the thread id, the command and a tab. Any other line
+# continues a multi-line statement.
+_ENTRY = re.compile(r"^(?:\d{6}\s+\d{1,2}:\d\d:\d\d|\t\t|\d{4}-\d\d-\d\dT[\d:.]+Z)\s*(\d+) ([A-Z][A-Za-z ]*?)\t(.*)$")
 _RUN_HEADER = re.compile(r"^\S+, Version: .* started with:$")
 
 
-def read_general_log(source: ThrowawayMariaDB | Path | str) -> list[LoggedCommand]:
+def read_general_log(source: ThrowawayServer | Path | str) -> list[LoggedCommand]:
     """Parse a general log file (a server started with general_log=True, or a path)."""
-    if isinstance(source, ThrowawayMariaDB):
+    if isinstance(source, ThrowawayServer):
         if not source.general_log:
             raise ValueError(f"{source} was not started with general_log=True")
         path = source.general_log_file
@@ -192,7 +273,7 @@ def read_general_log(source: ThrowawayMariaDB | Path | str) -> list[LoggedComman
             run += 1
             users = {}
             continue
-        if line.startswith("Tcp port: ") or line.startswith("Time\t"):
+        if line.startswith("Tcp port: ") or line.startswith("Time\t") or line.startswith("Time "):
             continue
         m = _ENTRY.match(line)
         if m:
@@ -207,7 +288,7 @@ def read_general_log(source: ThrowawayMariaDB | Path | str) -> list[LoggedComman
     return entries
 
 
-def executed_statements(server: ThrowawayMariaDB, pattern: str | None = None, *,
+def executed_statements(server: ThrowawayServer, pattern: str | None = None, *,
                         clients_only: bool = True, include_heartbeat: bool = False) -> list[str]:
     """The statements the server ran (Query and Execute entries of its general log), in order;
     with `pattern`, only those matching that regular expression (case-insensitive, searched).
@@ -235,7 +316,7 @@ class BinlogEvent:
     info: str
 
 
-def binlog_events(server: ThrowawayMariaDB) -> list[BinlogEvent]:
+def binlog_events(server: ThrowawayServer) -> list[BinlogEvent]:
     """Every event in the server's binary logs. On a replica (log_slave_updates) the events with
     its own server id are the transactions that were written there, not replicated."""
     events = []
@@ -248,15 +329,19 @@ def binlog_events(server: ThrowawayMariaDB) -> list[BinlogEvent]:
 # --- the cluster ---------------------------------------------------------------------------------
 
 class ReplicationCluster:
-    """A primary and replicas. `servers` are ThrowawayMariaDB objects not started yet (build them
+    """A primary and replicas. `servers` are ThrowawayServer objects not started yet (build them
     with create(), or yourself to put them on other addresses or in network namespaces); the first
     becomes the primary. Their own extra_args are kept; the replication arguments are added."""
 
-    def __init__(self, servers: Sequence[ThrowawayMariaDB], *, semi_sync: bool = True,
+    def __init__(self, servers: Sequence[ThrowawayServer], *, semi_sync: bool = True,
                  semi_sync_timeout_ms: int = 1000, heartbeat_interval: float | None = 0.2):
         if len(servers) < 2:
             raise ValueError("a primary and at least one replica")
         self.servers = list(servers)
+        flavours = {server.flavour.name for server in self.servers}
+        if len(flavours) != 1:
+            raise ValueError(f"servers of one flavour, not {sorted(flavours)}")
+        self.dialect = dialect(self.servers[0])
         self.server_ids = {server: number for number, server in enumerate(self.servers, start=1)}
         self._own_args = {server: list(server.extra_args) for server in self.servers}
         self.semi_sync = semi_sync
@@ -267,14 +352,16 @@ class ReplicationCluster:
         self._primary_lock = threading.Lock()   # the heartbeat writes only to the current primary
         self._heartbeat: _Heartbeat | None = None
         self.timings: dict[str, float] = {}     # seconds: "start", "promote", "demote"
+        self.discarded: dict[ThrowawayServer, str] = {}   # GTIDs a rebuilt old primary had alone
 
     @classmethod
     def create(cls, base_dir: Path | str, replicas: int = 1, *extra_args: str, general_log: bool = False,
-               **options) -> ReplicationCluster:
+               flavour: str = "mariadb", **options) -> ReplicationCluster:
         """Servers under base_dir/primary, base_dir/replica-1, ... on 127.0.0.1."""
         base_dir = Path(base_dir)
         names = ["primary"] + [f"replica-{n}" for n in range(1, replicas + 1)]
-        servers = [ThrowawayMariaDB(base_dir / name, *extra_args, general_log=general_log) for name in names]
+        servers = [ThrowawayServer(base_dir / name, *extra_args, general_log=general_log, flavour=flavour)
+                   for name in names]
         return cls(servers, **options)
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -319,14 +406,14 @@ class ReplicationCluster:
 
     # --- watching replication --------------------------------------------------------------------
 
-    def status(self, replica: ThrowawayMariaDB | None = None) -> ReplicaStatus:
+    def status(self, replica: ThrowawayServer | None = None) -> ReplicaStatus:
         replica = self._replica(replica)
         status = replica_status(replica)
         if status is None:
             raise RuntimeError(f"{replica} is not a replica")
         return status
 
-    def lag_seconds(self, replica: ThrowawayMariaDB | None = None) -> float:
+    def lag_seconds(self, replica: ThrowawayServer | None = None) -> float:
         """Seconds since the newest heartbeat the replica has applied was written on a primary
         (resolution: heartbeat_interval). Grows while the SQL thread is stopped, unlike
         Seconds_Behind_Master (NULL then)."""
@@ -338,22 +425,22 @@ class ReplicationCluster:
             return float("inf")        # no heartbeat applied yet (start() waits for the first)
         return max(0.0, rows[0][0] / 1e6)
 
-    def wait_caught_up(self, replica: ThrowawayMariaDB | None = None, timeout: float = 30.0) -> None:
+    def wait_caught_up(self, replica: ThrowawayServer | None = None, timeout: float = 30.0) -> None:
         """Until the replica (every replica by default) applied all that the primary has binlogged
         now; TimeoutError with its status if it does not within `timeout`."""
         target = gtid_binlog_pos(self.primary)
         for each in ([replica] if replica is not None else self.replicas):
             _wait_for_gtid(each, target, timeout)
 
-    def stop_sql_thread(self, replica: ThrowawayMariaDB | None = None) -> None:
+    def stop_sql_thread(self, replica: ThrowawayServer | None = None) -> None:
         """The IO thread keeps receiving (and acking semi-sync), nothing is applied."""
-        self._replica(replica).execute("STOP SLAVE SQL_THREAD")
+        self._replica(replica).execute(self.dialect.replica("STOP % SQL_THREAD"))
 
-    def start_sql_thread(self, replica: ThrowawayMariaDB | None = None) -> None:
-        self._replica(replica).execute("START SLAVE SQL_THREAD")
+    def start_sql_thread(self, replica: ThrowawayServer | None = None) -> None:
+        self._replica(replica).execute(self.dialect.replica("START % SQL_THREAD"))
 
     @contextlib.contextmanager
-    def hold_sql_thread(self, replica: ThrowawayMariaDB | None = None) -> Iterator[None]:
+    def hold_sql_thread(self, replica: ThrowawayServer | None = None) -> Iterator[None]:
         """Real lag, as the server reports it: while this holds, the replica's SQL thread runs
         but waits on a row lock that a root session on the replica holds (root may lock rows on a
         --read-only server), behind a write made on the primary just after; everything later
@@ -380,7 +467,7 @@ class ReplicationCluster:
 
     # --- failover --------------------------------------------------------------------------------
 
-    def promote(self, replica: ThrowawayMariaDB | None = None, timeout: float = 30.0) -> ThrowawayMariaDB:
+    def promote(self, replica: ThrowawayServer | None = None, timeout: float = 30.0) -> ThrowawayServer:
         """Make a replica the primary: apply what it already received, STOP SLAVE, RESET SLAVE ALL,
         read_only OFF, semi-sync master. The other replicas follow it from their GTID positions.
         If the old primary still runs it is set read-only first (a planned switchover); a dead
@@ -389,7 +476,7 @@ class ReplicationCluster:
         new = self._replica(replica)
         old = self.primary
         if self.status(new).sql_running != "Yes":
-            new.execute("START SLAVE SQL_THREAD")   # a test may have stopped it
+            new.execute(self.dialect.replica("START % SQL_THREAD"))   # a test may have stopped it
         try:
             # Fence a primary that still runs (a planned switchover), then take all it has.
             old.execute("SET GLOBAL read_only = ON")
@@ -398,12 +485,12 @@ class ReplicationCluster:
             # Dead or cut off: apply what the IO thread already wrote to the relay log, or those
             # transactions would be lost with the relay log at RESET SLAVE ALL.
             _wait_for_gtid(new, self.status(new).gtid_io_pos, timeout)
-        new.execute("STOP SLAVE")
-        new.execute("RESET SLAVE ALL")
+        new.execute(self.dialect.replica("STOP %"))
+        new.execute(self.dialect.replica("RESET % ALL"))
         new.execute("SET GLOBAL read_only = OFF")
         if self.semi_sync:
-            new.execute("SET GLOBAL rpl_semi_sync_slave_enabled = OFF")
-            new.execute("SET GLOBAL rpl_semi_sync_master_enabled = ON")
+            new.execute(f"SET GLOBAL {self.dialect.semi_sync_variable('replica')} = OFF")
+            new.execute(f"SET GLOBAL {self.dialect.semi_sync_variable('primary')} = ON")
         self._set_role(new, "primary")
         with self._primary_lock:
             self.primary = new
@@ -414,11 +501,20 @@ class ReplicationCluster:
         self.timings["promote"] = time.monotonic() - started
         return new
 
-    def demote(self, old_primary: ThrowawayMariaDB, new_primary: ThrowawayMariaDB | None = None,
-               timeout: float = 30.0) -> None:
+    def demote(self, old_primary: ThrowawayServer, new_primary: ThrowawayServer | None = None,
+               timeout: float = 30.0, rebuild: bool = False) -> None:
         """Bring a former primary back as a read-only replica of the (already promoted) new one,
         from its own GTID position. A dead one (SIGKILLed, stopped) is started with --read-only
-        first. Raises if it does not replicate and catch up (an extra transaction, see above)."""
+        first. Raises if it does not replicate and catch up (an extra transaction, see above).
+
+        MySQL keeps what a SIGKILLed primary had binlogged but the replica never acknowledged
+        (its crash recovery commits every transaction in the binlog; MariaDB 10.6+ truncates them
+        on a server started as a semi-sync replica), and its source refuses a replica's extra
+        GTIDs only when they carry the source's own server_uuid: such a server would replicate
+        and then stop on the first row they touch (1062). So on MySQL demote() compares the GTID
+        sets first: with extra transactions it raises, or with `rebuild` it replaces the old
+        primary's data by a CLONE of the new primary's (the extra transactions are gone; what they
+        were is in self.discarded)."""
         new_primary = new_primary or self.primary
         if new_primary is not self.primary or old_primary is new_primary:
             raise ValueError("promote() the new primary first, then demote the old one")
@@ -427,15 +523,26 @@ class ReplicationCluster:
         if old_primary.running:
             old_primary.execute("SET GLOBAL read_only = ON")
             if self.semi_sync:
-                old_primary.execute("SET GLOBAL rpl_semi_sync_master_enabled = OFF")
-                old_primary.execute("SET GLOBAL rpl_semi_sync_slave_enabled = ON")
+                old_primary.execute(f"SET GLOBAL {self.dialect.semi_sync_variable('primary')} = OFF")
+                old_primary.execute(f"SET GLOBAL {self.dialect.semi_sync_variable('replica')} = ON")
         else:
             old_primary.start()          # with --read-only; InnoDB crash recovery if it was killed
-        old_primary.execute("STOP SLAVE")
-        old_primary.execute("RESET SLAVE ALL")
-        # Its gtid_slave_pos is empty or from an earlier time as a replica: what it has is what
-        # it binlogged (log_slave_updates: replicated transactions too).
-        old_primary.execute("SET GLOBAL gtid_slave_pos = @@gtid_binlog_pos")
+        if self.dialect.mysql:
+            extra = _gtid_set(old_primary.execute(
+                f"SELECT GTID_SUBTRACT(@@GLOBAL.gtid_executed, '{gtid_binlog_pos(new_primary)}')")[0][0])
+            if extra and not rebuild:
+                raise RuntimeError(f"{old_primary} holds transactions {extra} that {new_primary} never got: "
+                                   "rebuild it (demote(rebuild=True) clones the new primary)")
+            if extra:
+                self._clone(old_primary, new_primary)
+                self.discarded[old_primary] = extra
+        old_primary.execute(self.dialect.replica("STOP %"))
+        old_primary.execute(self.dialect.replica("RESET % ALL"))
+        if not self.dialect.mysql:
+            # Its gtid_slave_pos is empty or from an earlier time as a replica: what it has is
+            # what it binlogged (log_slave_updates: replicated transactions too). MySQL's auto
+            # position always sends gtid_executed, which is just that.
+            old_primary.execute("SET GLOBAL gtid_slave_pos = @@gtid_binlog_pos")
         self._replicate(old_primary, new_primary)
         if old_primary not in self.replicas:
             self.replicas.append(old_primary)
@@ -444,7 +551,20 @@ class ReplicationCluster:
 
     # --- internals -------------------------------------------------------------------------------
 
-    def _replica(self, replica: ThrowawayMariaDB | None) -> ThrowawayMariaDB:
+    def _clone(self, server: ThrowawayServer, donor: ThrowawayServer) -> None:
+        """MySQL's CLONE INSTANCE: the donor's data replaces the server's (binlogs included), and
+        the server stops (no supervisor restarts it here: error 3707), so it is started again."""
+        server.execute(f"SET GLOBAL clone_valid_donor_list = '{donor.host}:{donor.port}'")
+        try:
+            server.execute(f"CLONE INSTANCE FROM 'root'@'{donor.host}':{donor.port} IDENTIFIED BY ''")
+        except pymysql.err.OperationalError as exc:
+            if exc.args[0] != 3707:      # "Restart server failed (mysqld is not managed by supervisor process)"
+                raise
+        server.proc.wait(60)
+        server.proc = None
+        server.start()
+
+    def _replica(self, replica: ThrowawayServer | None) -> ThrowawayServer:
         if replica is None:
             if not self.replicas:
                 raise RuntimeError("no replica left")
@@ -453,25 +573,22 @@ class ReplicationCluster:
             raise ValueError(f"{replica} is not a replica of this cluster")
         return replica
 
-    def _set_role(self, server: ThrowawayMariaDB, role: str) -> None:
+    def _set_role(self, server: ThrowawayServer, role: str) -> None:
         """The arguments for the next start: a restart keeps the server in its role."""
-        args = [*self._own_args[server], *_BINLOG_ARGS, f"--server-id={self.server_ids[server]}"]
+        args = [*self._own_args[server], *self.dialect.binlog_args(), f"--server-id={self.server_ids[server]}"]
         if role == "replica":
             args.append("--read-only")
         if self.semi_sync:
-            args += _semi_sync_args(role, self.semi_sync_timeout_ms)
+            args += self.dialect.semi_sync_args(role, self.semi_sync_timeout_ms)
         server.extra_args = args
 
-    def _replicate(self, replica: ThrowawayMariaDB, primary: ThrowawayMariaDB) -> None:
-        replica.execute("STOP SLAVE")
-        replica.execute(
-            f"CHANGE MASTER TO MASTER_HOST='{primary.host}', MASTER_PORT={primary.port}, "
-            f"MASTER_USER='{REPLICATION_USER}', MASTER_PASSWORD='{REPLICATION_PASSWORD}', "
-            "MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1")
-        replica.execute("START SLAVE")
+    def _replicate(self, replica: ThrowawayServer, primary: ThrowawayServer) -> None:
+        replica.execute(self.dialect.replica("STOP %"))
+        replica.execute(self.dialect.change_source(primary))
+        replica.execute(self.dialect.replica("START %"))
 
 
-def _wait_for_gtid(replica: ThrowawayMariaDB, position: str, timeout: float) -> None:
+def _wait_for_gtid(replica: ThrowawayServer, position: str, timeout: float) -> None:
     if not position:
         return
     status = replica_status(replica)
@@ -481,7 +598,7 @@ def _wait_for_gtid(replica: ThrowawayMariaDB, position: str, timeout: float) -> 
     # In slices: a broken IO thread (error 1236) is reported at once instead of at the timeout.
     while True:
         left = deadline - time.monotonic()
-        if replica.execute(f"SELECT MASTER_GTID_WAIT('{position}', {max(0.0, min(left, 0.5)):.3f})")[0][0] == 0:
+        if replica.execute(dialect(replica).wait_for_gtids(position, max(0.0, min(left, 0.5))))[0][0] == 0:
             return
         status = replica_status(replica)
         if status is not None and (status.last_io_error and status.io_running == "No" or status.last_sql_error):
@@ -499,7 +616,7 @@ class _Heartbeat:
         self.interval = interval
         self._stopping = threading.Event()
         self._conn: pymysql.Connection | None = None
-        self._conn_to: ThrowawayMariaDB | None = None
+        self._conn_to: ThrowawayServer | None = None
         self._thread = threading.Thread(target=self._run, name="testkit-heartbeat", daemon=True)
         self._thread.start()
 
@@ -511,7 +628,7 @@ class _Heartbeat:
             if self._conn is None:
                 self._conn = pymysql.connect(host=primary.host, port=primary.port, user=HEARTBEAT_USER,
                                              password=HEARTBEAT_PASSWORD, autocommit=True, connect_timeout=2,
-                                             read_timeout=5, write_timeout=5)
+                                             read_timeout=5, write_timeout=5, ssl_disabled=True)
                 self._conn_to = primary
             with self._conn.cursor() as cur:
                 cur.execute(f"INSERT INTO {HEARTBEAT_DATABASE}.heartbeat (server_id, ts) "

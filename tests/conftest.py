@@ -15,7 +15,8 @@ servers' share in processes of their own). Tests that run on both a server and S
 
 Each test gets a database of its own with a unique name, migrated with the real init-db, and
 dropped afterwards. Nothing here changes a global setting of a server; tests that need one start
-a throwaway mariadbd (see testkit/throwaway_mariadb.py).
+a throwaway server of the same flavour (`throwaway_server`, `replication_cluster`: see
+testkit/throwaway.py), which is why those take db_server's ids too.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from jobqueue.core.task_modules import load_task_modules
 
 from testkit.netns import HostNetwork, netns_unavailable_reason
 from testkit.replication import ReplicationCluster
-from testkit.throwaway_mariadb import ThrowawayMariaDB
+from testkit.throwaway import ThrowawayMariaDB, ThrowawayServer
 
 SERVERS = {
     "mariadb": os.environ.get("JOBQUEUE_TEST_SERVER_MARIADB")
@@ -51,7 +52,7 @@ def pytest_addoption(parser):
     parser.addoption("--servers", default=os.environ.get("JOBQUEUE_TEST_SERVERS", ",".join(SERVERS)),
                      help=f"comma-separated servers the database tests run on (of {', '.join(SERVERS)})")
     parser.addoption("--server-tests-only", action="store_true",
-                     help="only the tests that run on a server (no unit, SQLite-only or throwaway-server tests)")
+                     help="only the tests that run on a server, a throwaway one of its flavour included (no unit or SQLite-only tests)")
 
 
 def selected_servers(config) -> list[str]:
@@ -191,17 +192,17 @@ def export_dir(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def throwaway_mariadb(tmp_path):
-    """Start private mariadbd servers with the settings a test needs; all are stopped at teardown,
-    pass or fail.
+def throwaway_server(db_server, tmp_path):
+    """Start private servers of this test's flavour (db_server: mariadb, mysql, mariadb11) with
+    the settings a test needs; all are stopped at teardown, pass or fail.
 
-        server = throwaway_mariadb("--read-only")
+        server = throwaway_server("--read-only")           # options too: general_log=True
         url = server.create_database("jq")
     """
-    servers: list[ThrowawayMariaDB] = []
+    servers: list[ThrowawayServer] = []
 
-    def start(*extra_args: str) -> ThrowawayMariaDB:
-        server = ThrowawayMariaDB(tmp_path / f"mariadb-{len(servers)}", *extra_args)
+    def start(*extra_args: str, **options) -> ThrowawayServer:
+        server = ThrowawayServer(tmp_path / f"{db_server}-{len(servers)}", *extra_args, flavour=db_server, **options)
         servers.append(server)   # before start(): a server that fails halfway is still cleaned up
         return server.start()
 
@@ -211,9 +212,24 @@ def throwaway_mariadb(tmp_path):
 
 
 @pytest.fixture
-def replication_cluster(tmp_path):
-    """Start a primary and replicas (testkit.replication.ReplicationCluster); all are stopped at
-    teardown, pass or fail.
+def throwaway_mariadb(tmp_path):
+    """throwaway_server on the machine's own MariaDB only (not parametrised)."""
+    servers: list[ThrowawayMariaDB] = []
+
+    def start(*extra_args: str) -> ThrowawayMariaDB:
+        server = ThrowawayMariaDB(tmp_path / f"mariadb-{len(servers)}", *extra_args)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.cleanup()
+
+
+@pytest.fixture
+def replication_cluster(db_server, tmp_path):
+    """Start a primary and replicas of this test's flavour (testkit.replication.ReplicationCluster);
+    all are stopped at teardown, pass or fail.
 
         cluster = replication_cluster(replicas=1, general_log=True)
         cluster.primary.create_database("jq"); cluster.wait_caught_up()
@@ -222,7 +238,7 @@ def replication_cluster(tmp_path):
 
     def start(replicas: int = 1, *extra_args: str, **options) -> ReplicationCluster:
         cluster = ReplicationCluster.create(tmp_path / f"replication-{len(clusters)}", replicas, *extra_args,
-                                            **options)
+                                            flavour=db_server, **options)
         clusters.append(cluster)   # before start(): a cluster that fails halfway is still cleaned up
         return cluster.start()
 

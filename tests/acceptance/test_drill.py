@@ -1,5 +1,6 @@
 """The scale-out and failover drill, scaled down to a few minutes: `python -m drill.run --quick`
-(1,500 jobs over 60 s) on three application hosts and a primary + semi-sync replica, each in a
+(1,500 jobs over 60 s) on three application hosts and a primary + semi-sync replica of each server
+flavour (--server: mariadb, mysql, mariadb11), each in a
 network namespace, with SIGKILLed workers, a SIGKILLed gunicorn worker, a host cut off past its
 lease, replays, and the failover (primary SIGKILLed, replica promoted, old primary back read-only).
 The full drill is `python -m drill.run` (docs/scale-out.md has its last result). Needs root."""
@@ -22,12 +23,13 @@ pytestmark = pytest.mark.slow
 SEED = os.environ.get("DRILL_SEED", "20261202")
 
 
-def test_quick_drill_loses_nothing_across_hosts_and_a_failover(tmp_path):
+def test_quick_drill_loses_nothing_across_hosts_and_a_failover(db_server, tmp_path):
     reason = netns_unavailable_reason()
     if reason:
         pytest.skip(reason)
     workdir = tmp_path / "drill"
-    out = subprocess.run([sys.executable, "-m", "drill.run", "--quick", "--seed", SEED, "--workdir", str(workdir)],
+    out = subprocess.run([sys.executable, "-m", "drill.run", "--quick", "--seed", SEED, "--server", db_server,
+                          "--workdir", str(workdir)],
                          capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=900)
     report = f"exit {out.returncode}, logs in {workdir}\n{out.stdout[-6000:]}\n{out.stderr[-3000:]}"
     results_file = workdir / "results.json"

@@ -107,8 +107,8 @@ def test_b_a_forced_requeue_taken_again_by_the_same_process_runs_attempts_1_and_
     assert "attempt=3" not in a.log()
 
 
-def test_c_a_worker_whose_server_turns_read_only_claims_nothing_and_resumes(throwaway_mariadb, tmp_path):
-    server = throwaway_mariadb("--log-bin", "--binlog-format=ROW")
+def test_c_a_worker_whose_server_turns_read_only_claims_nothing_and_resumes(throwaway_server, tmp_path):
+    server = throwaway_server("--log-bin", "--binlog-format=ROW")
     url = server.create_database("jq")
     engine = create_engine(url)
     init_db(engine)
@@ -146,7 +146,7 @@ def row_id(engine, key: str) -> int:
         return conn.execute(sa.select(job_queue.c.id).where(job_queue.c.task_key == key)).scalar()
 
 
-def test_c_embedded_workers_say_in_api_health_that_they_stopped_claiming(throwaway_mariadb, tmp_path):
+def test_c_embedded_workers_say_in_api_health_that_they_stopped_claiming(throwaway_server, tmp_path):
     import json
     import urllib.error
     import urllib.request
@@ -154,7 +154,7 @@ def test_c_embedded_workers_say_in_api_health_that_they_stopped_claiming(throwaw
     from testkit.procs import GunicornServer
     from testkit.web import VIEWER_TOKEN, server_env
 
-    server = throwaway_mariadb("--log-bin", "--binlog-format=ROW")
+    server = throwaway_server("--log-bin", "--binlog-format=ROW")
     url = server.create_database("jq")
     engine = create_engine(url)
     init_db(engine)

@@ -1,5 +1,5 @@
 """The fault-injection soak, scaled down to about a minute: `python -m soak.run --quick` against
-its own throwaway mariadbd, with every kind of fault at least once (SIGKILLed, SIGTERMed and
+its own throwaway server of each flavour (--server: mariadb, mysql, mariadb11), with every kind of fault at least once (SIGKILLed, SIGTERMed and
 SIGSTOPped workers, a SIGKILLed gunicorn worker, killed connections, a database restart, held
 rows, replayed task_keys, an operator taking back a prefetched job, a pause while claims stall in
 their transaction). What goes in must come out: nothing acknowledged is lost, no task_key gets
@@ -22,9 +22,10 @@ pytestmark = pytest.mark.slow
 SEED = os.environ.get("SOAK_SEED", "20261130")
 
 
-def test_quick_soak_loses_nothing_under_faults(tmp_path):
+def test_quick_soak_loses_nothing_under_faults(db_server, tmp_path):
     workdir = tmp_path / "soak"
-    out = subprocess.run([sys.executable, "-m", "soak.run", "--quick", "--seed", SEED, "--workdir", str(workdir)],
+    out = subprocess.run([sys.executable, "-m", "soak.run", "--quick", "--seed", SEED, "--server", db_server,
+                          "--workdir", str(workdir)],
                          capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=300)
     report = f"exit {out.returncode}, logs in {workdir}\n{out.stdout[-6000:]}\n{out.stderr[-3000:]}"
     results_file = workdir / "results.json"

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def two_servers(throwaway_mariadb):
-    a, b = throwaway_mariadb("--log-bin", "--binlog-format=ROW"), throwaway_mariadb("--log-bin", "--binlog-format=ROW")
+def two_servers(throwaway_server):
+    a, b = throwaway_server("--log-bin", "--binlog-format=ROW"), throwaway_server("--log-bin", "--binlog-format=ROW")
     urls = []
     for server in (a, b):
         url = server.create_database("jq")
@@ -117,12 +117,11 @@ def test_a_process_finds_a_newly_promoted_primary_within_about_a_second(two_serv
 
 
 @pytest.fixture
-def two_logged_servers(throwaway_mariadb, tmp_path):
+def two_logged_servers(throwaway_server, tmp_path):
     servers, urls = [], []
     for n in range(2):
-        server = throwaway_mariadb("--log-bin", "--binlog-format=ROW", "--general-log=ON",
-                                   f"--general-log-file={tmp_path / f'general-{n}.log'}")
-        server.general_log_path = tmp_path / f"general-{n}.log"
+        server = throwaway_server("--log-bin", "--binlog-format=ROW", general_log=True)
+        server.general_log_path = server.general_log_file
         url = server.create_database("jq")
         engine = create_engine(url)
         init_db(engine)
@@ -175,12 +174,12 @@ def test_no_claim_is_sent_to_a_server_known_to_be_read_only(two_logged_servers):
     assert status_on(a, "ready-on-a") == "ready"
 
 
-def test_the_web_takes_writes_again_soon_after_the_primary_does(throwaway_mariadb):
+def test_the_web_takes_writes_again_soon_after_the_primary_does(throwaway_server):
     """A web process that saw its primary read-only (a switchover, a botched one undone) refused
     every POST for a minute after the server was writable again: the check before each write
     kept its refusal as long as its all-clear. In the soak, a cancel retried for 60 s against
     503s and gave up. A refusal is now checked again as soon as a pooled connection's role is."""
-    server = throwaway_mariadb()
+    server = throwaway_server()
     url = server.create_database("jq")
     assert jobqueue(url, "init-db").returncode == 0
     app = create_app(app_config(url))

@@ -1,6 +1,6 @@
 """`jobqueue doctor` and the worker's preflight: each verdict against a server that really has the
-setting in question. Server settings (binlog format, read-only) come from throwaway mariadbd
-servers started here; the shared server's globals are never touched. Session settings
+setting in question. Server settings (binlog format, read-only) come from throwaway servers of
+each flavour started here; the shared server's globals are never touched. Session settings
 (isolation, lock-wait timeout, the session clock) are set on one connection of the shared server.
 """
 
@@ -12,7 +12,7 @@ import re
 import pytest
 
 from testkit.procs import WorkerProcess, jobqueue
-from testkit.throwaway_mariadb import ThrowawayMariaDB, free_port
+from testkit.throwaway import ThrowawayServer, free_port
 from jobqueue.core import doctor, preflight
 from jobqueue.core.db import create_engine
 from jobqueue.core.doctor import Verdict
@@ -34,13 +34,13 @@ def run_doctor(url: str, *args: str):
     return result.returncode, {c["name"]: c for c in checks}, result.stdout
 
 
-def job_row(server: ThrowawayMariaDB, database: str, task_key: str) -> tuple:
+def job_row(server: ThrowawayServer, database: str, task_key: str) -> tuple:
     (row,) = server.execute(f"SELECT status, attempts, lease_owner FROM job_queue WHERE task_key = '{task_key}'",
                             database)
     return row
 
 
-def with_job(server: ThrowawayMariaDB, database: str) -> str:
+def with_job(server: ThrowawayServer, database: str) -> str:
     """A migrated database holding one ready job, created while the server takes writes."""
     url = server.create_database(database)
     init = jobqueue(url, "init-db")
@@ -160,17 +160,35 @@ def test_claim_plan_uses_the_pick_index_and_notices_when_it_cannot(mysql_engine)
 # --- binary log format: one throwaway server, restarted with each setting ----------------------
 
 @pytest.fixture(scope="module")
-def binlog_server(tmp_path_factory):
-    server = ThrowawayMariaDB(tmp_path_factory.mktemp("binlog"), *LOG_BIN_ROW)
-    try:
-        server.start()
-        url = with_job(server, "jq")
-        yield server, url
-    finally:
+def module_servers(tmp_path_factory):
+    """One server per (purpose, flavour) for the whole module, restarted with each setting."""
+    made: dict[tuple[str, str], tuple[ThrowawayServer, str]] = {}
+    servers: list[ThrowawayServer] = []
+
+    def get(purpose: str, flavour: str, *args: str, read_only: bool = False) -> tuple[ThrowawayServer, str]:
+        if (purpose, flavour) not in made:
+            server = ThrowawayServer(tmp_path_factory.mktemp(f"{purpose}-{flavour}"), *args, flavour=flavour)
+            servers.append(server)
+            server.start()
+            url = with_job(server, "jq")
+            if read_only:
+                server.restart("--read-only")
+            made[purpose, flavour] = server, url
+        return made[purpose, flavour]
+
+    yield get
+    for server in servers:
         server.cleanup()
 
 
-def configured(server: ThrowawayMariaDB, *args: str) -> ThrowawayMariaDB:
+@pytest.fixture
+def binlog_server(module_servers, db_server):
+    return module_servers("binlog", db_server, *LOG_BIN_ROW)
+
+
+def configured(server: ThrowawayServer, *args: str) -> ThrowawayServer:
+    if server.is_mysql and not any(a.startswith("--log-bin") for a in args):
+        args = (*args, "--skip-log-bin")     # MySQL writes a binlog unless told not to
     if server.extra_args != list(args):
         server.restart(*args)
     return server
@@ -246,16 +264,9 @@ def test_init_db_refuses_statement_binlogs_before_creating_anything(binlog_serve
 
 # --- a read-only server: the same data, restarted with --read-only ------------------------------
 
-@pytest.fixture(scope="module")
-def read_only_server(tmp_path_factory):
-    server = ThrowawayMariaDB(tmp_path_factory.mktemp("readonly"))
-    try:
-        server.start()
-        url = with_job(server, "jq")
-        server.restart("--read-only")
-        yield server, url
-    finally:
-        server.cleanup()
+@pytest.fixture
+def read_only_server(module_servers, db_server):
+    return module_servers("readonly", db_server, read_only=True)
 
 
 def test_read_only_server_is_a_problem(read_only_server):
@@ -293,8 +304,8 @@ def test_worker_refuses_to_claim_on_a_read_only_server(read_only_server, tmp_pat
 
 # --- tables: a MyISAM job_queue, a missing schema, a user who may not EXPLAIN --------------------
 
-def test_myisam_job_queue_is_a_problem(throwaway_mariadb):
-    server = throwaway_mariadb()
+def test_myisam_job_queue_is_a_problem(throwaway_server):
+    server = throwaway_server()
     url = with_job(server, "jq")
     code, checks, _ = run_doctor(url)
     assert code == 0, checks

@@ -18,9 +18,12 @@ def test_the_preferred_context_verifies_nothing_and_loads_no_ca_store():
     assert preferred_tls_context() is context   # one per process
 
 
-def test_a_server_offering_tls_gets_an_encrypted_connection(throwaway_mariadb, tmp_path):
-    cert, key = self_signed_certificate(tmp_path / "tls")
-    server = throwaway_mariadb(f"--ssl-cert={cert}", f"--ssl-key={key}")
+def test_a_server_offering_tls_gets_an_encrypted_connection(throwaway_server, db_server, tmp_path):
+    if db_server == "mariadb":
+        cert, key = self_signed_certificate(tmp_path / "tls")
+        server = throwaway_server(f"--ssl-cert={cert}", f"--ssl-key={key}")
+    else:
+        server = throwaway_server()    # MySQL 8+ and MariaDB 11.4+ make a certificate of their own
     engine = create_engine(server.create_database("jq"), pool_size=1)
     try:
         with engine.connect() as conn:
@@ -30,8 +33,12 @@ def test_a_server_offering_tls_gets_an_encrypted_connection(throwaway_mariadb, t
         engine.dispose()
 
 
-def test_a_server_without_tls_still_connects(throwaway_mariadb):
-    server = throwaway_mariadb()
+# MariaDB 10.11 offers no TLS unless given a certificate; the others must be told not to.
+NO_TLS = {"mariadb": (), "mysql": ("--tls-version=",), "mariadb11": ("--skip-ssl",)}
+
+
+def test_a_server_without_tls_still_connects(throwaway_server, db_server):
+    server = throwaway_server(*NO_TLS[db_server])
     engine = create_engine(server.create_database("jq"), pool_size=1)
     try:
         with engine.connect() as conn:

@@ -124,8 +124,8 @@ def test_lock_wait_timeout_is_a_clear_503_and_writes_nothing(mysql_url, monkeypa
     engine.dispose()
 
 
-def test_read_only_replica_refuses_writes_and_reports_it(throwaway_mariadb):
-    server = throwaway_mariadb()
+def test_read_only_replica_refuses_writes_and_reports_it(throwaway_server):
+    server = throwaway_server()
     url = server.create_database("jq")
     engine = create_engine(url)
     init_db(engine)

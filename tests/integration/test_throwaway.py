@@ -13,8 +13,8 @@ from jobqueue.core.migrate import init_db
 pytestmark = pytest.mark.slow
 
 
-def test_stop_kill_and_start_keep_port_and_data(throwaway_mariadb):
-    server = throwaway_mariadb()
+def test_stop_kill_and_start_keep_port_and_data(throwaway_server):
+    server = throwaway_server()
     port = server.port
     url = server.create_database("jq")
     engine = create_engine(url, pool_size=1)
