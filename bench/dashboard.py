@@ -5,8 +5,8 @@ it, and search by a bounded scan against a FULLTEXT index.
 The table is filled the way a long-lived install looks (issue 17's shape): a week of history
 over 5 queues and 5 tasks (done, 1 in 19 failed), then 40,000 ready, 9,000 scheduled and 1,000
 running jobs of the last hour above it, a backlog of audit entries, worker processes and 15
-minutes of per-minute activity. Loading uses multi-row `INSERT ... SELECT` from MariaDB's
-sequence engine (1,000,000 rows in about 35 s here).
+minutes of per-minute activity. Loading uses multi-row `INSERT ... SELECT` from a table of
+numbers (1,000,000 rows in about 35 s here on a quiet machine; see load).
 
 `python -m bench.dashboard --rows 1000000,5000000` (see main) measures every dashboard page and
 fragment, /metrics and the read API at those sizes, idle and with a worker running, each page 2
@@ -82,7 +82,8 @@ def load(url: str, rows: int, chunk: int = 250_000, live: int = sum(LIVE.values(
     INSERT ... SELECT over a table of the numbers 1..chunk (MariaDB's seq_1_to_N tables do not
     exist on MySQL), a commit per chunk; returns seconds. On MySQL the load is not written to the
     binary log (this session's sql_log_bin): its rows change nothing the pages read, and a 5M-row
-    load would leave gigabytes of binlog on the shared server. The worker's commits are logged."""
+    load would leave gigabytes of binlog on the shared server. The worker's commits are logged.
+    `live`: the last hour's jobs above the history, 1 in 50 running, 9 scheduled, 40 ready."""
     engine = sa.create_engine(url, poolclass=NullPool)
     history = max(rows - live, 0)
     chunk = max(min(chunk, max(history, live)), 5000)     # 5,000 audit entries
