@@ -5,8 +5,8 @@ it, and search by a bounded scan against a FULLTEXT index.
 The table is filled the way a long-lived install looks (issue 17's shape): a week of history
 over 5 queues and 5 tasks (done, 1 in 19 failed), then 40,000 ready, 9,000 scheduled and 1,000
 running jobs of the last hour above it, a backlog of audit entries, worker processes and 15
-minutes of per-minute activity. Loading uses multi-row `INSERT ... SELECT` from MariaDB's
-sequence engine (1,000,000 rows in about 35 s here).
+minutes of per-minute activity. Loading uses multi-row `INSERT ... SELECT` from a table of
+numbers (1,000,000 rows in about 35 s here on a quiet machine; see load).
 
 `python -m bench.dashboard --rows 1000000,5000000` (see main) measures every dashboard page and
 fragment, /metrics and the read API at those sizes, idle and with a worker running, each page 2
@@ -35,6 +35,7 @@ worker alone for the same length of time, measured just before.
 from __future__ import annotations
 
 import http.cookiejar
+import os
 import re
 import time
 import urllib.parse
@@ -50,6 +51,7 @@ from werkzeug.security import generate_password_hash
 from bench import common
 from bench.common import log
 from testkit.procs import GunicornServer
+from testkit.sql import seq_rows
 from jobqueue.core import repository
 from jobqueue.core.schema import job_queue
 from jobqueue.core.db import create_engine
@@ -75,18 +77,32 @@ DAYS = 7
 def _pick(options, expr):
     return "ELT(1 + MOD(" + expr + ", 5), " + ", ".join(f"'{o}'" for o in options) + ")"
 
-def load(url: str, rows: int, chunk: int = 250_000) -> float:
+def load(url: str, rows: int, chunk: int = 250_000, live: int = sum(LIVE.values())) -> float:
     """Fill job_queue with `rows` rows of the issue's shape (and the dashboard's side tables) by
-    INSERT ... SELECT from MariaDB's sequence engine; returns seconds."""
+    INSERT ... SELECT over a table of the numbers 1..chunk (MariaDB's seq_1_to_N tables do not
+    exist on MySQL), a commit per chunk; returns seconds. On MySQL the load is not written to the
+    binary log (this session's sql_log_bin): its rows change nothing the pages read, and a 5M-row
+    load would leave gigabytes of binlog on the shared server. The worker's commits are logged.
+    `live`: the last hour's jobs above the history, 1 in 50 running, 9 scheduled, 40 ready."""
     engine = sa.create_engine(url, poolclass=NullPool)
-    live = sum(LIVE.values())
     history = max(rows - live, 0)
+    chunk = max(min(chunk, max(history, live)), 5000)     # 5,000 audit entries
     t0 = time.perf_counter()
-    with engine.begin() as conn:
+    with engine.connect() as conn:
+        if not getattr(conn.dialect, "is_mariadb", False):
+            conn.exec_driver_sql("SET SESSION sql_log_bin = 0")
+        conn.exec_driver_sql("SET SESSION unique_checks = 0")
+        conn.exec_driver_sql("CREATE TABLE bench_seq (seq INT UNSIGNED NOT NULL PRIMARY KEY)")
+        conn.exec_driver_sql("INSERT INTO bench_seq (seq) SELECT seq FROM " + seq_rows(chunk))
+        conn.commit()
+
+        def numbers(lo: int, hi: int) -> str:
+            """seq from lo to hi (hi - lo < chunk), in order: AUTO_INCREMENT ids follow seq."""
+            return f"(SELECT seq + {lo - 1} AS seq FROM bench_seq WHERE seq <= {hi - lo + 1})"
+
         now = conn.exec_driver_sql("SELECT UTC_TIMESTAMP(6)").scalar()
         base = now - timedelta(days=DAYS, hours=1)
         span_us = DAYS * 86400 * 1_000_000
-        conn.exec_driver_sql("SET SESSION unique_checks = 0")
         for lo in range(1, history + 1, chunk):
             hi = min(history, lo + chunk - 1)
             conn.exec_driver_sql(
@@ -102,26 +118,30 @@ def load(url: str, rows: int, chunk: int = 250_000) -> float:
                 "'TimeoutError: smtp did not answer'), NULL), "
                 "t, t + INTERVAL 200000 MICROSECOND, t + INTERVAL 200000 MICROSECOND "
                 f"FROM (SELECT seq, %s + INTERVAL FLOOR((seq - 1) * {span_us} / {max(history, 1)}) MICROSECOND AS t "
-                f"FROM seq_{lo}_to_{hi}) s", (base,))
+                f"FROM {numbers(lo, hi)} n) s ORDER BY seq", (base,))
+            conn.commit()
         # The live jobs: the last hour, above every finished one.
-        n = live
-        conn.exec_driver_sql(
-            "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, lease_owner, "
-            "lease_until, attempts, max_attempts, started_at, created_at, updated_at) "
-            f"SELECT CONCAT({_pick(TASKS, 'seq DIV 7')}, ':', DATE_FORMAT(t, '%%Y-%%m-%%dT%%H:%%i'), ':live-', seq), "
-            f"{_pick(TASKS, 'seq DIV 7')}, {_pick(QUEUES, 'seq DIV 7')}, 0, "
-            "CONCAT('{\"order\": ', seq, '}'), st, "
-            "IF(st = 'scheduled', %s + INTERVAL MOD(seq, 86400) SECOND, t), "
-            "IF(st = 'running', CONCAT('host-b:200:', MOD(seq, 16)), NULL), "
-            "IF(st = 'running', %s + INTERVAL 1 DAY, NULL), IF(st = 'running', 1, 0), 5, "
-            "IF(st = 'running', t, NULL), t, t "
-            "FROM (SELECT seq, %s - INTERVAL 1 HOUR + INTERVAL FLOOR(seq * 3600000000 / "
-            f"{n}) MICROSECOND AS t, IF(MOD(seq, 50) = 0, 'running', IF(MOD(seq, 50) < 10, 'scheduled', 'ready')) AS st "
-            f"FROM seq_1_to_{n}) s", (now, now, now))
+        for lo in range(1, live + 1, chunk):
+            hi = min(live, lo + chunk - 1)
+            conn.exec_driver_sql(
+                "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, lease_owner, "
+                "lease_until, attempts, max_attempts, started_at, created_at, updated_at) "
+                f"SELECT CONCAT({_pick(TASKS, 'seq DIV 7')}, ':', DATE_FORMAT(t, '%%Y-%%m-%%dT%%H:%%i'), ':live-', seq), "
+                f"{_pick(TASKS, 'seq DIV 7')}, {_pick(QUEUES, 'seq DIV 7')}, 0, "
+                "CONCAT('{\"order\": ', seq, '}'), st, "
+                "IF(st = 'scheduled', %s + INTERVAL MOD(seq, 86400) SECOND, t), "
+                "IF(st = 'running', CONCAT('host-b:200:', MOD(seq, 16)), NULL), "
+                "IF(st = 'running', %s + INTERVAL 1 DAY, NULL), IF(st = 'running', 1, 0), 5, "
+                "IF(st = 'running', t, NULL), t, t "
+                "FROM (SELECT seq, %s - INTERVAL 1 HOUR + INTERVAL FLOOR(seq * 3600000000 / "
+                f"{live}) MICROSECOND AS t, "
+                "IF(MOD(seq, 50) = 0, 'running', IF(MOD(seq, 50) < 10, 'scheduled', 'ready')) AS st "
+                f"FROM {numbers(lo, hi)} n) s ORDER BY seq", (now, now, now))
+            conn.commit()
         conn.exec_driver_sql(
             "INSERT INTO audit_log (at, actor, action, job_id, before_status, after_status, count) "
             "SELECT UTC_TIMESTAMP(6) - INTERVAL seq MINUTE, 'web:alice', 'requeue', seq, 'failed', 'ready', 1 "
-            "FROM seq_1_to_5000")
+            "FROM bench_seq WHERE seq <= 5000")
         for p in range(4):
             conn.exec_driver_sql(
                 "INSERT INTO worker_process (id, host, pid, kind, concurrency, queues, started_at, last_heartbeat, "
@@ -129,13 +149,13 @@ def load(url: str, rows: int, chunk: int = 250_000) -> float:
                 "UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 2, 250000)")
             conn.exec_driver_sql(
                 "INSERT INTO worker_stats (minute, process_id, completed, failed, claims, claimed) "
-                "SELECT DATE_FORMAT(UTC_TIMESTAMP() - INTERVAL seq MINUTE, '%%Y-%%m-%%d %%H:%%i:00'), "
-                f"'host-{p}:{100 + p}', 3000, 12, 800, 3000 FROM seq_0_to_14")
-    with engine.connect() as conn:
+                "SELECT DATE_FORMAT(UTC_TIMESTAMP() - INTERVAL (seq - 1) MINUTE, '%%Y-%%m-%%d %%H:%%i:00'), "
+                f"'host-{p}:{100 + p}', 3000, 12, 800, 3000 FROM bench_seq WHERE seq <= 15")
+        conn.exec_driver_sql("DROP TABLE bench_seq")
+        conn.commit()
         conn.exec_driver_sql("ANALYZE TABLE job_queue")
     engine.dispose()
     return time.perf_counter() - t0
-
 
 
 class Client:
@@ -491,7 +511,6 @@ def poll_db_cost(url: str, polls: int, interval: float, env: dict[str, str]) -> 
     settings, so its counts cache too), every `interval` s like an open tab, summing the time of
     each statement round trip on its engine from one poll to the next (the history counts the
     cache reads on a thread of its own belong to the poll that started them)."""
-    import os
     from sqlalchemy import event
     from jobqueue.web import create_app
 
@@ -537,10 +556,12 @@ def poll_db_cost(url: str, polls: int, interval: float, env: dict[str, str]) -> 
 
 
 def explain_slow(url: str, t: dict[str, Any]) -> dict[str, Any]:
-    """ANALYZE FORMAT=JSON of the page statements that were slow (rows read, time, index)."""
+    """The page statements that were slow, run and explained (rows read, time, index): ANALYZE
+    FORMAT=JSON on MariaDB, EXPLAIN ANALYZE (its tree) on MySQL."""
     engine = create_engine(url, pool_size=1)
     out = {}
     with engine.connect() as conn:
+        analyze = "ANALYZE FORMAT=JSON " if getattr(conn.dialect, "is_mariadb", False) else "EXPLAIN ANALYZE "
         for name, f, before in (("key prefix (hour)", JobFilter(key_prefix=t["hour_prefix"]), None),
                                 ("scheduled, last page", JobFilter(status=Status.SCHEDULED), t["scheduled_last"])):
             captured: list[str] = []
@@ -555,7 +576,7 @@ def explain_slow(url: str, t: dict[str, Any]) -> dict[str, Any]:
             conn.commit()
             analyzed = []
             for stmt in captured[:2]:
-                doc = conn.exec_driver_sql("ANALYZE FORMAT=JSON " + stmt.replace("%", "%%")).scalar()
+                doc = conn.exec_driver_sql(analyze + stmt.replace("%", "%%")).scalar()
                 analyzed.append({"statement": stmt[:400], "analyze": doc})
             out[name] = analyzed
     engine.dispose()
@@ -595,6 +616,7 @@ def claim_rounds(empty_url: str, url: str, log_dir, rounds: int = 3) -> dict[str
 
 def scale(url: str, rows: int, rounds: int, warmups: int, log_dir, polls: int = 10,
           empty_url: str | None = None) -> dict[str, Any]:
+    loadavg_start = os.getloadavg()
     load_s = load(url, rows)
     log(f"dashboard: loaded {rows:,} rows in {load_s:.0f}s")
     t = targets(url)
@@ -630,13 +652,21 @@ def scale(url: str, rows: int, rounds: int, warmups: int, log_dir, polls: int = 
         server.stop()
     out.update(claim_rounds(empty_url, url, log_dir))
     out["explain"] = explain_slow(url, t)
+    out["loadavg_start"], out["loadavg_end"] = loadavg_start, os.getloadavg()
     return out
 
 
-def write_md(results: list[dict[str, Any]], path, command: str) -> None:
+def _load(xs) -> str:
+    return ", ".join(f"{x:.2f}" for x in xs)
+
+
+def write_md(results: list[dict[str, Any]], path, run: dict[str, Any]) -> None:
+    server = run["server"]
     lines = ["# Dashboard at scale", "",
-             f"Written by `{command}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
-             "The 2 CPUs are shared by MariaDB, gunicorn, the worker and the client: read these as upper "
+             f"Written by `{run['command']}` from {run['started']} to {run['finished']}, against "
+             f"{server['version']} (InnoDB buffer pool {server['innodb_buffer_pool_mib']} MiB); load average "
+             f"(1, 5, 15 min) at start {_load(run['loadavg_start'])}, at end {_load(run['loadavg_end'])}. "
+             "The 2 CPUs are shared by the server, gunicorn, the worker and the client: read these as upper "
              "bounds. The sections after the tables are written by hand (this command replaces the file: "
              "give `--out` elsewhere to keep them).", "",
              "Shape (issue 17): a week of history over 5 queues (done, 1 in 19 failed), then 40,000 ready, 9,000 "
@@ -653,7 +683,9 @@ def write_md(results: list[dict[str, Any]], path, command: str) -> None:
                   f"{r['claim_empty_jobs_per_s']:.0f} on an empty table (**{r['claim_jobs_per_s'] / r['claim_empty_jobs_per_s']:.2f}x**; "
                   f"runs {', '.join(f'{x:.0f}' for x in r['claim_runs'])} against "
                   f"{', '.join(f'{x:.0f}' for x in r['claim_empty_runs'])}; "
-                  f"target 0.8x). The worker during the page requests: {r['worker_jobs_per_s']:.0f} jobs/s.", "",
+                  f"target 0.8x). The worker during the page requests: {r['worker_jobs_per_s']:.0f} jobs/s. "
+                  f"Load average at the start of this size {_load(r['loadavg_start'])}, at its end "
+                  f"{_load(r['loadavg_end'])}.", "",
                   "| page | p50 idle | p95 idle | p50 worker | p95 worker | p95 < 150 ms |", "|---|---|---|---|---|---|"]
         for name, i in r["idle"].items():
             w = r["worker"][name]
@@ -672,6 +704,19 @@ def write_md(results: list[dict[str, Any]], path, command: str) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+# The servers of scripts/ensure-services (tests/conftest.py names them the same way).
+SERVERS = {"mariadb": "mysql+pymysql://root@127.0.0.1:3306", "mysql": "mysql+pymysql://root@127.0.0.1:3307",
+           "mariadb11": "mysql+pymysql://root@127.0.0.1:3308"}
+
+
+def server_info(server_url: str) -> dict[str, Any]:
+    engine = sa.create_engine(server_url + "/", poolclass=NullPool)
+    with engine.connect() as conn:
+        version, pool = conn.exec_driver_sql("SELECT VERSION(), @@innodb_buffer_pool_size").one()
+    engine.dispose()
+    return {"version": version, "innodb_buffer_pool_mib": int(pool) // 2**20}
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
@@ -684,20 +729,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--warmups", type=int, default=2)
     p.add_argument("--polls", type=int, default=10)
-    p.add_argument("--out", default=str(common.REPO / "docs/bench/dashboard.md"))
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--server", choices=SERVERS,
+                       help="one of the servers of scripts/ensure-services (default: $BENCH_MYSQL, else mariadb)")
+    where.add_argument("--database-url", help="a server URL without a database name, mysql+pymysql://user@host:port; "
+                                              "the benchmark creates its own databases there and drops them")
+    p.add_argument("--out", help="default docs/bench/dashboard.md, dashboard-mysql.md with --server mysql, "
+                                 "dashboard-mariadb11.md with --server mariadb11")
     a = p.parse_args(argv)
     command = "python -m bench.dashboard " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+    # Every database of the run, and the server pid whose CPU ProcRun reads, come from common's server.
+    common.MYSQL_SERVER = a.database_url or SERVERS.get(a.server) or common.MYSQL_SERVER
+    suffix = "" if a.server in (None, "mariadb") else f"-{a.server}"
+    out = Path(a.out or common.REPO / f"docs/bench/dashboard{suffix}.md")
     log_dir = Path("/tmp") / f"{common.RUN_TAG}-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    run_info = {"command": command.strip(), "server": server_info(common.MYSQL_SERVER),
+                "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "loadavg_start": os.getloadavg()}
     results = []
     try:
         with common.mysql_db("dash0") as empty_url:
             for rows in (int(x) for x in a.rows.split(",")):
                 with common.mysql_db("dash") as url:
                     results.append(scale(url, rows, a.rounds, a.warmups, log_dir, a.polls, empty_url))
-                out = Path(a.out)
+                run_info.update(finished=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                loadavg_end=os.getloadavg())
+                for r in results:
+                    r["run"] = run_info
                 out.parent.mkdir(parents=True, exist_ok=True)
-                write_md(results, out, command.strip())
+                write_md(results, out, run_info)
                 out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str))
                 log(f"dashboard: wrote {out}")
     finally:

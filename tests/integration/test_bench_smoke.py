@@ -66,3 +66,27 @@ def test_the_enqueue_bench_runs_every_part_small(mysql_url):
     targets: list = []
     assert "hand-written PyMySQL" in _enqueue(res, targets)
     assert any(name.startswith("9. validation") for name, _, _ in targets)
+
+
+def test_the_dashboard_bench_loads_its_shape_on_every_server(mysql_url):
+    """bench/dashboard.py fills the table from a table of numbers of its own (MariaDB's seq_1_to_N
+    tables do not exist on MySQL): the history, then the live jobs above it, ids in time order."""
+    from bench import dashboard
+
+    dashboard.load(mysql_url, 12_000, live=1_000)
+    engine = sa.create_engine(mysql_url)
+    with engine.connect() as conn:
+        counts = dict(conn.exec_driver_sql("SELECT status, COUNT(*) FROM job_queue GROUP BY status").all())
+        assert counts == {"done": 11_000 - 11_000 // 19, "failed": 11_000 // 19,
+                          "ready": 800, "scheduled": 180, "running": 20}
+        # AUTO_INCREMENT ids follow the numbers: the keyset pages are in time order.
+        assert conn.exec_driver_sql(
+            "SELECT COUNT(*) FROM (SELECT created_at, LAG(created_at) OVER (ORDER BY id) AS before_it FROM job_queue) t "
+            "WHERE created_at < before_it").scalar() == 0
+        assert conn.exec_driver_sql("SELECT MAX(id) FROM job_queue WHERE status IN ('done', 'failed')").scalar() < \
+            conn.exec_driver_sql("SELECT MIN(id) FROM job_queue WHERE status = 'ready'").scalar()
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM job_queue WHERE payload LIKE '%%needle-77%%'").scalar() == 1
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM audit_log").scalar() == 5000
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM worker_stats").scalar() == 60
+        assert not conn.exec_driver_sql("SHOW TABLES LIKE 'bench_seq'").all()
+    engine.dispose()
