@@ -65,6 +65,11 @@ def selected_servers(config) -> list[str]:
 
 def pytest_generate_tests(metafunc):
     servers = selected_servers(metafunc.config)
+    # @pytest.mark.only_servers("mariadb", "mysql"): a test whose run on the others is by hand (its
+    # docstring says which command).
+    only = metafunc.definition.get_closest_marker("only_servers")
+    if only:
+        servers = [s for s in servers if s in only.args]
     if "db_server" in metafunc.fixturenames:
         metafunc.parametrize("db_server", servers, indirect=True)
     if "db_backend" in metafunc.fixturenames:
