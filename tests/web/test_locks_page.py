@@ -241,3 +241,37 @@ def test_a_holder_of_more_locks_than_are_read_is_shown_without_its_jobs_on_mysql
             assert [t.connection_id for t in one.holders] == [holder_id]
     finally:
         holder.close()
+
+
+def test_a_second_waiter_is_not_named_as_the_rows_holder(client, engine, held_job):
+    """Two connections wait for the held row. The server's lock-wait tables (MariaDB) say the
+    second waits behind the first as well as behind the holder: only the holder is named, on the
+    job's panel and the Locks page, and the Kill button is offered for it alone."""
+    job_id, holder_id, holder = held_job
+    url = engine.url
+    parts = dict(host=url.host, port=url.port or 3306, user=url.username, password=url.password or "",
+                 database=url.database)
+    waiters = []
+    try:
+        for _ in range(2):
+            started = threading.Event()
+            t = threading.Thread(target=_waiting_statement, args=(parts, job_id, started), daemon=True)
+            t.start()
+            started.wait(5)
+            waiters.append(t)
+            with engine.connect() as conn:
+                n = len(waiters)
+                # InnoDB refreshes what its information_schema tables show at most every 0.1 s.
+                wait_until(lambda: sum(bool(t.waiting_for) for t in repository.lock_report(conn).transactions) == n,
+                           interval=0.2, message=f"{n} waiters show")
+        with engine.connect() as conn:
+            assert [t.connection_id for t in repository.row_lock(conn, job_id).holders] == [holder_id]
+            report = repository.lock_report(conn).transactions
+        assert [t.connection_id for t in report if job_id in t.jobs] == [holder_id]
+        assert len([t for t in report if t.waiting_for == (job_id,)]) == 2
+        page = client.get("/locks").get_data(as_text=True)
+        assert page.count(">Kill connection</button>") == 1
+    finally:
+        holder.rollback()        # the waiters get the row in turn, then let go
+        for t in waiters:
+            t.join(25)

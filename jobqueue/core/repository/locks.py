@@ -189,18 +189,22 @@ def _probe(conn: Connection, job_id: int) -> list[int] | None:
         thread.start()
         blockers: list[int] = []
         deadline = time.monotonic() + PROBE_SECONDS
-        while not done.is_set() and time.monotonic() < deadline:
-            blockers = [int(r[0]) for r in conn.execute(_MARIADB_BLOCKERS, {"probe": probe_id}).all()]
-            if blockers:
-                break
-            done.wait(PROBE_POLL)
-        if not done.is_set():
-            try:
-                conn.exec_driver_sql(f"KILL QUERY {probe_id}")
-            except DBAPIError as exc:
-                if error_code(exc) != ER_UNKNOWN_THREAD:
-                    raise
-        thread.join(PROBE_SECONDS + 1)
+        try:
+            while not done.is_set() and time.monotonic() < deadline:
+                blockers = [int(r[0]) for r in conn.execute(_MARIADB_BLOCKERS, {"probe": probe_id}).all()]
+                if blockers:
+                    break
+                done.wait(PROBE_POLL)
+        finally:
+            # Also when reading the blockers failed (no PROCESS): a probe left waiting would stand
+            # in the row's queue, named by the next look as one more holder.
+            if not done.is_set():
+                try:
+                    conn.exec_driver_sql(f"KILL QUERY {probe_id}")
+                except DBAPIError as exc:
+                    if error_code(exc) != ER_UNKNOWN_THREAD:
+                        raise
+            thread.join(PROBE_SECONDS + 1)
         if got and not blockers:
             return None   # the row was let go (a claim's or a completion's moment) before we looked
         return blockers
@@ -209,11 +213,16 @@ def _probe(conn: Connection, job_id: int) -> list[int] | None:
         probe.close()
 
 
+# The lock-wait tables pair a waiter with every lock ahead of it in the row's queue: the holder's
+# granted lock, and the lock another waiter still waits for (trx_requested_lock_id), which holds
+# nothing. Only the first kind names a holder.
+_HOLDERS_ONLY = " AND NOT (w.blocking_lock_id <=> b.trx_requested_lock_id)"
+
 _MARIADB_BLOCKERS = sa.text(
     "SELECT DISTINCT b.trx_mysql_thread_id FROM information_schema.INNODB_LOCK_WAITS w "
     "JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id "
     "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id "
-    "WHERE r.trx_mysql_thread_id = :probe")
+    "WHERE r.trx_mysql_thread_id = :probe" + _HOLDERS_ONLY)
 
 # Every wait on a job_queue row (MariaDB): waiter, blocker, and the row.
 _MARIADB_WAITS = sa.text(
@@ -222,7 +231,8 @@ _MARIADB_WAITS = sa.text(
     "JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id "
     "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id "
     "JOIN information_schema.INNODB_LOCKS bl ON bl.lock_id = w.blocking_lock_id "
-    "WHERE bl.lock_table = CONCAT('`', DATABASE(), '`.`job_queue`') AND r.trx_mysql_thread_id <> CONNECTION_ID()")
+    "WHERE bl.lock_table = CONCAT('`', DATABASE(), '`.`job_queue`') AND r.trx_mysql_thread_id <> CONNECTION_ID()"
+    + _HOLDERS_ONLY)
 
 # MySQL: performance_schema.data_locks is built by walking InnoDB's lock lists under its
 # transaction-system mutex, every lock of a transaction whatever the WHERE and LIMIT, so a read
