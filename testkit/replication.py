@@ -62,8 +62,8 @@ What MariaDB 10.11 does here (measured with these servers):
 - After a SIGKILL of the primary, a replica's IO thread shows `Connecting` with "Connection
   refused" in Last_IO_Error, retrying every MASTER_CONNECT_RETRY (1 s here). A demoted old primary
   replicates from `SET GLOBAL gtid_slave_pos = @@gtid_binlog_pos` (its gtid_slave_pos is empty or
-  stale: it was the primary); if it holds a transaction the new primary never got, strict mode
-  stops its IO thread with error 1236 and demote() raises with that error. Replica-role servers
+  stale: it was the primary); if it holds a transaction the new primary never got, demote()
+  raises, or with rebuild=True reloads it from a dump of the new primary. Replica-role servers
   start with --rpl-semi-sync-slave-enabled, with which 10.6+ crash recovery truncates binlogged
   transactions that were not committed in the engine, so a crashed primary is less likely to
   hold such a transaction.
@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -223,6 +224,28 @@ def gtid_binlog_pos(server: ThrowawayServer) -> str:
 
 def _gtid_set(value: str) -> str:
     return value.replace("\n", "")    # MySQL breaks a long GTID set over lines
+
+
+def _extra_gtids(server: ThrowawayServer, primary: ThrowawayServer) -> str:
+    """The transactions `server` has that `primary` never got ('' when none): MySQL's
+    GTID_SUBTRACT; on MariaDB, per domain and server id, the sequence numbers past the primary's
+    (gtid_binlog_state keeps the last of each; with gtid_strict_mode they only grow)."""
+    if server.is_mysql:
+        return _gtid_set(server.execute(
+            f"SELECT GTID_SUBTRACT(@@GLOBAL.gtid_executed, '{gtid_binlog_pos(primary)}')")[0][0])
+
+    def last(s: ThrowawayServer) -> dict[tuple[str, str], int]:
+        state = s.execute("SELECT @@GLOBAL.gtid_binlog_state")[0][0] or ""
+        out = {}
+        for gtid in filter(None, state.split(",")):
+            domain, server_id, seq = gtid.strip().split("-")
+            out[(domain, server_id)] = int(seq)
+        return out
+
+    theirs = last(primary)
+    extra = [f"{d}-{sid}-{theirs.get((d, sid), 0) + 1}" + (f"..{seq}" if seq > theirs.get((d, sid), 0) + 1 else "")
+             for (d, sid), seq in sorted(last(server).items()) if seq > theirs.get((d, sid), 0)]
+    return ",".join(extra)
 
 
 # --- what a server executed ----------------------------------------------------------------------
@@ -511,10 +534,12 @@ class ReplicationCluster:
         (its crash recovery commits every transaction in the binlog; MariaDB 10.6+ truncates them
         on a server started as a semi-sync replica), and its source refuses a replica's extra
         GTIDs only when they carry the source's own server_uuid: such a server would replicate
-        and then stop on the first row they touch (1062). So on MySQL demote() compares the GTID
-        sets first: with extra transactions it raises, or with `rebuild` it replaces the old
-        primary's data by a CLONE of the new primary's (the extra transactions are gone; what they
-        were is in self.discarded)."""
+        and then stop on the first row they touch (1062). MariaDB keeps one too when it was
+        committed without an acknowledgement (semi-sync falls back to asynchronous while no
+        replica is connected: the quick drill in CI met one). So demote() compares the GTIDs
+        first: with extra transactions it raises, or with `rebuild` it replaces the old primary's
+        data by the new primary's (MySQL: CLONE; MariaDB: a dump, _reload) and the extra
+        transactions are gone; what they were is in self.discarded."""
         new_primary = new_primary or self.primary
         if new_primary is not self.primary or old_primary is new_primary:
             raise ValueError("promote() the new primary first, then demote the old one")
@@ -527,21 +552,22 @@ class ReplicationCluster:
                 old_primary.execute(f"SET GLOBAL {self.dialect.semi_sync_variable('replica')} = ON")
         else:
             old_primary.start()          # with --read-only; InnoDB crash recovery if it was killed
-        if self.dialect.mysql:
-            extra = _gtid_set(old_primary.execute(
-                f"SELECT GTID_SUBTRACT(@@GLOBAL.gtid_executed, '{gtid_binlog_pos(new_primary)}')")[0][0])
-            if extra and not rebuild:
-                raise RuntimeError(f"{old_primary} holds transactions {extra} that {new_primary} never got: "
-                                   "rebuild it (demote(rebuild=True) clones the new primary)")
-            if extra:
+        extra = _extra_gtids(old_primary, new_primary)
+        if extra and not rebuild:
+            raise RuntimeError(f"{old_primary} holds transactions {extra} that {new_primary} never got: "
+                               "rebuild it (demote(rebuild=True) copies the new primary's data)")
+        if extra:
+            if self.dialect.mysql:
                 self._clone(old_primary, new_primary)
-                self.discarded[old_primary] = extra
+            else:
+                self._reload(old_primary, new_primary)
+            self.discarded[old_primary] = extra
         old_primary.execute(self.dialect.replica("STOP %"))
         old_primary.execute(self.dialect.replica("RESET % ALL"))
-        if not self.dialect.mysql:
+        if not self.dialect.mysql and not extra:
             # Its gtid_slave_pos is empty or from an earlier time as a replica: what it has is
             # what it binlogged (log_slave_updates: replicated transactions too). MySQL's auto
-            # position always sends gtid_executed, which is just that.
+            # position always sends gtid_executed, which is just that. (_reload set it.)
             old_primary.execute("SET GLOBAL gtid_slave_pos = @@gtid_binlog_pos")
         self._replicate(old_primary, new_primary)
         if old_primary not in self.replicas:
@@ -563,6 +589,29 @@ class ReplicationCluster:
         server.proc.wait(60)
         server.proc = None
         server.start()
+
+    def _reload(self, server: ThrowawayServer, donor: ThrowawayServer) -> None:
+        """MariaDB has no CLONE: the server's databases are replaced by a dump of the donor's
+        (mariadb-dump --single-transaction --gtid: one consistent snapshot and the GTID position it
+        is at), its binlog is emptied (RESET MASTER: the extra GTIDs go), and it will replicate from
+        that position. The mysql schema (accounts) is left as it is: it replicated before."""
+        system = {"mysql", "information_schema", "performance_schema", "sys"}
+        databases = [r[0] for r in donor.execute("SHOW DATABASES") if r[0] not in system]
+        dump = subprocess.run(
+            ["mariadb-dump", "--no-defaults", "--skip-ssl", f"--host={donor.host}", f"--port={donor.port}", "--user=root",
+             "--single-transaction", "--gtid", "--master-data=2", "--databases", *databases],
+            capture_output=True, check=True, timeout=300)
+        position = re.search(rb"gtid_slave_pos='([^']*)'", dump.stdout)
+        if position is None:
+            raise RuntimeError(f"no GTID position in the dump of {donor}")
+        server.execute(self.dialect.replica("STOP %"))
+        for (name,) in server.execute("SHOW DATABASES"):
+            if name not in system:
+                server.execute(f"DROP DATABASE `{name}`")
+        subprocess.run(["mariadb", "--no-defaults", "--skip-ssl", f"--host={server.host}", f"--port={server.port}",
+                        "--user=root"], input=dump.stdout, capture_output=True, check=True, timeout=300)
+        server.execute("RESET MASTER")
+        server.execute(f"SET GLOBAL gtid_slave_pos = '{position.group(1).decode()}'")
 
     def _replica(self, replica: ThrowawayServer | None) -> ThrowawayServer:
         if replica is None:

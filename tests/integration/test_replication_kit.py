@@ -112,7 +112,45 @@ def test_lag_grows_while_the_sql_thread_is_stopped_and_returns_to_zero(replicati
     cluster.wait_caught_up(timeout=10)
     assert values(replica) == ["held back"]
     assert eventually(lambda: cluster.lag_seconds() < 0.6), cluster.lag_seconds()
-    assert cluster.status().seconds_behind_master in ((0, 1) if primary.is_mysql else (0,))
+    # MySQL counts from the applied event's commit time on the primary, so on a busy machine it
+    # reads 2 for a moment after catching up; it settles at 0 or 1 (MariaDB: 0).
+    settled = (0, 1) if primary.is_mysql else (0,)
+    assert eventually(lambda: cluster.status().seconds_behind_master in settled), cluster.status()
+
+
+@pytest.mark.slow
+def test_an_old_primary_with_a_transaction_the_new_one_never_got_is_rebuilt(replication_cluster):
+    """The primary commits a row while its replica's IO thread is stopped (semi-sync falls back to
+    asynchronous: no replica connected), then dies. The promoted replica never got that row:
+    demote() says so instead of attaching a diverged server, and with rebuild=True replaces the
+    old primary's data by the new one's, which it then replicates. (CI met this on MariaDB 10.11
+    in the quick drill: the old primary replicated, then stopped on error 1236.)"""
+    cluster = replication_cluster(replicas=1)
+    old, new = cluster.primary, cluster.replicas[0]
+    make_app_schema(old)
+    old.execute("INSERT INTO jq.t (v) VALUES ('both have it')")
+    cluster.wait_caught_up(timeout=10)
+    new.execute(cluster.dialect.replica("STOP % IO_THREAD"))
+    with app_connect(old) as conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO jq.t (v) VALUES ('only the old primary')")
+    old.kill()
+    new.execute(cluster.dialect.replica("START % IO_THREAD"))   # the primary is gone: it gets nothing
+    cluster.promote(new)
+    with app_connect(new) as conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO jq.t (v) VALUES ('after the failover')")
+
+    with pytest.raises(RuntimeError, match="never got"):
+        cluster.demote(old)
+    assert values(old) == ["both have it", "only the old primary"] and old not in cluster.discarded
+
+    cluster.demote(old, rebuild=True)
+    assert cluster.discarded[old]
+    assert values(old) == values(new) == ["both have it", "after the failover"]
+    with app_connect(new) as conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO jq.t (v) VALUES ('after the rebuild')")
+    cluster.wait_caught_up(timeout=10)
+    assert values(old)[-1] == "after the rebuild" and cluster.status(old).replicating
+    assert old.variable("read_only") == "ON"
 
 
 @pytest.mark.slow
