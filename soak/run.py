@@ -640,11 +640,14 @@ class Soak:
     def live_workers(self, started: bool = False) -> list[Proc]:
         return [w for w in self.workers if w.alive() and not w.stopped and (w.started() or not started)]
 
+    def read_only_lately(self) -> bool:
+        """The server is read-only now, or was a moment ago (read_only_flip)."""
+        return self.read_only_since is not None or time.monotonic() < self.read_only_grace_until
+
     def check_unexpected_exits(self) -> None:
         for w in list(self.workers):
             if not w.alive() and w.fate == "running":
-                if w.proc.returncode == 3 and (self.read_only_since is not None
-                                               or time.monotonic() < self.read_only_grace_until):
+                if w.proc.returncode == 3 and self.read_only_lately():
                     # Started while the server was read-only: refusing to start (exit 3, nothing
                     # claimed) is the contract; a supervisor starts it again, and so do we.
                     w.fate = "refused (server read-only)"
@@ -1162,7 +1165,11 @@ class Soak:
             self.note(f"take back in queue {queue}: {'LATE START' if late else 'no start after the action'}")
         finally:
             code = worker.terminate(30)
-            if code != 0:
+            if code == 3 and self.read_only_lately():
+                # Refused to start on the read-only server (read_only_flip): the contract; this try
+                # was spoilt by it (the jobs were never claimed) and the round tries again.
+                self.note(f"take-back worker {worker.name} refused to start on the read-only server (exit 3)")
+            elif code != 0:
                 self.unexpected_exits.append(f"take-back worker {worker.name} exited with {code}")
 
     def _take_back_cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
