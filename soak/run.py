@@ -1473,8 +1473,10 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
         waiter.join(plan.drain_timeout)
         drained = soak.drain()
         drain_end = time.monotonic()
-        if soak.twin_worker is not None and soak.twin_worker not in soak.workers:
+        if soak.twin_worker is not None and soak.twin_worker.fate == "running" and soak.twin_worker not in soak.workers:
             soak.workers.append(soak.twin_worker)   # the fault never ran: stopped like the others
+            # (after it ran, the twin worker is one of soak.workers, or was killed by a fault
+            # and replaced: its exit code is that fault's, not a stop's)
         codes = soak.stop_all()
         soak.monitor_stop.set()
         monitor.join(10)
