@@ -573,6 +573,12 @@ class ReplicationCluster:
         if old_primary not in self.replicas:
             self.replicas.append(old_primary)
         self.wait_caught_up(old_primary, timeout=timeout)
+        # Caught up can come before the IO thread says Yes (MariaDB 11.8: "Preparing" a moment).
+        deadline = time.monotonic() + timeout
+        while not (status := self.status(old_primary)).replicating:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{old_primary} caught up but does not replicate: {status}")
+            time.sleep(0.05)
         self.timings["demote"] = time.monotonic() - started
 
     # --- internals -------------------------------------------------------------------------------

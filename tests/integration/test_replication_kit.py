@@ -119,41 +119,6 @@ def test_lag_grows_while_the_sql_thread_is_stopped_and_returns_to_zero(replicati
 
 
 @pytest.mark.slow
-def test_an_old_primary_with_a_transaction_the_new_one_never_got_is_rebuilt(replication_cluster):
-    """The primary commits a row while its replica's IO thread is stopped (semi-sync falls back to
-    asynchronous: no replica connected), then dies. The promoted replica never got that row:
-    demote() says so instead of attaching a diverged server, and with rebuild=True replaces the
-    old primary's data by the new one's, which it then replicates. (CI met this on MariaDB 10.11
-    in the quick drill: the old primary replicated, then stopped on error 1236.)"""
-    cluster = replication_cluster(replicas=1)
-    old, new = cluster.primary, cluster.replicas[0]
-    make_app_schema(old)
-    old.execute("INSERT INTO jq.t (v) VALUES ('both have it')")
-    cluster.wait_caught_up(timeout=10)
-    new.execute(cluster.dialect.replica("STOP % IO_THREAD"))
-    with app_connect(old) as conn, conn.cursor() as cur:
-        cur.execute("INSERT INTO jq.t (v) VALUES ('only the old primary')")
-    old.kill()
-    new.execute(cluster.dialect.replica("START % IO_THREAD"))   # the primary is gone: it gets nothing
-    cluster.promote(new)
-    with app_connect(new) as conn, conn.cursor() as cur:
-        cur.execute("INSERT INTO jq.t (v) VALUES ('after the failover')")
-
-    with pytest.raises(RuntimeError, match="never got"):
-        cluster.demote(old)
-    assert values(old) == ["both have it", "only the old primary"] and old not in cluster.discarded
-
-    cluster.demote(old, rebuild=True)
-    assert cluster.discarded[old]
-    assert values(old) == values(new) == ["both have it", "after the failover"]
-    with app_connect(new) as conn, conn.cursor() as cur:
-        cur.execute("INSERT INTO jq.t (v) VALUES ('after the rebuild')")
-    cluster.wait_caught_up(timeout=10)
-    assert values(old)[-1] == "after the rebuild" and cluster.status(old).replicating
-    assert old.variable("read_only") == "ON"
-
-
-@pytest.mark.slow
 def test_failover_after_sigkill_then_the_old_primary_replicates_read_only(replication_cluster):
     cluster = replication_cluster(replicas=2)
     old, new, other = cluster.primary, cluster.replicas[0], cluster.replicas[1]
@@ -201,10 +166,11 @@ def test_failover_after_sigkill_then_the_old_primary_replicates_read_only(replic
 @pytest.mark.slow
 def test_an_old_primary_with_a_transaction_the_new_one_never_got_is_not_attached(replication_cluster):
     """What a crashed primary may bring back (a transaction it binlogged that no replica got,
-    made here by writing on it after the failover): MariaDB's strict GTID mode stops its IO
-    thread; MySQL's source would take it as a replica, which then stops on the first row the
-    extra transaction touched. demote() refuses it on both; on MySQL rebuild=True clones the new
-    primary over it."""
+    made here by writing on it after the failover; CI's quick drill met one on MariaDB 10.11,
+    committed while semi-sync had fallen back to asynchronous): MariaDB's strict GTID mode would
+    stop its IO thread (1236); MySQL's source would take it as a replica, which then stops on the
+    first row the extra transaction touched. demote() refuses it on every server, and with
+    rebuild=True replaces its data by the new primary's (MySQL: CLONE; MariaDB: a dump)."""
     cluster = replication_cluster(replicas=1)
     old, new = cluster.primary, cluster.replicas[0]
     make_app_schema(old)
@@ -216,12 +182,13 @@ def test_an_old_primary_with_a_transaction_the_new_one_never_got_is_not_attached
     old.execute("INSERT INTO jq.t (v) VALUES ('only on the old primary')")
     old.kill()
 
-    with pytest.raises(RuntimeError, match="never got|stopped replicating|cannot catch up"):
+    with pytest.raises(RuntimeError, match="never got"):
         cluster.demote(old)
-    if not old.is_mysql:
-        return                                 # MariaDB: nothing to clone with; rebuild by hand
+    assert values(old) == ["only on the old primary"] and old not in cluster.discarded
     cluster.demote(old, rebuild=True)
-    assert cluster.discarded[old].startswith(old.execute("SELECT @@server_uuid")[0][0] + ":")
+    origin = old.execute("SELECT @@server_uuid")[0][0] + ":" if old.is_mysql else "0-1-"
+    assert cluster.discarded[old].startswith(origin)
+    assert old.variable("read_only") == "ON"
     assert cluster.status(old).replicating and values(old) == ["on the new primary"]
     new.execute("INSERT INTO jq.t (v) VALUES ('after the rebuild')")
     cluster.wait_caught_up(timeout=10)
