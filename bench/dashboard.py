@@ -724,6 +724,11 @@ def main(argv: list[str] | None = None) -> int:
     import sys
     from pathlib import Path
 
+    try:
+        import psutil  # noqa: F401 - the run's CPU figures; fail now, not after loading millions of rows
+    except ImportError:
+        sys.exit("bench.dashboard needs the bench extra: .venv/bin/pip install -e '.[test,bench]' (scripts/bench does it)")
+
     p = argparse.ArgumentParser(description="dashboard pages at scale (issue 17's shape)")
     p.add_argument("--rows", default="1000000", help="comma-separated table sizes, e.g. 1000000,5000000")
     p.add_argument("--rounds", type=int, default=20)
