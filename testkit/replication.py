@@ -243,8 +243,11 @@ def _extra_gtids(server: ThrowawayServer, primary: ThrowawayServer) -> str:
         return out
 
     theirs = last(primary)
-    extra = [f"{d}-{sid}-{theirs.get((d, sid), 0) + 1}" + (f"..{seq}" if seq > theirs.get((d, sid), 0) + 1 else "")
-             for (d, sid), seq in sorted(last(server).items()) if seq > theirs.get((d, sid), 0)]
+    extra = []
+    for (domain, server_id), seq in sorted(last(server).items()):
+        first = theirs.get((domain, server_id), 0) + 1
+        if seq >= first:
+            extra.append(f"{domain}-{server_id}-{first}" + (f"..{seq}" if seq > first else ""))
     return ",".join(extra)
 
 
