@@ -49,7 +49,7 @@ def _without_pause_support() -> None:
             db_now().label("now"),
         ]
         if flavour_name in ("mariadb", "mysql"):
-            columns += [sa.literal_column(f"@@global.{flag}") for flag in claim._FLAGS[flavour_name == "mariadb"]]
+            columns += [sa.literal_column(f"@@global.{flag}") for flag in claim.READ_ONLY_FLAGS[flavour_name]]
         return sa.select(*columns)
 
     for module in (repository, claim):

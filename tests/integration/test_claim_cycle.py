@@ -17,6 +17,7 @@ from jobqueue.core.models import Outcome, Status
 from jobqueue.core.schema import job_queue
 
 claim_module = importlib.import_module("jobqueue.core.repository.claim")
+claim_sql = importlib.import_module("jobqueue.core.repository.claim_sql")
 jq = job_queue.c
 
 
@@ -28,7 +29,7 @@ def key(lease):
 def shape(request, monkeypatch):
     """The lock-and-pick as one UNION ALL (MariaDB, MySQL 8.0), or as two SELECTs (what a cycle
     falls back to when the server refuses the UNION)."""
-    monkeypatch.setattr(claim_module, "_union_refused", request.param == "apart")
+    monkeypatch.setattr(claim_sql.REFUSED, "union", request.param == "apart")
     return request.param
 
 
@@ -117,8 +118,8 @@ def test_a_server_that_refuses_the_union_gets_the_two_selects_and_the_same_outco
     """A server whose grammar has no locking clause inside a UNION answers a parse error (1064):
     the cycle goes on in the same transaction with the SELECTs apart, and later cycles skip the
     UNION."""
-    monkeypatch.setattr(claim_module, "_union_refused", False)
-    monkeypatch.setattr(claim_module, "_union", lambda c, first, second: (
+    monkeypatch.setattr(claim_sql.REFUSED, "union", False)
+    monkeypatch.setattr(claim_module, "lock_and_pick_sql", lambda dialect, first, second: (
         "(SELECT 1 FOR UPDATE SKIP LOCKED) UNION ALL SELECT FROM WHERE", {}))
     with mysql_engine.connect() as conn:
         add(conn, 6)
@@ -127,7 +128,7 @@ def test_a_server_that_refuses_the_union_gets_the_two_selects_and_the_same_outco
                                        completions=[c.lease for c in first.claimed])
         assert set(cycle.completed.values()) == {Outcome.OK}
         assert sorted(c.lease.owner for c in cycle.claimed) == ["w:1", "w:2"]
-    assert claim_module._union_refused is True
+    assert claim_sql.REFUSED.union is True
 
 
 def test_cycles_racing_over_the_same_queue_never_take_a_job_twice(mysql_engine, shape):

@@ -8,6 +8,9 @@ The claim (the source document's rule 2):
            attempts = attempts + 1 WHERE id IN (...) AND status = 'ready'
     COMMIT
 
+Every statement the claim sends is built in claim_sql.py, which also says when each is sent;
+docs/claim-sql.md shows them as MariaDB and MySQL receive them.
+
 WHERE status = 'ready' AND queue = ? ORDER BY priority, id is exactly the order of ix_ready_pick,
 so InnoDB walks the index from the first claimable row and stops after `n` rows it could lock:
 no filesort, and rows other workers hold are skipped, not waited for. The index is forced so
@@ -44,7 +47,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -53,90 +55,26 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from ..db import db_after, db_micros_since, db_now, error_code, is_mysql, require_primary, transaction
+from ..db import db_now, error_code, is_mysql, require_primary, transaction
 from ..errors import NotPrimary
 from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Job, Lease, LeaseLoss, Outcome, Status
-from ..schema import concurrency_key, job_queue, queue_state
-from .common import NO_ROW, as_datetime, by_id, compiled_sql, execute_fast, execute_sql, jq, shape
-from .leases import completions_read_back, fence_any, fence_params
+from ..schema import concurrency_key, queue_state
+from .claim_sql import (ADD_QUEUE_STATE, ER_NO_SUCH_KEY, ER_PARSE_ERROR, ER_WRONG_USAGE, KEYS_PRESENT, QUEUE_STATES,
+                        QUEUE_STATES_SHARED, READ_ONLY_FLAGS, REFUSED, RUNNING_PER_KEY, LockedRow, PickedRow,
+                        complete_and_take_statement, lock_and_pick_sql, lock_finished_statement, lock_keys_statement,
+                        pick_after_statement, pick_statement, split_rows)
+from .common import NO_ROW, as_datetime, execute_fast, execute_sql, jq, shape
+from .leases import completions_read_back, fence_params
 
-PICK_INDEX = "ix_ready_pick"
-_FLAGS = {True: ("read_only", "innodb_read_only"), False: ("read_only", "innodb_read_only", "super_read_only")}
-KEY_AT = 8            # where the picked row's concurrency_key is
-FLAGS_AT = 9          # where the server's read-only flags are (one column: any of them on)
 LOOKAHEAD_ROUNDS = 2  # extra picks past jobs whose concurrency key is full, per queue and claim
 LOOKAHEAD_MAX = 200   # rows each of them may return
 ck = concurrency_key.c
-
-
-ER_NO_SUCH_KEY = 1176
-# Set when the server said ix_ready_pick does not exist (error 1176): claims then go without the
-# hint, slower but working, and `jobqueue doctor` says what is wrong.
-_index_missing = False
-
-
-def read_only_column(flavour: str) -> sa.ColumnElement:
-    """One column that is 0 unless one of the server's read-only flags is on: every pick and lock
-    of the cycle reads it (one column, not three); which flag it was is read only when one is."""
-    flags = [f"@@global.{flag}" for flag in _FLAGS[flavour == "mariadb"]]
-    return sa.literal_column(f"({' OR '.join(flags)})")
-
-
-@functools.lru_cache(maxsize=8)
-def pick_statement(flavour: str, hinted: bool = True) -> sa.Select:
-    """The claim's locking SELECT for 'mariadb', 'mysql' or 'sqlite'. Built once: the claim is
-    the hot path."""
-    columns = [jq.id, jq.task_key, jq.task_name, jq.priority, jq.payload, jq.attempts, jq.max_attempts,
-               db_micros_since(jq.run_at), jq.concurrency_key]
-    if flavour != "sqlite":
-        columns.append(read_only_column(flavour))
-    stmt = (sa.select(*columns)
-            .where(jq.status == Status.READY.value, jq.queue == sa.bindparam("queue"))
-            .order_by(jq.priority, jq.id)
-            .limit(sa.bindparam("limit", type_=sa.Integer)))
-    if flavour != "sqlite" and hinted:
-        hint = f"FORCE INDEX ({PICK_INDEX})"
-        stmt = stmt.with_hint(job_queue, hint, "mysql").with_hint(job_queue, hint, "mariadb")
-    return stmt.with_for_update(skip_locked=True)
 
 
 def flavour(conn: Connection) -> str:
     if not is_mysql(conn):
         return "sqlite"
     return "mariadb" if getattr(conn.dialect, "is_mariadb", False) else "mysql"
-
-
-@functools.lru_cache(maxsize=1024)
-def _settle(done: int, take: int) -> sa.Update:
-    """The cycle's one UPDATE: running -> done for `done` finished leases (each row fenced by its
-    own id, lease_owner and attempts) and ready -> running for `take` picked rows (guarded by
-    status = 'ready'), each with its slot's lease owner. Built once per shape (statement building
-    was a third of the worker's CPU). Every assignment tests the row's id, never a column this
-    statement sets: MySQL evaluates SET left to right and later terms would see new values."""
-    done_ids = [sa.bindparam(f"id_{i}", type_=sa.BigInteger) for i in range(done)]
-    take_ids = [sa.bindparam(f"take_{i}", type_=sa.BigInteger) for i in range(take)]
-    guards = []
-    if done:
-        guards.append(sa.and_(jq.status == Status.RUNNING.value, fence_any(done)))
-    if take:
-        guards.append(sa.and_(jq.status == Status.READY.value, jq.id.in_(take_ids)))
-    stmt = by_id(sa.update(job_queue).where(jq.id.in_(done_ids + take_ids), sa.or_(*guards)))
-    lease_until = db_after(micros=sa.bindparam("lease_us", type_=sa.BigInteger))
-    if not take:
-        return stmt.values(status=Status.DONE.value, finished_at=db_now(), lease_until=None, updated_at=db_now())
-    owner = sa.case({take_ids[i]: sa.bindparam(f"owner_take_{i}", type_=sa.String) for i in range(take)}, value=jq.id)
-    if not done:
-        return stmt.values(status=Status.RUNNING.value, lease_owner=owner, lease_until=lease_until,
-                           attempts=jq.attempts + 1, started_at=db_now(), updated_at=db_now())
-    taking = jq.id.in_(take_ids)
-    return stmt.values(
-        status=sa.case((taking, Status.RUNNING.value), else_=Status.DONE.value),
-        lease_owner=sa.case((taking, owner), else_=jq.lease_owner),
-        lease_until=sa.case((taking, lease_until), else_=sa.null()),
-        attempts=sa.case((taking, jq.attempts + 1), else_=jq.attempts),
-        started_at=sa.case((taking, db_now()), else_=jq.started_at),
-        finished_at=sa.case((taking, jq.finished_at), else_=db_now()),
-        updated_at=db_now())
 
 
 def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], *, lease_seconds: float,
@@ -171,7 +109,7 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
         completed = {lease: Outcome.BUSY for lease in completions if lease.job_id not in mine}
         slots = list(owners) + ([lease.owner for lease in done] if refill else [])
         limit = len(slots)
-        picked: list[tuple[tuple, str]] = []
+        picked: list[tuple[PickedRow, str]] = []
         tried: list[str] = []
         places = _Places(c, kind, finishing)
         if limit and open_queues:
@@ -195,19 +133,18 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
                 if len(picked) >= limit:
                     break
         missing.update(places.missing)
-        owner_of = {row[0]: slots[i] for i, (row, _) in enumerate(picked)}
+        owner_of = {row.id: slots[i] for i, (row, _) in enumerate(picked)}
         picked, losses = _write(c, done, picked, owner_of, lease_us, completed)
         claimed: list[ClaimedJob] = []
         for row, queue in picked:
-            job_id, task_key, task_name, priority, payload, attempts, max_attempts, delay_us = row[:8]
-            payload = json.loads(payload) if isinstance(payload, (str, bytes)) else payload
-            owner = owner_of[job_id]
+            payload = json.loads(row.payload) if isinstance(row.payload, (str, bytes)) else row.payload
+            owner = owner_of[row.id]
             claimed.append(ClaimedJob(
-                job=Job(id=job_id, task_key=task_key, task_name=task_name, queue=queue, priority=priority,
-                        payload=payload, status=Status.RUNNING, attempts=attempts + 1,
-                        max_attempts=max_attempts, lease_owner=owner, concurrency_key=row[KEY_AT]),
-                lease=Lease(job_id, owner, attempts + 1),
-                start_delay=None if delay_us is None else max(0.0, int(delay_us) / 1e6)))
+                job=Job(id=row.id, task_key=row.task_key, task_name=row.task_name, queue=queue, priority=row.priority,
+                        payload=payload, status=Status.RUNNING, attempts=row.attempts + 1,
+                        max_attempts=row.max_attempts, lease_owner=owner, concurrency_key=row.concurrency_key),
+                lease=Lease(row.id, owner, row.attempts + 1),
+                start_delay=None if row.waited_us is None else max(0.0, int(row.waited_us) / 1e6)))
         report = None
         if limit and len(claimed) < limit:
             report = classify_row(tuple(c.execute(classify_statement(classify_queues)).one()))
@@ -226,12 +163,6 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
     return cycle
 
 
-# Built once (an expanding IN list keeps it in SQLAlchemy's statement cache whatever the count).
-_QUEUES = sa.bindparam("queues", expanding=True)
-_QUEUE_STATES = sa.select(queue_state.c.queue, queue_state.c.paused).where(queue_state.c.queue.in_(_QUEUES))
-_QUEUE_STATES_SHARED = _QUEUE_STATES.with_for_update(read=True)
-
-
 def _open_queues(c: Connection, kind: str, queues: Sequence[str]) -> list[str]:
     """`queues` without the paused ones, their queue_state rows share-locked until this claim
     commits. A pause locks its row exclusively: it waits for the claims that read the queue open,
@@ -239,15 +170,12 @@ def _open_queues(c: Connection, kind: str, queues: Sequence[str]) -> list[str]:
     queue commits. A queue without a row gets one (not paused) first: a missing row could not be
     locked, and a pause that created it would not wait for this claim. That happens once per
     queue; a pause creating the same row meanwhile makes the insert wait for it."""
-    statement = _QUEUE_STATES if kind == "sqlite" else _QUEUE_STATES_SHARED   # SQLite: the claim holds the database
+    statement = QUEUE_STATES if kind == "sqlite" else QUEUE_STATES_SHARED   # SQLite: the claim holds the database
     names = list(dict.fromkeys(queues))
     paused = dict(c.execute(statement, {"queues": names}).all())
     missing = [q for q in names if q not in paused]
     if missing:
-        c.execute(sa.insert(queue_state).values(queue=sa.bindparam("name"), paused=False, changed_at=db_now(),
-                                                changed_by="")
-                  .prefix_with("IGNORE", dialect="mysql").prefix_with("IGNORE", dialect="mariadb")
-                  .prefix_with("OR IGNORE", dialect="sqlite"), [{"name": q} for q in sorted(missing)])
+        c.execute(ADD_QUEUE_STATE, [{"name": q} for q in sorted(missing)])
         paused = dict(c.execute(statement, {"queues": names}).all())
     return [q for q in queues if q in paused and not paused[q]]
 
@@ -267,18 +195,19 @@ class _Places:
         self.missing: set[str] = set()
         self.refused = 0                    # rows left ready for their key
 
-    def admit(self, rows: list[tuple], room: int) -> tuple[list[tuple], int]:
+    def admit(self, rows: list[PickedRow], room: int) -> tuple[list[PickedRow], int]:
         """The rows (in claim order) this claim may take, at most `room`, and how many it left
         for their key."""
-        new = sorted({row[KEY_AT] for row in rows if row[KEY_AT] is not None} - set(self.left) - self.blocked)
+        new = sorted({row.concurrency_key for row in rows if row.concurrency_key is not None} - set(self.left)
+                     - self.blocked)
         if new:
             self._acquire(new)
-        out: list[tuple] = []
+        out: list[PickedRow] = []
         refused = 0
         for row in rows:
             if len(out) >= room:
                 break
-            key = row[KEY_AT]
+            key = row.concurrency_key
             if key is None:
                 out.append(row)
             elif self.left.get(key, 0) > 0:
@@ -291,49 +220,22 @@ class _Places:
         return out, refused
 
     def _acquire(self, keys: list[str]) -> None:
-        held = dict(self.c.execute(_lock_keys(self.kind), {"keys": keys}).all())
+        held = dict(self.c.execute(lock_keys_statement(self.kind), {"keys": keys}).all())
         others = [k for k in keys if k not in held]
         if others:
             self.blocked.update(others)
-            present = set(self.c.execute(_KEYS_PRESENT, {"keys": others}).scalars().all())
+            present = set(self.c.execute(KEYS_PRESENT, {"keys": others}).scalars().all())
             self.missing.update(k for k in others if k not in present)
         if held:
-            running = dict(self.c.execute(_RUNNING_PER_KEY, {"keys": list(held)}).all())
+            running = dict(self.c.execute(RUNNING_PER_KEY, {"keys": list(held)}).all())
             for key, max_running in held.items():
                 self.left[key] = max(0, int(max_running) - int(running.get(key, 0)) + self.finishing[key])
 
 
-# Built once (expanding IN lists keep them in SQLAlchemy's statement cache whatever the count).
-_KEYS = sa.bindparam("keys", expanding=True)
-_KEYS_PRESENT = sa.select(ck.name).where(ck.name.in_(_KEYS))
-_RUNNING_PER_KEY = (sa.select(jq.concurrency_key, sa.func.count())
-                    .where(jq.concurrency_key.in_(_KEYS), jq.status == Status.RUNNING.value)
-                    .group_by(jq.concurrency_key))
-
-
-@functools.lru_cache(maxsize=4)
-def _lock_keys(flavour: str) -> sa.Select:
-    """The key rows, locked by this claim unless another holds them this instant (SKIP LOCKED:
-    never a wait, so never a deadlock)."""
-    stmt = sa.select(ck.name, ck.max_running).where(ck.name.in_(_KEYS))
-    if flavour == "sqlite":
-        return stmt
-    return stmt.with_hint(concurrency_key, "FORCE INDEX (PRIMARY)", "mysql").with_hint(
-        concurrency_key, "FORCE INDEX (PRIMARY)", "mariadb").with_for_update(skip_locked=True)
-
-
-@functools.lru_cache(maxsize=8)
-def _pick_after_statement(flavour: str) -> sa.Select:
-    """The pick again, continuing after a (priority, id) in claim order: an index range that
-    starts where the last pick ended, so each look further reads at most its LIMIT more rows."""
-    after_p, after_id = sa.bindparam("after_priority", type_=sa.SmallInteger), sa.bindparam("after_id",
-                                                                                             type_=sa.BigInteger)
-    return pick_statement(flavour).where(sa.or_(jq.priority > after_p, sa.and_(jq.priority == after_p, jq.id > after_id)))
-
-
-def _pick_after(c: Connection, kind: str, queue: str, limit: int, last: tuple) -> list[tuple]:
-    return execute_fast(c, _pick_after_statement(kind), {"queue": queue, "limit": limit, "after_priority": last[3],
-                                                         "after_id": last[0]}).rows
+def _pick_after(c: Connection, kind: str, queue: str, limit: int, last: PickedRow) -> list[PickedRow]:
+    rows = execute_fast(c, pick_after_statement(kind), {"queue": queue, "limit": limit,
+                                                        "after_priority": last.priority, "after_id": last.id}).rows
+    return split_rows(rows)[1]
 
 
 def ensure_keys(c: Connection, wanted: dict[str, int]) -> None:
@@ -354,9 +256,9 @@ def ensure_keys(c: Connection, wanted: dict[str, int]) -> None:
         c.execute(sa.update(concurrency_key).where(ck.name == key).values(max_running=wanted[key], updated_at=db_now()))
 
 
-def _write(c: Connection, done: list[Lease], picked: list[tuple[tuple, str]], owner_of: dict[int, str], lease_us: int,
-           completed: dict[Lease, Outcome]) -> tuple[list[tuple[tuple, str]], list[LeaseLoss]]:
-    """The cycle's one UPDATE (see _settle). Fills `completed` with each finished lease's outcome;
+def _write(c: Connection, done: list[Lease], picked: list[tuple[PickedRow, str]], owner_of: dict[int, str],
+           lease_us: int, completed: dict[Lease, Outcome]) -> tuple[list[tuple[PickedRow, str]], list[LeaseLoss]]:
+    """The cycle's one UPDATE (complete_and_take_statement). Fills `completed` with each finished lease's outcome;
     returns the picked rows that now carry our lease, and the leases found lost."""
     if not done and not picked:
         return picked, []
@@ -364,9 +266,9 @@ def _write(c: Connection, done: list[Lease], picked: list[tuple[tuple, str]], ow
     params = fence_params(done, done_size)
     params["lease_us"] = lease_us
     for i in range(take_size):
-        job_id = picked[i][0][0] if i < len(picked) else NO_ROW
+        job_id = picked[i][0].id if i < len(picked) else NO_ROW
         params[f"take_{i}"], params[f"owner_take_{i}"] = job_id, owner_of.get(job_id, "")
-    changed = execute_fast(c, _settle(done_size, take_size), params).rowcount
+    changed = execute_fast(c, complete_and_take_statement(done_size, take_size), params).rowcount
     if changed == len(done) + len(picked):
         completed.update({lease: Outcome.OK for lease in done})
         return picked, []
@@ -378,54 +280,27 @@ def _write(c: Connection, done: list[Lease], picked: list[tuple[tuple, str]], ow
         now = {r.id: r for r in c.execute(sa.select(jq.id, jq.attempts, jq.lease_owner, jq.status)
                                            .where(jq.id.in_(list(owner_of)))).all()}
         picked = [(row, q) for row, q in picked
-                  if (r := now.get(row[0])) is not None and r.status == Status.RUNNING.value
-                  and r.lease_owner == owner_of[row[0]] and r.attempts == row[5] + 1]
+                  if (r := now.get(row.id)) is not None and r.status == Status.RUNNING.value
+                  and r.lease_owner == owner_of[row.id] and r.attempts == row.attempts + 1]
     return picked, losses
 
 
-@functools.lru_cache(maxsize=512)
-def _lock_statement(n: int, flavour: str) -> sa.Select:
-    """Lock the rows of n finished leases by primary key without waiting (rows another
-    transaction holds are left out), shaped like the pick's rows (task_key NULL marks them) so
-    both go in one UNION ALL. Where the pick has the concurrency key, the row has its key if it
-    still runs under the lease (parameters as for fence_any): a place this cycle frees. PRIMARY
-    is forced: on a small table MariaDB would rather scan, and a locking scan touches every row."""
-    ids = [sa.bindparam(f"id_{i}", type_=sa.BigInteger) for i in range(n)]
-    blanks = [sa.literal_column("NULL") for _ in range(KEY_AT - 1)]
-    running = sa.bindparam("lock_status", Status.RUNNING.value)   # its own name: the pick's status_1 is 'ready'
-    key = sa.case((sa.and_(jq.status == running, fence_any(n)), jq.concurrency_key))
-    if flavour == "sqlite":
-        return sa.select(jq.id, *blanks, key).where(jq.id.in_(ids))
-    stmt = sa.select(jq.id, *blanks, key, read_only_column(flavour)).where(jq.id.in_(ids))
-    stmt = stmt.with_hint(job_queue, "FORCE INDEX (PRIMARY)", "mysql").with_hint(
-        job_queue, "FORCE INDEX (PRIMARY)", "mariadb")
-    return stmt.with_for_update(skip_locked=True)
-
-
-ER_PARSE_ERROR = 1064
-ER_WRONG_USAGE = 1221
-# Set when the server refused the one-statement lock-and-pick (a server whose grammar has no
-# locking clause inside a UNION): the cycle then sends the two SELECTs apart.
-_union_refused = False
-
-
 def _lock_and_pick(c: Connection, kind: str, finished: Sequence[Lease], queue: str | None, limit: int
-                   ) -> tuple[set[int], list[str], list[tuple]]:
+                   ) -> tuple[set[int], list[str], list[PickedRow]]:
     """Lock the finished leases' rows (those another transaction holds this instant stay out) and
     pick up to `limit` ready rows of `queue`, in one round trip where the server takes a UNION of
     the two locking SELECTs (one round trip less per cycle), else in two. Returns the ids locked,
     the concurrency keys whose places the completions free, and the picked rows. Either SELECT
     reads the server's read-only flags: on a demoted primary the cycle stops here, before any
     write."""
-    global _union_refused
     pick = (lambda: _pick(c, kind, {"queue": queue, "limit": limit})) if queue and limit else (lambda: [])
     if not finished:
         return set(), [], pick()
     size = shape(len(finished))
     params = fence_params(finished, size)
-    lock = _lock_statement(size, kind)
-    if queue and limit and kind != "sqlite" and not _union_refused and not _index_missing:
-        sql, defaults = _union(c, lock, pick_statement(kind))
+    lock = lock_finished_statement(size, kind)
+    if queue and limit and kind != "sqlite" and not REFUSED.union and not REFUSED.index_missing:
+        sql, defaults = lock_and_pick_sql(c.dialect, lock, pick_statement(kind))
         try:
             rows = execute_sql(c, sql, {**defaults, **params, "queue": queue, "limit": limit}).rows
         except DBAPIError as exc:
@@ -433,65 +308,47 @@ def _lock_and_pick(c: Connection, kind: str, finished: Sequence[Lease], queue: s
             if code not in (ER_PARSE_ERROR, ER_WRONG_USAGE, ER_NO_SUCH_KEY):
                 raise
             # A statement error; the transaction goes on. (A missing index is _pick's to note.)
-            _union_refused = _union_refused or code != ER_NO_SUCH_KEY
+            REFUSED.union = REFUSED.union or code != ER_NO_SUCH_KEY
         else:
-            _refuse_if_read_only(c, rows, kind)
-            locked = [row for row in rows if row[1] is None]
-            return ({row[0] for row in locked}, [row[KEY_AT] for row in locked if row[KEY_AT] is not None],
-                    [row for row in rows if row[1] is not None])
-    locked = execute_fast(c, lock, params).rows
+            locked, picked = split_rows(rows)
+            _refuse_if_read_only(c, locked or picked, kind)
+            return {row.id for row in locked}, _freed(locked), picked
+    locked = split_rows(execute_fast(c, lock, params).rows)[0]
     if kind == "sqlite":
         mine = {lease.job_id for lease in finished}   # BEGIN IMMEDIATE already holds the whole database
     else:
         _refuse_if_read_only(c, locked, kind)
-        mine = {row[0] for row in locked}
-    return mine, [row[KEY_AT] for row in locked if row[KEY_AT] is not None], pick()
+        mine = {row.id for row in locked}
+    return mine, _freed(locked), pick()
 
 
-_unions: dict[tuple[str, sa.Select, sa.Select], tuple[str, dict[str, Any]]] = {}
+def _freed(locked: list[LockedRow]) -> list[str]:
+    return [row.frees_key for row in locked if row.frees_key is not None]
 
 
-def _union(c: Connection, first: sa.Select, second: sa.Select) -> tuple[str, dict[str, Any]]:
-    """`(first) UNION ALL (second)` as SQL text with their default parameters, built once. Their
-    names must not clash: one dictionary carries both."""
-    key = (c.dialect.name, first, second)
-    if key not in _unions:
-        _unions[key] = _build_union(c, first, second)
-    return _unions[key]
-
-
-def _build_union(c: Connection, first: sa.Select, second: sa.Select) -> tuple[str, dict[str, Any]]:
-    first_sql, first_defaults = compiled_sql(c, first)
-    second_sql, second_defaults = compiled_sql(c, second)
-    clash = {k for k in first_defaults.keys() & second_defaults.keys() if first_defaults[k] != second_defaults[k]}
-    if clash:
-        raise AssertionError(f"parameters named alike in both SELECTs: {sorted(clash)}")
-    return f"({first_sql}) UNION ALL ({second_sql})", {**first_defaults, **second_defaults}
-
-
-def _refuse_if_read_only(c: Connection, rows: list[tuple], kind: str) -> None:
-    if rows and str(rows[0][FLAGS_AT]) not in ("0", "None"):
-        names = _FLAGS[kind == "mariadb"]
+def _refuse_if_read_only(c: Connection, rows: Sequence[PickedRow | LockedRow], kind: str) -> None:
+    if rows and str(rows[0].read_only) not in ("0", "None"):
+        names = READ_ONLY_FLAGS[kind]
         values = c.exec_driver_sql("SELECT " + ", ".join(f"@@global.{name}" for name in names)).one()
         flags = [name for name, value in zip(names, values) if str(value) in ("1", "ON")]
         raise NotPrimary(f"the server turned read-only ({', '.join(flags) or 'read_only'} is ON); nothing written")
 
 
-def _pick(c: Connection, kind: str, params: dict[str, Any]) -> list[tuple]:
-    global _index_missing
+def _pick(c: Connection, kind: str, params: dict[str, Any]) -> list[PickedRow]:
     rows = None
-    if not _index_missing:
+    if not REFUSED.index_missing:
         try:
             rows = execute_fast(c, pick_statement(kind), params).rows
         except DBAPIError as exc:
             if error_code(exc) != ER_NO_SUCH_KEY:
                 raise
-            _index_missing = True   # a statement error; the transaction goes on
+            REFUSED.index_missing = True   # a statement error; the transaction goes on
     if rows is None:
         rows = execute_fast(c, pick_statement(kind, hinted=False), params).rows
+    picked = split_rows(rows)[1]
     if kind != "sqlite":
-        _refuse_if_read_only(c, rows, kind)
-    return rows
+        _refuse_if_read_only(c, picked, kind)
+    return picked
 
 
 def claim(conn: Connection, worker_id: str | Sequence[str], limit: int, queues: Sequence[str], *,
@@ -562,7 +419,7 @@ def classify_statement(queues: Sequence[str] | None, flavour_name: str | None = 
         db_now().label("now"),
     ]
     if flavour_name in ("mariadb", "mysql"):
-        columns += [sa.literal_column(f"@@global.{flag}") for flag in _FLAGS[flavour_name == "mariadb"]]
+        columns += [sa.literal_column(f"@@global.{flag}") for flag in READ_ONLY_FLAGS[flavour_name]]
     return sa.select(*columns)
 
 
@@ -570,7 +427,7 @@ def read_only_flags(row: Sequence[Any], flavour_name: str) -> list[str]:
     """The flags that are ON in a classify row read with `flavour_name`."""
     if flavour_name not in ("mariadb", "mysql"):
         return []
-    return [f for f, v in zip(_FLAGS[flavour_name == "mariadb"], row[4:]) if str(v) in ("1", "ON")]
+    return [f for f, v in zip(READ_ONLY_FLAGS[flavour_name], row[4:]) if str(v) in ("1", "ON")]
 
 
 def classify_row(row: Sequence[Any]) -> EmptyClaimReport:
