@@ -127,7 +127,8 @@ def pick_after_statement(flavour: str) -> sa.Select:
     starts where the last pick ended, so each look further reads at most its LIMIT more rows."""
     after_p = sa.bindparam("after_priority", type_=sa.SmallInteger)
     after_id = sa.bindparam("after_id", type_=sa.BigInteger)
-    return pick_statement(flavour).where(sa.or_(jq.priority > after_p, sa.and_(jq.priority == after_p, jq.id > after_id)))
+    after = sa.or_(jq.priority > after_p, sa.and_(jq.priority == after_p, jq.id > after_id))
+    return pick_statement(flavour).where(after)
 
 
 @functools.lru_cache(maxsize=512)
