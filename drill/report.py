@@ -10,25 +10,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from drill.topology import SEMI_SYNC_TIMEOUT_MS
+from soak.checks import Execution, Observed, _cause
+from soak.report import by_kind, failed_not_doomed, listed, markdown_table, monitor_rows, outcome_rows
 from testkit.throwaway import FLAVOURS, describe_flavour
 
 
 def table(n: dict) -> str:
-    kinds = ", ".join(f"{k} {sum(v.values())} ({'/'.join(f'{s} {c}' for s, c in sorted(v.items()))})"
-                      for k, v in n["by_kind"].items())
-    faults = ", ".join(f"{k} {v}" for k, v in n["faults"].items())
-    causes = "; ".join(f"{k}: {v}" for k, v in n["duplicate_causes"].items()) or "none"
-    codes = ", ".join(f"{k} {v}" for k, v in n["exit_codes"].items())
     f = n.get("failover") or {}
     rows = [
         ("jobs enqueued", f"{n['jobs']} from {n['hosts']} hosts ({n['jobs_api']} via HTTP API, {n['jobs_cli']} via CLI), "
                           f"{n['acked']} acknowledged"),
-        ("jobs by kind (final status)", kinds),
-        ("faults injected", f"{faults}; {n['replayed_keys']} task_keys replayed"),
-        ("**lost** (must be 0)", str(n["lost"])),
-        ("**duplicate results** (must be 0)", str(n["duplicate_results"])),
-        ("duplicate executions", f"{n['duplicate_executions']} task_keys ({n['extra_executions']} extra runs of "
-                                 f"{n['executions']}); superseded runs by cause: {causes}"),
+        ("jobs by kind (final status)", by_kind(n)),
+        ("faults injected", f"{listed(n['faults'])}; {n['replayed_keys']} task_keys replayed"),
+        *outcome_rows(n),
     ]
     if f:
         rows += [
@@ -61,19 +55,14 @@ def table(n: dict) -> str:
                      f"{b['own_before_promotion']} by db2 before its promotion, {b['extra_on_old_primary']} by db1 "
                      f"after its demotion (must be 0); transactions by origin: {json.dumps(b['gtids'], sort_keys=True)}"))
     rows += [
-        ("attempts went backwards (must be 0)", f"{n['attempts_backwards']} in {n['monitor_samples']} samples"),
-        ("other invariants (must be 0)", ", ".join(f"{k} {v}" for k, v in n["violations"].items()) or "all 0"),
-        ("failed but not doomed", f"{n['failed_not_doomed']}"
-                                  + (f" ({'; '.join(f'{k[:60]}: {v}' for k, v in n['unexpected_failure_reasons'].items())})"
-                                     if n["unexpected_failure_reasons"] else "")),
+        *monitor_rows(n),
+        ("failed but not doomed", failed_not_doomed(n)),
         ("duration", f"{n['duration_seconds']} s (enqueue {n['enqueue_seconds']} s, {n['throughput_overall']} jobs/s "
                      f"overall; set-up {n['setup_seconds']} s)"),
-        ("exit codes after SIGTERM", codes),
+        ("exit codes after SIGTERM", listed(n["exit_codes"])),
         ("problems", ", ".join(f"{k}={v}" for k, v in n["problems"].items()) or "none"),
     ]
-    width = max(len(r[0]) for r in rows)
-    return "\n".join([f"| {'measure':<{width}} | value |", f"|{'-' * (width + 2)}|-------|"]
-                     + [f"| {a:<{width}} | {b} |" for a, b in rows])
+    return markdown_table(rows)
 
 
 def markdown(outcome, command: str, plan, docs_dir: Path) -> str:
@@ -168,3 +157,23 @@ acknowledged with `duplicate: true` (an earlier try had committed but its answer
 {json.dumps(n['fresh_keys_acknowledged_as_duplicate'], sort_keys=True)}. Log events across all
 processes: {json.dumps(n['log_events'], sort_keys=True)}.
 {throughput}"""
+
+
+def duplicate_runs(obs: Observed) -> list[dict]:
+    """Every run of the task_keys that ran more than once, with the cause soak/checks.py gives
+    the superseded ones: what the report's causes are made of."""
+    by_key = {r.task_key: r for r in obs.rows}
+    outcome_of = {(job_id, attempt): (outcome, error) for job_id, attempt, outcome, error in obs.attempt_rows}
+    runs: dict[str, list[Execution]] = {}
+    for ex in obs.executions:
+        runs.setdefault(ex.task_key, []).append(ex)
+    out = []
+    for key, items in sorted(runs.items()):
+        if len(items) < 2 or key not in by_key:
+            continue
+        row = by_key[key]
+        out.append({"task_key": key, "final": f"{row.status} at attempt {row.attempts}", "runs": [
+            {"attempt": ex.attempt, "worker": ex.worker,
+             "cause": None if row.status == "done" and ex.attempt == row.attempts
+             else _cause(ex, outcome_of.get((row.id, ex.attempt)), obs)} for ex in items]})
+    return out

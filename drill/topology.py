@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from soak.run import Proc, gunicorn_children
+from testkit.faults import Proc, gunicorn_children
 from testkit.netns import HostNetwork
 from testkit.replication import ReplicationCluster
 from testkit.throwaway import ThrowawayServer

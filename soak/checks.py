@@ -271,3 +271,12 @@ def _cause(ex: Execution, attempt_row: tuple[str, str] | None, obs: Observed) ->
 
 def _first_line(text: str | None) -> str:
     return (text or "").strip().splitlines()[0] if (text or "").strip() else "(no error)"
+
+
+def read_executions(path) -> list[Execution]:
+    """The execution log soak/tasks.py writes: one "task_key attempt worker pid" line a run."""
+    out = []
+    for line in path.read_text().splitlines():
+        key, attempt, worker, pid = line.split(" ")
+        out.append(Execution(key, int(attempt), worker, int(pid)))
+    return out

@@ -44,283 +44,54 @@ soak/checks.py compares what was acknowledged with what the tables hold. One ver
 from __future__ import annotations
 
 import argparse
-import heapq
-import http.client
-import json
 import os
-import platform
-import queue as queue_mod
-import random
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections import Counter
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pymysql
 
-from soak.checks import Execution, Observed, Row, Spec, check
+from soak.checks import Observed, Row, read_executions
+from soak.enqueue import Enqueuers
+from soak.faults import ProcessFaults
+from soak.operator import OperatorFaults
 from soak.partition import PartitionProxy
-from soak.two_primaries import NAME as TWIN_WORKER, Spell, TwinServer
-from testkit.throwaway import FLAVOURS, ThrowawayServer, describe_flavour
-
-REPO = Path(__file__).resolve().parents[1]
-
-DB_NAME = "soak"
-LEASE_SECONDS = 3
-FAULT_KINDS = ("sigkill_worker", "sigterm_worker", "sigstop_worker", "kill_connection", "db_restart", "hold_rows",
-               "sigkill_web_worker", "replay", "force_requeue", "read_only_flip", "partition_worker", "pause_queue",
-               "cancel", "take_back_prefetched", "pause_stalled_claim", "two_primaries")
-QUEUE = "default"
-PAUSE_NOTICE_SECONDS = 2.0   # a pause takes effect in every process within this (docs/operations.md: about a second)
+from soak.plan import DB_NAME, FAULT_KINDS, LEASE_SECONDS, QUEUE, Plan, fault_schedule, job_specs
+from soak.report import judge, markdown
+from soak.two_primaries import TwinServer
+from testkit.faults import FaultRun, close_quietly, Outcome, Proc, count_events, rerun_command, seed_and_workdir
+from testkit.procs import REPO, free_port
+from testkit.throwaway import FLAVOURS, ThrowawayServer
 
 
-# --- the plan --------------------------------------------------------------------------------------
+class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
+    FAULT_KINDS = FAULT_KINDS
 
-@dataclass
-class Plan:
-    jobs: int = 10_000
-    cli_jobs: int = 250
-    fault_seconds: float = 240.0
-    workers: int = 3
-    concurrency: int = 4
-    web_workers: int = 2
-    embedded_workers: int = 2
-    api_threads: int = 4
-    cli_threads: int = 2
-    kill_every: tuple[float, float] = (3.0, 6.0)
-    stops: int = 3
-    stop_seconds: float = 2 * LEASE_SECONDS
-    conn_kill_every: tuple[float, float] = (1.5, 4.0)
-    conn_kills_each: tuple[int, int] = (1, 3)
-    restart_at: float = 0.45                 # fraction of the fault window
-    restart_down_seconds: float = 1.5
-    crash_db: bool = False                   # SIGKILL the server instead of a clean stop
-    server: str = "mariadb"                  # the throwaway server's flavour: mariadb, mysql, mariadb11
-    holds: int = 3
-    hold_rows: int = 5
-    hold_seconds: float = 5.0
-    web_kills: int = 2
-    graceful_restarts: int = 3
-    grace_seconds: float = 8.0               # longer than the lease: renewals must go on through it
-    force_requeues: int = 6                  # an operator's forced requeue of a running job
-    read_only_flips: int = 2                 # the primary turned read-only for a moment
-    read_only_seconds: float = 2.0
-    partitions: int = 2                      # one worker cut off from the database past its lease
-    partition_seconds: float = 2 * LEASE_SECONDS + 1
-    replays: int = 5
-    pauses: int = 3
-    pause_seconds: float = 6.0
-    cancels: int = 5
-    cancel_api_keys: int = 20
-    cancel_cli_keys: int = 2
-    take_backs: int = 3                      # an operator's action on a job prefetched, not started
-    stalled_pauses: int = 2                  # a pause sent while claims stall in their transaction
-    replay_api_keys: int = 40
-    replay_cli_keys: int = 2
-    drain_timeout: float = 600.0
-    two_primaries: int = 1                   # a twin made writable in one worker's candidate list
-    two_primaries_seconds: float = 12.0
-
-    @classmethod
-    def quick(cls) -> Plan:
-        return cls(jobs=1200, cli_jobs=30, fault_seconds=30.0, kill_every=(3.0, 5.0), stops=1, pauses=2,
-                   pause_seconds=4.0, cancels=2, cancel_api_keys=10, cancel_cli_keys=1,
-                   conn_kill_every=(2.0, 4.0), holds=2, web_kills=1, graceful_restarts=1, replays=2, replay_api_keys=20,
-                   replay_cli_keys=1, drain_timeout=60.0, force_requeues=2, read_only_flips=1, partitions=1,
-                   take_backs=2, stalled_pauses=1)
-
-
-def job_specs(plan: Plan, rng: random.Random) -> list[tuple[Spec, dict, float]]:
-    """(spec, payload, delay) for each job, the CLI ones spread evenly among the API ones."""
-    out = []
-    cli_every = max(1, plan.jobs // max(1, plan.cli_jobs)) if plan.cli_jobs else 0
-    for i in range(plan.jobs):
-        kind = rng.choices(("noop", "sleep", "flaky", "doomed"), weights=(40, 30, 20, 10))[0]
-        payload: dict = {"kind": kind}
-        if kind == "sleep":
-            # Mostly short; a few outlast the lease (3 s) but not the shutdown grace (8 s), so a
-            # SIGTERM must keep renewing them to the end; a very few outlast the grace too, and
-            # are released (their handlers told, and stopping).
-            r = rng.random()
-            payload["seconds"] = round(rng.uniform(8.5, 10.0) if r < 0.004 else rng.uniform(3.5, 6.0) if r < 0.05
-                                       else rng.uniform(0.01, 0.4), 3)
-        elif kind == "flaky":
-            payload["fail_times"] = rng.randint(1, 2)
-        max_attempts = 2 if kind == "doomed" else 4
-        delay = round(rng.uniform(0.2, 2.0), 2) if rng.random() < 0.05 else 0.0
-        via = "cli" if cli_every and i % cli_every == 0 and i // cli_every < plan.cli_jobs else "api"
-        out.append((Spec(f"soak-{i:06d}-{kind}", kind, via, max_attempts), payload, delay))
-    return out
-
-
-def fault_schedule(plan: Plan, rng: random.Random) -> list[tuple[float, str]]:
-    """(seconds into the fault window, fault kind), sorted: the same seed, the same schedule."""
-    window = plan.fault_seconds
-    events: list[tuple[float, str]] = []
-    t = rng.uniform(*plan.kill_every) / 2
-    while t < window:
-        events.append((t, "sigkill_worker"))
-        t += rng.uniform(*plan.kill_every)
-    t = rng.uniform(*plan.conn_kill_every)
-    while t < window:
-        events.append((t, "kill_connection"))
-        t += rng.uniform(*plan.conn_kill_every)
-    events.append((window * plan.restart_at, "db_restart"))
-    # Stops, holds and web kills land while the queue is busy, away from the restart and the end.
-    for kind, n in (("sigstop_worker", plan.stops), ("hold_rows", plan.holds), ("sigkill_web_worker", plan.web_kills),
-                    ("sigterm_worker", plan.graceful_restarts), ("replay", plan.replays),
-                    ("force_requeue", plan.force_requeues), ("read_only_flip", plan.read_only_flips),
-                    ("partition_worker", plan.partitions), ("pause_queue", plan.pauses), ("cancel", plan.cancels),
-                    ("take_back_prefetched", plan.take_backs), ("pause_stalled_claim", plan.stalled_pauses)):
-        for j in range(n):
-            lo, hi = window * (0.05 + 0.8 * j / n), window * (0.05 + 0.8 * (j + 1) / n)
-            at = rng.uniform(lo, hi)
-            if abs(at - window * plan.restart_at) < 4:
-                at = (at + 5) if at >= window * plan.restart_at else (at - 5)
-            events.append((max(0.5, min(at, window - plan.stop_seconds - 1)), kind))
-    for _ in range(plan.two_primaries):   # after the others: the same seed keeps their schedule
-        events.append((two_primaries_start(events, plan, rng), "two_primaries"))
-    return sorted(events)
-
-
-def two_primaries_start(events: list[tuple[float, str]], plan: Plan, rng: random.Random) -> float:
-    """When a two_primaries spell may start: away from read-only flips and server restarts, each of
-    which would leave the twin the only writable candidate (a real failover to it, where claiming
-    on the twin is right), and after the twin server had time to start."""
-    window = plan.fault_seconds
-    span = plan.two_primaries_seconds + 5   # the twin's worker may take a few seconds to start
-    busy = [t for t, kind in events if kind in ("read_only_flip", "db_restart", "two_primaries")]
-    lo = max(15.0, window * 0.05)   # the twin and its worker start meanwhile
-    for _ in range(200):
-        at = rng.uniform(lo, max(lo, window * 0.9))
-        if not any(at - 8 <= t <= at + span for t in busy):
-            return at
-    return max([window] + busy) + 8
-
-
-# --- processes -----------------------------------------------------------------------------------
-
-class Proc:
-    def __init__(self, name: str, argv: list[str], env: dict, log_path: Path):
-        self.name = name
-        self.log_path = log_path
-        self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        self.pid = self.proc.pid
-        self.fate = "running"          # running | killed | terminated | stopped-then-continued | exited
-        self.stopped = False
-        self.sigterm_sent = False
-        self._started = False
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def started(self) -> bool:
-        """The worker logged worker_started: its signal handlers are in place."""
-        if not self._started:
-            with open(self.log_path, "rb") as f:
-                self._started = b"event=worker_started " in f.read()
-        return self._started
-
-    def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-
-    def sigterm(self) -> None:
-        """One SIGTERM. A second one could land while the interpreter is finalising, after Python
-        has put the default handlers back, and kill a process that had already stopped cleanly."""
-        if self.alive() and not self.sigterm_sent:
-            self.sigterm_sent = True
-            if self.stopped:
-                self.proc.send_signal(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)
-
-    def terminate(self, timeout: float) -> int | None:
-        self.sigterm()
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-            return None
-        finally:
-            self._log.close()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
-class NotNow(Exception):
-    """A fault cannot be injected at this moment (say, every worker is still starting): try again
-    a second later, a few times."""
-
-
-def gunicorn_children(master_pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{master_pid}/task/{master_pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
-
-
-# --- the soak ------------------------------------------------------------------------------------
-
-class Soak:
     def __init__(self, plan: Plan, seed: int, workdir: Path, log=print):
-        self.plan = plan
-        self.seed = seed
-        self.rng = random.Random(seed)
-        self.workdir = workdir
-        self.say = log
-        self.logs = workdir / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.exec_log = workdir / "executions.log"
-        self.exec_log.write_text("")
+        super().__init__(plan, seed, workdir, log)
+        self.payloads: dict[str, tuple[dict, float]] = {}
         self.server = ThrowawayServer(workdir / "mariadb", flavour=plan.server)
         self.url = ""
-        self.token = secrets.token_urlsafe(32)
-        self.env: dict[str, str] = {}
         self.workers: list[Proc] = []
         self.all_workers: list[Proc] = []
         self.web: Proc | None = None
         self.web_port = 0
         self.worker_seq = 0
-        self.lock = threading.Lock()
-        # What the enqueuers learned.
-        self.specs: dict[str, Spec] = {}
-        self.payloads: dict[str, tuple[dict, float]] = {}
-        self.acked: dict[str, int] = {}
-        # Fresh keys whose acknowledgement said duplicate: true: an earlier try had committed and
-        # its answer was lost (a 503, a killed gunicorn worker: after a client retry), or the
-        # server's own retry after a COMMIT whose OK never arrived (in one request).
-        self.fresh_duplicates: Counter = Counter()
-        self.enqueue_retries = Counter()
-        self.enqueue_gave_up: list[str] = []
-        self.enqueue_rejected: list[str] = []
         self.enqueue_done = threading.Event()
         # What the faults did.
-        self.faults = Counter()
-        self.fault_errors: list[str] = []
-        self.fault_log: list[str] = []
-        self.killed_pids: set[int] = set()
         self.stopped_pids: set[int] = set()
         self.terminated_pids: set[int] = set()
-        self.partitioned_pids: set[int] = set()
         self.forced: set[tuple[str, int]] = set()     # (task_key, attempt) an operator requeued while running
         self.proxy: PartitionProxy | None = None
         self.read_only_since: float | None = None
         self.read_only_grace_until = 0.0
         self.refused_while_read_only = 0
-        self.replayed = 0
-        self.replay_mismatches: list[str] = []
         self.held_touched: list[str] = []
         # Pauses and cancellations.
         self.pause_windows: list[list[float]] = []    # [claims forbidden from, until] (monotonic)
@@ -328,20 +99,10 @@ class Soak:
         self.actions_gave_up: list[str] = []   # a resume or a cancel that never went through
         self.cancelled: set[str] = set()
         self.cancel_answers: Counter = Counter()
-        self.unexpected_exits: list[str] = []
         self.own_connection_ids: set[int] = set()
         self.restart_outage = 0.0
         self.twin: TwinServer | None = None
         self.twin_worker: Proc | None = None
-        # The monitor's view.
-        self.monitor_stop = threading.Event()
-        self.last_seen: dict[int, tuple[int, str]] = {}
-        self.attempts_backwards: list[dict] = []
-        self.terminal_regressions: list[dict] = []
-        self.monitor_samples = 0
-        self.status_counts: Counter = Counter()
-        self.t0 = 0.0
-        self.timeline: list[tuple[float, int]] = []   # (seconds since start, terminal jobs)
         # Operators taking back prefetched jobs (fault_take_back_prefetched).
         self.take_back_url = ""
         self.take_back_busy = False
@@ -350,6 +111,7 @@ class Soak:
         self.take_back_late: list[str] = []       # a handler started after the action answered
         self.resumes_in_flight = 0                # resumes sent that have not answered yet
 
+    # --- set-up ----------------------------------------------------------------------------------
     # --- set-up ----------------------------------------------------------------------------------
 
     def start_database(self) -> None:
@@ -390,7 +152,7 @@ class Soak:
     def start_web(self) -> None:
         from werkzeug.security import generate_password_hash
 
-        self.web_port = _free_port()
+        self.web_port = free_port()
         env = self.base_env()
         env.update({
             "JOBQUEUE_DATABASE_URL": self.url,
@@ -417,137 +179,6 @@ class Soak:
             if not self.web.alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"gunicorn did not come up:\n{self.web.log()[-3000:]}")
             time.sleep(0.2)
-
-    # --- enqueue ---------------------------------------------------------------------------------
-
-    def _http(self, method: str, path: str, body: dict | None, timeout: float = 10,
-              conn: http.client.HTTPConnection | None = None) -> tuple[int, dict]:
-        own = conn is None
-        conn = conn or http.client.HTTPConnection("127.0.0.1", self.web_port, timeout=timeout)
-        try:
-            headers = {"Authorization": f"Bearer {self.token}"}
-            data = None
-            if body is not None:
-                data = json.dumps(body).encode()
-                headers["Content-Type"] = "application/json"
-            conn.request(method, path, body=data, headers=headers)
-            resp = conn.getresponse()
-            raw = resp.read()
-            try:
-                parsed = json.loads(raw) if raw else {}
-            except ValueError:
-                parsed = {"raw": raw[:200].decode(errors="replace")}
-            return resp.status, parsed
-        finally:
-            if own:
-                conn.close()
-
-    def enqueue_api(self, spec: Spec, payload: dict, delay: float, conn_box: list, deadline_s: float = 180
-                    ) -> tuple[str, dict | None]:
-        """POST until the queue answers 200/201; the same task_key on every try. ('ok', body),
-        ('rejected', body) for a 4xx, ('gave_up', None)."""
-        body = {"task": "soak", "task_key": spec.task_key, "payload": payload, "max_attempts": spec.max_attempts}
-        if delay:
-            body["delay"] = delay
-        deadline = time.monotonic() + deadline_s
-        pause = 0.1
-        tries = 0
-        while True:
-            tries += 1
-            try:
-                if conn_box[0] is None:
-                    conn_box[0] = http.client.HTTPConnection("127.0.0.1", self.web_port, timeout=15)
-                status, answer = self._http("POST", "/api/jobs", body, conn=conn_box[0])
-                if status in (200, 201):
-                    answer["_tries"] = tries
-                    return "ok", answer
-                if 400 <= status < 500:
-                    return "rejected", {"status": status, **answer}
-                self.enqueue_retries[f"api {status}"] += 1
-            except (OSError, http.client.HTTPException) as exc:
-                self.enqueue_retries[f"api {type(exc).__name__}"] += 1
-                if conn_box[0] is not None:
-                    conn_box[0].close()
-                conn_box[0] = None
-            if time.monotonic() > deadline:
-                return "gave_up", None
-            time.sleep(pause * random.uniform(0.5, 1.5))
-            pause = min(pause * 2, 2.0)
-
-    def enqueue_cli(self, spec: Spec, payload: dict, delay: float, deadline_s: float = 180) -> tuple[str, dict | None]:
-        argv = [sys.executable, "-m", "jobqueue.cli", "--database-url", self.url, "--log-level", "WARNING",
-                "enqueue", "soak", "--key", spec.task_key, "--payload", json.dumps(payload),
-                "--max-attempts", str(spec.max_attempts), "--tasks", "soak.tasks"]
-        if delay:
-            argv += ["--delay", str(delay)]
-        deadline = time.monotonic() + deadline_s
-        pause = 0.2
-        tries = 0
-        while True:
-            tries += 1
-            try:
-                out = subprocess.run(argv, capture_output=True, text=True, env=self.base_env(), cwd=REPO, timeout=60)
-            except subprocess.TimeoutExpired:
-                self.enqueue_retries["cli timeout"] += 1
-            else:
-                if out.returncode == 0:
-                    answer = json.loads(out.stdout.strip().splitlines()[-1])
-                    answer["_tries"] = tries
-                    return "ok", answer
-                if out.returncode not in (1, 75):   # 75: no writable primary right now, try again
-                    return "rejected", {"code": out.returncode, "stderr": out.stderr[-500:]}
-                self.enqueue_retries[f"cli exit {out.returncode}"] += 1
-            if time.monotonic() > deadline:
-                return "gave_up", None
-            time.sleep(pause * random.uniform(0.5, 1.5))
-            pause = min(pause * 2, 2.0)
-
-    def _record_ack(self, spec: Spec, outcome: str, answer: dict | None) -> None:
-        with self.lock:
-            if outcome == "ok":
-                self.acked[spec.task_key] = int(answer["id"])
-                if answer.get("duplicate"):
-                    self.fresh_duplicates["after a client retry" if answer.get("_tries", 1) > 1
-                                          else "in one request"] += 1
-            elif outcome == "rejected":
-                self.enqueue_rejected.append(f"{spec.task_key} via {spec.via}: {answer}")
-            else:
-                self.enqueue_gave_up.append(f"{spec.task_key} via {spec.via}")
-
-    def run_enqueuers(self, jobs: list[tuple[Spec, dict, float]]) -> list[threading.Thread]:
-        api_q: queue_mod.Queue = queue_mod.Queue()
-        cli_q: queue_mod.Queue = queue_mod.Queue()
-        for item in jobs:
-            self.specs[item[0].task_key] = item[0]
-            self.payloads[item[0].task_key] = (item[1], item[2])
-            (cli_q if item[0].via == "cli" else api_q).put(item)
-
-        def api_loop():
-            box = [None]
-            while True:
-                try:
-                    spec, payload, delay = api_q.get_nowait()
-                except queue_mod.Empty:
-                    break
-                self._record_ack(spec, *self.enqueue_api(spec, payload, delay, box))
-            if box[0] is not None:
-                box[0].close()
-
-        def cli_loop():
-            while True:
-                try:
-                    spec, payload, delay = cli_q.get_nowait()
-                except queue_mod.Empty:
-                    break
-                self._record_ack(spec, *self.enqueue_cli(spec, payload, delay))
-
-        threads = [threading.Thread(target=_guarded(api_loop, self), name=f"api-{i}", daemon=True)
-                   for i in range(self.plan.api_threads)]
-        threads += [threading.Thread(target=_guarded(cli_loop, self), name=f"cli-{i}", daemon=True)
-                    for i in range(self.plan.cli_threads)]
-        for t in threads:
-            t.start()
-        return threads
 
     # --- the monitor -----------------------------------------------------------------------------
 
@@ -580,11 +211,7 @@ class Soak:
                     rows = cur.fetchall()
                 read_at = time.monotonic()
             except pymysql.MySQLError:
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except Exception:
-                        pass
+                close_quietly(conn)
                 conn = None
                 previous_start = None   # the next sample has no comparable predecessor
                 self.monitor_stop.wait(0.5)
@@ -597,25 +224,14 @@ class Soak:
             counts: Counter = Counter()
             for job_id, attempts, status, owner, started_at in rows:
                 counts[status] += 1
-                before = self.last_seen.get(job_id)
-                if before is not None:
-                    if attempts < before[0]:
-                        self.attempts_backwards.append({"id": job_id, "from": before[0], "to": attempts})
-                    if attempts > before[0] and in_pause:
-                        self.paused_claims.append({"id": job_id, "attempt": attempts, "owner": owner,
-                                                   "started_at": str(started_at), "pause": self._pause_stamp(conn)})
-                    # Finished jobs stay finished; only an operator's cancel turns failed into cancelled.
-                    if before[1] in ("done", "failed", "cancelled") and status != before[1] \
-                            and not (before[1] == "failed" and status == "cancelled"):
-                        self.terminal_regressions.append({"id": job_id, "from": before[1], "to": status})
-                elif in_pause and attempts > 0:
-                    self.paused_claims.append({"id": job_id, "attempt": attempts, "new": True, "owner": owner,
-                                               "started_at": str(started_at), "pause": self._pause_stamp(conn)})
-                self.last_seen[job_id] = (attempts, status)
+                before = self.watch(job_id, attempts, status)
+                if in_pause and attempts > (before[0] if before else 0):
+                    self.paused_claims.append({"id": job_id, "attempt": attempts, **({} if before else {"new": True}),
+                                               "owner": owner, "started_at": str(started_at),
+                                               "pause": self._pause_stamp(conn)})
             previous_start = started
             self.monitor_samples += 1
             self.status_counts = counts
-            self.timeline.append((time.monotonic() - self.t0, counts["done"] + counts["failed"]))
             self.monitor_stop.wait(max(0.05, 0.5 - (time.monotonic() - started)))
         if conn is not None:
             conn.close()
@@ -632,10 +248,6 @@ class Soak:
         return f"paused={row[0]} at {row[1]}" if row else "no queue_state row"
 
     # --- faults ----------------------------------------------------------------------------------
-
-    def note(self, text: str) -> None:
-        line = f"{time.monotonic() - self.t0:7.1f}s {text}"
-        self.fault_log.append(line)
 
     def live_workers(self, started: bool = False) -> list[Proc]:
         return [w for w in self.workers if w.alive() and not w.stopped and (w.started() or not started)]
@@ -662,649 +274,6 @@ class Soak:
             self.web.fate = "exited"
             self.unexpected_exits.append(f"gunicorn exited with {self.web.proc.returncode}")
 
-    def fault_sigkill_worker(self, later) -> None:
-        choices = self.live_workers()
-        if not choices:
-            raise NotNow("no live worker to kill")
-        victim = self.rng.choice(choices)
-        victim.signal(signal.SIGKILL)
-        victim.proc.wait(10)
-        victim.fate = "killed"
-        self.killed_pids.add(victim.pid)
-        self.workers.remove(victim)
-        new = self.start_worker(proxied=getattr(victim, "proxied", False))
-        self.note(f"SIGKILL worker {victim.name} (pid {victim.pid}); started {new.name} (pid {new.pid})")
-
-    def fault_sigterm_worker(self, later) -> None:
-        """A deploy: SIGTERM one worker (it finishes or releases what it holds and exits 0) and
-        start its replacement at once."""
-        # A worker still importing has no SIGTERM handler yet (and holds nothing): it would just die.
-        choices = self.live_workers(started=True)
-        if not choices:
-            raise NotNow("no started worker to restart")
-        victim = self.rng.choice(choices)
-        victim.sigterm()
-        victim.fate = "terminated"
-        self.terminated_pids.add(victim.pid)
-        self.workers.remove(victim)
-        new = self.start_worker(proxied=getattr(victim, "proxied", False))
-        self.note(f"SIGTERM worker {victim.name} (pid {victim.pid}); started {new.name} (pid {new.pid})")
-
-        def check_exit():
-            code = victim.proc.poll()
-            if code != 0:
-                self.unexpected_exits.append(f"worker {victim.name} (pid {victim.pid}) after SIGTERM: "
-                                             f"{'still running' if code is None else f'exit {code}'}")
-            self.note(f"worker {victim.name} exited with {code} after SIGTERM")
-
-        # A worker's shutdown is bounded by its grace, then the release writes and the last
-        # completions, each retried up to finish_retry_seconds (max(5 s, lease)) while the
-        # database is away: a worker SIGTERMed just after a SIGCONT, its leases lost and its
-        # connections killed, legitimately takes more than 10 s (found by the soak).
-        later(1.0 + 2 * max(5.0, LEASE_SECONDS) + 8.0, check_exit)
-
-    def fault_sigstop_worker(self, later) -> None:
-        choices = self.live_workers(started=True)
-        if not choices:
-            raise NotNow("no started worker to stop")
-        victim = self.rng.choice(choices)
-        victim.signal(signal.SIGSTOP)
-        victim.stopped = True
-        self.stopped_pids.add(victim.pid)
-        self.note(f"SIGSTOP worker {victim.name} (pid {victim.pid}) for {self.plan.stop_seconds:g} s "
-                  f"(lease {LEASE_SECONDS} s)")
-
-        def resume():
-            victim.signal(signal.SIGCONT)
-            victim.stopped = False
-            victim.fate = "stopped-then-continued"
-            self.note(f"SIGCONT worker {victim.name} (pid {victim.pid})")
-
-        later(self.plan.stop_seconds, resume)
-
-    def fault_force_requeue(self, later) -> None:
-        """An operator's forced requeue of a running job (preferably a long one): the old attempt's
-        lease is fenced, its handler told within a renewal; the job runs again as attempt + 1."""
-        conn = self._connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT id, task_key, attempts FROM job_queue WHERE status = 'running' "
-                            "ORDER BY started_at LIMIT 20")
-                running = cur.fetchall()
-        finally:
-            conn.close()
-        if not running:
-            raise NotNow("no running job to requeue")
-        job_id, task_key, attempt = self.rng.choice(running)
-        status, answer = self._http("POST", f"/api/jobs/{job_id}/requeue", {"force": True})
-        if status != 200 or not answer.get("changed"):
-            raise NotNow(f"requeue of job {job_id} answered {status} {answer}")
-        self.forced.add((task_key, int(attempt)))
-        self.note(f"forced requeue of running job {job_id} ({task_key}, attempt {attempt})")
-
-    def fault_read_only_flip(self, later) -> None:
-        """The primary turns read-only for a moment (a botched switchover): claims and writes
-        pause everywhere, enqueues answer 503 / exit 75 and are retried, then all resumes."""
-        self.server.execute("SET GLOBAL read_only = ON")
-        self.read_only_since = time.monotonic()
-        self.note(f"read_only = ON for {self.plan.read_only_seconds:g} s")
-
-        def back():
-            self.server.execute("SET GLOBAL read_only = OFF")
-            self.note("read_only = OFF")
-            self.read_only_since = None
-            # A worker whose start-up check saw the read-only server exits 3 a moment later.
-            self.read_only_grace_until = time.monotonic() + 5
-
-        later(self.plan.read_only_seconds, back)
-
-    def fault_two_primaries(self, later) -> None:
-        """A failover that left the old primary writable, seen by one worker: its second
-        candidate (the twin, a standby until now) turns writable for a spell, then read-only."""
-        twin = self.twin
-        if twin is None or twin.error:
-            raise RuntimeError(twin.error if twin else "no twin server")
-        if self.twin_worker is None or not self.twin_worker.started():
-            raise NotNow("the twin server or its worker is still starting")
-        spell = Spell(self._db_now(), time.time())
-        twin.writable(True)
-        self.note(f"two primaries: the twin is writable for {self.plan.two_primaries_seconds:g} s "
-                  f"(worker {TWIN_WORKER} lists both)")
-
-        def back():
-            # Read before the flip: on a loaded host the read may take seconds, and claims after the
-            # flip are the worker's right.
-            spell.read_only_at = self._db_now()
-            twin.writable(False)
-            twin.spells.append(spell)
-            self.note("two primaries: the twin is read-only again")
-            if self.twin_worker not in self.workers:
-                self.workers.append(self.twin_worker)   # a worker like the others from now on
-
-        later(self.plan.two_primaries_seconds, back)
-
-    def start_twin_worker(self) -> None:
-        """The worker whose candidates are "<primary> <twin>", as soon as the twin is ready: it
-        claims on the primary like the others until the two_primaries fault."""
-        self.twin_worker = Proc(TWIN_WORKER, [
-            sys.executable, "-m", "jobqueue.cli", "--database-url", f"{self.url} {self.twin.url()}", "worker",
-            "--name", TWIN_WORKER, "--concurrency", str(self.plan.concurrency), "--lease-seconds",
-            str(LEASE_SECONDS), "--grace-seconds", str(self.plan.grace_seconds), "--tasks", "soak.tasks"],
-            self.base_env(), self.logs / f"worker-{TWIN_WORKER}.log")
-        self.all_workers.append(self.twin_worker)
-
-    def _db_now(self):
-        conn = self._connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT UTC_TIMESTAMP(6)")
-                return cur.fetchone()[0]
-        finally:
-            conn.close()
-
-    def fault_partition_worker(self, later) -> None:
-        """Cut the proxied worker off from the database for longer than its lease: its statements
-        hang, its local deadline must tell its handlers the leases are gone, and its late writes
-        must be fenced."""
-        victims = [w for w in self.live_workers(started=True) if getattr(w, "proxied", False)]
-        if not victims or self.proxy.cut_off:
-            raise NotNow("no started proxied worker")
-        for w in victims:
-            self.partitioned_pids.add(w.pid)
-        self.proxy.cut()
-        self.note(f"partition: {', '.join(w.name for w in victims)} cut off from the database for "
-                  f"{self.plan.partition_seconds:g} s (lease {LEASE_SECONDS} s)")
-
-        def heal():
-            self.proxy.heal()
-            self.note("partition healed")
-
-        later(self.plan.partition_seconds, heal)
-
-    def fault_kill_connection(self, later) -> None:
-        conn = self._connect()
-        try:
-            with conn.cursor() as cur:
-                with self.lock:
-                    own = set(self.own_connection_ids)
-                cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = %s AND COMMAND <> 'Daemon'",
-                            (DB_NAME,))
-                ids = [r[0] for r in cur.fetchall() if r[0] not in own]
-                if not ids:
-                    raise NotNow("no connection to kill")
-                n = min(len(ids), self.rng.randint(*self.plan.conn_kills_each))
-                killed = []
-                for cid in self.rng.sample(ids, n):
-                    try:
-                        cur.execute(f"KILL CONNECTION {int(cid)}")
-                        killed.append(cid)
-                    except pymysql.MySQLError:
-                        pass  # it went away by itself
-        finally:
-            conn.close()
-        if not killed:
-            raise NotNow("every chosen connection was already gone")
-        self.faults["connections_killed"] += len(killed)
-        self.note(f"KILL CONNECTION {', '.join(map(str, killed))} (of {len(ids)})")
-
-    def fault_db_restart(self, later) -> None:
-        started = time.monotonic()
-        if self.plan.crash_db:
-            self.note("database: crashing it (SIGKILL; InnoDB recovers on start)")
-            self.server.kill()
-        else:
-            self.note("database: stopping (SIGTERM)")
-            self.server.stop()
-        time.sleep(self.plan.restart_down_seconds)
-        self.server.start()
-        self.restart_outage = time.monotonic() - started
-        self.note(f"database: back on port {self.server.port} after {self.restart_outage:.1f} s")
-
-    def fault_hold_rows(self, later) -> None:
-        conn = self._connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute("BEGIN")
-                # Locked by primary key: a locking read that sorts (ORDER BY priority, id over the
-                # ready rows of every queue is a filesort) locks every row it reads, not the few
-                # it returns, and so held all ready rows instead of hold_rows of them.
-                cur.execute("SELECT id FROM job_queue WHERE status = 'ready' ORDER BY priority, id "
-                            f"LIMIT {int(self.plan.hold_rows)}")
-                ids = [row[0] for row in cur.fetchall()] or [0]
-                cur.execute(f"SELECT id, attempts FROM job_queue FORCE INDEX (PRIMARY) WHERE id IN "
-                            f"({','.join(map(str, ids))}) AND status = 'ready' FOR UPDATE SKIP LOCKED")
-                held = cur.fetchall()
-        except BaseException:
-            conn.close()
-            raise
-        if not held:
-            conn.close()
-            raise NotNow("no ready rows to hold")
-        self.note(f"holding {len(held)} ready rows {[r[0] for r in held]} in a paused transaction "
-                  f"for {self.plan.hold_seconds:g} s")
-
-        def release():
-            try:
-                conn.ping(reconnect=False)
-            except pymysql.MySQLError:
-                # The holding session is gone (the database restarted under it): its locks went
-                # with it, so workers were free to take the rows since.
-                conn.close()
-                self.note(f"the hold of {len(held)} rows had ended with its session (database restart)")
-                return
-            try:
-                check = self._connect()
-                try:
-                    with check.cursor() as cur:
-                        ids = ",".join(str(r[0]) for r in held)
-                        cur.execute(f"SELECT id, attempts, status FROM job_queue WHERE id IN ({ids})")
-                        now = {r[0]: (r[1], r[2]) for r in cur.fetchall()}
-                finally:
-                    check.close()
-                for job_id, attempts in held:
-                    if now.get(job_id) != (attempts, "ready"):
-                        self.held_touched.append(f"job {job_id}: held as ready/attempts {attempts}, "
-                                                 f"now {now.get(job_id)}")
-            except pymysql.MySQLError as exc:
-                self.fault_errors.append(f"hold check: {exc}")
-            try:
-                conn.rollback()
-            except pymysql.MySQLError:
-                pass  # the server restarted under it: the hold ended then
-            conn.close()
-            self.note(f"released {len(held)} held rows")
-
-        later(self.plan.hold_seconds, release)
-
-    def fault_sigkill_web_worker(self, later) -> None:
-        children = gunicorn_children(self.web.pid)
-        if not children:
-            raise NotNow("no gunicorn worker process found")
-        pid = self.rng.choice(children)
-        os.kill(pid, signal.SIGKILL)
-        self.killed_pids.add(pid)
-        self.note(f"SIGKILL gunicorn worker pid {pid} (the master starts another)")
-
-    def fault_replay(self, later) -> None:
-        with self.lock:
-            known = sorted(self.acked.items())
-        if len(known) < self.plan.replay_api_keys + self.plan.replay_cli_keys:
-            raise NotNow("too few acknowledged keys to replay yet")
-        sample = self.rng.sample(known, self.plan.replay_api_keys + self.plan.replay_cli_keys)
-
-        def replay():
-            box = [None]
-            for n, (key, job_id) in enumerate(sample):
-                spec = self.specs[key]
-                payload, delay = self.payloads[key]
-                if n < self.plan.replay_api_keys:
-                    outcome, answer = self.enqueue_api(spec, payload, delay, box)
-                else:
-                    outcome, answer = self.enqueue_cli(spec, payload, delay)
-                with self.lock:
-                    self.replayed += 1
-                    if outcome != "ok" or not answer.get("duplicate") or int(answer["id"]) != job_id:
-                        self.replay_mismatches.append(f"{key} (id {job_id}): {outcome} {answer}")
-            if box[0] is not None:
-                box[0].close()
-
-        t = threading.Thread(target=_guarded(replay, self), name="replay", daemon=True)
-        t.start()
-        self.action_threads.append(t)
-        self.note(f"replaying {self.plan.replay_api_keys} task_keys via the API and {self.plan.replay_cli_keys} via the CLI")
-
-    def _cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "jobqueue.cli", "--database-url", self.url, "--log-level", "WARNING",
-                               *args], capture_output=True, text=True, env=self.base_env(), cwd=REPO, timeout=timeout)
-
-    def _until_ok(self, what: str, attempt, deadline_s: float = 60, *, record: bool = True) -> bool:
-        """Call `attempt()` (True when done) until it succeeds, through restarts and killed
-        connections; False (and, with `record`, counted as a problem) if it never does."""
-        deadline = time.monotonic() + deadline_s
-        while time.monotonic() < deadline:
-            try:
-                if attempt():
-                    return True
-            except (OSError, http.client.HTTPException, subprocess.TimeoutExpired):
-                pass
-            time.sleep(0.3)
-        if record:
-            self.actions_gave_up.append(f"{what}: gave up after {deadline_s:g} s")
-        return False
-
-    def fault_pause_queue(self, later) -> None:
-        """Pause the queue through the API; resume it `pause_seconds` later with `jobqueue resume`.
-        From PAUSE_NOTICE_SECONDS after the pause answered until the resume is sent, the monitor
-        must see no attempt start."""
-        def pause() -> bool:
-            status, answer = self._http("POST", f"/api/queues/{QUEUE}/pause", {})
-            return status == 200 and answer.get("paused") is True
-
-        # A pause refused for 20 s (the primary read-only, restarting, or cut off by another
-        # fault) is not a problem: the fault is tried again later, like any fault whose moment
-        # has not come. Only a resume that never goes through is (the queue would stay paused).
-        if self._pause_open():
-            raise NotNow("another pause is open")
-        if not self._until_ok("pause", pause, 20, record=False):
-            raise NotNow("the pause did not go through")
-        window = [time.monotonic() + PAUSE_NOTICE_SECONDS, float("inf")]
-        with self.lock:
-            self.pause_windows.append(window)
-        self.note(f"paused queue {QUEUE} (API) for {self.plan.pause_seconds:g} s")
-
-        def resume():
-            try:
-                ok = self._until_ok("resume", lambda: self._cli("resume", QUEUE).returncode == 0)
-            finally:
-                with self.lock:
-                    self.resumes_in_flight -= 1
-            self.note(f"resumed queue {QUEUE} (CLI){'' if ok else ' FAILED'}")
-
-        def start_resume():
-            # On a thread of its own: the resume may have to wait for the database (read-only,
-            # restarting), and the end of that fault is due in this same loop.
-            with self.lock:
-                window[1] = time.monotonic()
-                self.resumes_in_flight += 1
-            t = threading.Thread(target=_guarded(resume, self), name="resume", daemon=True)
-            t.start()
-            self.action_threads.append(t)
-
-        later(self.plan.pause_seconds, start_resume)
-
-    def fault_cancel(self, later) -> None:
-        """Cancel a few acknowledged jobs, mostly recent ones (so some are ready, scheduled or
-        running), through both doors. A job already done answers 409 / exit 3 and stays done."""
-        with self.lock:
-            known = sorted(self.acked.items(), key=lambda kv: kv[1])
-        n = self.plan.cancel_api_keys + self.plan.cancel_cli_keys
-        if len(known) < n * 3:
-            raise NotNow("too few acknowledged keys to cancel yet")
-        recent = known[-n * 5:]
-        sample = self.rng.sample(recent, n - 2) + self.rng.sample(known[: -n * 5], 2)
-
-        def cancel():
-            box = [None]
-            for i, (key, job_id) in enumerate(sample):
-                via_api = i < self.plan.cancel_api_keys
-
-                def attempt(key=key, job_id=job_id, via_api=via_api) -> bool:
-                    if via_api:
-                        if box[0] is None:
-                            box[0] = http.client.HTTPConnection("127.0.0.1", self.web_port, timeout=15)
-                        try:
-                            status, answer = self._http("POST", f"/api/jobs/{job_id}/cancel", {"reason": "soak"},
-                                                        conn=box[0])
-                        except (OSError, http.client.HTTPException):
-                            box[0].close()
-                            box[0] = None
-                            raise
-                        outcome = ("ok" if status == 200 else "done" if status == 409 else "busy" if status == 423
-                                   else f"http {status}")
-                        changed = status == 200 and answer.get("changed")
-                    else:
-                        out = self._cli("cancel", str(job_id), "--reason", "soak")
-                        outcome = {0: "ok", 3: "done", 75: "busy"}.get(out.returncode, f"exit {out.returncode}")
-                        changed = out.returncode == 0 and json.loads(out.stdout).get("changed")
-                    with self.lock:
-                        self.cancel_answers[outcome] += 1
-                        if changed:
-                            self.cancelled.add(key)
-                    return outcome in ("ok", "done")
-
-                self._until_ok(f"cancel {key}", attempt, 60)
-            if box[0] is not None:
-                box[0].close()
-
-        t = threading.Thread(target=_guarded(cancel, self), name="cancel", daemon=True)
-        t.start()
-        self.action_threads.append(t)
-        self.note(f"cancelling {len(sample)} jobs ({self.plan.cancel_api_keys} via the API)")
-
-    def _pause_open(self) -> bool:
-        """A pause whose resume has not landed (it may wait for the database, or for a claim that
-        a stopped worker holds open): another pause now would be ended by that resume."""
-        with self.lock:
-            return self.resumes_in_flight > 0 or any(w[1] == float("inf") for w in self.pause_windows)
-
-    def fault_take_back_prefetched(self, later) -> None:
-        """An operator takes back a job that waits in hand for a thread (issue 25): a worker of its
-        own, `--concurrency 1 --prefetch 2`, holds three jobs, the first 12 s long
-        (testkit.tasks.record_runs, which writes the wall-clock time its handler starts); while
-        the first runs, the second is
-        cancelled, failed or force-requeued (in turn) with the CLI. Its first attempt's handler
-        must not start after the command answered. Its own database on the soak's server, so
-        that the soak's workers and checks never see these jobs."""
-        with self.lock:
-            if self.take_back_busy:
-                raise NotNow("the last round still runs")
-            self.take_back_busy = True
-        actions = (("cancel",), ("requeue", "--force"), ("fail",))
-        action = actions[len(self.take_back_rounds) % len(actions)]
-        self.take_back_rounds.append(" ".join(action))
-        t = threading.Thread(target=_guarded(lambda: self._take_back_round(len(self.take_back_rounds), action), self),
-                             name="take-back", daemon=True)
-        t.start()
-        self.action_threads.append(t)
-        self.note(f"take back a prefetched job: round {len(self.take_back_rounds)}, `{' '.join(action)}`")
-
-    def _take_back_round(self, n: int, action: tuple[str, ...]) -> None:
-        """One round, tried again (each try its own queue) while another fault spoils it (the
-        database restarting or read-only), for up to 120 s."""
-        deadline = time.monotonic() + 120
-        try:
-            for attempt in range(1, 100):
-                try:
-                    self._take_back_once(f"tb{n}-{attempt}", action)
-                    with self.lock:
-                        self.take_back_done += 1
-                    return
-                except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired, pymysql.MySQLError) as exc:
-                    self.note(f"take back round {n}, try {attempt} spoilt: {str(exc)[:200]}")
-                    if time.monotonic() > deadline:
-                        return
-                    time.sleep(1.0)
-        finally:
-            with self.lock:
-                self.take_back_busy = False
-
-    def _take_back_once(self, queue: str, action: tuple[str, ...]) -> None:
-        folder = self.workdir / "take-back"
-        folder.mkdir(exist_ok=True)
-        if not self.take_back_url:
-            # A database of its own, made from scratch: a restart may have cut the last init-db short.
-            self.server.execute("DROP DATABASE IF EXISTS soak_take_back")
-            self.take_back_url = self.server.create_database("soak_take_back")
-            try:
-                self._take_back_cli("init-db", timeout=120)
-            except BaseException:
-                self.take_back_url = ""
-                raise
-        ids = []
-        for i in range(3):
-            # The first runs long enough that the CLI's action lands while it runs, even on a loaded
-            # machine (the CLI alone took over 6 s there); the others are short.
-            payload = {"seconds": 12 if i == 0 else 1, "log": str(folder / f"{queue}-{i}.log")}
-            out = self._take_back_cli("enqueue", "record_runs", "--key", f"{queue}-{i}", "--queue", queue,
-                                      "--payload", json.dumps(payload), "--tasks", "testkit.tasks")
-            ids.append(int(json.loads(out.stdout.strip().splitlines()[-1])["id"]))
-        worker = Proc(f"take-back-{queue}", [sys.executable, "-m", "jobqueue.cli", "--database-url", self.take_back_url,
-                                             "worker", "--name", queue, "--concurrency", "1", "--prefetch", "2",
-                                             "--queues", queue, "--tasks", "testkit.tasks"],
-                      self.base_env(), self.logs / f"worker-take-back-{queue}.log")
-
-        def starts(i: int) -> list[tuple[int, float]]:
-            path = folder / f"{queue}-{i}.log"
-            lines = path.read_text().split("\n") if path.exists() else []
-            return [(int(p[1]), float(p[3])) for p in (line.split() for line in lines) if p and p[0] == "start"]
-
-        def all_running() -> bool:
-            rows = self.server.execute(f"SELECT COUNT(*) FROM job_queue WHERE status = 'running' AND id IN "
-                                       f"({','.join(map(str, ids))})", "soak_take_back")
-            return rows[0][0] == 3
-
-        try:
-            deadline = time.monotonic() + 30
-            while not (starts(0) and all_running()):
-                if time.monotonic() > deadline or not worker.alive():
-                    raise RuntimeError("the three jobs were not all claimed with the first one started")
-                time.sleep(0.1)
-            if starts(1):
-                raise RuntimeError("the second job started before it could be taken back")
-            self._take_back_cli(*action, str(ids[1]))
-            answered = time.time()
-            deadline = time.monotonic() + 30
-            while not starts(2) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            time.sleep(0.5)
-            late = [at - answered for attempt, at in starts(1) if attempt == 1 and at >= answered]
-            with self.lock:
-                if late:
-                    self.take_back_late.append(f"queue {queue} `{' '.join(action)}` job {ids[1]}: attempt 1 started "
-                                               f"{late[0]:.3f} s after the command answered")
-            self.note(f"take back in queue {queue}: {'LATE START' if late else 'no start after the action'}")
-        finally:
-            code = worker.terminate(30)
-            if code == 3 and self.read_only_lately():
-                # Refused to start on the read-only server (read_only_flip): the contract; this try
-                # was spoilt by it (the jobs were never claimed) and the round tries again.
-                self.note(f"take-back worker {worker.name} refused to start on the read-only server (exit 3)")
-            elif code != 0:
-                self.unexpected_exits.append(f"take-back worker {worker.name} exited with {code}")
-
-    def _take_back_cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        out = subprocess.run([sys.executable, "-m", "jobqueue.cli", "--database-url", self.take_back_url,
-                              "--log-level", "WARNING", *args], capture_output=True, text=True, env=self.base_env(),
-                             cwd=REPO, timeout=timeout)
-        if out.returncode != 0:
-            raise RuntimeError(f"jobqueue {' '.join(args[:2])}: exit {out.returncode}: {out.stderr[-300:]}")
-        return out
-
-    def fault_pause_stalled_claim(self, later) -> None:
-        """A pause while claims stall inside their transaction (issue 25): the queue's queue_state
-        row is held FOR UPDATE, so every claim of the queue waits there, after its worker read
-        the queue open; one worker is SIGSTOPped while it waits; the pause is sent (through the
-        API) and the hold released; the worker is continued after stop_seconds. The pause answers
-        only once that claim committed, and from then on no claim of the queue commits: the
-        monitor's pause window (from PAUSE_NOTICE_SECONDS after the answer) must see none."""
-        if self._pause_open():
-            raise NotNow("another pause is open")
-        victims = [w for w in self.live_workers(started=True) if not getattr(w, "proxied", False)]
-        if not victims:
-            raise NotNow("no started worker to stop")
-        hold = self._connect()
-        try:
-            with hold.cursor() as cur:
-                cur.execute("BEGIN")
-                cur.execute("SELECT paused FROM queue_state WHERE queue = %s FOR UPDATE", (QUEUE,))
-                row = cur.fetchone()
-                if row is None or row[0]:
-                    raise NotNow("no queue_state row to hold yet" if row is None else "the queue is paused")
-        except BaseException:
-            hold.close()
-            raise
-        time.sleep(0.5)   # the workers' next claims reach the held row and wait there
-        victim = self.rng.choice(victims)
-        victim.signal(signal.SIGSTOP)
-        victim.stopped = True
-        self.stopped_pids.add(victim.pid)
-        window = [float("inf"), float("inf")]
-        with self.lock:
-            self.pause_windows.append(window)   # open from the answer on, see pause() below
-
-        def pause() -> None:
-            def once() -> bool:
-                status, answer = self._http("POST", f"/api/queues/{QUEUE}/pause", {}, timeout=30)
-                return status == 200 and answer.get("paused") is True
-            ok = self._until_ok("pause during a stalled claim", once, 60)
-            with self.lock:
-                if not ok:
-                    window[1] = time.monotonic()   # never opened
-                    return
-                window[0] = time.monotonic() + PAUSE_NOTICE_SECONDS
-            self.note(f"paused queue {QUEUE} during a stalled claim")
-            time.sleep(self.plan.pause_seconds)
-            with self.lock:
-                window[1] = time.monotonic()
-                self.resumes_in_flight += 1
-            try:
-                ok = self._until_ok("resume", lambda: self._cli("resume", QUEUE).returncode == 0)
-            finally:
-                with self.lock:
-                    self.resumes_in_flight -= 1
-            self.note(f"resumed queue {QUEUE} (CLI){'' if ok else ' FAILED'}")
-
-        t = threading.Thread(target=_guarded(pause, self), name="stalled-pause", daemon=True)
-        t.start()
-        self.action_threads.append(t)
-        time.sleep(0.3)   # the pause is queued behind the hold
-        try:
-            hold.rollback()
-        except pymysql.MySQLError:
-            pass   # the session is gone (a restart): its lock went with it
-        hold.close()
-        self.note(f"held the queue_state row of {QUEUE} 0.8 s, SIGSTOP worker {victim.name} (pid {victim.pid}) in "
-                  f"its claim, paused, released the hold")
-
-        def resume_worker():
-            victim.signal(signal.SIGCONT)
-            victim.stopped = False
-            victim.fate = "stopped-then-continued"
-            self.note(f"SIGCONT worker {victim.name} (pid {victim.pid})")
-
-        later(self.plan.stop_seconds / 2, resume_worker)
-
-    def run_faults(self, schedule: list[tuple[float, str]]) -> None:
-        """Run the schedule in real time; durational faults (stops, holds) end from the same loop."""
-        self.action_threads: list[threading.Thread] = []   # replays, cancels, resumes
-        start = time.monotonic()
-        heap: list[tuple[float, int, str, object]] = []
-        seq = 0
-        for at, kind in schedule:
-            heap.append((start + at, seq, kind, 0))
-            seq += 1
-        heapq.heapify(heap)
-
-        def later(seconds: float, fn) -> None:
-            nonlocal seq
-            seq += 1
-            heapq.heappush(heap, (time.monotonic() + seconds, seq, "end", fn))
-
-        last_progress = 0.0
-        while heap:
-            when, _, kind, fn = heap[0]
-            now = time.monotonic()
-            if now - last_progress >= 5:
-                last_progress = now
-                self.progress()
-            if when > now:
-                time.sleep(min(0.2, when - now))
-                self.check_unexpected_exits()
-                continue
-            heapq.heappop(heap)
-            try:
-                if kind == "end":
-                    fn()
-                else:
-                    getattr(self, f"fault_{kind}")(later)
-                    self.faults[kind] += 1
-            except NotNow as exc:
-                if fn < 15:
-                    seq += 1
-                    heapq.heappush(heap, (time.monotonic() + 1.0, seq, kind, fn + 1))
-                    continue
-                self.fault_errors.append(f"{kind}: {exc} (15 tries)")
-                self.note(f"{kind} not injected: {exc}")
-            except Exception as exc:   # a fault that could not be injected is reported, not fatal
-                self.fault_errors.append(f"{kind}: {type(exc).__name__}: {exc}")
-                self.note(f"{kind} not injected: {exc}")
-            self.check_unexpected_exits()
-
-    def progress(self) -> None:
-        c = self.status_counts
-        self.say(f"[{time.monotonic() - self.t0:6.1f}s] acked {len(self.acked)}/{len(self.specs)}  "
-                 + " ".join(f"{s} {c.get(s, 0)}" for s in ("ready", "scheduled", "running", "done", "failed"))
-                 + f"  faults {sum(v for k, v in self.faults.items() if k in FAULT_KINDS)}")
 
     # --- drain and stop --------------------------------------------------------------------------
 
@@ -1317,27 +286,7 @@ class Soak:
             for w in open_windows:
                 w[1] = time.monotonic()
             self._until_ok("resume before the drain", lambda: self._cli("resume", QUEUE).returncode == 0)
-        deadline = time.monotonic() + self.plan.drain_timeout
-        last_progress = 0.0
-        while time.monotonic() < deadline:
-            self.check_unexpected_exits()
-            if time.monotonic() - last_progress >= 5:
-                last_progress = time.monotonic()
-                self.progress()
-            try:
-                conn = self._connect()
-                try:
-                    with conn.cursor() as cur:
-                        cur.execute("SELECT COUNT(*) FROM job_queue WHERE status IN ('ready', 'running', 'scheduled')")
-                        open_jobs = cur.fetchone()[0]
-                finally:
-                    conn.close()
-            except pymysql.MySQLError:
-                open_jobs = -1
-            if open_jobs == 0 and self.enqueue_done.is_set():
-                return True
-            time.sleep(0.5)
-        return False
+        return self.wait_drained(self._connect, self.enqueue_done)
 
     def stop_all(self) -> dict[str, int | None]:
         codes: dict[str, int | None] = {}
@@ -1350,8 +299,7 @@ class Soak:
             codes[f"worker {w.name}"] = w.terminate(30)
             w.fate = "stopped" if w.fate == "running" else w.fate
         for w in self.all_workers:
-            if not w._log.closed:
-                w._log.close()
+            w.close_log()
         if self.web is not None:
             codes["gunicorn"] = self.web.terminate(60)
         return codes
@@ -1370,12 +318,8 @@ class Soak:
                 attempt_rows = [(r[0], r[1], r[2], r[3] or "") for r in cur.fetchall()]
         finally:
             conn.close()
-        executions = []
-        for line in self.exec_log.read_text().splitlines():
-            key, attempt, worker, pid = line.split(" ")
-            executions.append(Execution(key, int(attempt), worker, int(pid)))
         return Observed(specs=self.specs, acked=dict(self.acked), rows=rows, results=results,
-                        attempt_rows=attempt_rows, executions=executions,
+                        attempt_rows=attempt_rows, executions=read_executions(self.exec_log),
                         attempts_backwards=self.attempts_backwards, terminal_regressions=self.terminal_regressions,
                         cancelled=set(self.cancelled), paused_claims=list(self.paused_claims),
                         killed_pids=self.killed_pids, stopped_pids=self.stopped_pids,
@@ -1392,55 +336,23 @@ class Soak:
         return n
 
     def log_counts(self) -> Counter:
-        counts: Counter = Counter()
         paths = [w.log_path for w in self.all_workers] + ([self.web.log_path] if self.web else [])
-        for path in paths:
-            text = path.read_text(errors="replace")
-            for name in ("lease_lost", "reclaimed", "sql_error", "db_retry", "duplicate_result", "finish_abandoned",
-                         "handler_lease_lost", "released", "claim_mismatch"):
-                counts[name] += len(re.findall(rf"event={name} ", text))
-            counts["Traceback"] += text.count("Traceback (most recent call last)")
-        return counts
-
-
-def _guarded(fn, soak: Soak):
-    def run():
-        try:
-            fn()
-        except Exception:
-            soak.fault_errors.append(f"thread {threading.current_thread().name} crashed:\n{traceback.format_exc()}")
-    return run
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return count_events(paths, ("lease_lost", "reclaimed", "sql_error", "db_retry", "duplicate_result",
+                                    "finish_abandoned", "handler_lease_lost", "released", "claim_mismatch"))
 
 
 # --- the whole run ---------------------------------------------------------------------------------
-
-@dataclass
-class Outcome:
-    passed: bool
-    verdict: str
-    table: str
-    numbers: dict = field(default_factory=dict)
-
 
 def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
     soak = Soak(plan, seed, workdir, log=say)
     load_before = os.getloadavg()[0]
     jobs = job_specs(plan, soak.rng)
     schedule = fault_schedule(plan, soak.rng)
-    (workdir / "schedule.json").write_text(json.dumps([{"at": round(t, 2), "fault": k} for t, k in schedule], indent=1))
-    say(f"soak: {plan.jobs} jobs, seed {seed}, {len(schedule)} scheduled faults over {plan.fault_seconds:g} s; "
-        f"logs in {workdir}")
+    soak.announce("soak", schedule, plan.fault_seconds)
     monitor = threading.Thread(target=soak.monitor, name="monitor", daemon=True)
     codes: dict[str, int | None] = {}
     drained = False
+    times = {"load_before": load_before}
     try:
         soak.start_database()
         if plan.two_primaries:
@@ -1503,173 +415,9 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
             soak.twin.cleanup()
         soak.server.cleanup()
         shutil.rmtree(workdir / "mariadb" / "data", ignore_errors=True)
-
-    findings = check(obs)
-    finished = sum(1 for r in obs.rows if r.status in ("done", "failed"))
-    wall = drain_end - soak.t0
-    numbers = {
-        "seed": seed,
-        "jobs": plan.jobs,
-        "jobs_api": sum(1 for s in soak.specs.values() if s.via == "api"),
-        "jobs_cli": sum(1 for s in soak.specs.values() if s.via == "cli"),
-        "acked": len(soak.acked),
-        "by_kind": {k: dict(v) for k, v in sorted(findings.by_kind.items())},
-        "faults": {k: soak.faults.get(k, 0) for k in FAULT_KINDS},
-        "connections_killed": soak.faults.get("connections_killed", 0),
-        "replayed_keys": soak.replayed,
-        "fault_errors": soak.fault_errors,
-        "restart_outage_seconds": round(soak.restart_outage, 2),
-        "db_crash": plan.crash_db,
-        "server": plan.server,
-        "lost": findings.get("lost"),
-        "duplicate_results": findings.get("duplicate_results"),
-        "duplicate_executions": findings.get("duplicate_executions"),
-        "extra_executions": findings.get("extra_executions"),
-        "duplicate_causes": dict(findings.duplicate_causes.most_common()),
-        "executions": findings.get("executions"),
-        "attempts_backwards": findings.get("attempts_backwards"),
-        "terminal_regressions": findings.get("terminal_regressions"),
-        "cancelled": findings.get("cancelled"),
-        "cancel_answers": dict(soak.cancel_answers),
-        "pause_windows_seconds": [round(end - start + PAUSE_NOTICE_SECONDS, 1) for start, end in soak.pause_windows],
-        "claims_while_paused": findings.get("claims_while_paused"),
-        "failed_not_doomed": findings.get("failed_not_doomed"),
-        "results_of_reaped_attempts": findings.get("results_of_reaped_attempts"),
-        "unexpected_failure_reasons": dict(findings.unexpected_failures.most_common(5)),
-        "max_attempts_raised": findings.get("max_attempts_raised"),
-        "fenced_late_writes": soak.fenced_late_writes(),
-        "monitor_samples": soak.monitor_samples,
-        "duration_seconds": round(wall, 1),
-        "fault_window_seconds": round(fault_end - fault_start, 1),
-        "enqueue_seconds": round(getattr(soak, "enqueue_seconds", float("nan")), 1),
-        "throughput_under_faults": round((terminal_at_fault_end - terminal_at_fault_start)
-                                         / max(1e-9, fault_end - fault_start), 1),
-        "throughput_overall": round(finished / max(1e-9, wall), 1),
-        "exit_codes": codes,
-        "load_average_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)],
-        "enqueue_retries": dict(soak.enqueue_retries),
-        "fresh_keys_acknowledged_as_duplicate": dict(soak.fresh_duplicates),
-        "log_events": dict(soak.log_counts()),
-        "violations": findings.violations(),
-        "examples": {k: v for k, v in findings.examples.items() if k in findings.violations()},
-    }
-    numbers["two_primaries"] = twin_check["numbers"]
-    problems = dict(findings.violations())
-    problems.update(twin_check["problems"])
-    if not drained:
-        problems["drain_timed_out"] = 1
-    if soak.enqueue_gave_up:
-        problems["enqueue_gave_up"] = len(soak.enqueue_gave_up)
-    if soak.enqueue_rejected:
-        problems["enqueue_rejected"] = len(soak.enqueue_rejected)
-    if soak.replay_mismatches:
-        problems["replay_mismatches"] = len(soak.replay_mismatches)
-    if soak.held_touched:
-        problems["held_rows_touched"] = len(soak.held_touched)
-    if soak.actions_gave_up:
-        problems["actions_gave_up"] = len(soak.actions_gave_up)
-    if soak.take_back_late:
-        problems["started_after_take_back"] = len(soak.take_back_late)
-    if soak.take_back_rounds and not soak.take_back_done:
-        problems["take_back_never_done"] = len(soak.take_back_rounds)
-    if soak.unexpected_exits:
-        problems["unexpected_exits"] = len(soak.unexpected_exits)
-    bad_codes = {k: v for k, v in codes.items() if v != 0}
-    if bad_codes:
-        problems["nonzero_exit_codes"] = len(bad_codes)
-    missing = [k for k in FAULT_KINDS if soak.faults.get(k, 0) == 0 and any(kind == k for _, kind in schedule)]
-    if missing:
-        problems["faults_not_injected"] = len(missing)
-    crashed = [e for e in soak.fault_errors if "crashed" in e]
-    if crashed:
-        problems["harness_thread_crashed"] = len(crashed)
-    numbers["problems"] = problems
-    numbers["details"] = {
-        "enqueue_gave_up": soak.enqueue_gave_up[:10], "enqueue_rejected": soak.enqueue_rejected[:10],
-        "replay_mismatches": soak.replay_mismatches[:10], "held_rows_touched": soak.held_touched[:10],
-        "actions_gave_up": soak.actions_gave_up[:10],
-        "take_back_rounds": soak.take_back_rounds, "take_back_done": soak.take_back_done,
-        "started_after_take_back": soak.take_back_late,
-        "unexpected_exits": soak.unexpected_exits, "nonzero_exit_codes": bad_codes, "faults_not_injected": missing,
-    }
-    passed = not problems
-    verdict = (f"SOAK {'PASS' if passed else 'FAIL'}: {plan.jobs} jobs, "
-               f"{sum(numbers['faults'].values())} faults, {numbers['lost']} lost, "
-               f"{numbers['duplicate_results']} duplicate results, {numbers['duplicate_executions']} duplicate "
-               f"executions, {numbers['throughput_under_faults']} jobs/s under faults"
-               + ("" if passed else f"; problems: {', '.join(f'{k}={v}' for k, v in problems.items())}"))
-    (workdir / "results.json").write_text(json.dumps({"verdict": verdict, "passed": passed, **numbers},
-                                                     indent=1, default=str))
-    (workdir / "faults.log").write_text("\n".join(soak.fault_log) + "\n")
-    return Outcome(passed, verdict, table(numbers), numbers)
-
-
-def table(n: dict) -> str:
-    kinds = ", ".join(f"{k} {sum(v.values())} ({'/'.join(f'{s} {c}' for s, c in sorted(v.items()))})"
-                      for k, v in n["by_kind"].items())
-    faults = ", ".join(f"{k} {v}" for k, v in n["faults"].items())
-    causes = "; ".join(f"{k}: {v}" for k, v in n["duplicate_causes"].items()) or "none"
-    codes = ", ".join(f"{k} {v}" for k, v in n["exit_codes"].items())
-    rows = [
-        ("jobs enqueued", f"{n['jobs']} ({n['jobs_api']} via HTTP API, {n['jobs_cli']} via CLI), {n['acked']} acknowledged"),
-        ("jobs by kind (final status)", kinds),
-        ("faults injected", f"{faults}; {n['connections_killed']} connections killed, "
-                            f"{n['replayed_keys']} task_keys replayed, database {'crash' if n['db_crash'] else 'restart'} "
-                            f"outage {n['restart_outage_seconds']} s"),
-        ("**lost** (must be 0)", str(n["lost"])),
-        ("**duplicate results** (must be 0)", str(n["duplicate_results"])),
-        ("duplicate executions", f"{n['duplicate_executions']} task_keys ({n['extra_executions']} extra runs of "
-                                 f"{n['executions']}); superseded runs by cause: {causes}"),
-        ("late writes refused by the fence (stopped workers)", str(n["fenced_late_writes"])),
-        ("pauses (claims while paused, must be 0)", f"{len(n['pause_windows_seconds'])} pauses of "
-                                                    f"{'/'.join(f'{s:g}' for s in n['pause_windows_seconds'])} s; "
-                                                    f"{n['claims_while_paused']} claims"),
-        ("cancellations", f"{n['cancelled']} jobs cancelled; answers {json.dumps(n['cancel_answers'], sort_keys=True)}"),
-        ("attempts went backwards (must be 0)", f"{n['attempts_backwards']} in {n['monitor_samples']} samples"),
-        ("other invariants (must be 0)", ", ".join(f"{k} {v}" for k, v in n["violations"].items()) or "all 0"),
-        ("failed but not doomed", f"{n['failed_not_doomed']}"
-                                  + (f" ({'; '.join(f'{k[:60]}: {v}' for k, v in n['unexpected_failure_reasons'].items())})"
-                                     if n["unexpected_failure_reasons"] else "")
-                                  + (f"; {n['results_of_reaped_attempts']} of them with a result recorded by an attempt "
-                                     "whose lease then ran out" if n.get("results_of_reaped_attempts") else "")),
-        ("throughput", f"{n['throughput_under_faults']} jobs/s under faults ({n['fault_window_seconds']} s window), "
-                       f"{n['throughput_overall']} jobs/s overall"),
-        ("duration", f"{n['duration_seconds']} s (enqueue {n['enqueue_seconds']} s)"),
-        ("exit codes after SIGTERM", codes),
-        ("problems", ", ".join(f"{k}={v}" + (f" ({'; '.join(map(str, n['details'][k][:3]))})"
-                                             if isinstance(n["details"].get(k), list) and n["details"][k] else "")
-                               for k, v in n["problems"].items()) or "none"),
-    ]
-    width = max(len(r[0]) for r in rows)
-    return "\n".join([f"| {'measure':<{width}} | value |", f"|{'-' * (width + 2)}|-------|"]
-                     + [f"| {a:<{width}} | {b} |" for a, b in rows])
-
-
-def markdown(outcome: Outcome, command: str, plan: Plan) -> str:
-    n = outcome.numbers
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return f"""# Soak: last result
-
-`{command}` on {when} ({platform.machine()}, {os.cpu_count()} cores shared with other work: load
-average {n['load_average_1min'][0]} at the start, {n['load_average_1min'][1]} at the end; Python
-{platform.python_version()}, {describe_flavour(plan.server)}), seed {n['seed']}.
-
-**{outcome.verdict}**
-
-{outcome.table}
-
-Set-up: a throwaway server ({plan.server}); {plan.workers} `jobqueue worker --concurrency {plan.concurrency}
---lease-seconds {LEASE_SECONDS}` processes and gunicorn with {plan.web_workers} web processes of
-{plan.embedded_workers} embedded workers each; faults for {plan.fault_seconds:g} s on a seeded
-schedule, then a drain. See docs/soak-and-drill.md for what each check means.
-
-Enqueue retries (same task_key): {json.dumps(n['enqueue_retries'], sort_keys=True)}. Fresh keys
-acknowledged with `duplicate: true` because an earlier try had committed but its answer was lost
-(the job exists once either way): {json.dumps(n['fresh_keys_acknowledged_as_duplicate'], sort_keys=True)}.
-Log events across all processes:
-{json.dumps(n['log_events'], sort_keys=True)}. Exit codes: {json.dumps(n['exit_codes'], sort_keys=True)}.
-Faults that could not be injected when due: {len(n['fault_errors'])}{(': ' + '; '.join(n['fault_errors'][:5])) if n['fault_errors'] else ''}.
-"""
+    times.update(fault_start=fault_start, fault_end=fault_end, terminal_at_fault_start=terminal_at_fault_start,
+                 terminal_at_fault_end=terminal_at_fault_end, drain_end=drain_end)
+    return judge(soak, schedule, obs, twin_check, drained, codes, times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1695,18 +443,14 @@ def main(argv: list[str] | None = None) -> int:
         plan.fault_seconds = args.fault_seconds
     plan.crash_db = args.db_crash
     plan.server = args.server
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 1_000_000)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    workdir = Path(args.workdir or REPO / "test-artifacts" / f"soak-{stamp}")
-    workdir.mkdir(parents=True, exist_ok=True)
+    seed, workdir = seed_and_workdir(args.seed, args.workdir, "soak")
     out = args.out if args.out is not None else (None if args.quick else str(REPO / "docs" / "soak.md"))
 
     outcome = run(plan, seed, workdir, say=lambda s: print(s, flush=True))
     print(outcome.verdict)
     print(outcome.table)
     if out:
-        given = list(argv if argv is not None else sys.argv[1:])
-        command = " ".join(["python -m soak.run", *given] + ([] if "--seed" in given else ["--seed", str(seed)]))
+        command = rerun_command("python -m soak.run", list(argv if argv is not None else sys.argv[1:]), seed)
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(markdown(outcome, command, plan))
         print(f"report written to {out}")
