@@ -87,7 +87,7 @@ class Claimer:
             if report is None:
                 return self._backoff.next(None) if self.state.name != "not_primary" else NOT_PRIMARY_RETRY_SECONDS
             if not self._act_on(report):
-                return self._settle(report, probe=True)
+                return self._back_off(report, probe=True)
         try:
             cycle = self.cycle(free, finished, refill=refill)
         except DB_ERRORS as exc:
@@ -114,7 +114,7 @@ class Claimer:
             return self._backoff.next(None)
         if self._act_on(report):
             return 0
-        return self._settle(report)
+        return self._back_off(report)
 
     def complete_finished(self) -> None:
         """Complete what finished, claim nothing (split brain, shutdown)."""
@@ -150,7 +150,7 @@ class Claimer:
                         cycle = ClaimCycle(again.claimed, cycle.completed, cycle.losses, again.skipped,
                                            cycle.queues + again.queues, again.asked, again.report)
         metrics.CLAIM_SECONDS.observe(time.monotonic() - sent_at)
-        self.finisher.settle(cycle.completed, finished, wake=cycle.asked == 0)
+        self.finisher.completed(cycle.completed, finished, wake=cycle.asked == 0)
         for item in cycle.claimed:
             self._dispatch(item, self._slot_of[item.lease.owner], sent_at)
         return cycle
@@ -222,7 +222,7 @@ class Claimer:
             self.queues_changed()
         return acted or (self._probe_first and report.kind is EmptyClaim.CONTENDED)
 
-    def _settle(self, report: EmptyClaimReport, probe: bool = False) -> float | None:
+    def _back_off(self, report: EmptyClaimReport, probe: bool = False) -> float | None:
         """Log an empty turn (and count it, when it was a claim, not a probe), then say how long
         to sleep (None: a burst worker is done)."""
         self.last_empty = report

@@ -2,7 +2,7 @@
 writes free.
 
 - returned: the slot thread hands the job over (`handler_succeeded`) and the claim loop completes
-  it in its next cycle, one COMMIT with the next claim (`take_finished`, then `settle`);
+  it in its next cycle, one COMMIT with the next claim (`take_finished`, then `completed`);
 - raised or timed out: `attempt_failed` schedules the retry (backoff) or fails the job;
 - the handler's `ctx.transaction()`: its writes and the fenced completion commit together
   (`handler_transaction`); `ctx.record_result()` writes its result under the lease;
@@ -106,15 +106,15 @@ class Finisher:
         for held in finished:
             self._finished.put(held)
 
-    def settle(self, completed: dict[Key, Outcome], finished: list[Held], *, wake: bool) -> None:
-        """Account for the finished jobs a claim cycle completed (`completed`: their outcomes),
+    def completed(self, outcomes: dict[Key, Outcome], finished: list[Held], *, wake: bool) -> None:
+        """Account for the finished jobs a claim cycle completed (`outcomes`: how each write went),
         free their slots, and give back the ones it could not write yet. `wake`: wake the loop
         when a slot was freed."""
         freed = []
         done: collections.Counter[str] = collections.Counter()
         lines: list[dict[str, Any]] = []
         for held in finished:
-            outcome = completed.get(held.key)
+            outcome = outcomes.get(held.key)
             job, lease = held.claimed.job, held.lease
             if outcome is Outcome.BUSY or outcome is None:
                 self._finished.put(held)   # held elsewhere this instant: next cycle; still renewed
