@@ -37,19 +37,22 @@ except ImportError:
     pass
 mark("import_cli")
 import jobqueue.core.task_modules, jobqueue.core.worker
-from jobqueue.core.worker import loop
+from jobqueue.core.worker import claimer, loop, maintenance
 mark("import_command")
-def stamp(cls, name):
+def stamp(cls, name, label=None):
     f = getattr(cls, name)
+    label = label or name
     def wrapped(*a, **k):
-        mark(name + ":start")
+        mark(label + ":start")
         try:
             return f(*a, **k)
         finally:
-            mark(name + ":end")
+            mark(label + ":end")
     setattr(cls, name, wrapped)
-for name in ("_wait_for_database", "_register", "start_threads", "_maintenance", "_cycle", "shutdown"):
+for name in ("_wait_for_database", "_register", "start_threads", "shutdown"):
     stamp(loop.Worker, name)
+stamp(maintenance.Maintenance, "turn", "_maintenance")
+stamp(claimer.Claimer, "cycle", "_cycle")
 import sqlalchemy as sa
 sa.event.listen(sa.pool.Pool, "connect", lambda *a: mark("connect"))
 jobqueue.cli.run()

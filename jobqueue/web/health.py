@@ -15,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..core import doctor, metrics, repository
 from ..core.errors import TransientDatabaseError
-from ..core.worker.loop import NOT_CLAIMING
+from ..core.worker.state import NOT_CLAIMING
 from .auth import bearer_token, current_user, login_required, token_refusal
 from .state import extension
 

@@ -1,9 +1,9 @@
 """Embedded workers and the reaper inside a web process, scheduled by APScheduler.
 
 What the scheduler runs is the worker's own loop (one long job, `Worker.run`, the same loop a
-standalone `jobqueue worker` runs), the reaper's pass on an interval, the recurring jobs' check
-every second (it reads the database only when a tick is due, or every 30 s) and, when due, a
-retention pass (see jobqueue/core/retention.py). Nothing starts at import
+standalone `jobqueue worker` runs) and the maintenance steps on the intervals
+jobqueue/core/worker/maintenance.py sets for them (reap, recurring, prune), each after checking
+that the server may run them. Nothing starts at import
 or in a gunicorn master: `start()` is called in each worker process after the fork (see
 gunicorn_conf.py), and `stop()` on its way out, which releases unfinished jobs just as a
 standalone worker does on SIGTERM. Several web processes with embedded workers are safe: SKIP
@@ -23,15 +23,11 @@ from sqlalchemy.engine import Engine
 from ..core import preflight
 from ..core.errors import UnsupportedDatabase
 from ..core.logs import event
-from ..core.reaper import Reaper
-from ..core.recurring import RecurringRunner
-from ..core.retention import Pruner
 from ..core.worker import DB_ERRORS, Worker, WorkerConfig
+from ..core.worker.maintenance import Maintenance, Timed, reap_interval
 from .config import WebSettings
 
 log = logging.getLogger("jobqueue.web.runtime")
-
-PRUNE_CHECK_SECONDS = 60
 
 
 class Runtime:
@@ -39,9 +35,8 @@ class Runtime:
         self.engine = engine
         self.settings = settings
         self.worker: Worker | None = None
-        self.reaper = Reaper(engine, name="web-reaper")
-        self.recurring = RecurringRunner(engine, name="web")
-        self.pruner = Pruner(engine, name="web", settings=settings.core)
+        self.maintenance = Maintenance(engine, name="web", on_error=_sql_error, settings=settings.core,
+                                       reap_every=reap_interval(settings.lease_seconds))
         self.scheduler: BackgroundScheduler | None = None
         self._lock = threading.Lock()
         self.refused: str | None = None
@@ -68,15 +63,13 @@ class Runtime:
                     # A web process outlives a failover: wait for a writable primary.
                     refuse_read_only_at_start=False))
                 scheduler.add_job(self._run_worker, id="jobqueue-worker", next_run_time=datetime.now(timezone.utc))
-            reap_every = min(15.0, max(1.0, self.settings.lease_seconds / 4))
-            scheduler.add_job(self._reap, "interval", seconds=reap_every, id="jobqueue-reaper",
-                              next_run_time=datetime.now(timezone.utc))
-            scheduler.add_job(self._recurring, "interval", seconds=1, id="jobqueue-recurring",
-                              next_run_time=datetime.now(timezone.utc))
-            scheduler.add_job(self._prune, "interval", seconds=PRUNE_CHECK_SECONDS, id="jobqueue-prune")
+            for step in self.maintenance.timed():
+                scheduler.add_job(self._run_step, "interval", args=(step,), seconds=step.every,
+                                  id=f"jobqueue-{step.name}",
+                                  next_run_time=datetime.now(timezone.utc) if step.at_start else None)
             scheduler.start()
             self.scheduler = scheduler
-        event(log, logging.INFO, "embedded_started", workers=n, reap_every=f"{reap_every:g}")
+        event(log, logging.INFO, "embedded_started", workers=n, reap_every=f"{self.maintenance.reap_every:g}")
 
     def wait_running(self, timeout: float = 10.0) -> bool:
         """Until the embedded worker has finished its first turn (and logged what it found), so
@@ -109,30 +102,10 @@ class Runtime:
         self.refused = None
         return True
 
-    def _reap(self) -> None:
-        if not self._verified():
+    def _run_step(self, step: Timed) -> None:
+        if (step.preflight or self.refused is not None) and not self._verified():
             return
-        try:
-            self.reaper.run_once()
-        except DB_ERRORS as exc:
-            event(log, logging.ERROR, "sql_error", operation="reap", error=f"{type(exc).__name__}: {exc}"[:300])
-
-    def _recurring(self) -> None:
-        if self.refused is not None and not self._verified():
-            return
-        try:
-            self.recurring.tick()
-        except DB_ERRORS as exc:
-            event(log, logging.ERROR, "sql_error", operation="recurring", error=f"{type(exc).__name__}: {exc}"[:300])
-
-    def _prune(self) -> None:
-        """A retention pass in the scheduler's thread when no process started one lately."""
-        if not self._verified():
-            return
-        try:
-            self.pruner.run_if_due()
-        except DB_ERRORS as exc:
-            event(log, logging.ERROR, "sql_error", operation="prune", error=f"{type(exc).__name__}: {exc}"[:300])
+        step.run()
 
     def stop(self) -> None:
         with self._lock:
@@ -141,7 +114,11 @@ class Runtime:
             return
         if self.worker is not None:
             self.worker.stop("web process stopping")
-        self.pruner.stop(timeout=0)   # a pass in progress stops after its current batch
+        self.maintenance.stop(timeout=0)   # a retention pass in progress stops after its current batch
         # Waits for the worker's loop to return: its shutdown releases what is still running.
         scheduler.shutdown(wait=True)
         event(log, logging.INFO, "embedded_stopped")
+
+
+def _sql_error(operation: str, exc: BaseException) -> None:
+    event(log, logging.ERROR, "sql_error", operation=operation, error=f"{type(exc).__name__}: {exc}"[:300])

@@ -25,7 +25,7 @@ def sample(name: str, **labels) -> float:
 @pytest.fixture
 def worker(mysql_engine):
     w = Worker(mysql_engine, WorkerConfig(concurrency=2, queues=["default"], lease_seconds=60))
-    w._idle_log.interval = 0  # log every empty claim, so each one can be read back
+    w.claimer._idle_log.interval = 0  # log every empty claim, so each one can be read back
     return w
 
 

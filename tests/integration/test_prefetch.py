@@ -15,7 +15,7 @@ from jobqueue.core.builtin_tasks import noop
 from jobqueue.core.cli import main
 from jobqueue.core.tasks import Registry, TaskSpec
 from jobqueue.core.worker import Worker, WorkerConfig
-from jobqueue.core.worker.loop import PREFETCH_WHILE_JOBS_UNDER_SECONDS
+from jobqueue.core.worker.claimer import PREFETCH_WHILE_JOBS_UNDER_SECONDS
 
 
 def most_held(worker: Worker) -> list[int]:

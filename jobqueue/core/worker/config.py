@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..settings import DEFAULTS
+from .maintenance import reap_interval
 
 
 @dataclass
@@ -38,7 +39,7 @@ class WorkerConfig:
         if self.lease_seconds < 1:
             raise ValueError("lease must be at least 1 second")
         if self.reap_interval is None:
-            self.reap_interval = min(15.0, max(1.0, self.lease_seconds / 4))
+            self.reap_interval = reap_interval(self.lease_seconds)
         if self.finish_retry_seconds is None:
             self.finish_retry_seconds = max(5.0, self.lease_seconds)
 

@@ -11,14 +11,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+
+from sqlalchemy.engine import Engine
 
 from .. import metrics, repository
 from ..logs import event
-from .leases import LeaseState, Lost
-
-if TYPE_CHECKING:
-    from .loop import Worker
+from .config import WorkerConfig
+from .finisher import Finisher
+from .leases import LeaseKeeper, LeaseState, Lost
+from .state import WorkerState
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -31,8 +33,14 @@ class Renewer:
     other only watches the clock, so that a lease past its local deadline is given up on time
     even while a renewal is stuck in flight."""
 
-    def __init__(self, worker: Worker):
-        self.worker = worker
+    def __init__(self, engine: Engine, config: WorkerConfig, keeper: LeaseKeeper, finisher: Finisher,
+                 state: WorkerState, heartbeat: Callable[[], None]):
+        self.engine = engine
+        self.config = config
+        self.keeper = keeper
+        self.finisher = finisher
+        self.state = state
+        self.heartbeat = heartbeat
         self._done = threading.Event()
         self._beat_now = threading.Event()
         self._threads = [threading.Thread(target=self._run, name="jobqueue-renewer", daemon=True),
@@ -49,12 +57,11 @@ class Renewer:
                 t.join(10)
 
     def _watch(self) -> None:
-        while not self._done.wait(min(TICK_SECONDS, self.worker.config.renew_seconds / 4)):
+        while not self._done.wait(min(TICK_SECONDS, self.config.renew_seconds / 4)):
             self.give_up_overdue()
 
     def _run(self) -> None:
-        worker = self.worker
-        renew_every = worker.config.renew_seconds
+        renew_every = self.config.renew_seconds
         next_renew = time.monotonic() + renew_every
         next_beat = time.monotonic()
         while not self._done.wait(min(TICK_SECONDS, renew_every / 4)):
@@ -64,11 +71,11 @@ class Renewer:
                 next_renew = now + (renew_every if ok else min(renew_every, RETRY_AFTER_FAILURE_SECONDS))
             if now >= next_beat or self._beat_now.is_set():
                 self._beat_now.clear()
-                next_beat = now + worker.config.heartbeat_seconds
+                next_beat = now + self.config.heartbeat_seconds
                 try:
-                    worker.heartbeat()
+                    self.heartbeat()
                 except Exception as exc:
-                    worker._sql_error("heartbeat", exc)
+                    self.state.sql_error("heartbeat", exc)
 
     def beat_soon(self) -> None:
         """Send the heartbeat at the next tick (the worker's state changed)."""
@@ -76,24 +83,23 @@ class Renewer:
 
     def renew(self) -> bool:
         """Renew every lease in hand now. False when the renewal failed (it is tried again soon)."""
-        worker = self.worker
-        items, sent_at = worker.keeper.begin_renewal()
+        items, sent_at = self.keeper.begin_renewal()
         if not items:
             return True
         outcomes = None
         try:
-            with worker.engine.connect() as conn:
-                outcomes = repository.renew(conn, [h.lease for h in items], worker.config.lease_seconds)
+            with self.engine.connect() as conn:
+                outcomes = repository.renew(conn, [h.lease for h in items], self.config.lease_seconds)
         except Exception as exc:   # every error: the deadline keeps running and says when to give up
-            worker._sql_error("renew", exc)
+            self.state.sql_error("renew", exc)
         finally:
-            lost = worker.keeper.end_renewal(items, sent_at, outcomes)
+            lost = self.keeper.end_renewal(items, sent_at, outcomes)
         for gone in lost:
             self._lost(gone, counted=True)
         return outcomes is not None
 
     def give_up_overdue(self) -> None:
-        for gone in self.worker.keeper.overdue():
+        for gone in self.keeper.overdue():
             self._lost(gone)
             if gone.reason == "timeout":
                 # The attempt counts as failed: retried by the usual backoff, or failed for good
@@ -110,19 +116,9 @@ class Renewer:
                   detail=gone.detail)
 
     def _time_out(self, gone: Lost) -> None:
-        from ..backoff import retry_delay
-
-        worker, held = self.worker, gone.held
-        job, lease = held.claimed.job, held.lease
-        spec = worker.registry.get(job.task_name)
+        held = gone.held
         held.duration = time.monotonic() - (held.started_at or held.claimed_at)
-        error = f"timed out after {held.timeout:g} s"
-        if lease.attempt >= job.max_attempts:
-            worker.finish_attempt(held, "fail", error, outcome="timeout")
-        else:
-            delay = retry_delay(lease.attempt, spec.retry_base_seconds if spec else 1.0,
-                                spec.retry_cap_seconds if spec else 3600.0)
-            worker.finish_attempt(held, "retry", error, delay, outcome="timeout")
+        self.finisher.attempt_failed(held, f"timed out after {held.timeout:g} s", outcome="timeout")
 
 
 __all__ = ["Renewer", "LeaseState"]

@@ -2,7 +2,7 @@
 the claim committed (never inside it), and says how the attempt ended:
 
 - before it starts: a job that waited in hand for a thread (prefetched) longer than
-  CONFIRM_AFTER_SECONDS is confirmed in the database first (Worker.confirm_start: one fenced
+  CONFIRM_AFTER_SECONDS is confirmed in the database first (Finisher.confirm_start: one fenced
   write that renews its lease and share-locks its queue's row), because an operator may have
   cancelled, failed or requeued it, or paused its queue, while it waited; the worker would only
   hear of it at the next renewal. Taken back: its handler never starts; its queue paused: it is
@@ -28,13 +28,13 @@ import traceback
 from typing import TYPE_CHECKING
 
 from .. import metrics
-from ..backoff import retry_delay
 from ..errors import LeaseLostError, PermanentError
 from ..logs import event
-from .leases import Held
+from ..tasks import Registry
+from .leases import Held, LeaseKeeper
 
 if TYPE_CHECKING:
-    from .loop import Worker
+    from .finisher import Finisher
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -42,11 +42,16 @@ log = logging.getLogger("jobqueue.worker")
 # database before its handler starts (one fenced write). Shorter waits are those of a job handed
 # to a busy thread that freed up within about a claim's round trip.
 CONFIRM_AFTER_SECONDS = 0.05
+DURATION_WEIGHT = 0.2   # how much the last handler's time moves the running average
 
 
 class Slots:
-    def __init__(self, worker: Worker, threads: int):
-        self.worker = worker
+    def __init__(self, finisher: Finisher, keeper: LeaseKeeper, registry: Registry, worker_id: str, threads: int):
+        self.finisher = finisher
+        self.keeper = keeper
+        self.registry = registry
+        self.worker_id = worker_id
+        self.average_seconds: float | None = None   # running average of a thread's time per job
         self.inbox: queue_mod.SimpleQueue[Held | None] = queue_mod.SimpleQueue()
         self.threads = [threading.Thread(target=self._run, name=f"jobqueue-slot-{i + 1}", daemon=True)
                         for i in range(threads)]
@@ -83,25 +88,30 @@ class Slots:
             except Exception as exc:   # never lose a thread to a bug of ours
                 event(log, logging.ERROR, "slot_error", job_id=held.lease.job_id, attempt=held.lease.attempt,
                       error=f"{type(exc).__name__}: {exc}")
-                self.worker.forget(held)
+                self.finisher.forget(held)
             finally:
-                self.worker.handler_took(time.monotonic() - started)
+                self._took(time.monotonic() - started)
                 with self._lock:
                     self._idle += 1
 
+    def _took(self, seconds: float) -> None:
+        """A thread was busy `seconds` with one job (its handler and any write of its own)."""
+        average = self.average_seconds
+        self.average_seconds = seconds if average is None else average + DURATION_WEIGHT * (seconds - average)
+
     def run_attempt(self, held: Held) -> None:
-        worker, keeper = self.worker, self.worker.keeper
+        finisher, keeper = self.finisher, self.keeper
         job, lease = held.claimed.job, held.claimed.lease
         if not self._may_start(held):
             # Lost while it waited for a thread (an operator took it, its queue was paused, it was
             # reaped, its local deadline passed): the handler never starts.
-            worker.forget(held)
+            finisher.forget(held)
             return
-        spec = worker.registry.get(job.task_name)
+        spec = self.registry.get(job.task_name)
         started = time.monotonic()
         try:
             if spec is None:
-                raise LookupError(f"no handler for task {job.task_name!r} in worker {worker.id}")
+                raise LookupError(f"no handler for task {job.task_name!r} in worker {self.worker_id}")
             spec.handler(job.payload, held.ctx)
         except Exception as exc:
             if held.completed_in_transaction:
@@ -110,56 +120,48 @@ class Slots:
                       attempt=lease.attempt, worker=lease.owner, error=first_line(describe(exc)))
                 held.duration = time.monotonic() - started
                 keeper.finishing(held)
-                worker.completed_in_transaction(held)
+                finisher.completed_in_transaction(held)
                 return
-            self._failed(held, spec, exc, started)
+            self._failed(held, exc, started)
             return
         held.duration = time.monotonic() - started
         if held.completed_in_transaction:
             keeper.finishing(held)
-            worker.completed_in_transaction(held)
+            finisher.completed_in_transaction(held)
             return
         # A lease lost only by its local deadline (renewals failed; nobody said it is gone) may
         # still be completed: the write is fenced, and lands only if nobody took the job.
         if keeper.finishing(held) or held.lost_reason == "deadline":
-            worker.handler_succeeded(held)
+            finisher.handler_succeeded(held)
         else:
             self._ended(held, "lease_lost", started)
             event(log, logging.WARNING, "handler_finished_after_lease_lost", job_id=job.id, task_key=job.task_key,
                   attempt=lease.attempt, worker=lease.owner, reason=held.lost_reason,
                   seconds=f"{held.duration:.3f}")
-            worker.forget(held)
+            finisher.forget(held)
 
     def _may_start(self, held: Held) -> bool:
-        keeper = self.worker.keeper
-        if keeper.clock() - held.claimed_at >= CONFIRM_AFTER_SECONDS and not self.worker.confirm_start(held):
+        if self.keeper.clock() - held.claimed_at >= CONFIRM_AFTER_SECONDS and not self.finisher.confirm_start(held):
             return False
-        return keeper.start(held)
+        return self.keeper.start(held)
 
-    def _failed(self, held: Held, spec, exc: Exception, started: float) -> None:
+    def _failed(self, held: Held, exc: Exception, started: float) -> None:
         """The handler raised: how the attempt ends."""
-        worker = self.worker
         job, lease = held.claimed.job, held.lease
         if isinstance(exc, LeaseLostError):
             self._ended(held, "lease_lost", started)
             event(log, logging.WARNING, "handler_lease_lost", job_id=job.id, task_key=job.task_key,
                   attempt=lease.attempt, worker=lease.owner, seconds=f"{time.monotonic() - started:.3f}")
-            worker.forget(held)
-        elif not self._still_held(held, started):
-            return
-        elif isinstance(exc, PermanentError) or lease.attempt >= job.max_attempts:
-            worker.finish_attempt(held, "fail", describe(exc))
-        else:   # a handler's failure is the job's failure, never the worker's
-            base = spec.retry_base_seconds if spec else 1.0
-            cap = spec.retry_cap_seconds if spec else 3600.0
-            worker.finish_attempt(held, "retry", describe(exc), retry_delay(lease.attempt, base, cap))
+            self.finisher.forget(held)
+        elif self._still_held(held, started):   # a handler's failure is the job's failure, never the worker's
+            self.finisher.attempt_failed(held, describe(exc), permanent=isinstance(exc, PermanentError))
 
     def _still_held(self, held: Held, started: float) -> bool:
         held.duration = time.monotonic() - started
-        if self.worker.keeper.finishing(held) or held.lost_reason == "deadline":
+        if self.keeper.finishing(held) or held.lost_reason == "deadline":
             return True
         self._ended(held, "lease_lost", started)
-        self.worker.forget(held)
+        self.finisher.forget(held)
         return False
 
     @staticmethod

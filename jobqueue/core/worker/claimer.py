@@ -1,0 +1,281 @@
+"""The claim cycle: one transaction completes the jobs whose handlers returned since the last
+cycle and claims a job for every lease slot it may fill; each claimed job goes to a thread.
+
+Which slots it may fill: one per thread, plus prefetched ones. By default (automatic prefetch)
+jobs are claimed ahead of a free thread only while handlers are short on average, so that a
+prefetched job waits about one short job for its thread, never behind a long one.
+
+Nothing claimed? The same transaction said why (idle / contended / waiting on leases), and the
+claimer backs off accordingly; while idle it reads first (probe.py) and claims only when the read
+finds work, and that read also triggers the reaper and promotes due jobs (maintenance.py).
+
+Paused queues: a worker on every queue claims from the queues with ready jobs that are not
+paused (read at most every second); a worker with a list of queues leaves out the paused ones
+(the paused set read at most every second). The claim transaction itself reads its queues'
+state under a shared lock and leaves out paused ones (repository/claim.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from sqlalchemy.engine import Engine
+
+from .. import metrics, repository
+from ..backoff import IdleBackoff
+from ..db import is_mysql, is_not_primary
+from ..logs import RateLimited, event
+from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Outcome
+from ..tasks import JobContext, Registry
+from .config import WorkerConfig
+from .doorbell import Doorbell
+from .finisher import Finisher
+from .leases import Held, LeaseKeeper
+from .maintenance import Maintenance
+from .probe import IdleProbe
+from .slots import Slots
+from .state import DB_ERRORS, WorkerState
+
+log = logging.getLogger("jobqueue.worker")
+
+NOT_PRIMARY_RETRY_SECONDS = 1.0
+# Automatic prefetch: claim ahead of a free thread only while handlers take less than this on
+# average; its point is that threads do not wait for the claim's round trips when jobs take
+# about as long as those.
+PREFETCH_WHILE_JOBS_UNDER_SECONDS = 0.1
+
+
+class Claimer:
+    def __init__(self, engine: Engine, config: WorkerConfig, worker_id: str, *, keeper: LeaseKeeper,
+                 finisher: Finisher, slots: Slots, maintenance: Maintenance, state: WorkerState,
+                 registry: Registry, doorbell: Doorbell | None):
+        self.engine = engine
+        self.config = config
+        self.worker_id = worker_id
+        self.keeper = keeper
+        self.finisher = finisher
+        self.slots = slots
+        self.maintenance = maintenance
+        self.state = state
+        self.registry = registry
+        self.doorbell = doorbell
+        self.owners = {s: f"{worker_id}:{s}" for s in range(1, config.capacity + 1)}   # lease slot -> lease_owner
+        self._slot_of = {owner: s for s, owner in self.owners.items()}
+        self.queue_label = ",".join(config.queues) if config.queues else "*"
+        self.last_empty: EmptyClaimReport | None = None
+        self._backoff = IdleBackoff(cap=config.idle_cap_seconds)
+        self._idle_log = RateLimited(60.0)
+        self._probe = IdleProbe(engine, config.queues) if is_mysql(engine) else None
+        self._probe_first = False   # after an idle empty claim: read first, claim only if worth it
+        self._known_queues: list[str] = list(config.queues or [])
+        self._queues_at = 0.0
+        self._rotation = 0
+
+    def turn(self) -> float | None:
+        """Complete what finished and claim what fits. Returns seconds to sleep before the next
+        turn, or None when a burst worker has nothing left to do."""
+        finished = self.finisher.take_finished()
+        free, refill = self.fillable(finished)
+        if not free and not finished:
+            return 0.05   # every lease slot we may fill is taken; a finishing handler wakes us
+        if self._probe_first and not finished:
+            # Idle: one plain read says whether a claim could find anything, so an idle worker
+            # sends about one statement per turn instead of a claim transaction.
+            report = self._probe_read()
+            if report is None:
+                return self._backoff.next(None) if self.state.name != "not_primary" else NOT_PRIMARY_RETRY_SECONDS
+            if not self._act_on(report):
+                return self._back_off(report, probe=True)
+        try:
+            cycle = self.cycle(free, finished, refill=refill)
+        except DB_ERRORS as exc:
+            self.finisher.give_back(finished)
+            if is_not_primary(exc):
+                self.state.not_primary("claim", exc)
+                return NOT_PRIMARY_RETRY_SECONDS
+            self.state.set("database_unreachable", str(exc)[:300])
+            self.state.sql_error("claim", exc)
+            return self._backoff.next(None)
+        self.state.set("claiming", None)
+        if cycle.claimed:
+            if self.doorbell is not None:
+                self.doorbell.busy()
+            self._probe_first = False
+            self.maintenance.claimed()
+            self._backoff.reset()
+            self._idle_log.reset()
+            return 0
+        if cycle.asked == 0:
+            return 0.05 if not self.fillable([])[0] else 0
+        report = cycle.report
+        if report is None:
+            return self._backoff.next(None)
+        if self._act_on(report):
+            return 0
+        return self._back_off(report)
+
+    def complete_finished(self) -> None:
+        """Complete what finished, claim nothing (split brain, shutdown)."""
+        finished = self.finisher.take_finished()
+        if not finished:
+            return
+        try:
+            self.cycle([], finished, refill=False)
+        except DB_ERRORS as exc:
+            self.finisher.give_back(finished)
+            self.state.sql_error("complete", exc)
+
+    def cycle(self, free: Sequence[int], finished: list[Held], *, refill: bool = True) -> ClaimCycle:
+        """One transaction: complete `finished`, claim for the free slots and (with `refill`) the
+        slots the completions free."""
+        with self.keeper.writing(finished):
+            sent_at = time.monotonic()
+            with self.engine.connect() as conn:
+                refreshed = self._refresh_queues(conn)
+                cycle = repository.claim_cycle(conn, [self.owners[s] for s in free], self._rotated(),
+                                               lease_seconds=self.config.lease_seconds,
+                                               completions=[h.lease for h in finished],
+                                               classify_queues=self.config.queues, refill=refill)
+                if refill and not cycle.claimed and cycle.asked and not refreshed and self.config.queues is None \
+                        and self._refresh_queues(conn, force=True):
+                    # The cached list of queues with ready jobs was stale: try the fresh one
+                    # before calling this an empty claim.
+                    slots = self._slots_after(cycle, finished, free)
+                    if slots:
+                        again = repository.claim_cycle(conn, [self.owners[s] for s in slots], self._rotated(),
+                                                       lease_seconds=self.config.lease_seconds,
+                                                       classify_queues=self.config.queues)
+                        cycle = ClaimCycle(again.claimed, cycle.completed, cycle.losses, again.skipped,
+                                           cycle.queues + again.queues, again.asked, again.report)
+        metrics.CLAIM_SECONDS.observe(time.monotonic() - sent_at)
+        self.finisher.completed(cycle.completed, finished, wake=cycle.asked == 0)
+        for item in cycle.claimed:
+            self._dispatch(item, self._slot_of[item.lease.owner], sent_at)
+        return cycle
+
+    @staticmethod
+    def _slots_after(cycle: ClaimCycle, finished: list[Held], free: Sequence[int]) -> list[int]:
+        done = [h.slot for h in finished if cycle.completed.get(h.key) is not Outcome.BUSY]
+        return sorted(set(free) | set(done))
+
+    def _dispatch(self, claimed: ClaimedJob, slot: int, sent_at: float) -> None:
+        job, lease = claimed.job, claimed.lease
+        spec = self.registry.get(job.task_name)
+        finisher = self.finisher
+        ctx = JobContext(job_id=job.id, task_key=job.task_key, task_name=job.task_name, queue=job.queue,
+                         attempt=lease.attempt, max_attempts=job.max_attempts, worker_id=lease.owner,
+                         _record_result=lambda result: finisher.record_result(held, result),
+                         _transaction=lambda: finisher.handler_transaction(held))
+        held = self.keeper.hold(claimed, slot, ctx, sent_at=sent_at,
+                                timeout=getattr(spec, "timeout_seconds", None) if spec else None)
+        finisher.take_slot(slot)
+        if claimed.start_delay is not None:
+            metrics.labelled("START_DELAY_SECONDS", job.queue).observe(claimed.start_delay)
+        event(log, logging.DEBUG, "claim", job_id=job.id, task_key=job.task_key, task=job.task_name,
+              queue=job.queue, attempt=lease.attempt, worker=lease.owner)
+        self.slots.give(held)
+
+    def fillable(self, finished: list[Held]) -> tuple[list[int], bool]:
+        """The free lease slots this cycle may fill, and whether the slots of `finished` take
+        new work too: every thread's slot, plus prefetched ones up to the prefetch allowed now."""
+        free = self.finisher.free_slots()
+        allowed = self.config.concurrency + self.prefetch_now()
+        room = allowed - (len(self.keeper) - len(finished))   # leases in hand once `finished` are done
+        if room >= len(finished):
+            return free[:room - len(finished)], True
+        return free[:max(0, room)], False
+
+    def prefetch_now(self) -> int:
+        """Jobs to hold beyond one per thread: the configured number, or (automatic) up to one per
+        thread while handlers are short on average, none while they are long or not yet seen."""
+        if self.config.prefetch is not None:
+            return self.config.prefetch
+        average = self.slots.average_seconds
+        return self.config.concurrency if average is not None and average < PREFETCH_WHILE_JOBS_UNDER_SECONDS else 0
+
+    # --- empty claims ----------------------------------------------------------------------------
+
+    def _probe_read(self) -> EmptyClaimReport | None:
+        try:
+            if self._probe is not None:
+                report = self._probe.read()   # it reads the read-only flags too
+            else:
+                with self.engine.connect() as conn:
+                    report = repository.classify_empty(conn, self.config.queues)
+            self.state.set("claiming", None)
+            return report
+        except DB_ERRORS as exc:
+            if is_not_primary(exc):
+                self.state.not_primary("probe", exc)
+            else:
+                self.state.set("database_unreachable", str(exc)[:300])
+                self.state.sql_error("classify", exc)
+            return None
+
+    def _act_on(self, report: EmptyClaimReport) -> bool:
+        """Promote due retries and reap expired leases the read revealed. True when a claim is
+        worth trying now."""
+        acted = self.maintenance.after_read(report)
+        if acted:
+            self.queues_changed()
+        return acted or (self._probe_first and report.kind is EmptyClaim.CONTENDED)
+
+    def _back_off(self, report: EmptyClaimReport, probe: bool = False) -> float | None:
+        """Log an empty turn (and count it, when it was a claim, not a probe), then say how long
+        to sleep (None: a burst worker is done)."""
+        self.last_empty = report
+        self._probe_first = report.kind is not EmptyClaim.CONTENDED
+        # A probe is not a claim: counted apart, so that empty claims count real claims only.
+        (metrics.PROBES if probe else metrics.EMPTY_CLAIMS).labels(kind=report.kind.value, queues=self.queue_label).inc()
+        suppressed = self._idle_log.allow(report.kind)
+        if suppressed is not None:
+            event(log, logging.INFO, report.kind.value, worker=self.worker_id, skipped=report.skipped or None,
+                  next_lease_expiry=report.next_lease_expiry, next_scheduled=report.next_scheduled,
+                  repeats=suppressed or None)
+        if self.config.burst and report.kind not in (EmptyClaim.CONTENDED, EmptyClaim.LIMITED):
+            if not len(self.keeper):
+                return None
+            return 0.05
+        return self._backoff.next(report)
+
+    def new_work(self) -> None:
+        """Something was enqueued in this process, maybe into a queue we have not seen: claim now."""
+        self.queues_changed()
+        self._probe_first = False
+        self._backoff.reset()
+
+    # --- which queues ----------------------------------------------------------------------------
+
+    def queues_changed(self) -> None:
+        """Read the queues to claim from again at the next cycle."""
+        self._queues_at = 0.0
+
+    def _refresh_queues(self, conn, force: bool = False) -> bool:
+        """The queues to claim from, read at most every second: for a worker on every queue, the
+        queues with ready jobs that are not paused (a loose index scan); for a worker with a list
+        of queues, that list without the paused ones. True when the list was read now (with
+        `force`: and changed)."""
+        if not force and time.monotonic() - self._queues_at <= self.config.queue_refresh_seconds:
+            return False
+        before = self._known_queues
+        if self.config.queues is None:
+            self._known_queues = repository.ready_queues(conn)
+        else:
+            paused = repository.paused_queues(conn)
+            self._known_queues = [q for q in self.config.queues if q not in paused]
+        self._queues_at = time.monotonic()
+        return not force or self._known_queues != before
+
+    def _rotated(self) -> list[str]:
+        """The queues to claim from, rotated each turn so that no queue starves the others."""
+        queues = self._known_queues
+        if len(queues) > 1:
+            self._rotation = (self._rotation + 1) % len(queues)
+            queues = queues[self._rotation:] + queues[:self._rotation]
+        return queues
+
+    def close(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
