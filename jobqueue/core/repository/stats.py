@@ -1,4 +1,5 @@
-"""Statistics: counts by queue and status, the oldest ready job, per-minute activity.
+"""Statistics: counts by queue and status, the oldest ready job, per-minute activity, and one
+queue's autoscaling signal (scale_signal).
 
 Counts that do not grow with the table (issue 17). The overview polls every 3 s per open tab,
 and /metrics and /api/stats read the same figures; at 1,000,000 rows the old UNION of 25 counts
@@ -337,7 +338,9 @@ def scale_signal(conn: Connection, queue: str) -> ScaleSignal:
       ix_ready_pick (each row read for its run_at: at most AGE_WINDOW rows); with more, the
       queue's first entry in ix_due (status, run_at, queue) order, index-only, which stops at
       that entry but passes the older ready entries of other queues: few unless another queue
-      holds a larger, older backlog (then 2-4 million entries a second)."""
+      holds a larger, older backlog (then 2-4 million entries a second). An index (status,
+      queue, run_at) would make it one entry always, at the price of one more index entry
+      rewritten by every claim and every completion."""
     queue = check_queue(queue)
 
     def read(c: Connection) -> ScaleSignal:
