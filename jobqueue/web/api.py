@@ -20,6 +20,8 @@ GET  /api/openapi.json         the contract (jobqueue/web/openapi.py; keep it in
 POST /api/jobs/<id>/cancel     {"reason": str}: 200, 404, 409 (already done), 423 busy
 GET  /api/queues               every known queue, paused or not, with counts
 POST /api/queues/<q>/pause     200 {queue, paused: true}; /resume: {queue, paused: false}; 422 bad name
+GET  /api/queues/<q>/scale     for autoscalers: {queue, ready, running, oldest_ready_age_seconds, capped,
+                               cap, now}, fresh; zeros for a queue with no jobs; 422 bad name
 GET  /api/recurring            the recurring jobs
 POST /api/recurring            {name, cron, task, payload, queue}: 201 added, 200 replaced, 422 invalid
 POST /api/recurring/<n>/enable, /disable; DELETE /api/recurring/<n>: 200, 404
@@ -39,6 +41,7 @@ from flask import Blueprint, current_app, g, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..core import repository
+from ..core.repository import stats as stats_sql
 from ..core.errors import JobBusy, JobQueueError, NotFound, PayloadTooLarge, ValidationError, answer_for
 from ..core.models import Job, Status, iso
 from ..core.tasks import TASKS
@@ -331,6 +334,21 @@ def pause_queue(queue: str):
 @token_required(admin=True)
 def resume_queue(queue: str):
     return _pause(queue, False)
+
+
+@bp.get("/queues/<queue>/scale")
+@token_required()
+def queue_scale(queue: str):
+    """Read fresh, not from the shared counts cache: an autoscaler polls one queue, and this
+    costs three short index reads (repository/stats.py, scale_signal)."""
+    try:
+        with db() as conn:
+            signal = stats_sql.scale_signal(conn, queue)
+    except ValidationError as exc:
+        return error(422, str(exc), field=exc.field)
+    return jsonify({"queue": signal.queue, "ready": signal.ready, "running": signal.running,
+                    "oldest_ready_age_seconds": signal.oldest_ready_age_seconds, "capped": sorted(signal.capped),
+                    "cap": stats_sql.SCALE_CAP, "now": iso(signal.now)})
 
 
 # --- recurring jobs ------------------------------------------------------------------------------

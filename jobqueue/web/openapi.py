@@ -173,6 +173,14 @@ PATHS: dict[str, dict[str, Any]] = {
                       "422": INVALID_FIELD, "503": UNAVAILABLE},
     }} for verb, what in (("pause", "no worker claims from it; running jobs finish"),
                           ("resume", "workers claim from it again"))},
+    "/api/queues/{queue}/scale": {"get": {
+        "summary": "For autoscalers (KEDA's metrics-api scaler): a queue's ready and running counts and its oldest "
+                   "ready job's age, read fresh; zeros for a queue with no jobs",
+        "operationId": "queue_scale",
+        "parameters": [QUEUE_PARAM],
+        "responses": {"200": _json(_ref("QueueScale"), "the signal"), "401": UNAUTHORIZED, "422": INVALID_FIELD,
+                      "503": UNAVAILABLE},
+    }},
     "/api/recurring": {"get": {
         "summary": "Every recurring job (cron schedule) by name",
         "operationId": "list_recurring",
@@ -333,6 +341,16 @@ SCHEMAS: dict[str, Any] = {
             "counts": {"type": "object", "properties": {s: {"type": "integer", "minimum": 0} for s in STATUSES}},
             "capped": {"type": "array", "items": {"enum": STATUSES}}}}},
         "now": TIMESTAMP}},
+    "QueueScale": {"type": "object", "required": ["queue", "ready", "running", "oldest_ready_age_seconds", "capped",
+                                                  "cap", "now"], "properties": {
+        "queue": {"type": "string"},
+        "ready": {"type": "integer", "minimum": 0, "description": "ready jobs, counted up to `cap`"},
+        "running": {"type": "integer", "minimum": 0, "description": "running jobs, counted up to `cap`"},
+        "oldest_ready_age_seconds": {"type": "number", "minimum": 0,
+                                     "description": "how long the oldest ready job has waited; 0 with none"},
+        "capped": {"type": "array", "items": {"enum": ["ready", "running"]},
+                   "description": "the counts that reached `cap` (the true figure is larger)"},
+        "cap": {"type": "integer"}, "now": TIMESTAMP}},
     "QueuePaused": {"type": "object", "required": ["queue", "paused", "changed"], "properties": {
         "queue": {"type": "string"}, "paused": {"type": "boolean"}, "changed": {"type": "boolean"}}},
     "NewRecurring": {

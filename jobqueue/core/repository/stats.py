@@ -1,4 +1,5 @@
-"""Statistics: counts by queue and status, the oldest ready job, per-minute activity.
+"""Statistics: counts by queue and status, the oldest ready job, per-minute activity, and one
+queue's autoscaling signal (scale_signal).
 
 Counts that do not grow with the table (issue 17). The overview polls every 3 s per open tab,
 and /metrics and /api/stats read the same figures; at 1,000,000 rows the old UNION of 25 counts
@@ -47,9 +48,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from ..db import transaction
+from ..db import db_now, transaction
 from ..models import Status
 from ..schema import STAT_COLUMNS, audit_log, worker_stats
+from ..validation import check_queue
 from .common import as_datetime, database_now, jq, through_index
 
 log = logging.getLogger(__name__)
@@ -304,6 +306,69 @@ def _read_history(c: Connection, t: float, previous: _Counted | None,
     if previous is not None and _unchanged(previous.stamp, stamp):
         return _Counted(t, previous.stamp, previous.counts, {})
     return _Counted(t, stamp, _counts(c, HISTORY, None), {})
+
+
+@dataclass(frozen=True)
+class ScaleSignal:
+    queue: str
+    ready: int
+    running: int
+    oldest_ready_age_seconds: float      # 0 with no ready job
+    capped: frozenset[str]               # "ready" / "running" when that count reached SCALE_CAP
+    now: datetime
+
+
+SCALE_CAP = LIVE_CAP
+AGE_WINDOW = 10_000
+
+
+def scale_signal(conn: Connection, queue: str) -> ScaleSignal:
+    """What an autoscaler needs of one queue (GET /api/queues/<name>/scale): its ready and running
+    counts and how long its oldest ready job has waited (database clock), fresh, in one
+    transaction. A queue without jobs answers zeros: scaling it to zero is legitimate.
+
+    Each figure is one read of an index range of this queue alone, so its cost does not grow with
+    the table (done rows sit under another status prefix):
+    - the counts: index-only on ix_ready_pick's (status, queue) prefix, exact up to SCALE_CAP
+      (100,000) and reported capped beyond it. An autoscaler needs the real backlog up to the
+      most workers it would ever start; past 100,000 waiting jobs the answer is "as many as
+      allowed" whatever the exact figure, and an exact count of millions would read millions of
+      entries on every poll.
+    - the age: with up to AGE_WINDOW ready jobs, MIN(run_at) over the queue's entries of
+      ix_ready_pick (each row read for its run_at: at most AGE_WINDOW rows); with more, the
+      queue's first entry in ix_due (status, run_at, queue) order, index-only, which stops at
+      that entry but passes the older ready entries of other queues: few unless another queue
+      holds a larger, older backlog (then 2-4 million entries a second). An index (status,
+      queue, run_at) would make it one entry always, at the price of one more index entry
+      rewritten by every claim and every completion."""
+    queue = check_queue(queue)
+
+    def read(c: Connection) -> ScaleSignal:
+        ready, running, now = c.execute(sa.select(_capped_count(c, Status.READY, queue),
+                                                  _capped_count(c, Status.RUNNING, queue), db_now())).one()
+        now = as_datetime(now)
+        oldest = _oldest_ready_of(c, queue, ready) if ready else None
+        age = max(0.0, round((now - oldest).total_seconds(), 3)) if oldest is not None else 0.0
+        capped = frozenset(name for name, n in (("ready", ready), ("running", running)) if n > SCALE_CAP)
+        return ScaleSignal(queue, min(ready, SCALE_CAP), min(running, SCALE_CAP), age, capped, now)
+
+    return transaction(conn, read, what="scale_signal")
+
+
+def _capped_count(c: Connection, status: Status, queue: str) -> sa.ScalarSelect:
+    """The queue's jobs in `status`, up to SCALE_CAP + 1 (one more says the cap was reached)."""
+    entries = through_index(c, sa.select(sa.literal(1)).where(jq.status == status.value, jq.queue == queue)
+                            .limit(SCALE_CAP + 1), "ix_ready_pick")
+    return sa.select(sa.func.count()).select_from(entries.subquery()).scalar_subquery()
+
+
+def _oldest_ready_of(c: Connection, queue: str, ready: int) -> datetime | None:
+    is_ready = sa.and_(jq.status == Status.READY.value, jq.queue == queue)
+    if ready <= AGE_WINDOW:
+        stmt = through_index(c, sa.select(sa.func.min(jq.run_at)).where(is_ready), "ix_ready_pick")
+    else:
+        stmt = through_index(c, sa.select(jq.run_at).where(is_ready).order_by(jq.run_at).limit(1), "ix_due")
+    return as_datetime(c.execute(stmt).scalar())
 
 
 def count_by_status(conn: Connection) -> list[tuple[str, str, int]]:
