@@ -71,8 +71,8 @@ class LeaseLifecycle(RuleBasedStateMachine):
         shutil.copy(self.template, path)
         self.path = path
         self.engine = create_engine(f"sqlite:///{path}", pool_size=1)
-        self._real_clock = db.sqlite_clock
-        db.sqlite_clock = self.clock
+        self._real_clock = db.clock.sqlite_clock
+        db.clock.sqlite_clock = self.clock
         self.conn = self.engine.connect()
         self.keepers = {w: LeaseKeeper(LEASE, clock=self.clock) for w in WORKERS}
         self.revoked: set[tuple[int, int]] = set()     # (job, attempt) an operator took on purpose
@@ -94,7 +94,7 @@ class LeaseLifecycle(RuleBasedStateMachine):
         dialect.do_commit = do_commit
 
     def teardown(self):
-        db.sqlite_clock = self._real_clock
+        db.clock.sqlite_clock = self._real_clock
         self.conn.close()
         self.engine.dispose()
 

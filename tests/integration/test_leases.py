@@ -213,7 +213,7 @@ def test_a_claim_that_took_fewer_rows_than_it_asked_counts_the_rows_it_passed_by
 @pytest.mark.sqlite_only
 def test_activity_minutes_come_from_the_database_clock(engine, monkeypatch):
     shifted = time.time() + 7200   # the database's clock two hours ahead of this host's
-    monkeypatch.setattr(db, "sqlite_clock", lambda: shifted)
+    monkeypatch.setattr(db.clock, "sqlite_clock", lambda: shifted)
     with engine.connect() as conn:
         repository.register_process(conn, process_id="h:1", host="h", pid=1, kind="worker", concurrency=1,
                                     queues="*")

@@ -178,7 +178,7 @@ def test_a_bulk_requeue_waits_for_a_lagging_replica_and_says_why(replicated, wat
     cluster.wait_caught_up()
 
     # A request per batch while the replica keeps up: no pause, nothing said about replicas.
-    monkeypatch.setattr(dashboard, "BULK_TIME_BUDGET", 0.0)
+    monkeypatch.setattr(dashboard.actions, "BULK_TIME_BUDGET", 0.0)
     data = {"confirm": "yes", "action": "requeue", "scope": "filter", "status": "failed"}
     for _ in range(4):
         message, data = continue_bulk(client, data)
@@ -186,7 +186,7 @@ def test_a_bulk_requeue_waits_for_a_lagging_replica_and_says_why(replicated, wat
     assert requeued(message) == 2000
 
     # The replica falls behind: each request waits (re-reading its lag) and writes nothing.
-    monkeypatch.setattr(dashboard, "BULK_TIME_BUDGET", 3.0)
+    monkeypatch.setattr(dashboard.actions, "BULK_TIME_BUDGET", 3.0)
     with cluster.hold_sql_thread():
         wait_for_lag(replica_url, above=LAG_LIMIT)
         paused = []
@@ -237,7 +237,7 @@ def test_a_bulk_of_selected_jobs_waits_too_and_carries_what_is_left(replicated, 
     with engine.connect() as conn:
         ids = sorted(conn.execute(sa.select(job_queue.c.id)).scalars())
     cluster.wait_caught_up()
-    monkeypatch.setattr(dashboard, "BULK_TIME_BUDGET", 2.0)
+    monkeypatch.setattr(dashboard.actions, "BULK_TIME_BUDGET", 2.0)
     data = {"confirm": "yes", "action": "requeue", "scope": "selected", "ids": [str(i) for i in ids[:600]]}
     with cluster.hold_sql_thread():
         wait_for_lag(replica_url, above=LAG_LIMIT)

@@ -107,7 +107,7 @@ def test_the_driver_refusing_an_auth_plugin_is_a_database_error_not_a_crash(monk
     def refuse(**kwargs):
         raise RuntimeError("'cryptography' package is required for sha256_password or caching_sha2_password auth methods")
 
-    monkeypatch.setattr(db, "_connection_class", lambda: refuse)   # what Candidates.connect calls
+    monkeypatch.setattr(db.primary, "_connection_class", lambda: refuse)   # what Candidates.connect calls
     candidates = db.Candidates(["mysql+pymysql://queue@127.0.0.1:3306/jq"], {})
     with pytest.raises(pymysql.err.OperationalError, match="cryptography"):
         candidates.connect()

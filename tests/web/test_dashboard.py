@@ -197,7 +197,7 @@ def test_bulk_over_a_filter_runs_in_bounded_chunks(client, engine, monkeypatch):
         conn.execute(sa.update(job_queue).values(status="failed", attempts=1, last_error="x"))
         conn.commit()
         repository.enqueue(conn, "noop", "stays-ready")
-    monkeypatch.setattr(dashboard, "BULK_TIME_BUDGET", 0.0)  # one batch per request
+    monkeypatch.setattr(dashboard.actions, "BULK_TIME_BUDGET", 0.0)  # one batch per request
     data = {"confirm": "yes", "action": "requeue", "scope": "filter", "status": "failed"}
     requests = 0
     while True:

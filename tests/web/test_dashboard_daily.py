@@ -57,7 +57,7 @@ def test_bulk_confirmation_names_the_filter_and_counts_what_it_applies_to(client
 def test_bulk_confirmation_caps_its_count(client, engine, monkeypatch):
     with engine.connect() as conn:
         repository.enqueue_many(conn, [{"task": "noop", "task_key": f"c{i}"} for i in range(30)])
-    monkeypatch.setattr(dashboard, "MATCH_COUNT_CAP", 25)
+    monkeypatch.setattr(dashboard.actions, "MATCH_COUNT_CAP", 25)
     html = post(client, "/jobs/bulk/confirm", {"action": "fail", "scope": "filter"}).get_data(as_text=True)
     assert "Fail 25+ jobs?" in html
 
@@ -259,8 +259,9 @@ def test_wrong_token_is_called_invalid_and_a_missing_one_missing(client):
 
 
 def test_one_health_check_is_not_all_1_checks(client, monkeypatch):
-    monkeypatch.setattr(dashboard, "health_summary", lambda: {"status": "ok", "error": None, "flagged": [],
-                                                               "checks": [{"name": "server", "verdict": "ok"}]})
+    monkeypatch.setattr(dashboard.overview, "health_summary",
+                        lambda: {"status": "ok", "error": None, "flagged": [],
+                                 "checks": [{"name": "server", "verdict": "ok"}]})
     html = client.get("/overview/panels").get_data(as_text=True)
     assert "All 1 checks" not in html and "The one check is ok." in html
 
