@@ -5,7 +5,7 @@ executemany, which batches VALUES lists up to ~1 MB a statement), then N ready n
 enqueued after them, as in a table that has been in use. The sizes are then measured round-robin,
 each measurement starting from the same N jobs put back to ready:
 
-- claim only: repository.claim(limit=1) in a loop on one connection, our code path (claims/s);
+- claim only: service.claim(limit=1) in a loop on one connection, our code path (claims/s);
 - end to end: `jobqueue worker --concurrency 4` over the N jobs (jobs/s from the database).
 
 Plus the claim SELECT's EXPLAIN and ANALYZE (rows the server really read) at each size.
@@ -25,6 +25,7 @@ from bench import common
 from bench.common import log
 from bench.raw_loop import connect_args
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 
 INSERT = ("INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, lease_owner, "
@@ -70,9 +71,9 @@ def explain(url: str) -> dict[str, Any]:
     engine = create_engine(url, pool_size=1)
     try:
         with engine.connect() as conn:
-            plan = repository.explain_claim(conn, "default", 1)
-            flavour = repository.flavour(conn)
-            stmt = repository.pick_statement(flavour).params(queue="default", limit=1).compile(
+            plan = repository.claim.explain_claim(conn, "default", 1)
+            flavour = repository.claim.flavour(conn)
+            stmt = repository.claim.pick_statement(flavour).params(queue="default", limit=1).compile(
                 dialect=conn.dialect, compile_kwargs={"literal_binds": True})
             # The statement run for real, with the rows it read: MariaDB's ANALYZE, MySQL 8.0's
             # EXPLAIN ANALYZE (a tree of text). It locks one row: inside a transaction we roll back.
@@ -89,14 +90,14 @@ def explain(url: str) -> dict[str, Any]:
 
 
 def claim_only(url: str, claims: int) -> float:
-    """repository.claim(limit=1) `claims` times on one connection; returns claims/s."""
+    """service.claim(limit=1) `claims` times on one connection; returns claims/s."""
     engine = create_engine(url, pool_size=1)
     try:
         with engine.connect() as conn:
-            repository.claim(conn, "bench:0:1", 1, ["default"], lease_seconds=60)   # warm the statement cache
+            service.claim(conn, "bench:0:1", 1, ["default"], lease_seconds=60)   # warm the statement cache
             t0 = time.perf_counter()
             for _ in range(claims):
-                got = repository.claim(conn, "bench:0:1", 1, ["default"], lease_seconds=60)
+                got = service.claim(conn, "bench:0:1", 1, ["default"], lease_seconds=60)
                 if not got:
                     raise RuntimeError("ran out of ready jobs in the claim-only loop")
             return claims / (time.perf_counter() - t0)

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from bench.gate import Gate
-from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.migrate import init_db
 from jobqueue.core.task_modules import load_task_modules
@@ -122,27 +122,27 @@ def drop_leftovers() -> None:
 
 def enqueue_noops(url: str, n: int, *, batch: int = 1000, prefix: str = "b", start: int = 0,
                   task: str = "noop") -> float:
-    """Enqueue n jobs with repository.enqueue_many in batches; returns the seconds it took."""
+    """Enqueue n jobs with service.enqueue_many in batches; returns the seconds it took."""
     engine = create_engine(url, pool_size=1)
     try:
         with engine.connect() as conn:
             t0 = time.perf_counter()
             for lo in range(start, start + n, batch):
                 hi = min(start + n, lo + batch)
-                repository.enqueue_many(conn, [{"task": task, "task_key": f"{prefix}{i}"} for i in range(lo, hi)])
+                service.enqueue_many(conn, [{"task": task, "task_key": f"{prefix}{i}"} for i in range(lo, hi)])
             return time.perf_counter() - t0
     finally:
         engine.dispose()
 
 
 def enqueue_one_by_one(url: str, n: int, *, prefix: str = "s", start: int = 0) -> float:
-    """Enqueue n jobs with repository.enqueue, one call (one transaction) each."""
+    """Enqueue n jobs with service.enqueue, one call (one transaction) each."""
     engine = create_engine(url, pool_size=1)
     try:
         with engine.connect() as conn:
             t0 = time.perf_counter()
             for i in range(start, start + n):
-                repository.enqueue(conn, "noop", f"{prefix}{i}")
+                service.enqueue(conn, "noop", f"{prefix}{i}")
             return time.perf_counter() - t0
     finally:
         engine.dispose()

@@ -25,7 +25,7 @@ last_error): its build time, MATCH ... AGAINST for the same terms (newest first,
 is sorted), what it cannot find (substrings, tokens under 3 characters), and batch-enqueue
 throughput with and without it.
 
-Bulk requeue: 100,000 rows set to `failed`, then `repository.bulk_action("requeue", filter
+Bulk requeue: 100,000 rows set to `failed`, then `service.bulk_action("requeue", filter
 status=failed)` (what the dashboard's "every job matching the filter" runs, in batches of 500,
 each its own transaction). Meanwhile a `jobqueue worker --concurrency 4 --queues bench` works
 through no-op jobs in another queue; its throughput during the bulk is compared with the same
@@ -48,9 +48,10 @@ from bench.dashboard_data import COMMON, ERROR_TERM, PASSWORD, RARE, TARGET_P95_
 from bench.dashboard_scale import scale, targets, write_md
 from testkit.procs import GunicornServer
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.schema import job_queue
 from jobqueue.core.db import create_engine
-from jobqueue.core.repository import JobFilter
+from jobqueue.core.repository.operator import JobFilter
 from jobqueue.core.models import Status
 
 EXPLAIN_P95_MS = 50.0
@@ -110,10 +111,10 @@ def run(ctx) -> dict[str, Any]:
         with engine.connect() as conn:
             total = conn.execute(sa.select(sa.func.count()).select_from(job_queue)).scalar()
             t = targets(url)
-            some_job = repository.get_job(conn, t["job"])
+            some_job = repository.reads.get_job(conn, t["job"])
             # A ready job with others ahead of it in its queue, and a running one.
             explained = [t["ready_last"], t["running_last"]]
-            plan = repository.explain_claim(conn, "default", 8)
+            plan = repository.claim.explain_claim(conn, "default", 8)
         env = {"JOBQUEUE_USERS": f"bench:admin:{generate_password_hash(PASSWORD)}", "JOBQUEUE_SECRET_KEY": "bench",
                "JOBQUEUE_SECURE_COOKIES": "0",
                "JOBQUEUE_API_TOKENS": f"bench:viewer:{TOKEN}", **common.KEEP_EVERYTHING}
@@ -168,7 +169,7 @@ def run(ctx) -> dict[str, Any]:
         def bulk():
             with engine.connect() as conn:
                 t0 = time.perf_counter()
-                res = repository.bulk_action(conn, "requeue", actor="bench", job_filter=JobFilter(status=Status.FAILED))
+                res = service.bulk_action(conn, "requeue", actor="bench", job_filter=JobFilter(status=Status.FAILED))
                 return res, time.perf_counter() - t0
 
         alone, _ = worker_rate(url, ctx, 6 if ctx.quick else 10)
@@ -203,16 +204,16 @@ def compare_search(url: str, engine, rounds: int) -> dict[str, Any]:
     """The bounded scan the dashboard runs against a FULLTEXT index on (payload, last_error), on
     the same table: query times, build time, what each finds, and enqueue cost."""
     terms = {"common": (COMMON, None), "rare": (RARE, None), "errors": (ERROR_TERM, Status.FAILED)}
-    out: dict[str, Any] = {"window": repository.SEARCH_WINDOW, "bounded": {}, "fulltext": {}}
+    out: dict[str, Any] = {"window": repository.operator.SEARCH_WINDOW, "bounded": {}, "fulltext": {}}
     with engine.connect() as conn:
         for name, (term, status) in terms.items():
             f = JobFilter(search=term, status=status)
-            page = repository.page_jobs(conn, f)
+            page = repository.reads.page_jobs(conn, f)
             out["bounded"][name] = {"term": term, "found": len(page.jobs), "matches": page.matches,
-                                    "capped": page.capped, **_timed(lambda: repository.page_jobs(conn, f), rounds)}
+                                    "capped": page.capped, **_timed(lambda: repository.reads.page_jobs(conn, f), rounds)}
         # What ignoring case costs: the same window scan compared byte for byte (this database is
         # utf8mb4_bin), without COLLATE utf8mb4_general_ci.
-        floor = repository.page_jobs(conn, JobFilter(search=RARE)).window_floor or 0
+        floor = repository.reads.page_jobs(conn, JobFilter(search=RARE)).window_floor or 0
         binary = ("SELECT id FROM job_queue WHERE id >= %s AND (payload LIKE %s OR last_error LIKE %s OR task_key LIKE %s)"
                   " ORDER BY id DESC LIMIT 10001")
         needle = f"%{RARE}%"

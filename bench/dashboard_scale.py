@@ -20,9 +20,10 @@ from bench import common
 from bench.common import log
 from bench.dashboard_data import PASSWORD, RARE, TARGET_P95_MS, TOKEN, Client, load
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Status
-from jobqueue.core.repository import JobFilter
+from jobqueue.core.repository.operator import JobFilter
 from testkit.procs import GunicornServer
 
 # --- scale: every page at 1M / 5M rows, idle and with a worker running (`python -m bench.dashboard`) ---
@@ -135,7 +136,7 @@ class Feeder:
                                              "AND queue = 'bench'").scalar()
                 conn.commit()
                 if ready < self.backlog:
-                    repository.enqueue_many(conn, [{"task": "noop", "queue": "bench", "task_key": f"feed-{self.n + i}"}
+                    service.enqueue_many(conn, [{"task": "noop", "queue": "bench", "task_key": f"feed-{self.n + i}"}
                                                    for i in range(500)])
                     self.n += 500
                 else:
@@ -217,7 +218,7 @@ def explain_slow(url: str, t: dict[str, Any]) -> dict[str, Any]:
                 if statement.lstrip().upper().startswith("SELECT") and "ORDER BY" in statement and "LIMIT" in statement:
                     captured.append(cursor.mogrify(statement, params))
             event.listen(engine, "before_cursor_execute", grab)
-            repository.page_jobs(conn, f, before=before)
+            repository.reads.page_jobs(conn, f, before=before)
             event.remove(engine, "before_cursor_execute", grab)
             conn.commit()
             analyzed = []

@@ -4,7 +4,7 @@
 In one run, on the same servers, rounds alternating (medians over rounds), each round on a fresh
 database:
 
-a. `repository.enqueue_many`, batches of 1,000 (validation, idempotency, ids) against a
+a. `service.enqueue_many`, batches of 1,000 (validation, idempotency, ids) against a
    hand-written PyMySQL multi-row INSERT of the same rows (every value a parameter, batches of
    1,000, one COMMIT each): rows/s and their ratio.
 b. `jobqueue enqueue-many FILE` of the same number of JSON lines, the whole process (start-up,
@@ -41,6 +41,7 @@ from bench import common
 from bench.common import log, median, percentile, ratio
 from bench.raw_loop import connect_args
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 
 BATCH = 1000
@@ -61,7 +62,7 @@ def ours(url: str, n: int) -> float:
         with engine.connect() as conn:
             t0 = time.perf_counter()
             for lo in range(0, n, BATCH):
-                repository.enqueue_many(conn, specs[lo:lo + BATCH])
+                service.enqueue_many(conn, specs[lo:lo + BATCH])
             return time.perf_counter() - t0
     finally:
         engine.dispose()
@@ -157,7 +158,7 @@ def validation_us(n: int = 20000) -> dict[str, float]:
         best = float("inf")
         for _ in range(5):
             t0 = time.perf_counter()
-            repository.validate_jobs(specs)
+            repository.enqueue.validate_jobs(specs)
             best = min(best, time.perf_counter() - t0)
         out[name] = best / n * 1e6
     return out
@@ -258,7 +259,7 @@ def markdown(res: dict[str, Any]) -> str:
            f"(load average at the end: {', '.join(f'{x:.1f}' for x in res['load_average'])}).", "",
            "| what | rows/s | ratio |", "|---|---|---|",
            f"| hand-written PyMySQL multi-row INSERT | {r['raw']:,.0f} | 1.00 |",
-           f"| `repository.enqueue_many` | {r['ours']:,.0f} | {q['enqueue_many / raw PyMySQL']:.2f} |",
+           f"| `service.enqueue_many` | {r['ours']:,.0f} | {q['enqueue_many / raw PyMySQL']:.2f} |",
            f"| `jobqueue enqueue-many` process, empty run ({res['cli_empty_run_s']:.2f} s) subtracted | "
            + (f"{r['cli_net']:,.0f} | {q['enqueue-many process (empty run subtracted) / raw PyMySQL']:.2f} |"
               if r["cli_net"] else "not measurable (the empty run took longer) | |"),

@@ -11,7 +11,7 @@ and of the raw loop (4 threads, claim 1), counting everything the server receive
 
 Wake-up latency (on the shared server, like the rest):
 - same process: a Worker (4 threads, default idle cap 2 s) runs in a thread; after it idled 2-4 s
-  the harness enqueues one `wake` job with repository.enqueue and times enqueue -> handler start.
+  the harness enqueues one `wake` job with service.enqueue and times enqueue -> handler start.
   Target p95 < 50 ms.
 - another process: the same with the worker as a `jobqueue worker` subprocess, woken by the
   doorbell (the enqueue ends the idle worker's marked SLEEP with KILL QUERY: jobqueue/core/doorbell.py).
@@ -40,7 +40,7 @@ import pymysql
 import bench.wake_tasks as wake_tasks
 from bench import common
 from bench.common import log
-from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.migrate import init_db
 from jobqueue.core.tasks import TASKS
@@ -189,7 +189,7 @@ def statements_per_enqueued_job(server: str, port: int, jobs: int) -> dict[str, 
             conn.rollback()
             before = _status(admin)
             for lo in range(0, jobs, 1000):
-                repository.enqueue_many(conn, [{"task": "noop", "task_key": f"e{i}"}
+                service.enqueue_many(conn, [{"task": "noop", "task_key": f"e{i}"}
                                                for i in range(lo, min(jobs, lo + 1000))])
             after = _status(admin)
         eng.dispose()
@@ -217,7 +217,7 @@ def wake_in_process(url: str, trials: int, idle: tuple[float, float]) -> dict[st
                 time.sleep(random.uniform(*idle))
                 key = f"wake-in-{i}"
                 t0 = time.time()
-                repository.enqueue(conn, "wake", key)
+                service.enqueue(conn, "wake", key)
                 t1 = time.time()
                 with wake_tasks.CHANGED:
                     if not wake_tasks.CHANGED.wait_for(lambda: key in wake_tasks.STARTED, timeout=30):
@@ -249,7 +249,7 @@ def wake_cross_process(url: str, trials: int, idle: tuple[float, float], log_dir
                 time.sleep(random.uniform(*idle))
                 key = f"wake-x{int(doorbell)}-{i}"
                 t0 = time.time()
-                repository.enqueue(conn, "wake", key)
+                service.enqueue(conn, "wake", key)
                 t1 = time.time()
                 started = _wait_for_line(path, key, 30)
                 from_call.append((started - t0) * 1000)

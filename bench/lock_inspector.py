@@ -5,9 +5,9 @@ and 20,000 ready jobs in queue `claims`; one connection holds every done row (`S
 job_queue WHERE status = 'done' FOR UPDATE`, left open: about `held` record locks). Then:
 - the lock read itself, 10 times each: the inspector's old statement (every record lock on
   job_queue in performance_schema.data_locks joined to threads, LIMIT 5000) and the new
-  `repository.lock_report` (INNODB_TRX first, data_locks by transaction id with LIMIT and
-  MAX_EXECUTION_TIME, then the transaction's details), and `repository.row_lock` of a held job;
-- a claim loop (one thread: `repository.claim` of 1 job from `claims`, then `complete`, each its
+  `repository.locks.lock_report` (INNODB_TRX first, data_locks by transaction id with LIMIT and
+  MAX_EXECUTION_TIME, then the transaction's details), and `repository.locks.row_lock` of a held job;
+- a claim loop (one thread: `service.claim` of 1 job from `claims`, then `complete`, each its
   own short transaction) for `seconds` s alone, then while another connection runs the old
   statement back to back, then while it runs `lock_report` back to back: claims per second.
 """
@@ -24,7 +24,7 @@ from sqlalchemy.pool import NullPool
 
 from bench.common import median
 from bench.payload_column import fill
-from jobqueue.core import migrate, repository
+from jobqueue.core import migrate, repository, service
 from jobqueue.core.db import create_engine
 from testkit.sql import seq_rows
 from tests.conftest import SERVERS
@@ -60,8 +60,8 @@ def claim_rate(engine, seconds: float, poll=None) -> float:
     with engine.connect() as conn:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            for job in repository.claim(conn, "bench-claimer", 1, ["claims"], lease_seconds=60):
-                repository.complete(conn, job.lease)
+            for job in service.claim(conn, "bench-claimer", 1, ["claims"], lease_seconds=60):
+                service.complete(conn, job.lease)
                 done += 1
     stop.set()
     if thread:
@@ -95,9 +95,9 @@ def main() -> None:
         with engine.connect() as conn:
             locked = conn.exec_driver_sql("SELECT MAX(trx_rows_locked) FROM information_schema.INNODB_TRX").scalar()
             old = timed(lambda: (conn.exec_driver_sql(OLD).all(), conn.rollback()))
-            new = timed(lambda: repository.lock_report(conn))
-            one = timed(lambda: repository.row_lock(conn, held_job))
-            shown = repository.lock_report(conn)
+            new = timed(lambda: repository.locks.lock_report(conn))
+            one = timed(lambda: repository.locks.row_lock(conn, held_job))
+            shown = repository.locks.lock_report(conn)
         print(f"MySQL, one transaction holding {locked:,} row locks on job_queue ({args.held:,} done rows)")
         print(f"- old statement (all of data_locks + threads, LIMIT 5000): median {old[0]:.0f} ms, max {old[1]:.0f} ms")
         print(f"- lock_report now: median {new[0]:.0f} ms, max {new[1]:.0f} ms; "
@@ -105,7 +105,7 @@ def main() -> None:
         print(f"- row_lock (explain) of a held job: median {one[0]:.0f} ms, max {one[1]:.0f} ms")
         alone = claim_rate(engine, args.seconds)
         with_old = claim_rate(engine, args.seconds, lambda c: c.exec_driver_sql(OLD).all())
-        with_new = claim_rate(engine, args.seconds, repository.lock_report)
+        with_new = claim_rate(engine, args.seconds, repository.locks.lock_report)
         print(f"- claim + complete loop: alone {alone:.0f}/s, while the old statement polls {with_old:.0f}/s, "
               f"while lock_report polls {with_new:.0f}/s")
     finally:

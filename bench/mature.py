@@ -37,6 +37,7 @@ from bench import common
 from bench.common import log
 from bench.raw_loop import connect_args
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.task_modules import load_task_modules
 
@@ -55,7 +56,7 @@ def enqueue(url: str, n: int, *, task: str = "noop", keys: int | None = None, pr
                     if keys is not None:
                         spec["payload"] = {"k": i % keys}
                     specs.append(spec)
-                repository.enqueue_many(conn, specs)
+                service.enqueue_many(conn, specs)
     finally:
         engine.dispose()
 
@@ -124,7 +125,7 @@ def statement_costs(ctx) -> dict[str, float]:
         enqueue(url, 200)
         repository_engine = create_engine(url, pool_size=1)
         with repository_engine.connect() as conn:
-            repository.pause_queue(conn, "elsewhere", actor="bench")
+            service.pause_queue(conn, "elsewhere", actor="bench")
         for label in ("pause support", "no pause support"):
             if label == "no pause support":
                 mature_tasks._without_pause_support()
@@ -212,7 +213,7 @@ def claim_loop(ctx) -> dict[str, Any]:
                         owners = [f"bench:1:{i}" for i in range(8)]
                         done, held, t0 = 0, [], time.perf_counter()
                         while done < n:
-                            cycle = repository.claim_cycle(conn, owners if not held else [], ["default"],
+                            cycle = service.claim_cycle(conn, owners if not held else [], ["default"],
                                                            lease_seconds=60, completions=held)
                             done += sum(1 for o in cycle.completed.values() if o.value == "ok")
                             held = [c.lease for c in cycle.claimed]

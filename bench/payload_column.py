@@ -4,7 +4,7 @@
 For each server: a fresh database migrated to 0007 (MySQL: a JSON payload column), `rows` jobs
 (done, 1 in 19 failed, the payload of bench/dashboard.py: `{"order": N, "customer": "cust-M",
 "note": "ok"}`, a rare `needle-…` in 1 in 100,000), then:
-- search: `repository.page_jobs(conn, JobFilter(search=term))`, the dashboard's /jobs?q=term
+- search: `repository.reads.page_jobs(conn, JobFilter(search=term))`, the dashboard's /jobs?q=term
   (a LIKE over payload, last_error and task_key, newest first, at most the newest 50,000 rows, a
   capped count), 2 warm-ups then `rounds` calls, for a rare term (the whole window is read) and a
   common one (the page fills early, the count reads the window);
@@ -26,7 +26,7 @@ from sqlalchemy.pool import NullPool
 from bench.common import median, percentile
 from jobqueue.core import migrate, repository
 from jobqueue.core.db import create_engine
-from jobqueue.core.repository import JobFilter
+from jobqueue.core.repository.operator import JobFilter
 from testkit.sql import seq_rows
 from tests.conftest import SERVERS
 
@@ -58,7 +58,7 @@ def time_searches(engine, rounds: int) -> dict[str, tuple[float, float]]:
             times = []
             for i in range(rounds + 2):
                 t0 = time.perf_counter()
-                repository.page_jobs(conn, JobFilter(search=term))
+                repository.reads.page_jobs(conn, JobFilter(search=term))
                 conn.rollback()
                 if i >= 2:
                     times.append((time.perf_counter() - t0) * 1000)

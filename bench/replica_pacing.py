@@ -1,5 +1,5 @@
 """What pacing bulk actions by replica lag costs (issue 14): a bulk requeue of 20,000 failed jobs
-(repository.bulk_action over the filter status=failed, batches of 500) on a throwaway GTID primary
+(service.bulk_action over the filter status=failed, batches of 500) on a throwaway GTID primary
 with one replica (testkit.replication), three ways, each from the same 20,000 failed jobs:
 
 - not watched: no JOBQUEUE_REPLICA_URLS (pace=None), the behaviour before pacing;
@@ -24,12 +24,12 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from testkit.replication import ReplicationCluster
-from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.migrate import init_db
 from jobqueue.core.models import Status
 from jobqueue.core.replica_watch import ReplicaWatch
-from jobqueue.core.repository import JobFilter
+from jobqueue.core.repository.operator import JobFilter
 from jobqueue.core.schema import job_queue
 from jobqueue.core.task_modules import load_task_modules
 
@@ -59,7 +59,7 @@ def main() -> None:
             init_db(engine)
             with engine.connect() as conn:
                 for start in range(0, args.jobs, 5000):
-                    repository.enqueue_many(conn, [{"task": "noop", "task_key": f"p-{i}"}
+                    service.enqueue_many(conn, [{"task": "noop", "task_key": f"p-{i}"}
                                                    for i in range(start, min(args.jobs, start + 5000))])
             watch = ReplicaWatch([cluster.replicas[0].url()], LAG_LIMIT)
             results: dict[str, list[tuple[float, float, float]]] = {"not watched": [], "watched, caught up": [],
@@ -73,7 +73,7 @@ def main() -> None:
             def bulk(pace) -> tuple[float, float]:
                 with engine.connect() as conn:
                     t0 = time.perf_counter()
-                    res = repository.bulk_action(conn, "requeue", actor="bench", job_filter=JobFilter(status=Status.FAILED),
+                    res = service.bulk_action(conn, "requeue", actor="bench", job_filter=JobFilter(status=Status.FAILED),
                                                  pace=pace)
                     assert res.changed == args.jobs, res
                     return time.perf_counter() - t0, res.paused_seconds

@@ -152,7 +152,7 @@ def _claim_cost(r: dict, plots: Path, targets: list) -> str:
     return "\n\n".join([
         f"One database per size, the finished rows (98% done, 2% failed) loaded first with multi-row INSERTs, then "
         f"{n0(r['jobs'])} ready jobs after them; sizes measured round-robin, rounds: {r['rounds']}, the same jobs "
-        f"put back to ready before each measurement. Claim only = `repository.claim(limit=1)` {n0(r['claims'])} "
+        f"put back to ready before each measurement. Claim only = `service.claim(limit=1)` {n0(r['claims'])} "
         "times on one connection; worker = `jobqueue worker --concurrency 4` over the jobs. Ratios are against 0 "
         "finished rows, per round.",
         table(["finished rows", "claims/s", "runs", "vs 0", "worker jobs/s", "runs", "vs 0", "table + indexes",
@@ -214,7 +214,7 @@ def _idle(r: dict, plots: Path, targets: list) -> str:
     for s in r.get("statements_per_job", []):
         p = s["per_job"]
         label = {"ours": "processing: jobqueue worker, 4 threads", "raw": "processing: raw loop, 4 threads, claim 1",
-                 "enqueue_many": "enqueue: repository.enqueue_many, batches of 1,000"}.get(s["kind"], s["kind"])
+                 "enqueue_many": "enqueue: service.enqueue_many, batches of 1,000"}.get(s["kind"], s["kind"])
         spj_rows.append([label,
                          n2(p["Questions"]), n2(p["Com_select"]), n2(p["Com_update"]), n2(p["Com_commit"]),
                          n2(p["Com_rollback"]), n2(p["Com_insert"]), n2(s["mean_claim_batch"])])
@@ -250,7 +250,7 @@ def _idle(r: dict, plots: Path, targets: list) -> str:
         "about 0.001):",
         table(["", "statements/job", "SELECT", "UPDATE", "COMMIT", "ROLLBACK", "INSERT", "mean claim batch"], spj_rows),
         f"**Wake-up latency**: after the worker idled {lo:.0f}-{hi:.0f} s (random), one job enqueued with "
-        "`repository.enqueue`; time from the enqueue call (and from its return, i.e. the commit) to the handler "
+        "`service.enqueue`; time from the enqueue call (and from its return, i.e. the commit) to the handler "
         "starting.",
         table(["worker", "trials", "p50 ms", "p95 ms", "max ms", "p50 from commit", "p95 from commit"], wake_rows),
         "![wake-up latency](bench/wake.png)",

@@ -22,7 +22,7 @@ def _dashboard(r: dict, targets: list) -> str:
         table(["page", "path", "p50 ms", "p95 ms", "max ms", "p95 < 150 ms"],
               [[name, f"`{p['path'] if len(p['path']) <= 60 else p['path'][:57] + '...'}`", f"{p['p50_ms']:.1f}", f"{p['p95_ms']:.1f}", f"{p['max_ms']:.1f}",
                 verdict(p["pass"])] for name, p in r["pages"].items()]),
-        f"**Bulk requeue** of {n0(b['jobs'])} failed jobs (`repository.bulk_action`, what \"every job matching the "
+        f"**Bulk requeue** of {n0(b['jobs'])} failed jobs (`service.bulk_action`, what \"every job matching the "
         f"filter\" runs; batches of 500, each its own short transaction with SKIP LOCKED): {b['seconds']:.1f} s, "
         f"**{n0(b['jobs_per_s'])} jobs/s** ({n0(b['busy'])} busy, {n0(b['skipped'])} skipped). A 4-thread worker on "
         f"another queue meanwhile: {n0(r['worker_during_bulk_jobs_per_s'])} jobs/s, against "

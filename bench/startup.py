@@ -24,7 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench import common
-from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.schema import job_queue
 
@@ -39,7 +39,7 @@ def _first_claim(url: str, env: dict[str, str], key: str) -> float:
     engine = create_engine(url, pool_size=1)
     try:
         with engine.connect() as conn:
-            job = repository.enqueue(conn, "noop", key)
+            job = service.enqueue(conn, "noop", key)
         spawned = time.time()
         proc = subprocess.Popen(common.jobqueue_cmd() + ["--database-url", url, "worker", "--concurrency", "1"],
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=common.REPO)

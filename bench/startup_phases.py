@@ -70,12 +70,12 @@ def _one(root: str, url: str, first_claim: bool) -> dict[str, float]:
     with engine.begin() as conn:
         conn.exec_driver_sql("DELETE FROM job_queue")
     if first_claim:
-        from jobqueue.core import repository
+        from jobqueue.core import service
         from jobqueue.core.db import create_engine
 
         ours = create_engine(url, pool_size=1)
         with ours.connect() as conn:
-            repository.enqueue(conn, "noop", f"phases-{time.time()}")
+            service.enqueue(conn, "noop", f"phases-{time.time()}")
         ours.dispose()
     args = ["worker", "--concurrency", "1"] if first_claim else ["worker", "--burst"]
     spawned = time.time()

@@ -52,7 +52,7 @@ def measure(topo: Topology, steps: Steps, workdir: Path, say=print) -> list[dict
 def enqueue_cost(topo: Topology, jobs: int, say) -> dict:
     """What one enqueue costs the primary when jobs come one at a time (an API request or a
     `jobqueue enqueue` each: one transaction per job), measured from this process."""
-    from jobqueue.core import repository
+    from jobqueue.core import service
     from jobqueue.core.db import create_engine
     from jobqueue.core.task_modules import load_task_modules
 
@@ -67,7 +67,7 @@ def enqueue_cost(topo: Topology, jobs: int, say) -> dict:
         a = snapshot(conn, primary)
         with engine.connect() as c:
             for i in range(jobs):
-                repository.enqueue(c, "noop", f"e-{i}")
+                service.enqueue(c, "noop", f"e-{i}")
         b = snapshot(conn, primary)
     finally:
         conn.close()
@@ -83,7 +83,7 @@ def enqueue_cost(topo: Topology, jobs: int, say) -> dict:
 
 
 def step(topo: Topology, hosts: int, steps: Steps, workdir: Path, round_: int, say) -> dict:
-    from jobqueue.core import repository
+    from jobqueue.core import service
     from jobqueue.core.db import create_engine
     from jobqueue.core.task_modules import load_task_modules
 
@@ -113,7 +113,7 @@ def step(topo: Topology, hosts: int, steps: Steps, workdir: Path, round_: int, s
         try:
             with engine.connect() as conn:
                 for start in range(0, steps.jobs, 1000):
-                    repository.enqueue_many(conn, [{"task": "noop", "task_key": f"t-{i}"}
+                    service.enqueue_many(conn, [{"task": "noop", "task_key": f"t-{i}"}
                                                    for i in range(start, min(steps.jobs, start + 1000))])
         finally:
             engine.dispose()

@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Connection, Engine
 
 from . import repository
+
+from . import service
 from .models import Enqueued, Explanation, Job, Status
-from .repository import ActionResult, JobFilter
+from .repository.operator import ActionResult, JobFilter
 from .settings import Settings
 from .tasks import TASKS, Registry
 
@@ -91,7 +93,7 @@ class JobQueue:
         refused as a likely typo, unless `allow_unregistered` (its worker has not started yet)."""
         name = task if isinstance(task, str) else task.task_name
         with self._connection(conn) as c:
-            return repository.enqueue(c, name, task_key, dict(payload) if payload is not None else None, queue=queue,
+            return service.enqueue(c, name, task_key, dict(payload) if payload is not None else None, queue=queue,
                                       priority=priority, delay=delay, max_attempts=max_attempts,
                                       registry=self.registry, allow_unregistered=allow_unregistered)
 
@@ -99,7 +101,7 @@ class JobQueue:
                      conn: Connection | Session | None = None, allow_unregistered: bool = False) -> list[Enqueued]:
         """Add many jobs in one transaction (the caller's, with `conn`); all are validated first."""
         with self._connection(conn) as c:
-            return repository.enqueue_many(c, [self._spec(j) for j in jobs], registry=self.registry,
+            return service.enqueue_many(c, [self._spec(j) for j in jobs], registry=self.registry,
                                            allow_unregistered=allow_unregistered)
 
     @staticmethod
@@ -112,20 +114,20 @@ class JobQueue:
 
     def get(self, job_id: int) -> Job | None:
         with self.engine.connect() as c:
-            return repository.get_job(c, job_id)
+            return repository.reads.get_job(c, job_id)
 
     def list(self, *, status: Status | str | None = None, queue: str | None = None, task: str | None = None,
              key: str | None = None, before: int | None = None, limit: int = 50) -> list[Job]:
         """Jobs newest first, with the dashboard's filters; keyset pages (`before` an id)."""
         job_filter = JobFilter(status=Status(status) if status else None, queue=queue, task=task, key_prefix=key)
         with self.engine.connect() as c:
-            return repository.list_jobs(c, job_filter, before_id=before, limit=limit)
+            return repository.reads.list_jobs(c, job_filter, before_id=before, limit=limit)
 
     def explain(self, job_id: int) -> Explanation:
         """Why a job is (not) running: its reasons, the main one first (JobNotFound when there is
         no such job). Reads only; waits at most about a second on a row another transaction holds."""
         with self.engine.connect() as c:
-            return repository.explain(c, job_id)
+            return repository.explain.explain(c, job_id)
 
     # --- act ---------------------------------------------------------------------------------
 
@@ -134,17 +136,17 @@ class JobQueue:
         fenced off); `again`: a done job, whose handler then runs again (as `jobqueue requeue
         --again`)."""
         with self.engine.connect() as c:
-            return repository.requeue_job(c, job_id, force=force, again=again, actor=actor)
+            return service.requeue_job(c, job_id, force=force, again=again, actor=actor)
 
     def fail(self, job_id: int, reason: str | None = None, *, actor: str = "python") -> ActionResult:
         with self.engine.connect() as c:
-            return repository.fail_job(c, job_id, reason, actor=actor)
+            return service.fail_job(c, job_id, reason, actor=actor)
 
     def cancel(self, job_id: int, reason: str | None = None, *, actor: str = "python") -> ActionResult:
         """Cancel a job now: a running job's lease is fenced (its handler's `ctx.transaction()`
         then commits nothing); a done job is refused (InvalidState)."""
         with self.engine.connect() as c:
-            return repository.cancel_job(c, job_id, reason, actor=actor)
+            return service.cancel_job(c, job_id, reason, actor=actor)
 
 
 _default: JobQueue | None = None

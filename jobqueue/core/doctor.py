@@ -292,7 +292,7 @@ def check_claim_plan(conn: Connection, queue: str = "default", limit: int = CLAI
         return Check("claim_plan", Verdict.WARNING, "not checked: job_queue does not exist",
                      "run `jobqueue init-db`, then `jobqueue doctor` again")
     size = tables["job_queue"].approx_rows
-    plan = read_plan(repository.explain_claim(conn, queue, limit))
+    plan = read_plan(repository.claim.explain_claim(conn, queue, limit))
     shown = (f"EXPLAIN of the claim (queue {queue!r}, LIMIT {limit}) at about {size if size is not None else '?'} "
              f"rows in job_queue: key={plan.key}, rows={plan.rows}, {'filesort' if plan.filesort else 'no filesort'}")
     if plan.key == PICK_INDEX and not plan.filesort and plan.steps == 1:

@@ -154,7 +154,7 @@ def make_all() -> None:
         __getattr__(name)
 
 
-# The per-minute activity each process writes to `worker_stats` (see repository.heartbeat),
+# The per-minute activity each process writes to `worker_stats` (see repository.processes.heartbeat),
 # read from the counters above so that nothing is counted twice by hand.
 _STAT_SOURCES = {
     "completed": ("COMPLETED", {}), "failed": ("FAILED", {}), "retried": ("RETRIED", {}),

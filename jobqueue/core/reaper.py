@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Engine
 
 from . import repository
+
+from . import service
 from .logs import event
 
 log = logging.getLogger("jobqueue.reaper")
@@ -38,18 +40,18 @@ class Reaper:
         self.engine = engine
         self.name = name
 
-    def reap(self, keep: Sequence[tuple[int, int]] = ()) -> repository.ReapResult:
+    def reap(self, keep: Sequence[tuple[int, int]] = ()) -> repository.maintenance.ReapResult:
         """`keep`: this process's leases whose handler finished and whose final write is
         pending: not reaped by this process (see repository.maintenance.reap)."""
         with self.engine.connect() as conn:
-            result = repository.reap(conn, keep=keep)
+            result = service.reap(conn, keep=keep)
         if result.reclaimed or result.failed:
             event(log, logging.WARNING, "reaped", by=self.name, reclaimed=result.reclaimed, failed=result.failed)
         return result
 
     def promote(self) -> int:
         with self.engine.connect() as conn:
-            return repository.promote_due(conn)
+            return service.promote_due(conn)
 
     def run_once(self) -> ReaperPass:
         result = self.reap()

@@ -128,7 +128,7 @@ class RecurringRunner:
 
     def tick(self) -> int:
         """Enqueue the runs that are due, if any. Returns how many jobs were written."""
-        from . import repository
+        from . import service
 
         now = self.clock()
         if now < self._due_at and now - self._read_at < self.reread_seconds:
@@ -139,9 +139,9 @@ class RecurringRunner:
             try:
                 with self.engine.connect() as conn:
                     if not self._synced:
-                        repository.sync_code_schedules(conn, registry=self.registry, actor=self.name)
+                        service.sync_code_schedules(conn, registry=self.registry, actor=self.name)
                         self._synced = True
-                    result = repository.enqueue_due_recurring(conn, registry=self.registry)
+                    result = service.enqueue_due_recurring(conn, registry=self.registry)
             except Exception:
                 # The caller counts and logs it; try again in a second, not on every loop turn.
                 self._read_at, self._due_at = self.clock(), self.clock() + 1.0

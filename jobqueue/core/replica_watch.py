@@ -29,12 +29,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import logs, repository
+from .repository.replicas import Pause, ReplicaReport
 from .db import create_engine
 from .errors import TransientDatabaseError
 from .settings import Settings
@@ -45,69 +44,6 @@ CHECK_INTERVAL_SECONDS = 1.0    # re-reading while paused: the lag is counted in
 FRESH_SECONDS = 0.5             # between batches a reading this young is reused (same whole second)
 RETRY_SECONDS = 10.0            # a replica that did not answer is skipped this long
 STATEMENT_SECONDS = 3.0         # SHOW SLAVE STATUS answers in a millisecond; a stuck server must not hold a bulk
-
-
-@dataclass(frozen=True)
-class ReplicaReport:
-    """One watched replica as last read: its lag, or why it could not be read."""
-
-    address: str                          # host:port, never the URL (it may hold a password)
-    lag: repository.ReplicaLag | None     # None: the server did not answer
-    error: str | None = None              # why it did not
-
-    @property
-    def seconds(self) -> int | None:
-        """Seconds_Behind_Master when known (replicating, both threads running)."""
-        return self.lag.seconds if self.lag is not None and self.lag.replica else None
-
-    @property
-    def detail(self) -> str:
-        if self.lag is None:
-            return f"did not answer: {self.error}"
-        return self.lag.detail
-
-    def over(self, limit: float) -> bool:
-        return self.seconds is not None and self.seconds > limit
-
-    @property
-    def unread(self) -> bool:
-        """Its lag cannot be known now (down, replication stopped, no privilege)."""
-        return self.lag is None or (self.lag.replica is not False and self.lag.seconds is None)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"address": self.address, "reachable": self.lag is not None,
-                "replica": self.lag.replica if self.lag is not None else None,
-                "seconds_behind": self.seconds,
-                "io_running": self.lag.io_running if self.lag is not None else None,
-                "sql_running": self.lag.sql_running if self.lag is not None else None,
-                "detail": self.detail}
-
-
-@dataclass(frozen=True)
-class Pause:
-    """What a bulk action's wait before its next batch came to."""
-
-    waited: float                          # seconds this wait took
-    limit: int
-    lagging: tuple[ReplicaReport, ...]     # still over the limit: do not write the next batch yet
-    unread: tuple[ReplicaReport, ...]      # could not be read: not waited for
-    waited_for: tuple[ReplicaReport, ...] = ()   # over the limit when the wait began
-
-    @property
-    def holding(self) -> bool:
-        return bool(self.lagging)
-
-    @property
-    def note(self) -> str | None:
-        """For the bulk's progress: who it waits (or waited) for, and whom it could not read."""
-        if self.lagging:
-            parts = [f"replica {r.address} is {r.seconds} s behind, over the {self.limit} s bound"
-                     for r in self.lagging]
-        else:
-            parts = [f"replica {r.address} was {r.seconds} s behind" for r in self.waited_for]
-        parts += [f"replica {r.address} could not be read ({r.detail}), so nothing waits for it"
-                  for r in self.unread]
-        return "; ".join(parts) or None
 
 
 class ReplicaWatch:
@@ -149,7 +85,7 @@ class ReplicaWatch:
             return ReplicaReport(address, None, self._last_error[i])
         try:
             with self.engines[i].connect() as conn:
-                return ReplicaReport(address, repository.replica_lag(conn))
+                return ReplicaReport(address, repository.replicas.replica_lag(conn))
         except (SQLAlchemyError, TransientDatabaseError) as exc:
             error = str(getattr(exc, "orig", None) or exc).splitlines()[0][:200]
             self._down_until[i] = time.monotonic() + self.retry_seconds

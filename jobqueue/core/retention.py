@@ -12,7 +12,7 @@ by the database clock), so one process usually does the work and the others skip
 in batches of at most 1,000 rows, each one short transaction locking its rows by primary key with
 SKIP LOCKED, and pauses between batches as long as the batch took, so claims going on meanwhile
 keep most of their throughput and replicas see no burst. `jobqueue prune` runs the same pass by
-hand. The pass also drops old per-minute activity and dead process rows (repository.prune_history).
+hand. The pass also drops old per-minute activity and dead process rows (repository.maintenance.prune_history).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from datetime import timedelta
 from sqlalchemy.engine import Engine
 
 from . import repository
+
+from . import service
 from .logs import event
 from .settings import Settings, current
 
@@ -50,7 +52,7 @@ class Pruner:
         self._next_check = float("-inf")
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self.last: repository.PruneCounts | None = None
+        self.last: repository.retention.PruneCounts | None = None
 
     def maybe_start(self) -> bool:
         """Start a pass in the background if one is due and none runs here. True when started.
@@ -69,7 +71,7 @@ class Pruner:
         self._next_check = now + min(self.every_seconds, CHECK_SECONDS)   # after an error, or when due
         try:
             with self.engine.connect() as conn:
-                wait = repository.prune_due_in(conn, self.every_seconds)
+                wait = repository.retention.prune_due_in(conn, self.every_seconds)
         except Exception as exc:   # a database error: counted and logged, asked again later
             self._failed(exc)
             return False
@@ -96,21 +98,21 @@ class Pruner:
         event(log, logging.ERROR, "sql_error", operation="prune", by=self.name,
               error=f"{type(exc).__name__}: {str(getattr(exc, 'orig', None) or exc)[:300]}")
 
-    def run_if_due(self) -> repository.PruneCounts | None:
+    def run_if_due(self) -> repository.retention.PruneCounts | None:
         """One pass now if no process started one within `every_seconds`."""
         with self.engine.connect() as conn:
-            if not repository.prune_due(conn, self.every_seconds):
+            if not repository.retention.prune_due(conn, self.every_seconds):
                 return None
         return self.run_once()
 
-    def run_once(self) -> repository.PruneCounts:
+    def run_once(self) -> repository.retention.PruneCounts:
         settings = self.settings or current()
         with self.engine.connect() as conn:
-            counts = repository.prune(conn, done_days=settings.keep_done_days, failed_days=settings.keep_failed_days,
+            counts = service.prune(conn, done_days=settings.keep_done_days, failed_days=settings.keep_failed_days,
                                       keys_days=settings.keep_keys_days, by=self.name, stop=self._stop.is_set,
                                       sleep=self._stop.wait)
-            repository.prune_history(conn)
-            repository.forget_prune_runs(conn, PRUNE_LOG_RETENTION)
+            repository.maintenance.prune_history(conn)
+            repository.retention.forget_prune_runs(conn, PRUNE_LOG_RETENTION)
         self.last = counts
         return counts
 

@@ -320,7 +320,7 @@ _WHOLE_NUMBER = re.compile(r"[0-9]{1,18}")   # ASCII digits only: str.isdigit() 
 
 @dataclass(frozen=True)
 class JobQuery:
-    job_filter: Any          # repository.JobFilter
+    job_filter: Any          # repository.operator.JobFilter
     before: int | None
     after: int | None
     limit: int

@@ -36,6 +36,8 @@ from django.utils.crypto import get_random_string
 from django.utils.module_loading import import_string
 
 from ..core import repository
+
+from ..core import service
 from ..core.models import Job, Status
 from ..core.tasks import DEFAULT_MAX_ATTEMPTS, TASKS, TaskSpec
 from ..core.validation import MAX_TASK_NAME_CHARS
@@ -104,9 +106,9 @@ class JobQueueBackend(BaseTaskBackend):
         if task.module_path not in TASKS:
             TASKS.register(self.spec(task))
         with repository_connection(self.database) as conn:
-            made = repository.enqueue(conn, task.module_path, result.id, payload, queue=task.queue_name,
+            made = service.enqueue(conn, task.module_path, result.id, payload, queue=task.queue_name,
                                       priority=-task.priority, delay=delay, max_attempts=self.max_attempts)
-            job = repository.get_job(conn, made.id)
+            job = repository.reads.get_job(conn, made.id)
         assert job is not None
         stored = self.result_of(job, [], None)
         task_enqueued.send(type(self), task_result=stored)
@@ -116,11 +118,11 @@ class JobQueueBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:
         with repository_connection(self.database) as conn:
-            job = repository.get_job_by_key(conn, result_id)
+            job = repository.reads.get_job_by_key(conn, result_id)
             if job is None:
                 raise TaskResultDoesNotExist(result_id)
-            attempts = repository.list_attempts(conn, job.id) if job.attempts else []
-            stored = repository.get_result(conn, job.task_key) if job.status is Status.DONE else None
+            attempts = repository.reads.list_attempts(conn, job.id) if job.attempts else []
+            stored = repository.reads.get_result(conn, job.task_key) if job.status is Status.DONE else None
         return self.result_of(job, attempts, stored)
 
     def result_of(self, job: Job, attempts: list[dict[str, Any]], stored: dict[str, Any] | None) -> TaskResult:

@@ -41,6 +41,8 @@ from flask import Blueprint, current_app, g, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..core import repository
+
+from ..core import service
 from ..core.repository import stats as stats_sql
 from ..core.errors import JobBusy, JobQueueError, NotFound, PayloadTooLarge, ValidationError, answer_for
 from ..core.models import Job, Status, iso
@@ -125,7 +127,7 @@ def enqueue():
     body = json_object(fields=ENQUEUE_FIELDS, required=True)
     try:
         with db() as conn:
-            res = repository.enqueue(conn, body.get("task"), body.get("task_key"), body.get("payload"),
+            res = service.enqueue(conn, body.get("task"), body.get("task_key"), body.get("payload"),
                                      queue=body.get("queue"), priority=body.get("priority", 0),
                                      delay=body.get("delay", 0), max_attempts=body.get("max_attempts"),
                                      allow_unregistered=body.get("allow_unregistered", False))
@@ -157,21 +159,21 @@ def _enqueue_batch(items: list[Any]):
     error nothing is written."""
     if len(items) > MAX_BATCH_JOBS:
         return error(413, f"at most {MAX_BATCH_JOBS} jobs per request, got {len(items)}")
-    jobs = repository.Validated()
+    jobs = repository.enqueue.Validated()
     limit = max_payload_bytes()
     with db() as conn:
-        known = repository.KnownTasks(conn)
+        known = repository.task_definitions.KnownTasks(conn)
         for index, item in enumerate(items):
             if not isinstance(item, dict):   # as for a body that is not an object
                 return error(400, f"job {index}: a job must be a JSON object, got {type(item).__name__}",
                              index=index)
             try:
-                jobs.append(repository.validate_job(job_spec(item), limit=limit, registry=known))
+                jobs.append(repository.enqueue.validate_job(job_spec(item), limit=limit, registry=known))
             except ValidationError as exc:
                 answer = answer_for(exc)
                 return error(answer.http_status, f"job {index}: {answer.message}", index=index,
                              **{"field": None, **answer.extra})
-        results = repository.enqueue_many(conn, jobs)
+        results = service.enqueue_many(conn, jobs)
     body = [{"id": r.id, "task_key": r.task_key, "duplicate": r.duplicate, "status": r.status.value} for r in results]
     return jsonify(body), (201 if any(not r.duplicate for r in results) else 200)
 
@@ -191,7 +193,7 @@ def list_jobs():
     except ValidationError as exc:
         return error(400, str(exc), field=exc.field)
     with db() as conn:
-        page = repository.page_jobs(conn, query.job_filter, before=query.before, limit=query.limit)
+        page = repository.reads.page_jobs(conn, query.job_filter, before=query.before, limit=query.limit)
     return jsonify(page.as_dict())
 
 
@@ -211,11 +213,11 @@ def openapi_document():
 @token_required()
 def get_job(job_id: int):
     with db() as conn:
-        job = repository.get_job(conn, job_id)
+        job = repository.reads.get_job(conn, job_id)
         if job is None:
             return error(404, f"job {job_id} not found")
-        result = repository.get_result(conn, job.task_key)
-        attempts = repository.list_attempts(conn, job_id)
+        result = repository.reads.get_result(conn, job.task_key)
+        attempts = repository.reads.list_attempts(conn, job_id)
     data = job_json(job)
     data["result"] = result["result"] if result else None
     data["attempt_history"] = [{**a, "started_at": iso(a["started_at"]), "finished_at": iso(a["finished_at"])}
@@ -229,7 +231,7 @@ def explain(job_id: int):
     # On the primary, never a replica: row locks live there. Waits at most about a second.
     with db() as conn:
         try:
-            data = repository.explain(conn, job_id).as_dict()
+            data = repository.explain.explain(conn, job_id).as_dict()
         except NotFound as exc:
             return error(404, str(exc))
     return jsonify(hide_statements(data) if g.api_token.role != "admin" else data)
@@ -275,7 +277,7 @@ def requeue(job_id: int):
     for name, value in (("force", force), ("again", again)):
         if not isinstance(value, bool):
             return error(422, f"{name} must be true or false", field=name)
-    return _operator(job_id, lambda conn: repository.requeue_job(conn, job_id, force=force, again=again,
+    return _operator(job_id, lambda conn: service.requeue_job(conn, job_id, force=force, again=again,
                                                                  actor=_actor()))
 
 
@@ -286,7 +288,7 @@ def fail(job_id: int):
         reason = check_reason(json_object(fields={"reason"}, required=False).get("reason"))
     except ValidationError as exc:
         return error(422, str(exc), field=exc.field)
-    return _operator(job_id, lambda conn: repository.fail_job(conn, job_id, reason, actor=_actor()))
+    return _operator(job_id, lambda conn: service.fail_job(conn, job_id, reason, actor=_actor()))
 
 
 @bp.post("/jobs/<bigint:job_id>/cancel")
@@ -296,7 +298,7 @@ def cancel(job_id: int):
         reason = check_reason(json_object(fields={"reason"}, required=False).get("reason"))
     except ValidationError as exc:
         return error(422, str(exc), field=exc.field)
-    return _operator(job_id, lambda conn: repository.cancel_job(conn, job_id, reason, actor=_actor()))
+    return _operator(job_id, lambda conn: service.cancel_job(conn, job_id, reason, actor=_actor()))
 
 
 # --- queues ----------------------------------------------------------------------------------------
@@ -310,14 +312,14 @@ def queue_json(row: dict[str, Any]) -> dict[str, Any]:
 @token_required()
 def queues():
     with db() as conn:
-        rows, now = repository.list_queues(conn, counts=extension().counts)
+        rows, now = repository.stats.list_queues(conn, counts=extension().counts)
     return jsonify({"queues": [queue_json(r) for r in rows], "now": iso(now)})
 
 
 def _pause(queue: str, paused: bool):
     try:
         with db() as conn:
-            verb = repository.pause_queue if paused else repository.resume_queue
+            verb = service.pause_queue if paused else service.resume_queue
             state = verb(conn, queue, actor=_actor())
     except ValidationError as exc:
         return error(422, str(exc), field=exc.field)
@@ -367,7 +369,7 @@ def schedule_json(row: dict[str, Any]) -> dict[str, Any]:
 @token_required()
 def list_recurring():
     with db() as conn:
-        rows, now = repository.list_recurring(conn)
+        rows, now = repository.recurring.list_recurring(conn)
     return jsonify({"recurring": [schedule_json(r) for r in rows], "now": iso(now)})
 
 
@@ -377,7 +379,7 @@ def add_recurring():
     body = json_object(fields=RECURRING_FIELDS, required=True)
     try:
         with db() as conn:
-            row, created = repository.upsert_recurring(conn, body.get("name"), cron=body.get("cron"),
+            row, created = service.upsert_recurring(conn, body.get("name"), cron=body.get("cron"),
                                                        task=body.get("task"), payload=body.get("payload"),
                                                        queue=body.get("queue"), actor=_actor())
     except ValidationError as exc:
@@ -397,7 +399,7 @@ def _schedule_action(action):
 @token_required(admin=True)
 def enable_recurring(name: str):
     def act(conn):
-        row, changed = repository.set_recurring_enabled(conn, name, True, actor=_actor())
+        row, changed = service.set_recurring_enabled(conn, name, True, actor=_actor())
         return jsonify({**schedule_json(row), "changed": changed})
     return _schedule_action(act)
 
@@ -406,7 +408,7 @@ def enable_recurring(name: str):
 @token_required(admin=True)
 def disable_recurring(name: str):
     def act(conn):
-        row, changed = repository.set_recurring_enabled(conn, name, False, actor=_actor())
+        row, changed = service.set_recurring_enabled(conn, name, False, actor=_actor())
         return jsonify({**schedule_json(row), "changed": changed})
     return _schedule_action(act)
 
@@ -415,7 +417,7 @@ def disable_recurring(name: str):
 @token_required(admin=True)
 def remove_recurring(name: str):
     def act(conn):
-        repository.remove_recurring(conn, name, actor=_actor())
+        service.remove_recurring(conn, name, actor=_actor())
         return jsonify({"name": name, "removed": True})
     return _schedule_action(act)
 
@@ -441,7 +443,7 @@ def retention():
     from .state import extension
 
     with db() as conn:
-        last = repository.last_prune(conn)
+        last = repository.retention.last_prune(conn)
     return jsonify(retention_json(extension().settings.core, last))
 
 
@@ -470,7 +472,7 @@ def prune():
         return error(422, str(exc), field=exc.field)
     deadline = time.monotonic() + PRUNE_TIME_BUDGET
     with db() as conn:
-        counts = repository.prune(conn, done_days=done_days, failed_days=failed_days,
+        counts = service.prune(conn, done_days=done_days, failed_days=failed_days,
                                   keys_days=settings.keep_keys_days, dry_run=dry_run,
                                   by=_actor(), stop=lambda: time.monotonic() > deadline)
     return jsonify(counts.as_dict())

@@ -24,7 +24,7 @@ from werkzeug.security import check_password_hash, generate_password_hash
 
 from ..core import metrics, repository
 from ..core.logs import event
-from ..core.repository import ThrottleKey, ThrottleRule
+from ..core.repository.sessions import ThrottleKey, ThrottleRule
 from .config import ROLES, ApiToken, ConfigError, User, digest
 from .state import db, extension
 
@@ -123,14 +123,14 @@ def _signed_in_user() -> User | None:
     user = settings().users.get(name)
     session_id = digest("session", token)
     with db() as conn:
-        state = repository.session_state(conn, session_id)
+        state = repository.sessions.session_state(conn, session_id)
         reason = _end_reason(state, user)
         if reason is None:
             if state.idle_seconds >= TOUCH_EVERY_SECONDS:
-                repository.touch_session(conn, session_id)
+                repository.sessions.touch_session(conn, session_id)
             return user
         if state is not None and state.ended_at is None:
-            repository.end_session(conn, session_id, reason)
+            repository.sessions.end_session(conn, session_id, reason)
             metrics.SESSIONS_ENDED.labels(reason=reason).inc()
             event(log, logging.INFO, "session_ended", user=_shown(name), reason=reason)
     event(log, logging.INFO, "session_refused", user=_shown(name), reason=reason, addr=request.remote_addr,
@@ -139,7 +139,7 @@ def _signed_in_user() -> User | None:
     return None
 
 
-def _end_reason(state: repository.SessionState | None, user: User | None) -> str | None:
+def _end_reason(state: repository.sessions.SessionState | None, user: User | None) -> str | None:
     """Why this session no longer signs anyone in, or None while it is good."""
     if state is None:
         return "unknown"
@@ -163,7 +163,7 @@ def _maybe_prune() -> None:
         return
     ext.sign_in_pruned_at = now
     with db() as conn:
-        repository.prune_sign_in(conn, idle_seconds=settings().session_idle_seconds,
+        repository.sessions.prune_sign_in(conn, idle_seconds=settings().session_idle_seconds,
                                  max_seconds=settings().session_max_seconds)
 
 
@@ -285,7 +285,7 @@ def login():
     keys = throttle_keys(address, name)
     _maybe_prune()
     with db() as conn:
-        gate = repository.login_attempt(conn, keys)
+        gate = repository.sessions.login_attempt(conn, keys)
     if not gate.allowed:
         wait = max(1, math.ceil(gate.wait_seconds))
         metrics.LOGINS.labels(outcome="throttled").inc()
@@ -300,8 +300,8 @@ def login():
     if check_password_hash(user.password_hash if user else _dummy_hash(), password) and user:
         token = secrets.token_urlsafe(32)
         with db() as conn:
-            repository.login_succeeded(conn, keys)
-            repository.start_session(conn, digest("session", token), user_name=user.name,
+            repository.sessions.login_succeeded(conn, keys)
+            repository.sessions.start_session(conn, digest("session", token), user_name=user.name,
                                      credential=credential_of(user), address=request.remote_addr)
         session.clear()
         session["user"] = user.name
@@ -320,7 +320,7 @@ def logout():
     token = session.get("sid")
     if isinstance(token, str):
         with db() as conn:
-            if repository.end_session(conn, digest("session", token), "logout"):
+            if repository.sessions.end_session(conn, digest("session", token), "logout"):
                 metrics.SESSIONS_ENDED.labels(reason="logout").inc()
                 event(log, logging.INFO, "logout", user=_shown(str(session.get("user", ""))))
     session.clear()
@@ -333,10 +333,10 @@ def logout():
 def sessions():
     """Open sessions: your own, or (admin) everyone's, with "sign out everywhere"."""
     with db() as conn:
-        rows = repository.list_sessions(conn, idle_seconds=settings().session_idle_seconds,
+        rows = repository.sessions.list_sessions(conn, idle_seconds=settings().session_idle_seconds,
                                         max_seconds=settings().session_max_seconds,
                                         user_name=None if g.user.can_act else g.user.name)
-        now = repository.database_now(conn)
+        now = repository.reads.database_now(conn)
     current = digest("session", session.get("sid", ""))
     return render_template("jobqueue/auth/sessions.html", sessions=rows, now=now, current=current,
                            users=sorted(settings().users), idle_minutes=round(settings().session_idle_seconds / 60),
@@ -359,7 +359,7 @@ def end_sessions():
         if target not in settings().users:
             abort(400, description="no such user")
     with db() as conn:
-        n = repository.end_sessions(conn, actor=f"web:{g.user.name}", user_name=target)
+        n = repository.sessions.end_sessions(conn, actor=f"web:{g.user.name}", user_name=target)
     metrics.SESSIONS_ENDED.labels(reason="signed_out_all").inc(n)
     event(log, logging.WARNING, "signed_out_everywhere", actor=g.user.name, user=target or "*", sessions=n)
     if current_user_session_ended(target):

@@ -34,7 +34,7 @@ def workers_report() -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     cached: a worker that stopped claiming must show at once), and a check when a live one is
     not claiming because its server is not a writable primary, or because two are."""
     with extension().engine.connect() as conn:
-        processes, now = repository.list_processes(conn, limit=100)
+        processes, now = repository.processes.list_processes(conn, limit=100)
     workers = []
     for p in processes:
         alive = p["stopped_at"] is None and (now - p["last_heartbeat"]).total_seconds() <= ALIVE_SECONDS
@@ -133,7 +133,7 @@ def healthz():
     """For load balancers: no login, no details beyond ok / database unavailable."""
     try:
         with extension().engine.connect() as conn:
-            repository.database_now(conn)
+            repository.reads.database_now(conn)
     except (SQLAlchemyError, TransientDatabaseError):
         return jsonify({"status": "error", "error": "database unavailable"}), 503
     return jsonify({"status": "ok", "embedded_workers": extension().runtime.started})
@@ -156,7 +156,7 @@ def api_health():
 
 class QueueCollector:
     """Gauges read from the database when scraped: jobs by queue and status (capped counts, see
-    repository.queue_summaries), the oldest ready job's age per queue, and which queues are paused."""
+    repository.stats.queue_summaries), the oldest ready job's age per queue, and which queues are paused."""
 
     def __init__(self, engine, counts=None):
         self.engine = engine
@@ -166,7 +166,7 @@ class QueueCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         with self.engine.connect() as conn:
-            queues, now = repository.list_queues(conn, counts=self.counts)
+            queues, now = repository.stats.list_queues(conn, counts=self.counts)
         jobs = GaugeMetricFamily("jobqueue_queue_jobs", "Jobs by queue and status (capped: ready, running, scheduled "
                                  "and failed at 100,000 per pair, done and cancelled at 10,000)",
                                  labels=["queue", "status"])

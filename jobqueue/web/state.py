@@ -47,12 +47,12 @@ class QueueExtension:
     url_prefix: str = ""                # where the blueprints are mounted ("" standalone)
     access: HostAccess | None = None    # mounted in a host app: its login decides (init_dashboard)
     replicas: ReplicaWatch | None = None  # JOBQUEUE_REPLICA_URLS: health and the pacing of bulk actions
-    counts: repository.CountsCache | None = None       # queue counts on the primary, shared by every request
-    read_counts: repository.CountsCache | None = None  # the same from the replica of JOBQUEUE_READ_URL
+    counts: repository.stats.CountsCache | None = None       # queue counts on the primary, shared by every request
+    read_counts: repository.stats.CountsCache | None = None  # the same from the replica of JOBQUEUE_READ_URL
     _refusal: tuple[float, str | None] = (0.0, None)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def counts_for(self, conn: Connection) -> repository.CountsCache | None:
+    def counts_for(self, conn: Connection) -> repository.stats.CountsCache | None:
         """The counts cache of the database `conn` reads from."""
         return self.read_counts if self.read_engine is not None and conn.engine is self.read_engine else self.counts
 
@@ -102,7 +102,7 @@ def init_app(app: Flask, settings: WebSettings, *, url_prefix: str = "", access:
     app.extensions["jobqueue"] = QueueExtension(engine, settings, Runtime(runtime_engine, settings),
                                                 read_engine=read_engine, url_prefix=url_prefix, access=access,
                                                 replicas=ReplicaWatch.from_settings(settings.core),
-                                                counts=repository.CountsCache(seconds), read_counts=repository.CountsCache(seconds))
+                                                counts=repository.stats.CountsCache(seconds), read_counts=repository.stats.CountsCache(seconds))
 
 
 def extension() -> QueueExtension:
@@ -122,7 +122,7 @@ class ReadSource:
     """Where a page's reads came from, for its header: the replica and its lag."""
 
     address: str
-    lag: repository.ReplicaLag | None
+    lag: repository.replicas.ReplicaLag | None
     fallback: str | None = None    # why the page read from the primary instead
 
 
@@ -153,5 +153,5 @@ def read_db() -> Iterator[Connection]:
             yield primary
         return
     with conn:
-        g.read_source = ReadSource(address, repository.replica_lag(conn))
+        g.read_source = ReadSource(address, repository.replicas.replica_lag(conn))
         yield conn

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from testkit.procs import WorkerProcess, claimed_ids, cli_env, jobqueue, wait_until
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Lease, Outcome, Status
 from jobqueue.core.schema import job_attempt, job_queue, job_result
@@ -44,7 +45,7 @@ def test_same_row_contention(mysql_url, mysql_engine, tmp_path):
         return [{"task": "slow_noop", "task_key": f"job-{i}", "payload": {"seconds": 0.3}} for i in keys]
 
     with mysql_engine.connect() as conn:
-        held = [r.id for r in repository.enqueue_many(conn, jobs(range(3)))]
+        held = [r.id for r in service.enqueue_many(conn, jobs(range(3)))]
         lock_wait_timeout = conn.exec_driver_sql("SELECT @@GLOBAL.innodb_lock_wait_timeout").scalar()
 
     holder = mysql_engine.connect()
@@ -58,7 +59,7 @@ def test_same_row_contention(mysql_url, mysql_engine, tmp_path):
         for w in workers:
             w.wait_for_log(r"event=contended ")
         with mysql_engine.connect() as conn:
-            ids = held + [r.id for r in repository.enqueue_many(conn, jobs(range(3, 12)))]
+            ids = held + [r.id for r in service.enqueue_many(conn, jobs(range(3, 12)))]
         started = time.monotonic()
         samples = []
         while statuses(mysql_engine).get("done", 0) < 9:
@@ -75,7 +76,7 @@ def test_same_row_contention(mysql_url, mysql_engine, tmp_path):
         assert max(samples) == 0, "a worker waited on a row lock"
         with mysql_engine.connect() as conn:
             for job_id in held:
-                job = repository.get_job(conn, job_id)
+                job = repository.reads.get_job(conn, job_id)
                 assert job.status is Status.READY and job.attempts == 0
         # The workers saw the held rows as contended (3 skipped), not as an empty queue.
         assert all("skipped=3" in w.log() for w in workers)
@@ -149,8 +150,8 @@ def test_empty_queue_is_idle_not_an_error_and_sql_errors_are_logged_and_survived
         grant()
         engine = create_engine(mysql_url)
         with engine.connect() as conn:
-            job = repository.enqueue(conn, "noop", "after-recovery")
-        wait_until(lambda: repository.get_job(engine.connect(), job.id).status is Status.DONE, timeout=10,
+            job = service.enqueue(conn, "noop", "after-recovery")
+        wait_until(lambda: repository.reads.get_job(engine.connect(), job.id).status is Status.DONE, timeout=10,
                    message="the worker to recover and run a job")
         engine.dispose()
         assert worker.alive()
@@ -160,12 +161,12 @@ def test_empty_queue_is_idle_not_an_error_and_sql_errors_are_logged_and_survived
 
 def test_crash_recovery_after_sigkill(mysql_url, mysql_engine, tmp_path):
     with mysql_engine.connect() as conn:
-        job = repository.enqueue(conn, "hold_first_attempt", "transcode-7", {"seconds": 120})
+        job = service.enqueue(conn, "hold_first_attempt", "transcode-7", {"seconds": 120})
     a = WorkerProcess(mysql_url, tmp_path, "a", "--concurrency", "1", "--lease-seconds", "2")
     try:
         a.wait_for_log(rf"event=claim job_id={job.id} ")
         with mysql_engine.connect() as conn:
-            held = repository.get_job(conn, job.id)
+            held = repository.reads.get_job(conn, job.id)
         assert held.status is Status.RUNNING and held.attempts == 1
         a.signal(signal.SIGKILL)
         a.proc.wait(5)
@@ -175,12 +176,12 @@ def test_crash_recovery_after_sigkill(mysql_url, mysql_engine, tmp_path):
     with mysql_engine.connect() as conn:
         # Nobody completes it, nobody returns it early: the lease is still running out.
         assert jobqueue(mysql_url, "reap").stdout.strip() == '{"failed": 0, "promoted": 0, "reclaimed": 0}'
-        wait_until(lambda: repository.get_job(conn, job.id).lease_until < conn.exec_driver_sql(
+        wait_until(lambda: repository.reads.get_job(conn, job.id).lease_until < conn.exec_driver_sql(
             "SELECT UTC_TIMESTAMP(6)").scalar(), timeout=5, message="the lease to expire")
         conn.rollback()
         out = json.loads(jobqueue(mysql_url, "reap").stdout)
         assert out["reclaimed"] == 1
-        back = repository.get_job(conn, job.id)
+        back = repository.reads.get_job(conn, job.id)
         assert back.status is Status.READY and back.attempts == 1 and back.lease_owner is None
 
     b = WorkerProcess(mysql_url, tmp_path, "b", "--concurrency", "1", "--lease-seconds", "2")
@@ -189,11 +190,11 @@ def test_crash_recovery_after_sigkill(mysql_url, mysql_engine, tmp_path):
     finally:
         assert b.stop() == 0
     with mysql_engine.connect() as conn:
-        done = repository.get_job(conn, job.id)
+        done = repository.reads.get_job(conn, job.id)
         assert done.status is Status.DONE and done.attempts == 2 and ":b:" in done.lease_owner
         # The killed worker's late completion is refused by the fence and changes nothing.
-        assert repository.complete(conn, Lease(job.id, held.lease_owner, 1)) is Outcome.LEASE_LOST
-        assert repository.get_job(conn, job.id) == done
+        assert service.complete(conn, Lease(job.id, held.lease_owner, 1)) is Outcome.LEASE_LOST
+        assert repository.reads.get_job(conn, job.id) == done
         history = conn.execute(sa.select(job_attempt.c.attempt, job_attempt.c.outcome, job_attempt.c.worker)).all()
     assert [(h.attempt, h.outcome, h.worker) for h in history] == [(1, "lease_expired", held.lease_owner)]
 
@@ -218,7 +219,7 @@ def test_duplicate_messages_give_one_result(mysql_url, mysql_engine, tmp_path):
         wait_until(lambda: os.path.exists(export_dir) and any(p.suffix == ".csv" for p in export_dir.iterdir()),
                    message="worker a to write the export")
         with mysql_engine.connect() as conn:
-            wait_until(lambda: repository.get_result(conn, "orders-2026-11"), message="worker a's result row")
+            wait_until(lambda: repository.reads.get_result(conn, "orders-2026-11"), message="worker a's result row")
         a.signal(signal.SIGSTOP)
         # Worker b reaps the expired lease and runs the handler a second time.
         b = WorkerProcess(mysql_url, tmp_path, "b", "--concurrency", "1", "--lease-seconds", "2", env=env)
@@ -236,7 +237,7 @@ def test_duplicate_messages_give_one_result(mysql_url, mysql_engine, tmp_path):
     assert files == ["orders-2026-11.csv"], files
     with mysql_engine.connect() as conn:
         results = conn.execute(sa.select(job_result)).all()
-        job = repository.get_job(conn, job_id)
+        job = repository.reads.get_job(conn, job_id)
     assert len(results) == 1 and results[0].attempt == 1 and results[0].result["rows"] == 4
     assert job.status is Status.DONE and job.attempts == 2
     # a's late completion was refused: its lease_lost line names attempt 1

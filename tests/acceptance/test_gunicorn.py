@@ -29,7 +29,7 @@ def test_two_gunicorn_workers_with_embedded_workers_process_each_job_once(mysql_
                                                         "payload": {"seconds": 0.05}})
             assert body["duplicate"] is False
         with engine.connect() as conn:
-            wait_until(lambda: repository.count_by_status(conn) == [("default", "done", 200)], timeout=60,
+            wait_until(lambda: repository.stats.count_by_status(conn) == [("default", "done", 200)], timeout=60,
                        message="200 jobs done")
             rows = conn.execute(sa.select(jq.id, jq.attempts, jq.lease_owner)).all()
             processes = conn.execute(sa.select(worker_process.c.id, worker_process.c.kind)).all()
@@ -58,12 +58,12 @@ def test_graceful_stop_releases_running_jobs(mysql_url, tmp_path):
         job = api_post(server.base, "/api/jobs", {"task": "hold_first_attempt", "task_key": "long",
                                                    "payload": {"seconds": 120}})
         with engine.connect() as conn:
-            wait_until(lambda: repository.get_job(conn, job["id"]).status is Status.RUNNING, message="running")
+            wait_until(lambda: repository.reads.get_job(conn, job["id"]).status is Status.RUNNING, message="running")
     finally:
         code = server.stop()
     assert code == 0
     with engine.connect() as conn:
-        back = repository.get_job(conn, job["id"])
+        back = repository.reads.get_job(conn, job["id"])
     assert back.status is Status.READY and back.attempts == 1
     assert "event=released" in server.log()
     engine.dispose()

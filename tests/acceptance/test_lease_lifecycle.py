@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from testkit.procs import WorkerProcess, jobqueue, wait_until
 from testkit.tasks import runs
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.migrate import init_db
 from jobqueue.core.models import Status
@@ -50,13 +51,13 @@ class Reaper:
 
 def job(engine, job_id):
     with engine.connect() as conn:
-        return repository.get_job(conn, job_id)
+        return repository.reads.get_job(conn, job_id)
 
 
 def test_a_sigterm_with_grace_longer_than_the_lease_keeps_the_job_in_one_run(mysql_url, mysql_engine, tmp_path):
     marks = tmp_path / "runs.log"
     with mysql_engine.connect() as conn:
-        res = repository.enqueue(conn, "record_runs", "long-a", {"seconds": 7, "log": str(marks)})
+        res = service.enqueue(conn, "record_runs", "long-a", {"seconds": 7, "log": str(marks)})
     a = WorkerProcess(mysql_url, tmp_path, "a", "--concurrency", "1", "--lease-seconds", "3", "--grace-seconds", "10")
     b = reaper = None
     try:
@@ -85,7 +86,7 @@ def test_b_a_forced_requeue_taken_again_by_the_same_process_runs_attempts_1_and_
                                                                                            tmp_path):
     marks = tmp_path / "runs.log"
     with mysql_engine.connect() as conn:
-        res = repository.enqueue(conn, "record_runs", "long-b", {"sleeps": {"1": 6, "2": 12}, "log": str(marks)})
+        res = service.enqueue(conn, "record_runs", "long-b", {"sleeps": {"1": 6, "2": 12}, "log": str(marks)})
     a = WorkerProcess(mysql_url, tmp_path, "a", "--concurrency", "2", "--lease-seconds", "3",
                       "--idle-cap-seconds", "0.2")
     reaper = None

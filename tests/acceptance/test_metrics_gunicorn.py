@@ -49,11 +49,11 @@ def test_metrics_from_two_gunicorn_workers(mysql_url, tmp_path):
         for i in range(60):
             api_post(server.base, "/api/jobs", {"task": "slow_noop", "task_key": f"m-{i}", "payload": {"seconds": 0.2}})
         with engine.connect() as conn:
-            wait_until(lambda: repository.count_by_status(conn) == [("default", "done", 60)], timeout=60,
+            wait_until(lambda: repository.stats.count_by_status(conn) == [("default", "done", 60)], timeout=60,
                        message="60 jobs done")
         text = scrape(server.base)
         with engine.connect() as conn:
-            owners = {j.lease_owner.split(":")[1] for j in repository.list_jobs(conn, limit=100)}
+            owners = {j.lease_owner.split(":")[1] for j in repository.reads.list_jobs(conn, limit=100)}
     finally:
         assert server.stop() == 0
         engine.dispose()

@@ -17,6 +17,7 @@ from sqlalchemy.engine import make_url
 from testkit.procs import GunicornServer, wait_until
 from testkit.web import ADMIN_PASSWORD, WebClient, server_env
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.schema import audit_log
 
@@ -26,8 +27,8 @@ pytestmark = pytest.mark.slow
 def test_sessions_and_the_throttle_hold_across_processes(mysql_url, tmp_path):
     engine = create_engine(mysql_url)
     with engine.connect() as conn:
-        job_id = repository.enqueue(conn, "noop", "copied-cookie").id
-        repository.fail_job(conn, job_id, "set up", actor="test")
+        job_id = service.enqueue(conn, "noop", "copied-cookie").id
+        service.fail_job(conn, job_id, "set up", actor="test")
     a = GunicornServer(mysql_url, tmp_path, web_workers=2, embedded_workers=0, extra_env=server_env(mysql_url),
                        name="gunicorn-a")
     b = GunicornServer(mysql_url, tmp_path, web_workers=1, embedded_workers=0, extra_env=server_env(mysql_url),
@@ -51,7 +52,7 @@ def test_sessions_and_the_throttle_hold_across_processes(mysql_url, tmp_path):
             assert status in (302, 400) and "login" in headers.get("location", "/login")
         _the_guesser_is_throttled_not_the_owner(a, b)
         with engine.connect() as conn:
-            assert repository.get_job(conn, job_id).status.value == "failed"
+            assert repository.reads.get_job(conn, job_id).status.value == "failed"
             assert conn.execute(sa.select(sa.func.count()).select_from(audit_log)
                                 .where(audit_log.c.actor.like("web:%"))).scalar() == 0
     finally:

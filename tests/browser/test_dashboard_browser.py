@@ -12,6 +12,7 @@ from tests.browser.conftest import ARTIFACTS
 from testkit.procs import GunicornServer, wait_until
 from testkit.web import ADMIN_PASSWORD, server_env
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Status
 
@@ -26,10 +27,10 @@ def test_requeue_a_failed_job_and_watch_it_finish(mysql_url, tmp_path, browser):
     server = GunicornServer(mysql_url, tmp_path, web_workers=1, embedded_workers=2, extra_env=server_env(mysql_url))
     try:
         with engine.connect() as conn:
-            job_id = repository.enqueue(conn, "fail_first_attempt", "nightly-report", {"day": "2026-11-29"}).id
-            wait_until(lambda: repository.get_job(conn, job_id).status is Status.FAILED, timeout=20,
+            job_id = service.enqueue(conn, "fail_first_attempt", "nightly-report", {"day": "2026-11-29"}).id
+            wait_until(lambda: repository.reads.get_job(conn, job_id).status is Status.FAILED, timeout=20,
                        message="the job to fail")
-            repository.enqueue_many(conn, [{"task": "noop", "task_key": f"ok-{i}"} for i in range(5)])
+            service.enqueue_many(conn, [{"task": "noop", "task_key": f"ok-{i}"} for i in range(5)])
 
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         errors: list[str] = []
@@ -92,7 +93,7 @@ def test_requeue_a_failed_job_and_watch_it_finish(mysql_url, tmp_path, browser):
         assert server.stop() == 0
         engine.dispose()
     with engine.connect() as conn:
-        job = repository.get_job(conn, job_id)
+        job = repository.reads.get_job(conn, job_id)
     assert job.status is Status.DONE and job.attempts == 2
 
 
@@ -105,7 +106,7 @@ def test_pause_a_queue_cancel_a_job_and_manage_a_recurring_job(mysql_url, tmp_pa
     server = GunicornServer(mysql_url, tmp_path, web_workers=1, embedded_workers=0, extra_env=server_env(mysql_url))
     try:
         with engine.connect() as conn:
-            job_id = repository.enqueue(conn, "noop", "to-cancel", queue="mail").id
+            job_id = service.enqueue(conn, "noop", "to-cancel", queue="mail").id
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         errors: list[str] = []
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -149,6 +150,6 @@ def test_pause_a_queue_cancel_a_job_and_manage_a_recurring_job(mysql_url, tmp_pa
         assert server.stop() == 0
         engine.dispose()
     with engine.connect() as conn:
-        assert repository.get_job(conn, job_id).status is Status.CANCELLED
-        assert repository.paused_queues(conn) == {"mail"}
-        assert repository.get_recurring(conn, "nightly")["enabled"] is False
+        assert repository.reads.get_job(conn, job_id).status is Status.CANCELLED
+        assert repository.claim.paused_queues(conn) == {"mail"}
+        assert repository.recurring.get_recurring(conn, "nightly")["enabled"] is False

@@ -14,6 +14,7 @@ from testkit.procs import GunicornServer, free_port
 from testkit.tls import self_signed_certificate
 from testkit.web import ADMIN_PASSWORD, server_env
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Status
 
@@ -32,9 +33,9 @@ def test_https_secure_cookies_and_cross_origin_posts_refused(mysql_url, tmp_path
 
     engine = create_engine(mysql_url)
     with engine.connect() as conn:
-        job_id = repository.enqueue(conn, "noop", "tls-target").id
-        repository.fail_job(conn, job_id, "set up by the test", actor="test")
-        other_id = repository.enqueue(conn, "noop", "tls-other").id
+        job_id = service.enqueue(conn, "noop", "tls-target").id
+        service.fail_job(conn, job_id, "set up by the test", actor="test")
+        other_id = service.enqueue(conn, "noop", "tls-other").id
     server = GunicornServer(mysql_url, tmp_path, web_workers=1, embedded_workers=0, extra_env=server_env(mysql_url),
                             tls=self_signed_certificate(tmp_path / "tls"))
     context = browser.new_context(ignore_https_errors=True)
@@ -76,8 +77,8 @@ def test_https_secure_cookies_and_cross_origin_posts_refused(mysql_url, tmp_path
             attack.close()
             context.unroute(evil + "/prize")
         with engine.connect() as conn:
-            assert repository.get_job(conn, other_id).status is Status.READY
-            assert repository.get_job(conn, job_id).status is Status.READY
+            assert repository.reads.get_job(conn, other_id).status is Status.READY
+            assert repository.reads.get_job(conn, job_id).status is Status.READY
         assert server.log().count("event=csrf_refused") == 2
     finally:
         context.close()

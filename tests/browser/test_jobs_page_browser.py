@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.browser.conftest import sign_in
-from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.schema import job_queue
 
@@ -30,10 +30,10 @@ def statuses(engine) -> dict[str, str]:
 
 def make_failed(conn, keys):
     for key in keys:
-        repository.enqueue(conn, "noop", key)
-    (claimed) = repository.claim(conn, "h:1:1", len(keys), ["default"], lease_seconds=60)
+        service.enqueue(conn, "noop", key)
+    (claimed) = service.claim(conn, "h:1:1", len(keys), ["default"], lease_seconds=60)
     for c in claimed:
-        repository.fail(conn, c.lease, "boom")
+        service.fail(conn, c.lease, "boom")
 
 
 def test_bulk_over_the_filter_applies_the_filter_on_screen(quiet_server, engine, browser):
@@ -41,8 +41,8 @@ def test_bulk_over_the_filter_applies_the_filter_on_screen(quiet_server, engine,
 
     with engine.connect() as conn:
         make_failed(conn, ["failed-1", "failed-2", "failed-3"])
-        repository.enqueue(conn, "noop", "later", delay=3600)                          # scheduled
-        repository.enqueue_many(conn, [{"task": "noop", "task_key": f"mail-{i}", "queue": "mail"} for i in range(3)])
+        service.enqueue(conn, "noop", "later", delay=3600)                          # scheduled
+        service.enqueue_many(conn, [{"task": "noop", "task_key": f"mail-{i}", "queue": "mail"} for i in range(3)])
     before = statuses(engine)
     watched = sign_in(browser, quiet_server.base)
     page = watched.page
@@ -88,7 +88,7 @@ def test_ticked_rows_stay_ticked_and_one_request_refreshes_the_page(quiet_server
     from playwright.sync_api import expect
 
     with engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"live-{i:02d}"}
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"live-{i:02d}"}
                                                             for i in range(40)])]
     watched = sign_in(browser, quiet_server.base)
     page = watched.page
@@ -121,12 +121,12 @@ def test_ticked_rows_stay_ticked_and_one_request_refreshes_the_page(quiet_server
 
     # A row that changes is swapped in place, its tick kept.
     with engine.connect() as conn:
-        claimed = repository.claim(conn, "h:1:1", 40, ["default"], lease_seconds=300)
+        claimed = service.claim(conn, "h:1:1", 40, ["default"], lease_seconds=300)
     moved = page.locator(f"#job-{ids[5]}")
     expect(moved.locator(".badge")).to_have_text("running", timeout=6000)
     expect(moved.locator("input[name=ids]")).to_be_checked()
     with engine.connect() as conn:
-        repository.complete_many(conn, [c.lease for c in claimed])
+        service.complete_many(conn, [c.lease for c in claimed])
     expect(moved.locator(".badge")).to_have_text("done", timeout=6000)
     expect(moved.locator("input[name=ids]")).to_be_checked()
     # Nothing moves any more: the refresh stops.

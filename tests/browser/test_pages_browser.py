@@ -10,6 +10,7 @@ from tests.browser.conftest import ARTIFACTS, sign_in
 from testkit.procs import REPO, GunicornServer, wait_until
 from testkit.web import ADMIN_TOKEN, api_post, server_env
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Status
 
@@ -39,27 +40,27 @@ def busy_server(mysql_url, tmp_path):
     server = GunicornServer(mysql_url, tmp_path, web_workers=1, embedded_workers=2, extra_env=server_env(mysql_url))
     try:
         with engine.connect() as conn:
-            failed = repository.enqueue(conn, "fail_first_attempt", "nightly-report-2026-11-29",
+            failed = service.enqueue(conn, "fail_first_attempt", "nightly-report-2026-11-29",
                                         {"day": "2026-11-29", "recipients": ["ops@example.com"]}).id
-            repository.enqueue_many(conn, [{"task": "noop", "task_key": f"invoice-{i}", "payload": {"invoice": i}}
+            service.enqueue_many(conn, [{"task": "noop", "task_key": f"invoice-{i}", "payload": {"invoice": i}}
                                            for i in range(8)])
-            repository.enqueue_many(conn, [{"task": "export_orders", "task_key": f"export-{i}", "queue": "exports",
+            service.enqueue_many(conn, [{"task": "export_orders", "task_key": f"export-{i}", "queue": "exports",
                                             "payload": {"rows": 3}} for i in range(3)])
-            wait_until(lambda: repository.get_job(conn, failed).status is Status.FAILED, timeout=20,
+            wait_until(lambda: repository.reads.get_job(conn, failed).status is Status.FAILED, timeout=20,
                        message="the job to fail")
-            wait_until(lambda: repository.count_matching(conn, repository.JobFilter(status=Status.DONE))[0] >= 11,
+            wait_until(lambda: repository.reads.count_matching(conn, repository.operator.JobFilter(status=Status.DONE))[0] >= 11,
                        timeout=20, message="the jobs to finish")
-            repository.enqueue(conn, "sleep", "transcode-42", {"seconds": 60}, queue="default")
-            repository.enqueue(conn, "noop", "tomorrow", delay=86400)
-            done = repository.get_job_by_key(conn, "invoice-3").id
-            ids = [repository.get_job_by_key(conn, f"invoice-{i}").id for i in (5, 6)]
+            service.enqueue(conn, "sleep", "transcode-42", {"seconds": 60}, queue="default")
+            service.enqueue(conn, "noop", "tomorrow", delay=86400)
+            done = repository.reads.get_job_by_key(conn, "invoice-3").id
+            ids = [repository.reads.get_job_by_key(conn, f"invoice-{i}").id for i in (5, 6)]
         api_post(server.base, f"/api/jobs/{done}/requeue", {"again": True}, token=ADMIN_TOKEN)
         with engine.connect() as conn:
-            repository.bulk_action(conn, "fail", actor="web:alice", ids=[repository.enqueue(conn, "noop", f"x-{i}",
+            service.bulk_action(conn, "fail", actor="web:alice", ids=[service.enqueue(conn, "noop", f"x-{i}",
                                                                                             delay=600).id
                                                                          for i in range(3)] + ids,
                                    reason="customer cancelled the order")
-            wait_until(lambda: repository.get_job_by_key(conn, "transcode-42").status is Status.RUNNING, timeout=20,
+            wait_until(lambda: repository.reads.get_job_by_key(conn, "transcode-42").status is Status.RUNNING, timeout=20,
                        message="the long job to run")
         yield server, failed
     finally:

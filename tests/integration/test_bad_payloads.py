@@ -13,6 +13,7 @@ from testkit.procs import jobqueue
 from testkit.web import api, app_config, login
 from jobqueue import create_app
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.errors import ValidationError
 from jobqueue.core.schema import job_queue
 from jobqueue.core.validation import MAX_PAYLOAD_DEPTH
@@ -49,7 +50,7 @@ def rows(engine) -> int:
 def test_the_repository_refuses_them_and_writes_nothing(engine, payload, words):
     with engine.connect() as conn:
         with pytest.raises(ValidationError) as refused:
-            repository.enqueue(conn, "noop", "bad", payload)
+            service.enqueue(conn, "noop", "bad", payload)
     assert refused.value.field == "payload" and words in str(refused.value)
     assert rows(engine) == 0
 
@@ -57,8 +58,8 @@ def test_the_repository_refuses_them_and_writes_nothing(engine, payload, words):
 def test_the_deepest_allowed_payload_is_stored_and_read_back(mysql_engine):
     deep = nested(MAX_PAYLOAD_DEPTH)
     with mysql_engine.connect() as conn:
-        res = repository.enqueue(conn, "noop", "deep-ok", deep)
-        assert repository.get_job(conn, res.id).payload == deep
+        res = service.enqueue(conn, "noop", "deep-ok", deep)
+        assert repository.reads.get_job(conn, res.id).payload == deep
 
 
 def test_the_api_answers_422_naming_payload(mysql_url):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from bench.raw_loop import RawLoop, connect_args
-from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.schema import job_queue
 
 jq = job_queue.c
@@ -14,7 +14,7 @@ jq = job_queue.c
 
 def _enqueue(engine, n):
     with engine.connect() as conn:
-        repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(n)])
+        service.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(n)])
 
 
 def _rows(engine):
@@ -59,7 +59,7 @@ def test_the_enqueue_bench_runs_every_part_small(mysql_url):
     assert res["ratios"]["enqueue_many / raw PyMySQL"] > 0 and res["ratios"]["enqueue_many / pgqueuer"] is None
     assert res["http_single_enqueue"]["requests"] == 5 and res["http_single_enqueue"]["p95_ms"] > 0
     assert set(res["validation_us_per_job"]) == {"no payload", "small payload"}
-    assert "| `repository.enqueue_many` |" in enqueue_bench.markdown(res)
+    assert "| `service.enqueue_many` |" in enqueue_bench.markdown(res)
     # The report's section and targets render from it (what scripts/bench --only enqueue writes).
     from bench.report import _enqueue
 

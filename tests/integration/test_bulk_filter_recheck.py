@@ -7,9 +7,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from jobqueue.core import repository
+from jobqueue.core import service
+
 from jobqueue.core.models import Status
-from jobqueue.core.repository import JobFilter
+from jobqueue.core.repository.operator import JobFilter
 from jobqueue.core.schema import job_queue
 from testkit.procs import jobqueue as jobqueue_cli
 
@@ -32,7 +33,7 @@ def statuses(engine) -> dict[str, str]:
 @pytest.mark.parametrize("job_filter", [JobFilter(status=Status.FAILED), JobFilter(status=Status.FAILED, queue="mail")])
 def test_a_job_that_left_the_filter_after_the_page_read_is_left_alone(engine, mysql_url, job_filter):
     with engine.connect() as conn:
-        ids = {key: repository.enqueue(conn, "noop", key, queue="mail").id for key in ("f-1", "f-2", "f-3")}
+        ids = {key: service.enqueue(conn, "noop", key, queue="mail").id for key in ("f-1", "f-2", "f-3")}
     with engine.begin() as conn:
         conn.execute(sa.update(job_queue).values(status="failed", finished_at=sa.func.utc_timestamp(6)))
     moved = []
@@ -46,7 +47,7 @@ def test_a_job_that_left_the_filter_after_the_page_read_is_left_alone(engine, my
     event.listen(engine, "after_cursor_execute", after_the_page_read)
     try:
         with engine.connect() as conn:
-            result = repository.bulk_action(conn, "cancel", actor="tester", job_filter=job_filter)
+            result = service.bulk_action(conn, "cancel", actor="tester", job_filter=job_filter)
     finally:
         event.remove(engine, "after_cursor_execute", after_the_page_read)
     assert moved and moved[0].returncode == 0, moved and moved[0].stderr

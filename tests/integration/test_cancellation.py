@@ -16,11 +16,12 @@ from click.testing import CliRunner
 from testkit.locks import hold_rows
 from testkit.procs import WorkerProcess, wait_until
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.builtin_tasks import noop
 from jobqueue.core.cli import main
 from jobqueue.core.errors import InvalidState, JobBusy, JobNotFound
 from jobqueue.core.models import Outcome, Status
-from jobqueue.core.repository import JobFilter
+from jobqueue.core.repository.operator import JobFilter
 from jobqueue.core.schema import audit_log, job_queue
 from jobqueue.core.tasks import Registry, TaskSpec
 from jobqueue.core.worker import Worker, WorkerConfig
@@ -36,51 +37,51 @@ def run(db_url):
 
 def test_cancel_from_ready_scheduled_and_failed_is_immediate(engine):
     with engine.connect() as conn:
-        ready = repository.enqueue(conn, "noop", "r").id
-        scheduled = repository.enqueue(conn, "noop", "s", delay=3600).id
-        failed = repository.enqueue(conn, "noop", "f", max_attempts=1).id
-        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        ready = service.enqueue(conn, "noop", "r").id
+        scheduled = service.enqueue(conn, "noop", "s", delay=3600).id
+        failed = service.enqueue(conn, "noop", "f", max_attempts=1).id
+        (c,) = service.claim(conn, "w", 1, ["default"], lease_seconds=60)
         assert c.job.id == ready
-        repository.release(conn, c.lease)
-        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
-        (c2,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
-        repository.release(conn, c.lease)
-        assert c2.job.id == failed and repository.fail(conn, c2.lease, "broken") is Outcome.OK
+        service.release(conn, c.lease)
+        (c,) = service.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        (c2,) = service.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        service.release(conn, c.lease)
+        assert c2.job.id == failed and service.fail(conn, c2.lease, "broken") is Outcome.OK
         for job_id, before in ((ready, Status.READY), (scheduled, Status.SCHEDULED), (failed, Status.FAILED)):
-            result = repository.cancel_job(conn, job_id, "not wanted", actor="tester")
+            result = service.cancel_job(conn, job_id, "not wanted", actor="tester")
             assert (result.before, result.after, result.changed) == (before, Status.CANCELLED, True)
-            job = repository.get_job(conn, job_id)
+            job = repository.reads.get_job(conn, job_id)
             assert job.status is Status.CANCELLED and job.finished_at is not None and job.lease_until is None
-        assert repository.get_job(conn, failed).last_error == "broken"   # the failure is kept
+        assert repository.reads.get_job(conn, failed).last_error == "broken"   # the failure is kept
         audits = conn.execute(sa.select(audit_log.c.action, audit_log.c.job_id, audit_log.c.before_status,
                                         audit_log.c.after_status, audit_log.c.detail)).all()
         assert [tuple(a) for a in audits] == [("cancel", ready, "ready", "cancelled", "not wanted"),
                                               ("cancel", scheduled, "scheduled", "cancelled", "not wanted"),
                                               ("cancel", failed, "failed", "cancelled", "not wanted")]
         # Nothing claims a cancelled job, and a second cancel changes nothing.
-        assert repository.claim(conn, "w", 5, ["default"], lease_seconds=60) == []
-        assert repository.cancel_job(conn, ready).changed is False
-        counts = {(q, s): n for q, s, n in repository.count_by_status(conn)}
+        assert service.claim(conn, "w", 5, ["default"], lease_seconds=60) == []
+        assert service.cancel_job(conn, ready).changed is False
+        counts = {(q, s): n for q, s, n in repository.stats.count_by_status(conn)}
         assert counts[("default", "cancelled")] == 3
 
 
 def test_a_done_job_is_not_cancelled_and_a_missing_one_is_not_found(engine):
     with engine.connect() as conn:
-        job_id = repository.enqueue(conn, "noop", "d").id
-        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
-        repository.complete(conn, c.lease)
+        job_id = service.enqueue(conn, "noop", "d").id
+        (c,) = service.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        service.complete(conn, c.lease)
         with pytest.raises(InvalidState, match="already done"):
-            repository.cancel_job(conn, job_id)
+            service.cancel_job(conn, job_id)
         with pytest.raises(JobNotFound):
-            repository.cancel_job(conn, 999999)
-        assert repository.get_job(conn, job_id).status is Status.DONE
+            service.cancel_job(conn, 999999)
+        assert repository.reads.get_job(conn, job_id).status is Status.DONE
 
 
 def test_a_cancelled_key_stays_taken(engine):
     with engine.connect() as conn:
-        first = repository.enqueue(conn, "noop", "once")
-        repository.cancel_job(conn, first.id)
-        again = repository.enqueue(conn, "noop", "once")
+        first = service.enqueue(conn, "noop", "once")
+        service.cancel_job(conn, first.id)
+        again = service.enqueue(conn, "noop", "once")
         assert again.duplicate and again.id == first.id and again.status is Status.CANCELLED
     worker = Worker(engine, WorkerConfig(concurrency=1, burst=True))
     assert worker.run() == 0 and worker.processed == 0
@@ -101,14 +102,14 @@ def test_cancelling_a_running_job_fences_its_lease_and_tells_its_handler(engine)
     reg.register(TaskSpec("noop", noop))
     reg.register(TaskSpec("wait", wait_for_it))
     with engine.connect() as conn:
-        res = repository.enqueue(conn, "wait", "w1", registry=reg)
+        res = service.enqueue(conn, "wait", "w1", registry=reg)
     worker = Worker(engine, WorkerConfig(concurrency=1, lease_seconds=3), registry=reg)
     t = threading.Thread(target=worker.run, daemon=True)
     t.start()
     try:
         wait_until(lambda: _job(engine, res.id).status is Status.RUNNING, message="running")
         with engine.connect() as conn:
-            result = repository.cancel_job(conn, res.id, actor="tester")
+            result = service.cancel_job(conn, res.id, actor="tester")
         cancelled_at = time.monotonic()
         assert (result.before, result.after) == (Status.RUNNING, Status.CANCELLED)
         assert told.wait(3), "ctx.lease_lost was not set within one renewal"
@@ -121,7 +122,7 @@ def test_cancelling_a_running_job_fences_its_lease_and_tells_its_handler(engine)
     job = _job(engine, res.id)
     assert job.status is Status.CANCELLED and job.attempts == 1
     with engine.connect() as conn:
-        history = repository.list_attempts(conn, res.id)
+        history = repository.reads.list_attempts(conn, res.id)
     assert [(h["attempt"], h["outcome"]) for h in history] == [(1, "cancelled")]
 
 
@@ -129,12 +130,12 @@ def test_cancel_a_running_job_in_a_worker_process(mysql_url, mysql_engine, tmp_p
     """A real worker process: the running job is cancelled; its handler sees ctx.lease_lost, returns,
     and the completion afterwards changes nothing."""
     with mysql_engine.connect() as conn:
-        res = repository.enqueue(conn, "until_lease_lost", "long", {"seconds": 30})
+        res = service.enqueue(conn, "until_lease_lost", "long", {"seconds": 30})
     w = WorkerProcess(mysql_url, tmp_path, "c", "--concurrency", "1", "--lease-seconds", "3")
     try:
         w.wait_for_log(rf"event=claim job_id={res.id} ")
         with mysql_engine.connect() as conn:
-            assert repository.cancel_job(conn, res.id, actor="tester").before is Status.RUNNING
+            assert service.cancel_job(conn, res.id, actor="tester").before is Status.RUNNING
         w.wait_for_log(rf"event=handler_saw lease_lost_seen=True job_id={res.id}", timeout=5)
         w.wait_for_log(rf"event=handler_finished_after_lease_lost job_id={res.id} ", timeout=5)
     finally:
@@ -147,13 +148,13 @@ def test_cancel_a_running_job_in_a_worker_process(mysql_url, mysql_engine, tmp_p
 
 def test_cancel_answers_busy_at_once_when_the_row_is_locked(mysql_engine):
     with mysql_engine.connect() as conn:
-        job_id = repository.enqueue(conn, "noop", "busy").id
+        job_id = service.enqueue(conn, "noop", "busy").id
     holder = hold_rows(mysql_engine, [job_id])
     try:
         with mysql_engine.connect() as conn:
             started = time.monotonic()
             with pytest.raises(JobBusy):
-                repository.cancel_job(conn, job_id)
+                service.cancel_job(conn, job_id)
             assert time.monotonic() - started < 0.5
     finally:
         holder.rollback()
@@ -162,20 +163,20 @@ def test_cancel_answers_busy_at_once_when_the_row_is_locked(mysql_engine):
 
 def test_bulk_cancel_by_ids_and_by_filter(engine):
     with engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"b{i}"} for i in range(12)])]
-        (running,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
-        by_ids = repository.bulk_action(conn, "cancel", actor="tester", ids=ids[:4])
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"b{i}"} for i in range(12)])]
+        (running,) = service.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        by_ids = service.bulk_action(conn, "cancel", actor="tester", ids=ids[:4])
         # The running job (ids[0]) has a valid lease: skipped without force.
         assert (by_ids.changed, by_ids.skipped) == (3, 1)
-        by_filter = repository.bulk_action(conn, "cancel", actor="tester", job_filter=JobFilter(status=Status.READY),
+        by_filter = service.bulk_action(conn, "cancel", actor="tester", job_filter=JobFilter(status=Status.READY),
                                            batch_size=5)
         assert by_filter.changed == 8 and by_filter.finished
-        forced = repository.bulk_action(conn, "cancel", actor="tester", ids=[running.job.id], force=True)
+        forced = service.bulk_action(conn, "cancel", actor="tester", ids=[running.job.id], force=True)
         assert forced.changed == 1
-        assert {s for _, s, _ in repository.count_by_status(conn)} == {"cancelled"}
-        assert repository.complete(conn, running.lease) is Outcome.LEASE_LOST
+        assert {s for _, s, _ in repository.stats.count_by_status(conn)} == {"cancelled"}
+        assert service.complete(conn, running.lease) is Outcome.LEASE_LOST
         # A cancelled job can be requeued by an operator (it has not run, or its run was stopped).
-        assert repository.requeue_job(conn, ids[5]).after is Status.READY
+        assert service.requeue_job(conn, ids[5]).after is Status.READY
 
 
 def test_cli_cancel_exit_codes(run, engine):
@@ -187,8 +188,8 @@ def test_cli_cancel_exit_codes(run, engine):
     assert run("cancel", "999999").exit_code == 4
     done_id = json.loads(run("enqueue", "noop", "--key", "k2").stdout)["id"]
     with engine.connect() as conn:
-        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
-        repository.complete(conn, c.lease)
+        (c,) = service.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        service.complete(conn, c.lease)
     refused = run("cancel", str(done_id))
     assert refused.exit_code == 3 and "already done" in refused.output
     stats = json.loads(run("stats", "--json").stdout)
@@ -197,4 +198,4 @@ def test_cli_cancel_exit_codes(run, engine):
 
 def _job(engine, job_id):
     with engine.connect() as conn:
-        return repository.get_job(conn, job_id)
+        return repository.reads.get_job(conn, job_id)

@@ -13,6 +13,7 @@ from testkit.replication import read_general_log
 from testkit.web import api, app_config
 from jobqueue import create_app
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import PRIMARY_CHECK_SECONDS, create_engine, role_of
 from jobqueue.core.errors import NotPrimary
 from jobqueue.core.migrate import init_db
@@ -51,15 +52,15 @@ def test_the_engine_goes_to_the_writable_candidate(two_servers):
     engine = create_engine(f"{url_b} {url_a}")   # the read-only one first
     try:
         with engine.connect() as conn:
-            res = repository.enqueue(conn, "noop", "routed")
+            res = service.enqueue(conn, "noop", "routed")
         assert status_on(a, "routed") == "ready" and status_on(b, "routed") is None
         a.execute("SET GLOBAL read_only = ON")    # now neither is writable
         engine.dispose()
         with engine.connect() as conn:
             # Reads still answer (the dashboard stays up), from the last primary, which answers.
-            assert repository.get_job(conn, res.id).task_key == "routed"
+            assert repository.reads.get_job(conn, res.id).task_key == "routed"
             with pytest.raises(NotPrimary):
-                repository.enqueue(conn, "noop", "nowhere")
+                service.enqueue(conn, "noop", "nowhere")
     finally:
         engine.dispose()
     assert status_on(a, "nowhere") is None and status_on(b, "nowhere") is None
@@ -105,12 +106,12 @@ def test_a_process_finds_a_newly_promoted_primary_within_about_a_second(two_serv
     try:
         with engine.connect() as conn:
             with pytest.raises(NotPrimary):
-                repository.enqueue(conn, "noop", "while-none-is-writable")
+                service.enqueue(conn, "noop", "while-none-is-writable")
         b.execute("SET GLOBAL read_only = OFF")   # B is promoted
         time.sleep(1.5)
         assert 1.5 < PRIMARY_CHECK_SECONDS
         with engine.connect() as conn:
-            repository.enqueue(conn, "noop", "after-the-promotion")
+            service.enqueue(conn, "noop", "after-the-promotion")
     finally:
         engine.dispose()
     assert status_on(b, "after-the-promotion") == "ready"
@@ -158,16 +159,16 @@ def test_no_claim_is_sent_to_a_server_known_to_be_read_only(two_logged_servers):
             a.execute("SET GLOBAL read_only = ON")      # demoted under the open connection
             before = claims_sent(a, b)
             with pytest.raises(NotPrimary):
-                repository.claim_cycle(conn, ["t:1:1"], ["default"], lease_seconds=5)
+                service.claim_cycle(conn, ["t:1:1"], ["default"], lease_seconds=5)
             assert claims_sent(a, b) == before + 1, "the first claim went out, and read the flags"
             assert not role_of(conn).writable, "which marked the connection"
             for _ in range(3):
                 with pytest.raises(NotPrimary):
-                    repository.claim_cycle(conn, ["t:1:1"], ["default"], lease_seconds=5)
+                    service.claim_cycle(conn, ["t:1:1"], ["default"], lease_seconds=5)
             assert claims_sent(a, b) == before + 1, "nothing more was sent to a server known to be read-only"
         with engine.connect() as conn:   # the next checkout, within NOT_WRITABLE_CHECK_SECONDS
             with pytest.raises(NotPrimary):
-                repository.claim_cycle(conn, ["t:1:1"], ["default"], lease_seconds=5)
+                service.claim_cycle(conn, ["t:1:1"], ["default"], lease_seconds=5)
         assert claims_sent(a, b) == before + 1
     finally:
         engine.dispose()

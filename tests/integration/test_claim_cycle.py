@@ -13,6 +13,8 @@ import pytest
 import sqlalchemy as sa
 
 from jobqueue.core import repository
+
+from jobqueue.core import service
 from jobqueue.core.models import Outcome, Status
 from jobqueue.core.schema import job_queue
 
@@ -34,7 +36,7 @@ def shape(request, monkeypatch):
 
 
 def add(conn, n, prefix="k"):
-    return [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"{prefix}{i}"} for i in range(n)])]
+    return [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"{prefix}{i}"} for i in range(n)])]
 
 
 def session_counts(conn) -> dict[str, int]:
@@ -49,10 +51,10 @@ def session_counts(conn) -> dict[str, int]:
 def test_a_cycle_completes_and_claims_with_one_select_one_update_one_commit(mysql_engine, shape):
     with mysql_engine.connect() as conn:
         add(conn, 12)
-        first = repository.claim_cycle(conn, [f"w:{i}" for i in range(4)], ["default"], lease_seconds=60)
+        first = service.claim_cycle(conn, [f"w:{i}" for i in range(4)], ["default"], lease_seconds=60)
         assert len(first.claimed) == 4
         before = session_counts(conn)
-        cycle = repository.claim_cycle(conn, [], ["default"], lease_seconds=60,
+        cycle = service.claim_cycle(conn, [], ["default"], lease_seconds=60,
                                        completions=[c.lease for c in first.claimed])
         after = session_counts(conn)
     sent = {k: after[k] - before[k] for k in before}
@@ -77,14 +79,14 @@ def test_a_cycle_completes_and_claims_with_one_select_one_update_one_commit(mysq
 def test_a_finished_row_held_elsewhere_stays_busy_and_its_slot_takes_nothing(mysql_engine, shape):
     with mysql_engine.connect() as conn:
         add(conn, 10)
-        first = repository.claim_cycle(conn, ["w:1", "w:2"], ["default"], lease_seconds=60)
+        first = service.claim_cycle(conn, ["w:1", "w:2"], ["default"], lease_seconds=60)
         held, free = first.claimed
     stray = mysql_engine.connect()
     try:
         stray.execute(sa.text("SELECT id FROM job_queue WHERE id = :id FOR UPDATE"), {"id": held.job.id})
         with mysql_engine.connect() as conn:
             started = time.monotonic()
-            cycle = repository.claim_cycle(conn, [], ["default"], lease_seconds=60,
+            cycle = service.claim_cycle(conn, [], ["default"], lease_seconds=60,
                                            completions=[held.lease, free.lease])
             took = time.monotonic() - started
         assert cycle.completed == {key(held.lease): Outcome.BUSY, key(free.lease): Outcome.OK}
@@ -94,23 +96,23 @@ def test_a_finished_row_held_elsewhere_stays_busy_and_its_slot_takes_nothing(mys
         stray.rollback()
         stray.close()
     with mysql_engine.connect() as conn:
-        assert repository.get_job(conn, held.job.id).status is Status.RUNNING
-        again = repository.claim_cycle(conn, [], ["default"], lease_seconds=60, completions=[held.lease])
+        assert repository.reads.get_job(conn, held.job.id).status is Status.RUNNING
+        again = service.claim_cycle(conn, [], ["default"], lease_seconds=60, completions=[held.lease])
         assert again.completed == {key(held.lease): Outcome.OK}
 
 
 def test_a_lost_lease_is_not_completed_and_its_job_may_be_claimed_again_in_the_same_cycle(engine, shape):
     with engine.connect() as conn:
         [only] = add(conn, 1)
-        first = repository.claim_cycle(conn, ["w:1"], ["default"], lease_seconds=60)
+        first = service.claim_cycle(conn, ["w:1"], ["default"], lease_seconds=60)
         old = first.claimed[0].lease
-        repository.requeue_job(conn, only, actor="test", force=True)   # the operator takes it back
-        cycle = repository.claim_cycle(conn, [], ["default"], lease_seconds=60, completions=[old])
+        service.requeue_job(conn, only, actor="test", force=True)   # the operator takes it back
+        cycle = service.claim_cycle(conn, [], ["default"], lease_seconds=60, completions=[old])
         assert cycle.completed == {key(old): Outcome.LEASE_LOST}
         assert [loss.lease for loss in cycle.losses] == [old]
         # The job was ready again: the finished slot took it, as attempt 2.
         assert [(c.job.id, c.lease.attempt, c.lease.owner) for c in cycle.claimed] == [(only, 2, "w:1")]
-        job = repository.get_job(conn, only)
+        job = repository.reads.get_job(conn, only)
         assert (job.status, job.attempts, job.lease_owner) == (Status.RUNNING, 2, "w:1")
 
 
@@ -123,8 +125,8 @@ def test_a_server_that_refuses_the_union_gets_the_two_selects_and_the_same_outco
         "(SELECT 1 FOR UPDATE SKIP LOCKED) UNION ALL SELECT FROM WHERE", {}))
     with mysql_engine.connect() as conn:
         add(conn, 6)
-        first = repository.claim_cycle(conn, ["w:1", "w:2"], ["default"], lease_seconds=60)
-        cycle = repository.claim_cycle(conn, [], ["default"], lease_seconds=60,
+        first = service.claim_cycle(conn, ["w:1", "w:2"], ["default"], lease_seconds=60)
+        cycle = service.claim_cycle(conn, [], ["default"], lease_seconds=60,
                                        completions=[c.lease for c in first.claimed])
         assert set(cycle.completed.values()) == {Outcome.OK}
         assert sorted(c.lease.owner for c in cycle.claimed) == ["w:1", "w:2"]
@@ -146,7 +148,7 @@ def test_cycles_racing_over_the_same_queue_never_take_a_job_twice(mysql_engine, 
             completions = []
             with mysql_engine.connect() as conn:
                 while True:
-                    cycle = repository.claim_cycle(conn, owners if not completions else [], ["default"],
+                    cycle = service.claim_cycle(conn, owners if not completions else [], ["default"],
                                                    lease_seconds=60, completions=completions)
                     assert set(cycle.completed.values()) <= {Outcome.OK}
                     completions = [c.lease for c in cycle.claimed]
@@ -182,8 +184,8 @@ def test_batches_of_every_size_share_a_few_statements(mysql_engine):
         before = len(common._compiled)
         held: list = []
         for size in [*range(1, 34), *range(33, 0, -1)]:
-            repository.complete_many(conn, held[size:])
-            cycle = repository.claim_cycle(conn, [f"w:{i}" for i in range(len(held), size)], ["default"],
+            service.complete_many(conn, held[size:])
+            cycle = service.claim_cycle(conn, [f"w:{i}" for i in range(len(held), size)], ["default"],
                                            lease_seconds=60, completions=held[:size])
             assert set(cycle.completed.values()) <= {Outcome.OK} and len(cycle.claimed) == size
             held = [c.lease for c in cycle.claimed]

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from testkit.procs import jobqueue
 from jobqueue.cli import LAZY_COMMANDS, cli
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.cli import main, pause_collector
 
 
@@ -60,7 +61,7 @@ def test_operator_commands_exit_codes(run, engine):
     assert run("requeue", "999999").exit_code == 4
     assert run("fail", "999999").exit_code == 4
     with engine.connect() as conn:
-        repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        service.claim(conn, "w", 1, ["default"], lease_seconds=60)
     refused = run("requeue", str(job_id))
     assert refused.exit_code == 3 and "--force" in refused.output
     forced = run("requeue", str(job_id), "--force")
@@ -70,7 +71,7 @@ def test_operator_commands_exit_codes(run, engine):
     assert failed.exit_code == 0 and json.loads(failed.stdout)["after"] == "failed"
     assert run("fail", str(job_id)).exit_code == 3
     with engine.connect() as conn:
-        assert repository.get_job(conn, job_id).last_error == "bad data"
+        assert repository.reads.get_job(conn, job_id).last_error == "bad data"
 
 
 def test_stats_and_reap(run):
@@ -168,7 +169,7 @@ def test_a_failed_write_ends_the_command_and_its_reader_thread(run, tmp_path, mo
 
     from sqlalchemy.exc import OperationalError
 
-    real, calls = repository.enqueue_many, []
+    real, calls = service.enqueue_many, []
 
     def failing_second_batch(conn, jobs, **kwargs):
         calls.append(len(jobs))
@@ -176,7 +177,7 @@ def test_a_failed_write_ends_the_command_and_its_reader_thread(run, tmp_path, mo
             raise OperationalError("INSERT", {}, Exception("server gone"))
         return real(conn, jobs, **kwargs)
 
-    monkeypatch.setattr(repository, "enqueue_many", failing_second_batch)
+    monkeypatch.setattr(service, "enqueue_many", failing_second_batch)
     path = tmp_path / "jobs.jsonl"
     path.write_text("".join(json.dumps({"task": "noop", "task_key": f"k{i}"}) + "\n" for i in range(6000)))
     result = run("enqueue-many", str(path))

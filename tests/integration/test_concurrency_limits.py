@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from testkit.procs import WorkerProcess, jobqueue, wait_until
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.errors import ValidationError
 from jobqueue.core.models import EmptyClaim, Outcome, Status
 from jobqueue.core.schema import concurrency_key, job_queue
@@ -22,7 +23,7 @@ jq = job_queue.c
 
 
 def keyed(conn, key, n, prefix=None, task="keyed_sleep", **payload):
-    return [repository.enqueue(conn, task, f"{prefix or key}-{i}", {"key": key, **payload}).id for i in range(n)]
+    return [service.enqueue(conn, task, f"{prefix or key}-{i}", {"key": key, **payload}).id for i in range(n)]
 
 
 def running_of(conn, key):
@@ -32,10 +33,10 @@ def running_of(conn, key):
 def test_a_job_without_its_key_is_refused_at_enqueue(engine):
     with engine.connect() as conn:
         with pytest.raises(ValidationError, match="payload lacks 'key'") as err:
-            repository.enqueue(conn, "keyed_sleep", "k1", {"other": 1})
+            service.enqueue(conn, "keyed_sleep", "k1", {"other": 1})
         assert err.value.field == "payload"
         with pytest.raises(ValidationError, match="must be a string or a number"):
-            repository.enqueue(conn, "keyed_sleep", "k2", {"key": {"nested": 1}})
+            service.enqueue(conn, "keyed_sleep", "k2", {"key": {"nested": 1}})
         assert conn.execute(sa.select(sa.func.count()).select_from(job_queue)).scalar() == 0
 
 
@@ -49,19 +50,19 @@ def test_one_job_per_key_runs_and_the_rest_wait_in_claim_order(engine):
     with engine.connect() as conn:
         a = keyed(conn, "A", 3)
         b = keyed(conn, "B", 2)
-        free = repository.enqueue(conn, "noop", "free").id
-        cycle = repository.claim_cycle(conn, [f"w:{i}" for i in range(10)], ["default"], lease_seconds=60)
+        free = service.enqueue(conn, "noop", "free").id
+        cycle = service.claim_cycle(conn, [f"w:{i}" for i in range(10)], ["default"], lease_seconds=60)
         assert sorted(c.job.id for c in cycle.claimed) == sorted([a[0], b[0], free])
         assert cycle.limited == 3
         assert cycle.report.kind is EmptyClaim.LIMITED and cycle.report.skipped == 0
-        assert repository.get_job(conn, a[1]).status is Status.READY
+        assert repository.reads.get_job(conn, a[1]).status is Status.READY
         # Nothing more while the places are held.
-        again = repository.claim_cycle(conn, ["w:1", "w:2"], ["default"], lease_seconds=60)
+        again = service.claim_cycle(conn, ["w:1", "w:2"], ["default"], lease_seconds=60)
         assert again.claimed == [] and again.report.kind is EmptyClaim.LIMITED
         # A completion frees its key's place, and the next job of that key (in claim order) takes it,
         # in the same transaction as the completion.
         lease_a = next(c.lease for c in cycle.claimed if c.job.id == a[0])
-        refill = repository.claim_cycle(conn, [], ["default"], lease_seconds=60, completions=[lease_a])
+        refill = service.claim_cycle(conn, [], ["default"], lease_seconds=60, completions=[lease_a])
         assert refill.completed[(a[0], 1)] is Outcome.OK
         assert [c.job.id for c in refill.claimed] == [a[1]]
         assert running_of(conn, "keyed_sleep:A") == 1 and running_of(conn, "keyed_sleep:B") == 1
@@ -70,7 +71,7 @@ def test_one_job_per_key_runs_and_the_rest_wait_in_claim_order(engine):
 def test_a_limit_of_two(engine):
     with engine.connect() as conn:
         ids = keyed(conn, "K", 5, task="keyed_pair")
-        got = repository.claim(conn, "w", 5, ["default"], lease_seconds=60)
+        got = service.claim(conn, "w", 5, ["default"], lease_seconds=60)
         assert sorted(c.job.id for c in got) == ids[:2]
 
 
@@ -78,32 +79,32 @@ def test_the_claim_looks_past_a_full_key_at_the_head_of_the_queue(engine):
     with engine.connect() as conn:
         head = keyed(conn, "busy", 60)
         other = keyed(conn, "quiet", 1)[0]
-        repository.claim(conn, "first", 1, ["default"], lease_seconds=60)   # takes busy's place
-        got = repository.claim(conn, "w", 4, ["default"], lease_seconds=60)
+        service.claim(conn, "first", 1, ["default"], lease_seconds=60)   # takes busy's place
+        got = service.claim(conn, "w", 4, ["default"], lease_seconds=60)
         assert [c.job.id for c in got] == [other]
-        assert repository.get_job(conn, head[1]).status is Status.READY
+        assert repository.reads.get_job(conn, head[1]).status is Status.READY
 
 
 @pytest.mark.parametrize("how", ["requeue", "fail", "cancel", "reap", "retry", "release"])
 def test_places_come_back_however_a_job_stops_running(engine, how):
     with engine.connect() as conn:
         ids = keyed(conn, "P", 3)
-        (holder,) = repository.claim(conn, "w1", 1, ["default"], lease_seconds=1 if how == "reap" else 60)
-        assert repository.claim(conn, "w2", 1, ["default"], lease_seconds=60) == []
+        (holder,) = service.claim(conn, "w1", 1, ["default"], lease_seconds=1 if how == "reap" else 60)
+        assert service.claim(conn, "w2", 1, ["default"], lease_seconds=60) == []
         if how == "requeue":
-            repository.requeue_job(conn, holder.job.id, force=True)
+            service.requeue_job(conn, holder.job.id, force=True)
         elif how == "fail":
-            repository.fail_job(conn, holder.job.id, "operator says no")
+            service.fail_job(conn, holder.job.id, "operator says no")
         elif how == "cancel":
-            repository.cancel_job(conn, holder.job.id)
+            service.cancel_job(conn, holder.job.id)
         elif how == "reap":
             time.sleep(1.1)
-            assert repository.reap(conn).reclaimed == 1
+            assert service.reap(conn).reclaimed == 1
         elif how == "retry":
-            assert repository.retry(conn, holder.lease, "boom", 60) is Outcome.OK
+            assert service.retry(conn, holder.lease, "boom", 60) is Outcome.OK
         else:
-            assert repository.release(conn, holder.lease) is Outcome.OK
-        (nxt,) = repository.claim(conn, "w2", 1, ["default"], lease_seconds=60)
+            assert service.release(conn, holder.lease) is Outcome.OK
+        (nxt,) = service.claim(conn, "w2", 1, ["default"], lease_seconds=60)
         # Requeue, reap and release put the holder back first in line; the others free its place
         # for the next job.
         assert nxt.job.id == (ids[0] if how in ("requeue", "reap", "release") else ids[1])
@@ -115,11 +116,11 @@ def test_a_missing_key_row_comes_back_with_the_safest_limit(engine):
         ids = keyed(conn, "gone", 2, task="keyed_pair")
         conn.execute(sa.delete(concurrency_key))
         conn.commit()
-        assert repository.claim(conn, "w", 2, ["default"], lease_seconds=60) == []
+        assert service.claim(conn, "w", 2, ["default"], lease_seconds=60) == []
         assert conn.execute(sa.select(concurrency_key.c.max_running)).scalar() == 1
-        assert [c.job.id for c in repository.claim(conn, "w", 2, ["default"], lease_seconds=60)] == ids[:1]
+        assert [c.job.id for c in service.claim(conn, "w", 2, ["default"], lease_seconds=60)] == ids[:1]
         # The next enqueue of the task sets the task's own limit again.
-        repository.enqueue(conn, "keyed_pair", "gone-9", {"key": "gone"})
+        service.enqueue(conn, "keyed_pair", "gone-9", {"key": "gone"})
         assert conn.execute(sa.select(concurrency_key.c.max_running)).scalar() == 2
 
 
@@ -127,7 +128,7 @@ def test_concurrent_claimers_never_exceed_the_limit(mysql_engine):
     with mysql_engine.connect() as conn:
         for key in "ABC":
             keyed(conn, key, 20)
-        repository.enqueue_many(conn, [{"task": "noop", "task_key": f"n{i}"} for i in range(40)])
+        service.enqueue_many(conn, [{"task": "noop", "task_key": f"n{i}"} for i in range(40)])
     over: list[str] = []
     done = defaultdict(int)
     lock = threading.Lock()
@@ -136,7 +137,7 @@ def test_concurrent_claimers_never_exceed_the_limit(mysql_engine):
         with mysql_engine.connect() as conn:
             idle = 0
             while idle < 20:
-                got = repository.claim(conn, [f"w{n}:{i}" for i in range(3)], 3, ["default"], lease_seconds=60)
+                got = service.claim(conn, [f"w{n}:{i}" for i in range(3)], 3, ["default"], lease_seconds=60)
                 if not got:
                     idle += 1
                     time.sleep(0.01)
@@ -146,7 +147,7 @@ def test_concurrent_claimers_never_exceed_the_limit(mysql_engine):
                     if running_of(conn, f"keyed_sleep:{key}") > 1:
                         over.append(key)
                 conn.commit()
-                outcomes = repository.complete_many(conn, [c.lease for c in got])
+                outcomes = service.complete_many(conn, [c.lease for c in got])
                 assert set(outcomes.values()) == {Outcome.OK}
                 with lock:
                     for c in got:
@@ -167,7 +168,7 @@ def test_three_workers_of_eight_threads_never_run_two_jobs_of_one_key_at_once(my
     end times, no two jobs of one key overlap, and all 300 finish (no deadlock, no lost place)."""
     log = tmp_path / "runs.log"
     with mysql_engine.connect() as conn:
-        repository.enqueue_many(conn, [{"task": "keyed_sleep", "task_key": f"j{i}",
+        service.enqueue_many(conn, [{"task": "keyed_sleep", "task_key": f"j{i}",
                                         "payload": {"key": f"k{i % 5}", "seconds": 0.02, "log": str(log)}}
                                        for i in range(300)])
     workers = [WorkerProcess(mysql_url, tmp_path, f"w{n}", "--concurrency", "8", "--lease-seconds", "10")
@@ -201,12 +202,12 @@ def _count(engine, status):
 def test_a_sigkilled_holder_gives_its_place_back_when_its_lease_is_reaped(mysql_url, mysql_engine, tmp_path):
     log = tmp_path / "runs.log"
     with mysql_engine.connect() as conn:
-        first = repository.enqueue(conn, "keyed_sleep", "hold", {"key": "x", "seconds": 60, "later_seconds": 0.5,
+        first = service.enqueue(conn, "keyed_sleep", "hold", {"key": "x", "seconds": 60, "later_seconds": 0.5,
                                                                   "log": str(log)}).id
     holder = WorkerProcess(mysql_url, tmp_path, "holder", "--concurrency", "2", "--lease-seconds", "2")
     holder.wait_for_log(rf"event=claim job_id={first} ")
     with mysql_engine.connect() as conn:
-        second = repository.enqueue(conn, "keyed_sleep", "next", {"key": "x", "seconds": 0, "log": str(log)}).id
+        second = service.enqueue(conn, "keyed_sleep", "next", {"key": "x", "seconds": 0, "log": str(log)}).id
     holder.kill()
     other = WorkerProcess(mysql_url, tmp_path, "other", "--concurrency", "2", "--lease-seconds", "10")
     try:

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from testkit.procs import WorkerProcess, wait_until
-from jobqueue.core import doorbell, repository
+from jobqueue.core import doorbell, repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.migrate import init_db
 from jobqueue.core.repository import doorbell as bell
@@ -39,9 +39,9 @@ def test_an_enqueue_in_another_process_rings_the_idle_worker(queue_engine, mysql
         mine = wait_until(lambda: _sleeper_for(queue_engine, queue), timeout=30, message="the worker's doorbell")
         assert mine[0].queues == (queue,)
         with queue_engine.connect() as conn:
-            job = repository.enqueue(conn, "noop", "rung-1", queue=queue)
+            job = service.enqueue(conn, "noop", "rung-1", queue=queue)
         worker.wait_for_log(r"event=doorbell_rung", timeout=10)
-        wait_until(lambda: repository.get_job(queue_engine.connect(), job.id).status.value == "done", timeout=10,
+        wait_until(lambda: repository.reads.get_job(queue_engine.connect(), job.id).status.value == "done", timeout=10,
                    message="the job done")
         # Back to sleep on the same doorbell once the queue is empty again.
         wait_until(lambda: _sleeper_for(queue_engine, queue), timeout=30, message="the doorbell again")
@@ -58,11 +58,11 @@ def test_a_rolled_back_enqueue_rings_nobody_and_a_gone_sleeper_is_not_an_error(q
     try:
         with queue_engine.connect() as conn:
             with conn.begin() as tx:
-                repository.enqueue(conn, "noop", "rolled-back")
+                service.enqueue(conn, "noop", "rolled-back")
                 tx.rollback()
             assert rung == []
-            repository.enqueue(conn, "noop", "committed", queue="mail")
-            repository.enqueue(conn, "noop", "later", delay=60)     # scheduled: nobody to wake
+            service.enqueue(conn, "noop", "committed", queue="mail")
+            service.enqueue(conn, "noop", "later", delay=60)     # scheduled: nobody to wake
         assert rung == [{"mail"}]
     finally:
         doorbell.ring_for = original
@@ -85,10 +85,10 @@ def test_an_account_that_cannot_ring_still_enqueues(queue_engine, mysql_url, tmp
         wait_until(lambda: _sleeper_for(queue_engine, queue), timeout=30, message="the worker's doorbell")
         with limited.connect() as conn:
             assert bell.sleepers(conn) == []            # root's threads are not this account's to see
-            job = repository.enqueue(conn, "noop", "unrung", queue=queue)
+            job = service.enqueue(conn, "noop", "unrung", queue=queue)
         assert not job.duplicate
         # Found by the worker's own polling instead (its idle cap is 1 s here).
-        wait_until(lambda: repository.get_job(queue_engine.connect(), job.id).status.value == "done", timeout=20,
+        wait_until(lambda: repository.reads.get_job(queue_engine.connect(), job.id).status.value == "done", timeout=20,
                    message="the job done by polling")
     finally:
         limited.dispose()

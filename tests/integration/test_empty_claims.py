@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from jobqueue.core import metrics, repository
+from jobqueue.core import metrics, repository, service
 from jobqueue.core.models import EmptyClaim
 from jobqueue.core.worker import Worker, WorkerConfig
 
@@ -41,7 +41,7 @@ def test_idle(worker, caplog):
 
 def test_contended_counts_skipped_rows(worker, mysql_engine, caplog):
     with mysql_engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(3)])]
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(3)])]
     holder = hold_rows(mysql_engine, ids)
     try:
         before, skipped = empty("contended"), sample("jobqueue_rows_skipped_total")
@@ -58,8 +58,8 @@ def test_contended_counts_skipped_rows(worker, mysql_engine, caplog):
 
 def test_waiting_on_leases_sleeps_until_about_the_next_expiry(worker, mysql_engine, caplog):
     with mysql_engine.connect() as conn:
-        repository.enqueue(conn, "noop", "held-elsewhere")
-        repository.claim(conn, "other:1:1", 1, ["default"], lease_seconds=1.5)
+        service.enqueue(conn, "noop", "held-elsewhere")
+        service.claim(conn, "other:1:1", 1, ["default"], lease_seconds=1.5)
     before = empty("waiting_on_leases")
     delay = worker.run_once()
     report = worker.last_empty
@@ -104,8 +104,8 @@ def test_heartbeat_flushes_activity_per_minute(worker, mysql_engine):
         worker.run_once()
         worker.heartbeat()
         with mysql_engine.connect() as conn:
-            rows = repository.activity(conn, repository.database_now(conn).replace(second=0, microsecond=0))
-            processes, _ = repository.list_processes(conn)
+            rows = repository.stats.activity(conn, repository.reads.database_now(conn).replace(second=0, microsecond=0))
+            processes, _ = repository.processes.list_processes(conn)
     finally:
         worker.stop()
         worker.shutdown()

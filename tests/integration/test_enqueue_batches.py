@@ -13,6 +13,8 @@ import pytest
 import sqlalchemy as sa
 
 from jobqueue.core import repository, validation
+
+from jobqueue.core import service
 from jobqueue.core.models import Status
 from jobqueue.core.repository.enqueue import ServerRefusedRows
 from jobqueue.core.schema import job_queue, pruned_key
@@ -26,7 +28,7 @@ def rows_by_key(conn):
 
 def test_a_fresh_batch_reports_each_rows_own_id_in_order(engine):
     with engine.connect() as conn:
-        res = repository.enqueue_many(conn, [{"task": "noop", "task_key": f"f{i}", "delay": 60 if i % 3 == 0 else 0}
+        res = service.enqueue_many(conn, [{"task": "noop", "task_key": f"f{i}", "delay": 60 if i % 3 == 0 else 0}
                                              for i in range(250)])
         table = rows_by_key(conn)
     assert [r.task_key for r in res] == [f"f{i}" for i in range(250)]
@@ -37,9 +39,9 @@ def test_a_fresh_batch_reports_each_rows_own_id_in_order(engine):
 
 def test_known_repeated_and_new_keys_in_one_batch(engine):
     with engine.connect() as conn:
-        first = repository.enqueue(conn, "noop", "old")
-        repository.enqueue(conn, "noop", "taken", delay=60)
-        res = repository.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in ("a", "old", "a", "b", "taken")])
+        first = service.enqueue(conn, "noop", "old")
+        service.enqueue(conn, "noop", "taken", delay=60)
+        res = service.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in ("a", "old", "a", "b", "taken")])
         table = rows_by_key(conn)
     assert [(r.task_key, r.duplicate, r.status) for r in res] == [
         ("a", False, Status.READY), ("old", True, Status.READY), ("a", True, Status.READY),
@@ -51,20 +53,20 @@ def test_known_repeated_and_new_keys_in_one_batch(engine):
 def test_a_replayed_batch_writes_nothing_and_answers_the_first_ids(engine):
     jobs = [{"task": "noop", "task_key": f"r{i}"} for i in range(40)]
     with engine.connect() as conn:
-        first = repository.enqueue_many(conn, jobs)
-        again = repository.enqueue_many(conn, jobs)
+        first = service.enqueue_many(conn, jobs)
+        again = service.enqueue_many(conn, jobs)
         assert conn.execute(sa.select(sa.func.count()).select_from(job_queue)).scalar() == 40
     assert all(a.duplicate and a.id == f.id and a.status is Status.READY for a, f in zip(again, first))
 
 
 def test_a_pruned_key_in_a_fresh_batch_is_not_written_again(engine):
     with engine.connect() as conn:
-        (old,) = repository.enqueue_many(conn, [{"task": "noop", "task_key": "gone"}])
-        when = repository.database_now(conn) - timedelta(days=30)
+        (old,) = service.enqueue_many(conn, [{"task": "noop", "task_key": "gone"}])
+        when = repository.reads.database_now(conn) - timedelta(days=30)
         conn.execute(sa.update(job_queue).where(jq.id == old.id).values(status="done", finished_at=when, run_at=when))
         conn.commit()
-        repository.prune(conn, done_days=7, failed_days=30)
-        res = repository.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in ("new-1", "gone", "new-2")])
+        service.prune(conn, done_days=7, failed_days=30)
+        res = service.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in ("new-1", "gone", "new-2")])
         table = rows_by_key(conn)
         assert conn.execute(sa.select(pruned_key.c.task_key)).scalars().all() == ["gone"]
     assert [(r.duplicate, r.status) for r in res] == [(False, Status.READY), (True, Status.DONE), (False, Status.READY)]
@@ -78,7 +80,7 @@ def test_keys_and_payloads_are_stored_exactly_as_given(engine):
     keys = ["it's", "back\\slash", "100%", "%s %(x)s", "é-ü", "quote\"d"]
     payload = {"note": "100% 'paid' \\ \"ok\"", "n": [1, 2.5, None], "ü": True}
     with engine.connect() as conn:
-        res = repository.enqueue_many(conn, [{"task": "noop", "task_key": k, "payload": payload} for k in keys])
+        res = service.enqueue_many(conn, [{"task": "noop", "task_key": k, "payload": payload} for k in keys])
         table = rows_by_key(conn)
         raw = conn.execute(sa.select(sa.cast(jq.payload, sa.Text)).where(jq.task_key == keys[0])).scalar()
     assert [r.task_key for r in res] == keys and set(table) == set(keys)
@@ -91,7 +93,7 @@ def test_literals_follow_the_servers_no_backslash_escapes_mode(engine):
     keys = ["a\\'b", "c''d\\"]
     with engine.connect() as conn:
         conn.exec_driver_sql("SET SESSION sql_mode = CONCAT(@@sql_mode, ',NO_BACKSLASH_ESCAPES')")
-        res = repository.enqueue_many(conn, [{"task": "noop", "task_key": k, "payload": {"p": k}} for k in keys])
+        res = service.enqueue_many(conn, [{"task": "noop", "task_key": k, "payload": {"p": k}} for k in keys])
         table = rows_by_key(conn)
     assert set(table) == set(keys) and all(not r.duplicate for r in res)
     assert all(table[k].payload == {"p": k} for k in keys)
@@ -99,15 +101,15 @@ def test_literals_follow_the_servers_no_backslash_escapes_mode(engine):
 
 def test_in_the_callers_transaction_a_mixed_batch_keeps_the_callers_rows(engine):
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "known")
+        service.enqueue(conn, "noop", "known")
         with conn.begin():
-            repository.enqueue(conn, "noop", "callers-own")
-            res = repository.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in ("known", "x", "y")])
+            service.enqueue(conn, "noop", "callers-own")
+            res = service.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in ("known", "x", "y")])
         assert [r.duplicate for r in res] == [True, False, False]
         assert set(rows_by_key(conn)) == {"known", "callers-own", "x", "y"}
         conn.rollback()   # end the read's transaction
         with conn.begin() as tx:
-            repository.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in ("known", "z")])
+            service.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in ("known", "z")])
             tx.rollback()
         assert set(rows_by_key(conn)) == {"known", "callers-own", "x", "y"}
 
@@ -120,8 +122,8 @@ def test_more_rows_than_one_statement_holds(engine, monkeypatch):
     monkeypatch.setattr(enqueue_module, "SQLITE_ROWS", 7)
     monkeypatch.setattr(enqueue_module, "READ_KEYS", 9)
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "s17")
-        res = repository.enqueue_many(conn, [{"task": "noop", "task_key": f"s{i}", "payload": {"i": i}}
+        service.enqueue(conn, "noop", "s17")
+        res = service.enqueue_many(conn, [{"task": "noop", "task_key": f"s{i}", "payload": {"i": i}}
                                              for i in range(60)])
         table = rows_by_key(conn)
     assert [r.duplicate for r in res] == [i == 17 for i in range(60)]
@@ -137,7 +139,7 @@ def test_a_value_the_server_would_change_is_refused_and_nothing_is_written(engin
     monkeypatch.setattr(validation, "QUEUE_NAME", __import__("re").compile(r"[a-z]{1,100}"))
     with engine.connect() as conn:
         with pytest.raises(ServerRefusedRows, match="1265|1406"):
-            repository.enqueue_many(conn, [{"task": "noop", "task_key": "fine"},
+            service.enqueue_many(conn, [{"task": "noop", "task_key": "fine"},
                                            {"task": "noop", "task_key": "long", "queue": "q" * 70}])
         assert rows_by_key(conn) == {}
 
@@ -161,7 +163,7 @@ def test_many_concurrent_batches_over_the_same_keys_write_each_once(mysql_engine
                 barrier.wait()
                 out = []
                 for lo in range(0, len(keys), 100):
-                    out += repository.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in keys[lo:lo + 100]])
+                    out += service.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in keys[lo:lo + 100]])
                 results[n] = out
         except BaseException as exc:   # noqa: BLE001 - reported below
             errors.append(exc)

@@ -102,7 +102,7 @@ def test_the_command_line_enqueues_by_name_without_the_task_module(db_url, engin
 
 
 def test_the_http_api_enqueues_a_task_only_a_worker_registered(db_url, engine):
-    from jobqueue.core.repository import register_process
+    from jobqueue.core.repository.processes import register_process
     from jobqueue.core.tasks import TaskSpec, handled_elsewhere
     from testkit.web import api, signed_in_app
 

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from testkit.locks import hold_rows
 from testkit.procs import WorkerProcess, jobqueue, wait_until
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.errors import InvalidState, JobNotFound
 from jobqueue.core.models import Status
 from jobqueue.core.schema import job_queue
@@ -22,7 +23,7 @@ from jobqueue.core.schema import job_queue
 
 def explain(engine, job_id):
     with engine.connect() as conn:
-        return repository.explain(conn, job_id)
+        return repository.explain.explain(conn, job_id)
 
 
 def reason(explanation, code):
@@ -38,13 +39,13 @@ def row(engine, job_id):
 
 def enqueue(engine, key, task="slow_noop", payload=None, **kw):
     with engine.connect() as conn:
-        return repository.enqueue(conn, task, key, payload or {}, **kw).id
+        return service.enqueue(conn, task, key, payload or {}, **kw).id
 
 
 def serve(engine, process_id, queues="*"):
     """A worker process row with a fresh heartbeat, as a live worker keeps it."""
     with engine.connect() as conn:
-        repository.register_process(conn, process_id=process_id, host="h", pid=1, kind="worker", concurrency=1,
+        repository.processes.register_process(conn, process_id=process_id, host="h", pid=1, kind="worker", concurrency=1,
                                     queues=queues)
 
 
@@ -80,13 +81,13 @@ def test_a_held_row_names_exactly_the_connection_that_holds_it(mysql_url, mysql_
 
         # The next claims pass it by (SKIP LOCKED) and take the other job.
         with mysql_engine.connect() as conn:
-            assert [c.job.id for c in repository.claim(conn, "w:1", 2, ["default"], lease_seconds=30)] == [first]
+            assert [c.job.id for c in service.claim(conn, "w:1", 2, ["default"], lease_seconds=30)] == [first]
             # Ending the holder frees the row, and the next claim takes it.
-            killed = repository.kill_connection(conn, holder_id, actor="test")
+            killed = service.kill_connection(conn, holder_id, actor="test")
             assert killed.jobs == (held,)
-            wait_until(lambda: not repository.row_lock(conn, held).held, message="row let go")
-            assert [c.job.id for c in repository.claim(conn, "w:2", 1, ["default"], lease_seconds=30)] == [held]
-            (audit,) = [a for a in repository.list_audit(conn, limit=5) if a["action"] == "kill"]
+            wait_until(lambda: not repository.locks.row_lock(conn, held).held, message="row let go")
+            assert [c.job.id for c in service.claim(conn, "w:2", 1, ["default"], lease_seconds=30)] == [held]
+            (audit,) = [a for a in repository.operator.list_audit(conn, limit=5) if a["action"] == "kill"]
         assert audit["actor"] == "test" and audit["job_id"] == held and f"KILL CONNECTION {holder_id}" in audit["detail"]
         holder.invalidate()   # the server ended it
     finally:
@@ -122,7 +123,7 @@ def test_only_a_connection_holding_job_rows_may_be_killed(mysql_engine):
     try:
         other_id = other.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
         with mysql_engine.connect() as conn, pytest.raises(InvalidState, match="holds no job_queue rows"):
-            repository.kill_connection(conn, other_id, actor="test")
+            service.kill_connection(conn, other_id, actor="test")
         assert other.exec_driver_sql("SELECT 1").scalar() == 1              # still there
     finally:
         other.close()
@@ -134,7 +135,7 @@ def test_the_lock_report_lists_the_holder_with_its_jobs(mysql_engine):
     try:
         holder_id = holder.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
         with mysql_engine.connect() as conn:
-            report = repository.lock_report(conn)
+            report = repository.locks.lock_report(conn)
         assert report.unavailable is None
         mine = [t for t in report.transactions if t.connection_id == holder_id]
         assert len(mine) == 1 and mine[0].jobs == tuple(ids[1:]) and mine[0].rows_locked >= 2
@@ -162,8 +163,8 @@ def test_scheduled_and_retry_backoff(engine):
 
     retried = enqueue(engine, "retried")
     with engine.connect() as conn:
-        (claimed,) = repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=30)
-        repository.retry(conn, claimed.lease, "boom: the API said 503", 600)
+        (claimed,) = service.claim(conn, "h:1:1", 1, ["default"], lease_seconds=30)
+        service.retry(conn, claimed.lease, "boom: the API said 503", 600)
     e = explain(engine, retried)
     backoff = reason(e, "retry_backoff")
     assert e.codes[0] == "retry_backoff" and backoff["attempt"] == 1 and "503" in backoff["last_error"]
@@ -179,7 +180,7 @@ def test_a_paused_queue_and_no_live_worker(engine):
     serve(engine, "h:2", "billing")
     assert explain(engine, job).codes == ["runnable"]
     with engine.connect() as conn:
-        repository.pause_queue(conn, "billing", actor="alice")
+        service.pause_queue(conn, "billing", actor="alice")
     e = explain(engine, job)
     paused = reason(e, "queue_paused")
     assert e.codes == ["queue_paused"] and paused["by"] == "alice" and paused["since"]
@@ -190,7 +191,7 @@ def test_a_full_concurrency_key_names_the_jobs_holding_it(engine):
     second = enqueue(engine, "b", task="keyed_sleep", payload={"key": "A"})
     serve(engine, "h:1")
     with engine.connect() as conn:
-        assert [c.job.id for c in repository.claim(conn, "h:1:1", 2, ["default"], lease_seconds=30)] == [first]
+        assert [c.job.id for c in service.claim(conn, "h:1:1", 2, ["default"], lease_seconds=30)] == [first]
     limit = reason(explain(engine, second), "concurrency_limit")
     assert limit["key"] == "keyed_sleep:A" and limit["limit"] == 1
     assert [h["job_id"] for h in limit["holders"]] == [first] and limit["holders"][0]["owner"] == "h:1:1"
@@ -200,27 +201,27 @@ def test_a_held_lease_and_terminal_states(engine):
     serve(engine, "h:1")
     running = enqueue(engine, "run")
     with engine.connect() as conn:
-        (claimed,) = repository.claim(conn, "h:1:3", 1, ["default"], lease_seconds=60)
+        (claimed,) = service.claim(conn, "h:1:3", 1, ["default"], lease_seconds=60)
     held = reason(explain(engine, running), "lease_held")
     assert held["owner"] == "h:1:3" and held["process"] == "h:1" and held["owner_alive"] is True
     assert 50 < held["lease_left_seconds"] <= 60
 
     with engine.connect() as conn:
-        repository.complete(conn, claimed.lease)
+        service.complete(conn, claimed.lease)
     assert explain(engine, running).codes == ["done"]
 
     once = enqueue(engine, "once", task="fail_first_attempt")
     with engine.connect() as conn:
-        (claimed,) = repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
-        repository.fail(conn, claimed.lease, "ValueError: bad row 7")
+        (claimed,) = service.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
+        service.fail(conn, claimed.lease, "ValueError: bad row 7")
     exhausted = reason(explain(engine, once), "attempts_exhausted")
     assert exhausted["last_error"] == "ValueError: bad row 7" and exhausted["attempts"] == 1
 
     by_hand = enqueue(engine, "by-hand")
     cancelled = enqueue(engine, "cancelled")
     with engine.connect() as conn:
-        repository.fail_job(conn, by_hand, "not wanted", actor="bob")
-        repository.cancel_job(conn, cancelled, actor="bob")
+        service.fail_job(conn, by_hand, "not wanted", actor="bob")
+        service.cancel_job(conn, cancelled, actor="bob")
     assert explain(engine, by_hand).codes == ["failed"]
     assert explain(engine, cancelled).codes == ["cancelled"]
 

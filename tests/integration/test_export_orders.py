@@ -30,6 +30,6 @@ def test_formula_cells_are_escaped_and_the_result_has_no_server_path(mysql_url, 
     assert cells == ["'" + v if v[0] in "=+-@\t\r" else v for v in HOSTILE]
     assert rows[-1] == ["7", "-3.5"]                 # numbers stay numbers
     with mysql_engine.connect() as conn:
-        result = repository.get_result(conn, "orders/2026 11")["result"]
+        result = repository.reads.get_result(conn, "orders/2026 11")["result"]
     assert result["file"] == path.name == "orders%2F2026%2011.csv"
     assert str(tmp_path) not in json.dumps(result) and result["rows"] == len(orders)

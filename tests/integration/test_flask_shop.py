@@ -85,7 +85,7 @@ def test_an_order_commits_with_its_export_job_and_the_worker_runs_it(app, tmp_pa
     worker = Worker(app.extensions["jobqueue"].runtime.engine, WorkerConfig(concurrency=1, burst=True))
     assert worker.run() == 0
     with app.extensions["jobqueue"].engine.connect() as conn:
-        job = repository.get_job(conn, repository.list_jobs(conn, repository.JobFilter(), limit=1)[0].id)
+        job = repository.reads.get_job(conn, repository.reads.list_jobs(conn, repository.operator.JobFilter(), limit=1)[0].id)
     assert job.status is Status.DONE
     export = (tmp_path / "exports" / f"order-{orders[0][0]}.csv").read_text()
     assert export.splitlines() == ["order_id,amount", f"{orders[0][0]},50.00"]
@@ -119,7 +119,7 @@ def test_the_dashboard_is_behind_the_shops_own_login(app):
                             headers={"X-CSRFToken": token, "HX-Request": "true"})
     assert cancelled.status_code == 200
     with app.extensions["jobqueue"].engine.connect() as conn:
-        assert [e["actor"] for e in repository.list_audit(conn, job_id=job_id, limit=5)] == ["web:ada"]
+        assert [e["actor"] for e in repository.operator.list_audit(conn, job_id=job_id, limit=5)] == ["web:ada"]
     # A clerk who may sign in to the shop but has no dashboard role: refused.
     clerk = app.test_client()
     clerk.post("/login", data={"name": "carl", "password": PASSWORD, "csrf_token": csrf(clerk, "/login")})

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from jobqueue.core import db, repository
+from jobqueue.core import db, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.errors import InvalidState, LeaseLostError
 from jobqueue.core.migrate import init_db
@@ -128,7 +128,7 @@ class LeaseLifecycle(RuleBasedStateMachine):
 
     @initialize()
     def enqueue(self):
-        repository.enqueue_many(self.conn, [{"task": "noop", "task_key": f"j{i}", "max_attempts": 50}
+        service.enqueue_many(self.conn, [{"task": "noop", "task_key": f"j{i}", "max_attempts": 50}
                                             for i in range(JOBS)])
 
     @rule(worker=st.sampled_from(WORKERS), slot=st.integers(1, 2), execution_delay=st.floats(0, 1.5),
@@ -139,7 +139,7 @@ class LeaseLifecycle(RuleBasedStateMachine):
             return
         sent = self.clock()
         self.clock.now += execution_delay   # the claim runs later than it was sent...
-        got = repository.claim(self.conn, f"{worker}:{slot}", 1, ["default"], lease_seconds=LEASE)
+        got = service.claim(self.conn, f"{worker}:{slot}", 1, ["default"], lease_seconds=LEASE)
         self.clock.now += reply_delay       # ...and its answer arrives later still
         for c in got:
             ctx = JobContext(job_id=c.job.id, task_key=c.job.task_key, task_name="noop", queue="default",
@@ -175,7 +175,7 @@ class LeaseLifecycle(RuleBasedStateMachine):
             return
         self.clock.now += execution_delay   # the statement runs later than it was sent
         self.lose_next_reply = lose_reply
-        outcomes = repository.renew(self.conn, [h.lease for h in items], LEASE)
+        outcomes = service.renew(self.conn, [h.lease for h in items], LEASE)
         self.lose_next_reply = False
         self.clock.now += reply_delay
         keeper.end_renewal(items, sent, outcomes)
@@ -200,7 +200,7 @@ class LeaseLifecycle(RuleBasedStateMachine):
         held = items[pick % len(items)]
         keeper.finishing(held)
         with keeper.writing([held]):
-            outcome, mine = self.fenced_write(held, lambda: repository.complete(self.conn, held.lease), lose_reply)
+            outcome, mine = self.fenced_write(held, lambda: service.complete(self.conn, held.lease), lose_reply)
         if mine:
             assert outcome is Outcome.OK, "the holder of the row's lease completes it (even if the reply was lost)"
             assert self.row(held.lease.job_id)["status"] == Status.DONE.value
@@ -215,8 +215,8 @@ class LeaseLifecycle(RuleBasedStateMachine):
             return
         held = items[pick % len(items)]
         keeper.finishing(held)
-        write = (lambda: repository.retry(self.conn, held.lease, "boom", 0)) if verb == "retry" else \
-            (lambda: repository.release(self.conn, held.lease))
+        write = (lambda: service.retry(self.conn, held.lease, "boom", 0)) if verb == "retry" else \
+            (lambda: service.release(self.conn, held.lease))
         with keeper.writing([held]):
             outcome, mine = self.fenced_write(held, write, lose_reply)
         if mine:
@@ -228,29 +228,29 @@ class LeaseLifecycle(RuleBasedStateMachine):
         before = self.row(job)
         try:
             if verb == "requeue":
-                repository.requeue_job(self.conn, job, force=True, actor="test")
+                service.requeue_job(self.conn, job, force=True, actor="test")
             else:
-                repository.fail_job(self.conn, job, "operator", actor="test")
+                service.fail_job(self.conn, job, "operator", actor="test")
         except InvalidState:
             return
         if before["status"] == Status.RUNNING.value:
             self.revoked.add((job, before["attempts"]))
         if verb == "fail":   # give the job back to the game
-            repository.requeue_job(self.conn, job, actor="test")
+            service.requeue_job(self.conn, job, actor="test")
 
     @rule()
     def reap(self):
-        repository.reap(self.conn)
+        service.reap(self.conn)
 
     @rule(worker=st.sampled_from(WORKERS), slot=st.integers(1, 2))
     def reap_then_claim(self, worker, slot):
         """A reaper and a hungry worker right behind it: the moment a second attempt can start."""
-        if repository.reap(self.conn).reclaimed:
+        if service.reap(self.conn).reclaimed:
             self.claim(worker, slot, 0.0, 0.0)
 
     @rule()
     def promote(self):
-        repository.promote_due(self.conn)
+        service.promote_due(self.conn)
 
     @rule(worker=st.sampled_from(WORKERS), pick=st.integers(0, 3))
     def record_result_needs_the_lease(self, worker, pick):
@@ -262,7 +262,7 @@ class LeaseLifecycle(RuleBasedStateMachine):
         mine = (row["status"], row["lease_owner"], row["attempts"]) == (Status.RUNNING.value, held.lease.owner,
                                                                         held.lease.attempt)
         try:
-            repository.record_result(self.conn, held.lease, row["task_key"], {"by": held.lease.owner})
+            service.record_result(self.conn, held.lease, row["task_key"], {"by": held.lease.owner})
         except LeaseLostError:
             assert not mine, "the lease holder may record its result"
         else:

@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError
 
 from testkit.locks import hold_rows
 from testkit.procs import wait_until
-from jobqueue.core import db, metrics, repository
+from jobqueue.core import db, metrics, repository, service
 from jobqueue.core.builtin_tasks import noop, sleep
 from jobqueue.core.errors import LeaseLostError
 from jobqueue.core.models import Lease, Outcome, Status
@@ -42,7 +42,7 @@ def start(worker: Worker) -> threading.Thread:
 
 def get(engine, job_id):
     with engine.connect() as conn:
-        return repository.get_job(conn, job_id)
+        return repository.reads.get_job(conn, job_id)
 
 
 def lost_connection() -> OperationalError:
@@ -65,12 +65,12 @@ def test_failing_renewals_lose_the_lease_by_its_local_deadline(engine, monkeypat
 
     reg = registry_with(patient=start_mark)
     with engine.connect() as conn:
-        res = repository.enqueue(conn, "patient", "p1", registry=reg)
+        res = service.enqueue(conn, "patient", "p1", registry=reg)
 
     def unreachable(conn, leases, lease_seconds):
         raise lost_connection()
 
-    monkeypatch.setattr(repository, "renew", unreachable)
+    monkeypatch.setattr(service, "renew", unreachable)
     worker = Worker(engine, WorkerConfig(concurrency=1, lease_seconds=2), registry=reg)
     t = start(worker)
     try:
@@ -95,7 +95,7 @@ def test_a_held_row_in_a_completion_batch_stalls_no_other_job_and_keeps_its_leas
 
     reg = registry_with(gated=gated)
     with engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "gated", "task_key": f"g{i}"} for i in range(4)],
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "gated", "task_key": f"g{i}"} for i in range(4)],
                                                      registry=reg)]
     worker = Worker(engine, WorkerConfig(concurrency=4, lease_seconds=3), registry=reg)
     t = start(worker)
@@ -148,11 +148,11 @@ def commit_reply_lost(engine, monkeypatch):
 def test_enqueue_after_a_lost_commit_reply_is_not_a_duplicate(engine, commit_reply_lost, caplog):
     commit_reply_lost["left"] = 1
     with engine.connect() as conn:
-        res = repository.enqueue(conn, "noop", "lost-reply-1", {"a": 1})
+        res = service.enqueue(conn, "noop", "lost-reply-1", {"a": 1})
         assert res.duplicate is False and res.status is Status.READY
         assert conn.execute(sa.select(sa.func.count()).select_from(job_queue)).scalar() == 1
         conn.rollback()   # end the read's transaction: the next enqueue is its own again
-        again = repository.enqueue(conn, "noop", "lost-reply-1", {"a": 1})
+        again = service.enqueue(conn, "noop", "lost-reply-1", {"a": 1})
     assert again.duplicate is True and again.id == res.id   # a real replay still is one
     assert "event=db_retry" in caplog.text and caplog.text.count("event=duplicate_enqueue") == 1
 
@@ -160,16 +160,16 @@ def test_enqueue_after_a_lost_commit_reply_is_not_a_duplicate(engine, commit_rep
 @pytest.mark.servers_only
 def test_record_result_and_retry_after_a_lost_commit_reply_report_success(engine, commit_reply_lost, caplog):
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "r1")
-        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=30)
+        service.enqueue(conn, "noop", "r1")
+        (c,) = service.claim(conn, "w", 1, ["default"], lease_seconds=30)
         commit_reply_lost["left"] = 1
-        assert repository.record_result(conn, c.lease, "r1", {"file": "a"}) is True
+        assert service.record_result(conn, c.lease, "r1", {"file": "a"}) is True
         assert "event=duplicate_result" not in caplog.text
         assert conn.execute(sa.select(sa.func.count()).select_from(job_result)).scalar() == 1
-        assert repository.record_result(conn, c.lease, "r1", {"file": "b"}) is False   # a real duplicate
+        assert service.record_result(conn, c.lease, "r1", {"file": "b"}) is False   # a real duplicate
         commit_reply_lost["left"] = 1
-        assert repository.retry(conn, c.lease, "boom", 60) is Outcome.OK
-        job = repository.get_job(conn, c.job.id)
+        assert service.retry(conn, c.lease, "boom", 60) is Outcome.OK
+        job = repository.reads.get_job(conn, c.job.id)
         assert job.status is Status.SCHEDULED
         attempts = conn.execute(sa.select(job_attempt.c.outcome)).scalars().all()
     assert attempts == ["retry"] and "event=lease_lost" not in caplog.text
@@ -178,11 +178,11 @@ def test_record_result_and_retry_after_a_lost_commit_reply_report_success(engine
 @pytest.mark.servers_only
 def test_complete_after_a_lost_commit_reply_is_ok(engine, commit_reply_lost, caplog):
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "c1")
-        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=30)
+        service.enqueue(conn, "noop", "c1")
+        (c,) = service.claim(conn, "w", 1, ["default"], lease_seconds=30)
         commit_reply_lost["left"] = 1
-        assert repository.complete(conn, c.lease) is Outcome.OK
-        assert repository.get_job(conn, c.job.id).status is Status.DONE
+        assert service.complete(conn, c.lease) is Outcome.OK
+        assert repository.reads.get_job(conn, c.job.id).status is Status.DONE
     assert "event=lease_lost" not in caplog.text
 
 
@@ -195,12 +195,12 @@ def skipped() -> float:
 @pytest.mark.servers_only
 def test_a_claim_that_took_fewer_rows_than_it_asked_counts_the_rows_it_passed_by(engine):
     with engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"s{i}"} for i in range(6)])]
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"s{i}"} for i in range(6)])]
     holder = hold_rows(engine, ids[:5])
     try:
         before = skipped()
         with engine.connect() as conn:
-            got = repository.claim(conn, "w", 3, ["default"], lease_seconds=30)
+            got = service.claim(conn, "w", 3, ["default"], lease_seconds=30)
         assert [c.job.id for c in got] == [ids[5]]
         assert skipped() == before + 5
     finally:
@@ -215,9 +215,9 @@ def test_activity_minutes_come_from_the_database_clock(engine, monkeypatch):
     shifted = time.time() + 7200   # the database's clock two hours ahead of this host's
     monkeypatch.setattr(db.clock, "sqlite_clock", lambda: shifted)
     with engine.connect() as conn:
-        repository.register_process(conn, process_id="h:1", host="h", pid=1, kind="worker", concurrency=1,
+        repository.processes.register_process(conn, process_id="h:1", host="h", pid=1, kind="worker", concurrency=1,
                                     queues="*")
-        repository.heartbeat(conn, "h:1", jobs_in_hand=0, processed=1, stats={"completed": 1})
+        repository.processes.heartbeat(conn, "h:1", jobs_in_hand=0, processed=1, stats={"completed": 1})
         minute = conn.execute(sa.select(worker_stats.c.minute)).scalar()
     expected = time.strftime("%Y-%m-%d %H:%M", time.gmtime(shifted))
     assert str(minute).startswith(expected), (minute, expected)
@@ -229,13 +229,13 @@ def test_activity_minutes_come_from_the_database_clock(engine, monkeypatch):
 def test_an_operator_failing_a_running_job_stops_its_handler_within_a_renewal(engine, caplog):
     reg = registry_with()
     with engine.connect() as conn:
-        res = repository.enqueue(conn, "sleep", "long-sleep", {"seconds": 60}, registry=reg)
+        res = service.enqueue(conn, "sleep", "long-sleep", {"seconds": 60}, registry=reg)
     worker = Worker(engine, WorkerConfig(concurrency=1, lease_seconds=3), registry=reg)
     t = start(worker)
     try:
         wait_until(lambda: worker.keeper.held(LeaseState.RUNNING), message="running")
         with engine.connect() as conn:
-            repository.fail_job(conn, res.id, "customer cancelled", actor="test")
+            service.fail_job(conn, res.id, "customer cancelled", actor="test")
         failed_at = time.monotonic()
         wait_until(lambda: len(worker.keeper) == 0, timeout=5, message="the handler stopped and the slot freed")
         assert time.monotonic() - failed_at < worker.config.renew_seconds + 1.5
@@ -256,20 +256,20 @@ def test_slots_show_a_lost_lease_whose_handler_still_runs(engine):
 
     reg = registry_with(stubborn=stubborn)
     with engine.connect() as conn:
-        res = repository.enqueue(conn, "stubborn", "st", registry=reg)
+        res = service.enqueue(conn, "stubborn", "st", registry=reg)
     worker = Worker(engine, WorkerConfig(concurrency=1, lease_seconds=3, heartbeat_seconds=0.5), registry=reg)
     t = start(worker)
     try:
         wait_until(lambda: worker.keeper.held(LeaseState.RUNNING), message="running")
         with engine.connect() as conn:
-            repository.requeue_job(conn, res.id, force=True, actor="test")
+            service.requeue_job(conn, res.id, force=True, actor="test")
         wait_until(lambda: worker.keeper.held(LeaseState.LOST), timeout=5, message="the lease known lost")
         (slot,) = [s for s in worker.status()["slots"] if s["job_id"] == res.id and s["attempt"] == 1]
         assert slot["state"] == "lost" and slot["handler_running"] is True and slot["lost_reason"] == "renew"
 
         def heard():
             with engine.connect() as conn:
-                processes, _ = repository.list_processes(conn)
+                processes, _ = repository.processes.list_processes(conn)
             return [s for p in processes for s in p["slots"] if s["job_id"] == res.id and s["state"] == "lost"]
         assert wait_until(heard, timeout=5, message="the heartbeat to carry it")[0]["task"] == "stubborn"
     finally:
@@ -280,12 +280,12 @@ def test_slots_show_a_lost_lease_whose_handler_still_runs(engine):
 
 def test_a_lost_lease_refuses_record_result(engine):
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "x")
-        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=30)
-        repository.requeue_job(conn, c.job.id, force=True)
+        service.enqueue(conn, "noop", "x")
+        (c,) = service.claim(conn, "w", 1, ["default"], lease_seconds=30)
+        service.requeue_job(conn, c.job.id, force=True)
         with pytest.raises(LeaseLostError):
-            repository.record_result(conn, c.lease, "x", {"late": True})
-        assert repository.complete(conn, Lease(c.job.id, c.lease.owner, c.lease.attempt)) is Outcome.LEASE_LOST
+            service.record_result(conn, c.lease, "x", {"late": True})
+        assert service.complete(conn, Lease(c.job.id, c.lease.owner, c.lease.attempt)) is Outcome.LEASE_LOST
 
 
 def test_a_process_does_not_reap_its_own_finished_attempt_whose_write_is_pending(engine):
@@ -293,14 +293,14 @@ def test_a_process_does_not_reap_its_own_finished_attempt_whose_write_is_pending
     lease expired while it could not renew) against its completion. `keep` settles it: the
     process's reaper leaves its finished attempts to their final write; other leases are reaped."""
     with engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(2)])]
-        claimed = repository.claim(conn, "w:1", 2, ["default"], lease_seconds=30)
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(2)])]
+        claimed = service.claim(conn, "w:1", 2, ["default"], lease_seconds=30)
         conn.execute(sa.update(job_queue).where(job_queue.c.id.in_(ids))
                      .values(lease_until=db.db_after(-60_000_000)))   # both leases a minute past
         conn.commit()
         mine = next(c.lease for c in claimed if c.job.id == ids[0])
-        result = repository.reap(conn, keep=[(mine.job_id, mine.attempt)])
+        result = service.reap(conn, keep=[(mine.job_id, mine.attempt)])
         assert [j.job_id for j in result.jobs] == [ids[1]]
         assert get(engine, ids[0]).status is Status.RUNNING
-        assert repository.complete(conn, mine) is Outcome.OK    # the pending write lands
+        assert service.complete(conn, mine) is Outcome.OK    # the pending write lands
     assert get(engine, ids[0]).status is Status.DONE and get(engine, ids[0]).attempts == 1

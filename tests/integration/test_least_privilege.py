@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
-from jobqueue.core import privileges, repository
+from jobqueue.core import privileges, repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.repository import doorbell
 from tests.conftest import SERVERS
@@ -162,13 +162,13 @@ def test_on_each_server_a_restricted_account_runs_the_queue_and_doctor_names_wha
 
         # A held row: who holds it cannot be read, and the page says which privileges would.
         with engine.connect() as conn:
-            held = repository.enqueue(conn, "noop", "lp-held").id
+            held = service.enqueue(conn, "noop", "lp-held").id
         holder = admin.connect()
         try:
             holder.exec_driver_sql(f"SELECT id FROM `{database}`.job_queue WHERE id = {held} FOR UPDATE")
             with engine.connect() as conn:
-                unknown = repository.row_lock(conn, held)
-                report = repository.lock_report(conn)
+                unknown = repository.locks.row_lock(conn, held)
+                report = repository.locks.lock_report(conn)
             assert unknown.held and "PROCESS" in unknown.unknown_why
             assert "PROCESS" in report.unavailable and report.transactions == []
             assert ("performance_schema.data_locks" in report.unavailable) is (db_server == "mysql")
@@ -181,8 +181,8 @@ def test_on_each_server_a_restricted_account_runs_the_queue_and_doctor_names_wha
             engine.dispose()   # new sessions, with the new privileges
             holder_id = holder.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
             with engine.connect() as conn:
-                named = repository.row_lock(conn, held)
-                report = repository.lock_report(conn)
+                named = repository.locks.row_lock(conn, held)
+                report = repository.locks.lock_report(conn)
             assert [t.connection_id for t in named.holders] == [holder_id]
             assert [(t.connection_id, t.jobs) for t in report.transactions] == [(holder_id, (held,))]
         finally:

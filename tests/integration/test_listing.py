@@ -10,10 +10,12 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from jobqueue.core import repository
+
+from jobqueue.core import service
 from jobqueue.core.cli import main
 from jobqueue.core.errors import RunAgainNeeded, ValidationError
 from jobqueue.core.models import Status
-from jobqueue.core.repository import JobFilter
+from jobqueue.core.repository.operator import JobFilter
 from jobqueue.core.schema import audit_log, job_queue, job_result
 from jobqueue.core.validation import job_query
 from testkit.sql import explain, rows_read, seq_rows
@@ -22,39 +24,39 @@ jq = job_queue.c
 
 
 def fail_now(conn, job_id, error):
-    (c,) = [c for c in repository.claim(conn, "h:1:1", 50, ["default"], lease_seconds=60) if c.job.id == job_id]
-    repository.fail(conn, c.lease, error)
+    (c,) = [c for c in service.claim(conn, "h:1:1", 50, ["default"], lease_seconds=60) if c.job.id == job_id]
+    service.fail(conn, c.lease, error)
 
 
 def test_keyset_pages_both_ways_with_a_capped_count(engine):
     with engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"p-{i:03d}"}
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"p-{i:03d}"}
                                                             for i in range(25)])]
-        first = repository.page_jobs(conn, limit=10)
+        first = repository.reads.page_jobs(conn, limit=10)
         assert [j.id for j in first.jobs] == ids[::-1][:10]
         assert (first.newer, first.older, first.matches, first.capped) == (None, ids[15], 25, False)
-        second = repository.page_jobs(conn, before=first.older, limit=10)
+        second = repository.reads.page_jobs(conn, before=first.older, limit=10)
         assert [j.id for j in second.jobs] == ids[::-1][10:20] and second.newer == ids[14]
-        back = repository.page_jobs(conn, after=second.newer, limit=10)
+        back = repository.reads.page_jobs(conn, after=second.newer, limit=10)
         assert [j.id for j in back.jobs] == [j.id for j in first.jobs] and back.newer is None
         assert back.older == first.older
-        last = repository.page_jobs(conn, before=second.older, limit=10)
+        last = repository.reads.page_jobs(conn, before=second.older, limit=10)
         assert [j.id for j in last.jobs] == ids[4::-1] and last.older is None
-        capped = repository.page_jobs(conn, limit=10, cap=20)
+        capped = repository.reads.page_jobs(conn, limit=10, cap=20)
         assert (capped.matches, capped.capped) == (20, True)
-        assert repository.count_matching(conn, JobFilter(status=Status.READY), cap=7) == (7, True)
+        assert repository.reads.count_matching(conn, JobFilter(status=Status.READY), cap=7) == (7, True)
 
 
 def test_search_finds_payload_error_and_key_text_case_blind_and_escaped(engine):
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "order-1", {"customer": "ACME Corp", "note": "100% paid"})
-        repository.enqueue(conn, "noop", "order-2", {"customer": "Globex", "note": "a_b"})
-        repository.enqueue(conn, "noop", "order-3", {"customer": "Initech", "note": "ab"})
-        failed = repository.enqueue(conn, "noop", "order-4", {"customer": "Umbrella"}).id
+        service.enqueue(conn, "noop", "order-1", {"customer": "ACME Corp", "note": "100% paid"})
+        service.enqueue(conn, "noop", "order-2", {"customer": "Globex", "note": "a_b"})
+        service.enqueue(conn, "noop", "order-3", {"customer": "Initech", "note": "ab"})
+        failed = service.enqueue(conn, "noop", "order-4", {"customer": "Umbrella"}).id
         fail_now(conn, failed, "TimeoutError: upstream did not answer")
 
         def keys(q, **kw):
-            return [j.task_key for j in repository.page_jobs(conn, JobFilter(search=q, **kw)).jobs]
+            return [j.task_key for j in repository.reads.page_jobs(conn, JobFilter(search=q, **kw)).jobs]
 
         assert keys("acme") == ["order-1"]                     # payload, either case
         assert keys("timeouterror") == ["order-4"]             # last error
@@ -68,53 +70,53 @@ def test_search_finds_payload_error_and_key_text_case_blind_and_escaped(engine):
 
 def test_search_reads_a_bounded_window_and_says_where_it_stopped(engine):
     with engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"w-{i:03d}",
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"w-{i:03d}",
                                                              "payload": {"needle": i % 10 == 0}} for i in range(100)])]
         f = JobFilter(search='"needle": true')
-        first = repository.page_jobs(conn, f, limit=50, window=30)
+        first = repository.reads.page_jobs(conn, f, limit=50, window=30)
         # The newest 30 rows hold 3 needles; the page says where the window stopped and goes on below it.
         assert [j.task_key for j in first.jobs] == ["w-090", "w-080", "w-070"]
         assert (first.window, first.window_floor, first.older, first.matches) == (30, ids[70], ids[70], 3)
-        second = repository.page_jobs(conn, f, before=first.older, limit=50, window=30)
+        second = repository.reads.page_jobs(conn, f, before=first.older, limit=50, window=30)
         assert [j.task_key for j in second.jobs] == ["w-060", "w-050", "w-040"]
-        tail = repository.page_jobs(conn, f, before=ids[10], limit=50, window=30)
+        tail = repository.reads.page_jobs(conn, f, before=ids[10], limit=50, window=30)
         assert [j.task_key for j in tail.jobs] == ["w-000"] and tail.window_floor is None and tail.older is None
         # A full page continues from its last row, whatever the window.
-        small = repository.page_jobs(conn, f, limit=2, window=30)
+        small = repository.reads.page_jobs(conn, f, limit=2, window=30)
         assert [j.task_key for j in small.jobs] == ["w-090", "w-080"] and small.older == ids[80]
 
 
 def test_bulk_over_a_search_stays_in_its_window(engine):
     with engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"s-{i}",
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"s-{i}",
                                                              "payload": {"tag": "x"}} for i in range(6)])]
         with pytest.raises(ValueError):
-            repository.bulk_action(conn, "fail", actor="t", job_filter=JobFilter(search="x"))
-        res = repository.bulk_action(conn, "fail", actor="t", job_filter=JobFilter(search='"x"', min_id=ids[3]),
+            service.bulk_action(conn, "fail", actor="t", job_filter=JobFilter(search="x"))
+        res = service.bulk_action(conn, "fail", actor="t", job_filter=JobFilter(search='"x"', min_id=ids[3]),
                                      after_id=ids[5])
         assert res.changed == 2
-        statuses = [repository.get_job(conn, i).status for i in ids]
+        statuses = [repository.reads.get_job(conn, i).status for i in ids]
     assert statuses == [Status.READY] * 3 + [Status.FAILED] * 2 + [Status.READY]
 
 
 def test_run_again_needs_its_own_confirmation_and_keeps_one_result(engine, export_dir):
     with engine.connect() as conn:
-        job = repository.enqueue(conn, "export_orders", "exp-1", {"rows": 2})
-        (c,) = repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
-        assert repository.record_result(conn, c.lease, "exp-1", {"file": "exp-1.csv"}) is True
-        repository.complete(conn, c.lease)
+        job = service.enqueue(conn, "export_orders", "exp-1", {"rows": 2})
+        (c,) = service.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
+        assert service.record_result(conn, c.lease, "exp-1", {"file": "exp-1.csv"}) is True
+        service.complete(conn, c.lease)
         with pytest.raises(RunAgainNeeded) as refused:
-            repository.requeue_job(conn, job.id, actor="t")
+            service.requeue_job(conn, job.id, actor="t")
         assert refused.value.exit_code == 3 and refused.value.http_status == 409
-        assert repository.get_job(conn, job.id).status is Status.DONE
-        result = repository.requeue_job(conn, job.id, again=True, actor="t")
+        assert repository.reads.get_job(conn, job.id).status is Status.DONE
+        result = service.requeue_job(conn, job.id, again=True, actor="t")
         assert (result.before, result.after, result.changed) == (Status.DONE, Status.READY, True)
-        (again,) = repository.claim(conn, "h:1:2", 1, ["default"], lease_seconds=60)
+        (again,) = service.claim(conn, "h:1:2", 1, ["default"], lease_seconds=60)
         assert again.lease.attempt == 2
-        assert repository.record_result(conn, again.lease, "exp-1", {"file": "exp-1.csv"}) is False
-        repository.complete(conn, again.lease)
+        assert service.record_result(conn, again.lease, "exp-1", {"file": "exp-1.csv"}) is False
+        service.complete(conn, again.lease)
         results = conn.execute(sa.select(sa.func.count()).select_from(job_result)).scalar()
-        (attempt,) = repository.list_attempts(conn, job.id)
+        (attempt,) = repository.reads.list_attempts(conn, job.id)
         (entry,) = conn.execute(sa.select(audit_log)).all()
     assert results == 1
     assert (attempt["attempt"], attempt["outcome"], attempt["worker"]) == (1, "done", "h:1:1")
@@ -141,9 +143,9 @@ def run(db_url):
 
 def test_list_and_show_commands(run, engine):
     with engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"c-{i}",
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"c-{i}",
                                                              "payload": {"n": i}} for i in range(5)])]
-        repository.enqueue(conn, "noop", "mail-1", queue="mail")
+        service.enqueue(conn, "noop", "mail-1", queue="mail")
         fail_now(conn, ids[2], "ValueError: bad row 7")
     table = run("list", "--queue", "default")
     assert table.exit_code == 0, table.output
@@ -176,9 +178,9 @@ def test_list_bad_input_exits_2(run, args):
 
 def test_requeue_again_from_the_command_line(run, engine):
     with engine.connect() as conn:
-        job = repository.enqueue(conn, "noop", "d-1")
-        (c,) = repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
-        repository.complete(conn, c.lease)
+        job = service.enqueue(conn, "noop", "d-1")
+        (c,) = service.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
+        service.complete(conn, c.lease)
     refused = run("requeue", str(job.id))
     assert refused.exit_code == 3 and "--again" in refused.stderr
     done = run("requeue", str(job.id), "--again")
@@ -245,7 +247,7 @@ def test_a_week_old_prefix_and_the_last_page_of_a_live_status_read_their_own_ind
     filter's index, checked by EXPLAIN on the statement it sent, and still returns the right rows."""
     with mysql_engine.connect() as conn:
         _history(conn, 60_000, 8_000, 3_000)
-        prefix = lambda: repository.page_jobs(conn, JobFilter(key_prefix="old:"))   # noqa: E731
+        prefix = lambda: repository.reads.page_jobs(conn, JobFilter(key_prefix="old:"))   # noqa: E731
         assert _plans(mysql_engine, conn, prefix) == [("uk_task_key", "PRIMARY")]
         page = prefix()
         assert [j.task_key for j in page.jobs[:2]] == ["old:8000", "old:7999"] and page.matches == 8000
@@ -258,14 +260,14 @@ def test_a_week_old_prefix_and_the_last_page_of_a_live_status_read_their_own_ind
         # The premise, on MariaDB 10.11: unhinted, the planner walks the primary key. MariaDB
         # 11.8 and MySQL 9.7 pick ix_ready_pick by themselves; the page below is hinted on all.
         assert walked["key"] == "PRIMARY" or db_server != "mariadb"
-        last = lambda: repository.page_jobs(conn, JobFilter(status=Status.SCHEDULED), before=scheduled)  # noqa: E731
+        last = lambda: repository.reads.page_jobs(conn, JobFilter(status=Status.SCHEDULED), before=scheduled)  # noqa: E731
         assert _merged_keys(mysql_engine, conn, last) == {"ix_ready_pick"}
         page = last()
         assert len(page.jobs) == 19 and page.older is None and page.jobs[0].id < scheduled
         assert [j.id for j in page.jobs] == sorted((j.id for j in page.jobs), reverse=True)
 
         # Any status, done too: each (queue, priority) group's newest entries, merged (_status_page_ids).
-        done = lambda: repository.page_jobs(conn, JobFilter(status=Status.DONE), limit=10)  # noqa: E731
+        done = lambda: repository.reads.page_jobs(conn, JobFilter(status=Status.DONE), limit=10)  # noqa: E731
         assert _merged_keys(mysql_engine, conn, done) == {"ix_ready_pick"}
         assert [j.id for j in done().jobs] == conn.exec_driver_sql(
             "SELECT id FROM job_queue WHERE status = 'done' ORDER BY id DESC LIMIT 10").scalars().all()
@@ -333,20 +335,20 @@ def test_a_search_inside_a_status_reads_its_window_never_the_rows_around_it(mysq
                 f"{k} = '{v}'" for k, v in (("queue", extra.get("queue")), ("task_name", extra.get("task"))) if v]
                 + ([f"task_key LIKE '{extra['key_prefix']}%%'"] if "key_prefix" in extra else []))
             window = min(conn.exec_driver_sql(f"SELECT COUNT(*) FROM job_queue WHERE {where}").scalar(),
-                         repository.SEARCH_WINDOW)
+                         repository.operator.SEARCH_WINDOW)
             page = None
 
             def search():
                 nonlocal page
-                page = repository.page_jobs(conn, f, cap=100)
+                page = repository.reads.page_jobs(conn, f, cap=100)
             plans = _accesses(mysql_engine, conn, search)
             # The window through its index (the newest done jobs are the newest rows); then the primary
             # key reads a row by its id, or a range as dense as the window, never a walk.
             (window_plan,) = [plan for statement, plan in plans if "max(" in statement]
             # (One read per (queue, priority) group where a status's entries are merged.)
-            assert {key for table, key, _, _ in window_plan if table == "job_queue"} == {repository.search_index(conn, f)}
+            assert {key for table, key, _, _ in window_plan if table == "job_queue"} == {repository.reads.search_index(conn, f)}
             assert all(key != "PRIMARY" or access == "eq_ref" or
-                       access == "range" and rows <= 2 * repository.SPARSE_WINDOW * window
+                       access == "range" and rows <= 2 * repository.reads.SPARSE_WINDOW * window
                        for statement, plan in plans if "max(" not in statement
                        for table, key, access, rows in plan if table == "job_queue"), (status, extra, window, plans)
             expected = conn.exec_driver_sql(f"SELECT id FROM job_queue WHERE {where} AND {like} ORDER BY id DESC"
@@ -371,7 +373,7 @@ def test_a_queue_and_a_task_read_only_their_own_entries(mysql_engine, queue, tas
         conn.exec_driver_sql("ANALYZE TABLE job_queue")
         conn.commit()
         before = rows_read(conn)
-        page = repository.page_jobs(conn, JobFilter(queue=queue, task=task), cap=100)
+        page = repository.reads.page_jobs(conn, JobFilter(queue=queue, task=task), cap=100)
         read = rows_read(conn) - before
         assert (page.matches, page.capped) == (min(matches, 100), matches > 100)
         assert [j.id for j in page.jobs] == conn.exec_driver_sql(
@@ -389,9 +391,9 @@ def test_a_search_inside_a_status_reads_a_smaller_window_without_sorting_the_sta
     says where it stopped."""
     with mysql_engine.connect() as conn:
         _old_failures(conn, 30_000, 30_000)
-        window = repository.SPARSE_SEARCH_WINDOW
+        window = repository.operator.SPARSE_SEARCH_WINDOW
         before = rows_read(conn)
-        page = repository.page_jobs(conn, JobFilter(status=Status.FAILED, search="no such text"))
+        page = repository.reads.page_jobs(conn, JobFilter(status=Status.FAILED, search="no such text"))
         read = rows_read(conn) - before
         newest = conn.exec_driver_sql("SELECT id FROM job_queue WHERE status = 'failed' ORDER BY id DESC "
                                       f"LIMIT {window}").scalars().all()
@@ -400,6 +402,6 @@ def test_a_search_inside_a_status_reads_a_smaller_window_without_sorting_the_sta
         assert read <= groups * window + window + 100, read
         # The next window starts below this one's floor, and the count over the search agrees.
         assert page.older == newest[-1]
-        assert repository.count_matching(conn, JobFilter(status=Status.FAILED, search="said 503")) == (
+        assert repository.reads.count_matching(conn, JobFilter(status=Status.FAILED, search="said 503")) == (
             min(conn.exec_driver_sql(f"SELECT COUNT(*) FROM job_queue WHERE status = 'failed' AND id >= {newest[-1]} "
-                                     "AND last_error LIKE '%%said 503%%'").scalar(), repository.COUNT_CAP), False)
+                                     "AND last_error LIKE '%%said 503%%'").scalar(), repository.reads.COUNT_CAP), False)

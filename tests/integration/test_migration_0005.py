@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import command
 
 from tests.conftest import SERVERS, _admin
-from jobqueue.core import migrate, repository
+from jobqueue.core import migrate, repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Status
 
@@ -48,11 +48,11 @@ def test_upgrade_from_0003_keeps_the_jobs_and_adds_cancelled(empty_url):
             conn.commit()
         assert migrate.init_db(engine) == ("0003", migrate.head_revision())
         with engine.connect() as conn:
-            jobs = {j.task_key: j for j in repository.list_jobs(conn)}
+            jobs = {j.task_key: j for j in repository.reads.list_jobs(conn)}
             assert {k: j.status.value for k, j in jobs.items()} == {
                 "old-0": "ready", "old-1": "running", "old-2": "done", "old-3": "failed", "old-4": "scheduled"}
-            assert repository.cancel_job(conn, jobs["old-0"].id).after is Status.CANCELLED
-            assert repository.get_job(conn, jobs["old-0"].id).status is Status.CANCELLED
+            assert service.cancel_job(conn, jobs["old-0"].id).after is Status.CANCELLED
+            assert repository.reads.get_job(conn, jobs["old-0"].id).status is Status.CANCELLED
             running = conn.execute(sa.text("SELECT COUNT(*) FROM job_queue WHERE concurrency_key IS NOT NULL")).scalar()
             assert running == 0   # no old job has a concurrency key
     finally:

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from testkit.locks import hold_rows
-from jobqueue.core import db, migrate, preflight, repository
+from jobqueue.core import db, migrate, preflight, repository, service
 from jobqueue.core.errors import JobBusy, UnsupportedDatabase
 from jobqueue.core.models import EmptyClaim, Status
 from jobqueue.core.schema import job_queue
@@ -24,38 +24,38 @@ jq = job_queue.c
 
 def test_claim_skips_rows_held_by_a_paused_transaction_without_waiting(mysql_engine):
     with mysql_engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(10)])]
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(10)])]
         lock_wait = conn.exec_driver_sql("SELECT @@innodb_lock_wait_timeout").scalar()
     holder = hold_rows(mysql_engine, ids[:3])
     try:
         with mysql_engine.connect() as conn:
             started = time.monotonic()
-            got = repository.claim(conn, "w", 4, ["default"], lease_seconds=30)
+            got = service.claim(conn, "w", 4, ["default"], lease_seconds=30)
             elapsed = time.monotonic() - started
             assert [c.job.id for c in got] == ids[3:7]
             assert elapsed < 0.5 < lock_wait
-            repository.claim(conn, "w", 10, ["default"], lease_seconds=30)
-            assert repository.claim(conn, "w", 10, ["default"], lease_seconds=30) == []
-            report = repository.classify_empty(conn, ["default"])
+            service.claim(conn, "w", 10, ["default"], lease_seconds=30)
+            assert service.claim(conn, "w", 10, ["default"], lease_seconds=30) == []
+            report = repository.claim.classify_empty(conn, ["default"])
             # A plain read still sees the held rows: ready-but-locked, not an empty queue.
             assert report.kind is EmptyClaim.CONTENDED and report.skipped == 3
     finally:
         holder.rollback()
         holder.close()
     with mysql_engine.connect() as conn:
-        assert sorted(c.job.id for c in repository.claim(conn, "w", 10, ["default"], lease_seconds=30)) == ids[:3]
+        assert sorted(c.job.id for c in service.claim(conn, "w", 10, ["default"], lease_seconds=30)) == ids[:3]
 
 
 def test_concurrent_claims_never_take_the_same_job(mysql_engine):
     with mysql_engine.connect() as conn:
-        repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(300)])
+        service.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(300)])
     taken: list[int] = []
     lock = threading.Lock()
 
     def claimer(n):
         with mysql_engine.connect() as conn:
             while True:
-                got = repository.claim(conn, f"w{n}", 7, ["default"], lease_seconds=30)
+                got = service.claim(conn, f"w{n}", 7, ["default"], lease_seconds=30)
                 if not got:
                     return
                 with lock:
@@ -78,10 +78,10 @@ def test_claim_plan_uses_the_pick_index_without_filesort(mysql_engine, db_server
             "SELECT CONCAT('done-', seq), 'noop', 'default', 0, '{}', 'done', UTC_TIMESTAMP(6), 1, 5, "
             f"UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM {seq_rows(20000)}")
         conn.commit()
-        repository.enqueue_many(conn, [{"task": "noop", "task_key": f"r{i}", "priority": i % 3} for i in range(200)])
+        service.enqueue_many(conn, [{"task": "noop", "task_key": f"r{i}", "priority": i % 3} for i in range(200)])
         conn.exec_driver_sql("ANALYZE TABLE job_queue").all()
         for limit in (1, 10, 50):
-            plan = repository.explain_claim(conn, "default", limit)
+            plan = repository.claim.explain_claim(conn, "default", limit)
             assert len(plan) == 1, plan
             row = plan[0]
             assert row["key"] == "ix_ready_pick", plan
@@ -100,12 +100,12 @@ def test_claim_plan_uses_the_pick_index_without_filesort(mysql_engine, db_server
 
 def test_nowait_operator_action_answers_busy_at_once(mysql_engine):
     with mysql_engine.connect() as conn:
-        (res,) = repository.enqueue_many(conn, [{"task": "noop", "task_key": "busy"}])
+        (res,) = service.enqueue_many(conn, [{"task": "noop", "task_key": "busy"}])
     holder = hold_rows(mysql_engine, [res.id])
     try:
         with mysql_engine.connect() as conn:
-            for action in (lambda: repository.requeue_job(conn, res.id),
-                           lambda: repository.fail_job(conn, res.id, "x")):
+            for action in (lambda: service.requeue_job(conn, res.id),
+                           lambda: service.fail_job(conn, res.id, "x")):
                 started = time.monotonic()
                 with pytest.raises(JobBusy):
                     action()
@@ -114,19 +114,19 @@ def test_nowait_operator_action_answers_busy_at_once(mysql_engine):
         holder.rollback()
         holder.close()
     with mysql_engine.connect() as conn:
-        assert repository.fail_job(conn, res.id, "now").after is Status.FAILED
+        assert service.fail_job(conn, res.id, "now").after is Status.FAILED
 
 
 def test_lost_connection_is_retried(mysql_engine):
     with mysql_engine.connect() as conn:
-        repository.enqueue(conn, "noop", "a")
+        service.enqueue(conn, "noop", "a")
         conn_id = conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
         conn.commit()
         with mysql_engine.connect() as killer:
             killer.exec_driver_sql(f"KILL CONNECTION {conn_id}")
         # The same Connection object: the first statement finds the socket dead, the retry
         # reconnects and the claim goes through.
-        got = repository.claim(conn, "w", 1, ["default"], lease_seconds=30)
+        got = service.claim(conn, "w", 1, ["default"], lease_seconds=30)
         assert [c.job.task_key for c in got] == ["a"]
         assert conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar() != conn_id
 

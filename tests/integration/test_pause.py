@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from testkit.procs import WorkerProcess, wait_until
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.cli import main
 from jobqueue.core.models import EmptyClaim
 from jobqueue.core.schema import audit_log, job_queue
@@ -25,7 +26,7 @@ jq = job_queue.c
 
 
 def add(conn, queue, n, task="noop", **payload):
-    return [r.id for r in repository.enqueue_many(
+    return [r.id for r in service.enqueue_many(
         conn, [{"task": task, "task_key": f"{queue}-{i}", "queue": queue, "payload": payload} for i in range(n)])]
 
 
@@ -37,21 +38,21 @@ def statuses(engine, queue):
 
 def test_pause_and_resume_are_idempotent_audited_and_work_before_any_job(engine):
     with engine.connect() as conn:
-        first = repository.pause_queue(conn, "later", actor="tester")
+        first = service.pause_queue(conn, "later", actor="tester")
         assert (first.queue, first.paused, first.changed, first.changed_by) == ("later", True, True, "tester")
-        assert repository.pause_queue(conn, "later", actor="other").changed is False
-        assert repository.paused_queues(conn) == {"later"}
-        rows, _ = repository.list_queues(conn)
+        assert service.pause_queue(conn, "later", actor="other").changed is False
+        assert repository.claim.paused_queues(conn) == {"later"}
+        rows, _ = repository.stats.list_queues(conn)
         assert [(r["queue"], r["paused"], r["changed_by"], sum(r["counts"].values())) for r in rows] == [
             ("later", True, "tester", 0)]
         # Enqueue still works; the jobs wait.
         add(conn, "later", 2)
-        assert repository.ready_queues(conn) == []
-        report = repository.classify_empty(conn, None)
+        assert repository.claim.ready_queues(conn) == []
+        report = repository.claim.classify_empty(conn, None)
         assert report.kind is EmptyClaim.IDLE and report.skipped == 0   # nothing to do, not "contended"
-        back = repository.resume_queue(conn, "later", actor="tester")
+        back = service.resume_queue(conn, "later", actor="tester")
         assert (back.paused, back.changed) == (False, True)
-        assert repository.ready_queues(conn) == ["later"]
+        assert repository.claim.ready_queues(conn) == ["later"]
         actions = conn.execute(sa.select(audit_log.c.action, audit_log.c.selection).order_by(audit_log.c.id)).all()
         assert [tuple(a) for a in actions] == [("pause", "queue later"), ("resume", "queue later")]
 
@@ -79,7 +80,7 @@ def test_cli_pause_resume_and_queues(db_url):
 def test_a_worker_leaves_a_paused_queue_alone_and_takes_it_up_on_resume(engine, queues):
     with engine.connect() as conn:
         add(conn, "held", 5)
-        repository.pause_queue(conn, "held", actor="tester")
+        service.pause_queue(conn, "held", actor="tester")
         add(conn, "open", 5)
     worker = Worker(engine, WorkerConfig(concurrency=2, queues=queues, idle_cap_seconds=0.2))
     t = threading.Thread(target=worker.run, daemon=True)
@@ -88,7 +89,7 @@ def test_a_worker_leaves_a_paused_queue_alone_and_takes_it_up_on_resume(engine, 
         wait_until(lambda: statuses(engine, "open") == {"done": 5}, timeout=10, message="open queue done")
         assert statuses(engine, "held") == {"ready": 5}
         with engine.connect() as conn:
-            repository.resume_queue(conn, "held", actor="tester")
+            service.resume_queue(conn, "held", actor="tester")
         wait_until(lambda: statuses(engine, "held") == {"done": 5}, timeout=10, message="held queue done")
     finally:
         worker.stop()
@@ -109,11 +110,11 @@ def test_a_paused_queue_gets_no_claim_for_10_s_while_another_keeps_running(mysql
     try:
         wait_until(lambda: statuses(mysql_engine, "held").get("done", 0) >= 10, timeout=30, message="held jobs run")
         with mysql_engine.connect() as conn:
-            paused_at = repository.pause_queue(conn, "held", actor="tester").changed_at
+            paused_at = service.pause_queue(conn, "held", actor="tester").changed_at
         window = (paused_at + timedelta(seconds=2), paused_at + timedelta(seconds=12))
         wait_until(lambda: _db_now(mysql_engine) >= window[1], timeout=20, interval=0.2, message="12 s")
         with mysql_engine.connect() as conn:
-            resumed_at = repository.resume_queue(conn, "held", actor="tester").changed_at
+            resumed_at = service.resume_queue(conn, "held", actor="tester").changed_at
             held_claims = _claims(conn, "held", *window)
             busy_claims = _claims(conn, "busy", *window)
             left = statuses(mysql_engine, "held").get("ready", 0)
@@ -135,7 +136,7 @@ def _claims(conn, queue, start, end):
 
 def _db_now(engine):
     with engine.connect() as conn:
-        return repository.database_now(conn)
+        return repository.reads.database_now(conn)
 
 
 # --- a pause is serialised with claims (issue 25, defect 3) ---------------------------------------
@@ -153,7 +154,7 @@ def test_no_claim_commits_after_the_pause_answered_though_the_cycle_read_the_que
     takes nothing from it."""
     with mysql_engine.connect() as conn:
         add(conn, "held", 3)
-    real, stalled, go = repository.claim_cycle, threading.Event(), threading.Event()
+    real, stalled, go = service.claim_cycle, threading.Event(), threading.Event()
 
     def stalling(*args, **kwargs):
         if not go.is_set():
@@ -161,14 +162,14 @@ def test_no_claim_commits_after_the_pause_answered_though_the_cycle_read_the_que
             go.wait(10)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(repository, "claim_cycle", stalling)
+    monkeypatch.setattr(service, "claim_cycle", stalling)
     worker = Worker(mysql_engine, WorkerConfig(concurrency=2, queues=queues, idle_cap_seconds=0.2, doorbell=False))
     t = threading.Thread(target=worker.run, daemon=True)
     t.start()
     try:
         assert stalled.wait(10), "the worker never reached its claim"
         with mysql_engine.connect() as conn:
-            repository.pause_queue(conn, "held", actor="tester")
+            service.pause_queue(conn, "held", actor="tester")
         go.set()
         time.sleep(1.0)
         assert claimed(mysql_engine, "held") == [], "claims committed after the pause answered"
@@ -202,7 +203,7 @@ def test_a_pause_waits_for_a_claim_in_flight_and_no_claim_commits_after_it_answe
 
     def pause():
         with mysql_engine.connect() as conn:
-            paused.append(repository.pause_queue(conn, "held", actor="tester"))
+            paused.append(service.pause_queue(conn, "held", actor="tester"))
             paused.append(time.monotonic())
 
     t = threading.Thread(target=worker.run, daemon=True)

@@ -11,6 +11,8 @@ import pytest
 import sqlalchemy as sa
 
 from jobqueue.core import repository
+
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.schema import job_queue
 from testkit.procs import jobqueue
@@ -29,14 +31,14 @@ def test_a_handler_gets_the_payload_as_enqueued_and_its_result_is_kept_as_record
     engine = create_engine(db_url, pool_size=1)
     try:
         with engine.connect() as conn:
-            job = repository.enqueue(conn, "echo_payload", "round-trip", payload)
+            job = service.enqueue(conn, "echo_payload", "round-trip", payload)
             stored = conn.execute(sa.select(sa.cast(job_queue.c.payload, sa.Text))
                                   .where(job_queue.c.id == job.id)).scalar()
         worker = jobqueue(db_url, "worker", "--burst", "--tasks", "testkit.tasks")
         assert worker.returncode == 0, worker.stderr
         with engine.connect() as conn:
-            result = repository.get_result(conn, "round-trip")
-            status = repository.get_job(conn, job.id).status
+            result = repository.reads.get_result(conn, "round-trip")
+            status = repository.reads.get_job(conn, job.id).status
     finally:
         engine.dispose()
     assert status.value == "done"
@@ -52,7 +54,7 @@ def test_a_document_that_is_not_json_is_refused_by_the_column(db_url):
     engine = create_engine(db_url, pool_size=1)
     try:
         with engine.connect() as conn:
-            job = repository.enqueue(conn, "noop", "not-json", {"a": 1})
+            job = service.enqueue(conn, "noop", "not-json", {"a": 1})
             with pytest.raises(sa.exc.DBAPIError) as refused:
                 conn.exec_driver_sql(f"UPDATE job_queue SET payload = '{{\"a\": ' WHERE id = {job.id}")
             conn.rollback()

@@ -10,7 +10,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from jobqueue.core import repository
+from jobqueue.core import service
+
 from jobqueue.core.builtin_tasks import noop
 from jobqueue.core.cli import main
 from jobqueue.core.tasks import Registry, TaskSpec
@@ -35,7 +36,7 @@ def most_held(worker: Worker) -> list[int]:
 def add(engine, keys: list[str]) -> None:
     """`noop` jobs, which each test's worker runs with a handler of its own."""
     with engine.connect() as conn:
-        repository.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in keys])
+        service.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in keys])
 
 
 def registry_of(handler) -> Registry:

@@ -14,6 +14,7 @@ import jobqueue
 from testkit.procs import wait_until
 from jobqueue import JobQueue, task
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.builtin_tasks import noop
 from jobqueue.core.errors import InvalidState, LeaseLostError
 from jobqueue.core.models import Status
@@ -73,7 +74,7 @@ def test_the_client_cancels_with_its_actor_in_the_audit_log(engine):
     assert (result.before, result.after, result.changed) == (Status.READY, Status.CANCELLED, True)
     assert jq.cancel(job.id).changed is False          # already cancelled: nothing to do
     with engine.connect() as conn:
-        entries = repository.list_audit(conn, job_id=job.id, limit=5)
+        entries = repository.operator.list_audit(conn, job_id=job.id, limit=5)
     assert [e["actor"] for e in entries] == ["app:shop"] and "order withdrawn" in entries[0]["detail"]
     done = jq.enqueue("noop", "c-done")
     with engine.begin() as conn:
@@ -99,7 +100,7 @@ def test_a_task_enqueues_itself_and_is_still_a_function(engine, monkeypatch):
     greet({"name": "direct"}, None)
     assert calls == ["direct"]
     with engine.connect() as conn:
-        assert repository.get_job(conn, res.id).task_name == "greet"
+        assert repository.reads.get_job(conn, res.id).task_name == "greet"
 
 
 # --- transactional enqueue --------------------------------------------------------------------
@@ -176,7 +177,7 @@ def test_writes_in_ctx_transaction_commit_with_the_completion_and_roll_back_with
 
     registry.register(TaskSpec("export", export, retry_base_seconds=0.05))
     with shop.connect() as conn:
-        res = repository.enqueue(conn, "export", "t-1", registry=registry)
+        res = service.enqueue(conn, "export", "t-1", registry=registry)
     worker = Worker(shop, WorkerConfig(concurrency=1, idle_cap_seconds=0.2), registry=registry)
     t = start(worker)
     try:
@@ -187,7 +188,7 @@ def test_writes_in_ctx_transaction_commit_with_the_completion_and_roll_back_with
     assert attempts == [1, 2]
     with shop.connect() as conn:
         assert conn.execute(sa.select(orders.c.note)).scalars().all() == ["attempt 2"]
-        assert repository.get_job(conn, res.id).attempts == 2
+        assert repository.reads.get_job(conn, res.id).attempts == 2
 
 
 @pytest.mark.servers_only
@@ -210,7 +211,7 @@ def test_an_attempt_that_lost_its_lease_commits_nothing_and_the_next_one_does(sh
     registry.register(TaskSpec("export", export))
     registry.register(TaskSpec("noop", noop))
     with shop.connect() as conn:
-        res = repository.enqueue(conn, "export", "t-2", registry=registry)
+        res = service.enqueue(conn, "export", "t-2", registry=registry)
     worker = Worker(shop, WorkerConfig(concurrency=2, lease_seconds=30, idle_cap_seconds=0.2), registry=registry)
     t = start(worker)
     try:
@@ -226,5 +227,5 @@ def test_an_attempt_that_lost_its_lease_commits_nothing_and_the_next_one_does(sh
     assert results == {1: "lease lost", 2: "committed"}
     with shop.connect() as conn:
         assert conn.execute(sa.select(orders.c.note)).scalars().all() == ["attempt 2"]
-        job = repository.get_job(conn, res.id)
+        job = repository.reads.get_job(conn, res.id)
     assert (job.status, job.attempts) == (Status.DONE, 2)

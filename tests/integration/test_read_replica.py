@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from testkit.replication import executed_statements
 from testkit.web import api, post, signed_in_app
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine, error_code
 from jobqueue.core.migrate import init_db
 
@@ -52,7 +53,7 @@ def test_read_only_pages_read_from_the_replica_and_show_its_lag(replicated, read
     app, client = read_app
     replica = cluster.replicas[0]
     with engine.connect() as conn:
-        first = repository.enqueue(conn, "noop", "seen-on-both")
+        first = service.enqueue(conn, "noop", "seen-on-both")
     cluster.wait_caught_up()
 
     page = client.get("/jobs").get_data(as_text=True)
@@ -68,7 +69,7 @@ def test_read_only_pages_read_from_the_replica_and_show_its_lag(replicated, read
     # The replica stops applying: its pages go stale and say so; the API and the actions do not.
     cluster.stop_sql_thread()
     with engine.connect() as conn:
-        later = repository.enqueue(conn, "noop", "only-on-the-primary")
+        later = service.enqueue(conn, "noop", "only-on-the-primary")
     page = client.get("/jobs").get_data(as_text=True)
     assert "only-on-the-primary" not in page
     assert "replication not running (IO Yes, SQL No)" in header_source(page)
@@ -76,7 +77,7 @@ def test_read_only_pages_read_from_the_replica_and_show_its_lag(replicated, read
     answer = post(client, f"/jobs/{later.id}/fail", {"confirm": "yes", "reason": "operator"})
     assert answer.status_code == 200 and "failed" in answer.get_data(as_text=True)
     with engine.connect() as conn:
-        assert repository.get_job(conn, later.id).status.value == "failed"
+        assert repository.reads.get_job(conn, later.id).status.value == "failed"
     assert executed_statements(replica, CLIENT_WRITES) == [], "nothing was ever written to the replica"
     cluster.start_sql_thread()
     cluster.wait_caught_up()
@@ -97,7 +98,7 @@ def test_an_unreachable_replica_falls_back_to_the_primary_and_says_so(replicated
     cluster, engine, _, _ = replicated
     app, client = read_app
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "while-the-replica-is-down")
+        service.enqueue(conn, "noop", "while-the-replica-is-down")
     cluster.replicas[0].stop()
     app.extensions["jobqueue"].read_engine.dispose()
     page = client.get("/jobs")

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from testkit.procs import WorkerProcess, wait_until
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.builtin_tasks import noop
 from jobqueue.core.cli import main
 from jobqueue.core.errors import ScheduleNotFound, ValidationError
@@ -49,26 +50,26 @@ def test_cron_parsing_and_ticks():
 
 def test_each_tick_is_one_job_and_a_gap_gets_one_catch_up_run(engine):
     with engine.connect() as conn:
-        row, created = repository.upsert_recurring(conn, "tick", cron="* * * * *", task="noop", actor="tester")
+        row, created = service.upsert_recurring(conn, "tick", cron="* * * * *", task="noop", actor="tester")
         assert created and row["enabled"] and row["source"] == "operator"
         first = row["next_run_at"]
         assert first.second == 0 and first.microsecond == 0
-        assert repository.enqueue_due_recurring(conn, now=first - timedelta(seconds=1)).enqueued == 0
-        due = repository.enqueue_due_recurring(conn, now=first + timedelta(seconds=10))
+        assert service.enqueue_due_recurring(conn, now=first - timedelta(seconds=1)).enqueued == 0
+        due = service.enqueue_due_recurring(conn, now=first + timedelta(seconds=10))
         assert due.enqueued == 1 and due.next_due == first + timedelta(minutes=1)
         # Another process seeing the same tick due: the same job, nothing new.
-        repository.get_recurring(conn, "tick")
+        repository.recurring.get_recurring(conn, "tick")
         conn.execute(sa.update(recurring_job).values(next_run_at=first))
         conn.commit()
-        again = repository.enqueue_due_recurring(conn, now=first + timedelta(seconds=20))
+        again = service.enqueue_due_recurring(conn, now=first + timedelta(seconds=20))
         assert again.enqueued == 0 and again.runs[0].duplicate and again.runs[0].id == due.runs[0].id
-        assert repository.enqueue_due_recurring(conn, now=first + timedelta(seconds=59)).enqueued == 0
-        assert repository.enqueue_due_recurring(conn, now=first + timedelta(minutes=1)).enqueued == 1
+        assert service.enqueue_due_recurring(conn, now=first + timedelta(seconds=59)).enqueued == 0
+        assert service.enqueue_due_recurring(conn, now=first + timedelta(minutes=1)).enqueued == 1
         # Downtime: nothing ran for five ticks. One catch-up run, for the latest tick missed.
-        gap = repository.enqueue_due_recurring(conn, now=first + timedelta(minutes=6, seconds=30))
+        gap = service.enqueue_due_recurring(conn, now=first + timedelta(minutes=6, seconds=30))
         assert gap.enqueued == 1
         assert keys(conn) == [run_key("tick", first + timedelta(minutes=m)) for m in (0, 1, 6)]
-        state = repository.get_recurring(conn, "tick")
+        state = repository.recurring.get_recurring(conn, "tick")
         assert state["last_run_at"] == first + timedelta(minutes=6)
         assert state["next_run_at"] == first + timedelta(minutes=7)
         assert state["last_job_id"] == gap.runs[0].id
@@ -76,7 +77,7 @@ def test_each_tick_is_one_job_and_a_gap_gets_one_catch_up_run(engine):
 
 def test_many_processes_at_once_enqueue_a_tick_once(mysql_engine):
     with mysql_engine.connect() as conn:
-        row, _ = repository.upsert_recurring(conn, "race", cron="* * * * *", task="noop", actor="tester")
+        row, _ = service.upsert_recurring(conn, "race", cron="* * * * *", task="noop", actor="tester")
     now = row["next_run_at"] + timedelta(seconds=1)
     results, errors = [], []
     barrier = threading.Barrier(6)
@@ -85,7 +86,7 @@ def test_many_processes_at_once_enqueue_a_tick_once(mysql_engine):
         try:
             with mysql_engine.connect() as conn:
                 barrier.wait()
-                results.append(repository.enqueue_due_recurring(conn, now=now))
+                results.append(service.enqueue_due_recurring(conn, now=now))
         except Exception as exc:   # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -103,16 +104,16 @@ def test_many_processes_at_once_enqueue_a_tick_once(mysql_engine):
 
 def test_disable_enable_remove_and_what_is_refused(engine):
     with engine.connect() as conn:
-        row, _ = repository.upsert_recurring(conn, "r1", cron="*/5 * * * *", task="noop", payload={"a": 1},
+        row, _ = service.upsert_recurring(conn, "r1", cron="*/5 * * * *", task="noop", payload={"a": 1},
                                              queue="reports", actor="tester")
-        _, changed = repository.set_recurring_enabled(conn, "r1", False, actor="tester")
+        _, changed = service.set_recurring_enabled(conn, "r1", False, actor="tester")
         assert changed
-        assert repository.enqueue_due_recurring(conn, now=row["next_run_at"] + timedelta(hours=1)).enqueued == 0
-        enabled, _ = repository.set_recurring_enabled(conn, "r1", True, actor="tester")
+        assert service.enqueue_due_recurring(conn, now=row["next_run_at"] + timedelta(hours=1)).enqueued == 0
+        enabled, _ = service.set_recurring_enabled(conn, "r1", True, actor="tester")
         # Enabled again: from the next tick after now, the disabled time is not caught up.
-        assert enabled["next_run_at"] > repository.database_now(conn)
-        (run,) = repository.enqueue_due_recurring(conn, now=enabled["next_run_at"]).runs
-        job = repository.get_job(conn, run.id)
+        assert enabled["next_run_at"] > repository.reads.database_now(conn)
+        (run,) = service.enqueue_due_recurring(conn, now=enabled["next_run_at"]).runs
+        job = repository.reads.get_job(conn, run.id)
         assert (job.queue, job.payload, job.task_name) == ("reports", {"a": 1}, "noop")
         # Nothing written for a bad definition.
         for kwargs, field in [({"cron": "nope"}, "cron"), ({"task": "missing"}, "task"),
@@ -120,14 +121,14 @@ def test_disable_enable_remove_and_what_is_refused(engine):
                               ({"task": "keyed_sleep"}, "payload")]:
             args = {"cron": "* * * * *", "task": "noop", **kwargs}
             with pytest.raises(ValidationError) as err:
-                repository.upsert_recurring(conn, "bad", actor="tester", **args)
+                service.upsert_recurring(conn, "bad", actor="tester", **args)
             assert err.value.field == field
         with pytest.raises(ValidationError, match="name"):
-            repository.upsert_recurring(conn, "x" * 51, cron="* * * * *", task="noop", actor="tester")
-        repository.remove_recurring(conn, "r1", actor="tester")
+            service.upsert_recurring(conn, "x" * 51, cron="* * * * *", task="noop", actor="tester")
+        service.remove_recurring(conn, "r1", actor="tester")
         with pytest.raises(ScheduleNotFound):
-            repository.remove_recurring(conn, "r1", actor="tester")
-        rows, _ = repository.list_recurring(conn)
+            service.remove_recurring(conn, "r1", actor="tester")
+        rows, _ = repository.recurring.list_recurring(conn)
         assert rows == []
 
 
@@ -136,21 +137,21 @@ def test_a_task_can_declare_its_schedule_in_code(engine):
     reg.register(TaskSpec("noop", noop))
     reg.register(TaskSpec("report", noop, cron="0 * * * *"))
     with engine.connect() as conn:
-        assert repository.sync_code_schedules(conn, registry=reg) == 1
-        assert repository.sync_code_schedules(conn, registry=reg) == 0
-        row = repository.get_recurring(conn, "report")
+        assert service.sync_code_schedules(conn, registry=reg) == 1
+        assert service.sync_code_schedules(conn, registry=reg) == 0
+        row = repository.recurring.get_recurring(conn, "report")
         assert (row["cron"], row["task_name"], row["source"], row["enabled"]) == ("0 * * * *", "report", "code", True)
         # An operator's disable survives the next process start; a changed cron in code is followed.
-        repository.set_recurring_enabled(conn, "report", False, actor="tester")
+        service.set_recurring_enabled(conn, "report", False, actor="tester")
         changed = Registry()
         changed.register(TaskSpec("report", noop, cron="30 * * * *"))
-        assert repository.sync_code_schedules(conn, registry=changed) == 1
-        row = repository.get_recurring(conn, "report")
+        assert service.sync_code_schedules(conn, registry=changed) == 1
+        row = repository.recurring.get_recurring(conn, "report")
         assert (row["cron"], row["enabled"]) == ("30 * * * *", False)
         # The run of a code-declared schedule.
-        repository.set_recurring_enabled(conn, "report", True, actor="tester")
-        row = repository.get_recurring(conn, "report")
-        due = repository.enqueue_due_recurring(conn, now=row["next_run_at"], registry=changed)
+        service.set_recurring_enabled(conn, "report", True, actor="tester")
+        row = repository.recurring.get_recurring(conn, "report")
+        due = service.enqueue_due_recurring(conn, now=row["next_run_at"], registry=changed)
         assert due.enqueued == 1 and due.runs[0].task_key == run_key("report", row["next_run_at"])
     with pytest.raises(ValidationError):
         TaskSpec("bad", noop, cron="every hour")
@@ -158,11 +159,11 @@ def test_a_task_can_declare_its_schedule_in_code(engine):
 
 def test_a_task_this_process_does_not_know_is_left_to_others(engine):
     with engine.connect() as conn:
-        row, _ = repository.upsert_recurring(conn, "elsewhere", cron="* * * * *", task="noop", actor="tester")
+        row, _ = service.upsert_recurring(conn, "elsewhere", cron="* * * * *", task="noop", actor="tester")
         bare = Registry()
-        due = repository.enqueue_due_recurring(conn, now=row["next_run_at"], registry=bare)
+        due = service.enqueue_due_recurring(conn, now=row["next_run_at"], registry=bare)
         assert due.enqueued == 0 and "unknown task" in due.skipped[0]
-        assert repository.get_recurring(conn, "elsewhere")["next_run_at"] == row["next_run_at"]
+        assert repository.recurring.get_recurring(conn, "elsewhere")["next_run_at"] == row["next_run_at"]
 
 
 def test_cli_recurring_commands(db_url):
@@ -199,8 +200,8 @@ def test_three_worker_processes_enqueue_exactly_one_job_per_minute(mysql_url, my
         for w in workers:
             w.wait_for_log("event=worker_started ")
         with mysql_engine.connect() as conn:
-            row, _ = repository.upsert_recurring(conn, "every-minute", cron="* * * * *", task="noop", actor="tester")
-            added = repository.database_now(conn)
+            row, _ = service.upsert_recurring(conn, "every-minute", cron="* * * * *", task="noop", actor="tester")
+            added = repository.reads.database_now(conn)
         # Other processes learn of a new schedule within REREAD_SECONDS: a tick that comes sooner
         # than that after the upsert runs once but may run late. The timed ticks come after it.
         first = row["next_run_at"]
@@ -229,7 +230,7 @@ def test_three_worker_processes_enqueue_exactly_one_job_per_minute(mysql_url, my
 
 def _now(engine):
     with engine.connect() as conn:
-        return repository.database_now(conn)
+        return repository.reads.database_now(conn)
 
 
 def test_the_runner_reads_rarely_and_enqueues_when_due(engine):
@@ -238,21 +239,21 @@ def test_the_runner_reads_rarely_and_enqueues_when_due(engine):
     clock = [1000.0]
     runner = RecurringRunner(engine, clock=lambda: clock[0])
     with engine.connect() as conn:
-        repository.upsert_recurring(conn, "late", cron="* * * * *", task="noop", actor="tester")
-        now = repository.database_now(conn)
+        service.upsert_recurring(conn, "late", cron="* * * * *", task="noop", actor="tester")
+        now = repository.reads.database_now(conn)
         conn.execute(sa.update(recurring_job).values(next_run_at=now - timedelta(minutes=3)))
         conn.commit()
     assert runner.tick() == 1            # three ticks missed: one catch-up run, for the latest
     with engine.connect() as conn:
         assert keys(conn) == [run_key("late", latest_tick("* * * * *", now))]
     calls = []
-    real = repository.enqueue_due_recurring
+    real = service.enqueue_due_recurring
     try:
-        repository.enqueue_due_recurring = lambda *a, **k: calls.append(1) or real(*a, **k)
+        service.enqueue_due_recurring = lambda *a, **k: calls.append(1) or real(*a, **k)
         clock[0] += 5                    # the next tick is still ahead: no read at all
         assert runner.tick() == 0 and calls == []
         clock[0] += 61                   # past the next tick: a read
         runner.tick()
         assert calls == [1]
     finally:
-        repository.enqueue_due_recurring = real
+        service.enqueue_due_recurring = real

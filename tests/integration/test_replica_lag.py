@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from testkit.procs import cli_env, jobqueue
 from testkit.web import api, login, post, signed_in_app
 from jobqueue import create_app
-from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.migrate import init_db
 from jobqueue.core.replica_watch import ReplicaWatch
@@ -123,7 +123,7 @@ def test_each_replicas_lag_on_api_health_the_panel_and_doctor(replicated, watche
     # STOP SLAVE SQL_THREAD: MariaDB reports NULL, whatever the age; a problem (503, exit 3).
     cluster.stop_sql_thread()
     with create_engine(primary_url).begin() as conn:
-        repository.enqueue(conn, "noop", "not-applied-on-the-replica")
+        service.enqueue(conn, "noop", "not-applied-on-the-replica")
     code, body = health(client)
     assert code == 503 and body["status"] == "problem"
     assert body["replicas"][0] | {"detail": None} == {
@@ -148,7 +148,7 @@ def test_each_replicas_lag_on_api_health_the_panel_and_doctor(replicated, watche
 def failed_jobs(engine, n: int) -> None:
     with engine.connect() as conn:
         for start in range(0, n, 5000):
-            repository.enqueue_many(conn, [{"task": "noop", "task_key": f"bulk-{i}"}
+            service.enqueue_many(conn, [{"task": "noop", "task_key": f"bulk-{i}"}
                                            for i in range(start, min(n, start + 5000))])
         conn.execute(sa.update(job_queue).values(status="failed", attempts=1, last_error="x"))
         conn.commit()

@@ -10,6 +10,8 @@ import pytest
 import sqlalchemy as sa
 
 from jobqueue.core import repository
+
+from jobqueue.core import service
 from jobqueue.core.errors import InvalidState, JobNotFound, LeaseStillValid, ValidationError, PayloadTooLarge
 from jobqueue.core.models import EmptyClaim, Lease, Outcome, Status
 from jobqueue.core.schema import job_queue, job_result
@@ -21,17 +23,17 @@ def count(conn, table=job_queue, *where):
 
 
 def add(conn, n, prefix="k", **kw):
-    return repository.enqueue_many(conn, [{"task": "noop", "task_key": f"{prefix}{i}", **kw} for i in range(n)])
+    return service.enqueue_many(conn, [{"task": "noop", "task_key": f"{prefix}{i}", **kw} for i in range(n)])
 
 
 def test_enqueue_then_duplicate_writes_nothing(engine, caplog):
     with engine.connect() as conn:
-        first = repository.enqueue(conn, "noop", "order-1", {"a": 1})
-        second = repository.enqueue(conn, "noop", "order-1", {"a": 2})
+        first = service.enqueue(conn, "noop", "order-1", {"a": 1})
+        second = service.enqueue(conn, "noop", "order-1", {"a": 2})
         assert not first.duplicate and second.duplicate
         assert second.id == first.id
         assert count(conn) == 1
-        assert repository.get_job(conn, first.id).payload == {"a": 1}
+        assert repository.reads.get_job(conn, first.id).payload == {"a": 1}
     assert "event=duplicate_enqueue" in caplog.text and "task_key=order-1" in caplog.text
 
 
@@ -57,7 +59,7 @@ def test_bad_input_is_rejected_and_writes_nothing(engine, kwargs, field):
     args = {"task_name": "noop", "task_key": "k1", "payload": {}, **kwargs}
     with engine.connect() as conn:
         with pytest.raises(ValidationError) as err:
-            repository.enqueue(conn, args.pop("task_name"), args.pop("task_key"), args.pop("payload"), **args)
+            service.enqueue(conn, args.pop("task_name"), args.pop("task_key"), args.pop("payload"), **args)
         assert err.value.field == field
         assert count(conn) == 0
 
@@ -66,18 +68,18 @@ def test_payload_size_limit(engine, monkeypatch):
     monkeypatch.setenv("JOBQUEUE_MAX_PAYLOAD_BYTES", "100")
     with engine.connect() as conn:
         with pytest.raises(PayloadTooLarge):
-            repository.enqueue(conn, "noop", "big", {"blob": "x" * 200})
+            service.enqueue(conn, "noop", "big", {"blob": "x" * 200})
         assert count(conn) == 0
 
 
 def test_batch_enqueue_is_all_or_nothing_and_reports_duplicates(engine):
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "k1")
+        service.enqueue(conn, "noop", "k1")
         with pytest.raises(ValidationError, match="job 2"):
-            repository.enqueue_many(conn, [{"task": "noop", "task_key": "k2"}, {"task": "noop", "task_key": "k3"},
+            service.enqueue_many(conn, [{"task": "noop", "task_key": "k2"}, {"task": "noop", "task_key": "k3"},
                                            {"task": "noop", "task_key": ""}])
         assert count(conn) == 1
-        res = repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(1, 6)]
+        res = service.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(1, 6)]
                                       + [{"task": "noop", "task_key": "k5"}])
         assert [r.duplicate for r in res] == [True, False, False, False, False, True]
         assert res[-1].id == res[-2].id
@@ -88,72 +90,72 @@ def test_claim_takes_ready_jobs_in_priority_then_id_order(engine):
     with engine.connect() as conn:
         add(conn, 3, "low", priority=5)
         add(conn, 2, "high", priority=-1)
-        claimed = repository.claim(conn, ["w:1:1", "w:1:2", "w:1:3"], 3, ["default"], lease_seconds=30)
+        claimed = service.claim(conn, ["w:1:1", "w:1:2", "w:1:3"], 3, ["default"], lease_seconds=30)
         assert [c.job.task_key for c in claimed] == ["high0", "high1", "low0"]
         assert [c.lease.owner for c in claimed] == ["w:1:1", "w:1:2", "w:1:3"]
         for c in claimed:
-            job = repository.get_job(conn, c.job.id)
+            job = repository.reads.get_job(conn, c.job.id)
             assert job.status is Status.RUNNING and job.attempts == 1 and job.lease_owner == c.lease.owner
             assert job.lease_until > job.started_at
 
 
 def test_claim_respects_queues_and_empty_claim_is_not_an_error(engine):
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "a", queue="mail")
-        assert repository.claim(conn, "w", 5, ["default"], lease_seconds=30) == []
-        report = repository.classify_empty(conn, ["default"])
+        service.enqueue(conn, "noop", "a", queue="mail")
+        assert service.claim(conn, "w", 5, ["default"], lease_seconds=30) == []
+        report = repository.claim.classify_empty(conn, ["default"])
         assert report.kind is EmptyClaim.IDLE
-        got = repository.claim(conn, "w", 5, ["default", "mail"], lease_seconds=30)
+        got = service.claim(conn, "w", 5, ["default", "mail"], lease_seconds=30)
         assert [c.job.task_key for c in got] == ["a"]
-        report = repository.classify_empty(conn, ["mail"])
+        report = repository.claim.classify_empty(conn, ["mail"])
         assert report.kind is EmptyClaim.WAITING and report.next_lease_expiry is not None
 
 
 def test_delayed_job_is_scheduled_until_due(engine):
     with engine.connect() as conn:
-        res = repository.enqueue(conn, "noop", "later", delay=0.3)
+        res = service.enqueue(conn, "noop", "later", delay=0.3)
         assert res.status is Status.SCHEDULED
-        assert repository.claim(conn, "w", 1, ["default"], lease_seconds=30) == []
-        assert repository.classify_empty(conn, ["default"]).next_scheduled is not None
-        assert repository.promote_due(conn) == 0
+        assert service.claim(conn, "w", 1, ["default"], lease_seconds=30) == []
+        assert repository.claim.classify_empty(conn, ["default"]).next_scheduled is not None
+        assert service.promote_due(conn) == 0
         time.sleep(0.35)
-        assert repository.promote_due(conn) == 1
-        assert len(repository.claim(conn, "w", 1, ["default"], lease_seconds=30)) == 1
+        assert service.promote_due(conn) == 1
+        assert len(service.claim(conn, "w", 1, ["default"], lease_seconds=30)) == 1
 
 
 def test_fenced_writes_need_owner_and_attempt(engine, caplog):
     with engine.connect() as conn:
         add(conn, 1)
-        (c,) = repository.claim(conn, "w1", 1, ["default"], lease_seconds=30)
+        (c,) = service.claim(conn, "w1", 1, ["default"], lease_seconds=30)
         wrong_owner = Lease(c.lease.job_id, "w2", c.lease.attempt)
         wrong_attempt = Lease(c.lease.job_id, c.lease.owner, c.lease.attempt + 1)
-        assert repository.complete(conn, wrong_owner) is Outcome.LEASE_LOST
-        assert repository.complete(conn, wrong_attempt) is Outcome.LEASE_LOST
-        assert repository.renew_leases(conn, [wrong_owner], 30) == {c.lease.job_id: Outcome.LEASE_LOST}
-        assert repository.get_job(conn, c.job.id).status is Status.RUNNING
-        assert repository.renew_leases(conn, [c.lease], 30) == {c.lease.job_id: Outcome.OK}
-        assert repository.complete(conn, c.lease) is Outcome.OK
+        assert service.complete(conn, wrong_owner) is Outcome.LEASE_LOST
+        assert service.complete(conn, wrong_attempt) is Outcome.LEASE_LOST
+        assert service.renew_leases(conn, [wrong_owner], 30) == {c.lease.job_id: Outcome.LEASE_LOST}
+        assert repository.reads.get_job(conn, c.job.id).status is Status.RUNNING
+        assert service.renew_leases(conn, [c.lease], 30) == {c.lease.job_id: Outcome.OK}
+        assert service.complete(conn, c.lease) is Outcome.OK
         # Finalized once: a second completion or a failure of the same lease changes nothing.
-        assert repository.fail(conn, c.lease, "late") is Outcome.LEASE_LOST
-        job = repository.get_job(conn, c.job.id)
+        assert service.fail(conn, c.lease, "late") is Outcome.LEASE_LOST
+        job = repository.reads.get_job(conn, c.job.id)
         assert job.status is Status.DONE and job.finished_at is not None and job.last_error is None
     assert caplog.text.count("event=lease_lost") == 4
 
 
 def test_retry_then_fail_keeps_error_and_attempt_history(engine):
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "r", max_attempts=2)
-        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=30)
-        assert repository.retry(conn, c.lease, "boom 1", delay_seconds=0) is Outcome.OK
-        job = repository.get_job(conn, c.job.id)
+        service.enqueue(conn, "noop", "r", max_attempts=2)
+        (c,) = service.claim(conn, "w", 1, ["default"], lease_seconds=30)
+        assert service.retry(conn, c.lease, "boom 1", delay_seconds=0) is Outcome.OK
+        job = repository.reads.get_job(conn, c.job.id)
         assert job.status is Status.SCHEDULED and job.last_error == "boom 1" and job.lease_owner is None
-        assert repository.promote_due(conn) == 1
-        (c2,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=30)
+        assert service.promote_due(conn) == 1
+        (c2,) = service.claim(conn, "w", 1, ["default"], lease_seconds=30)
         assert c2.lease.attempt == 2
-        assert repository.fail(conn, c2.lease, "boom 2") is Outcome.OK
-        job = repository.get_job(conn, c.job.id)
+        assert service.fail(conn, c2.lease, "boom 2") is Outcome.OK
+        job = repository.reads.get_job(conn, c.job.id)
         assert job.status is Status.FAILED and job.attempts == 2 and job.last_error == "boom 2"
-        history = repository.list_attempts(conn, c.job.id)
+        history = repository.reads.list_attempts(conn, c.job.id)
         assert [(h["attempt"], h["outcome"], h["error"]) for h in history] == [(1, "retry", "boom 1"), (2, "fail", "boom 2")]
         assert history[0]["worker"] == "w"
 
@@ -161,11 +163,11 @@ def test_retry_then_fail_keeps_error_and_attempt_history(engine):
 def test_record_result_once_per_task_key_and_only_with_the_lease(engine, caplog):
     with engine.connect() as conn:
         add(conn, 1)
-        (c,) = repository.claim(conn, "w1", 1, ["default"], lease_seconds=30)
-        assert repository.record_result(conn, c.lease, "k0", {"file": "a"}) is True
-        assert repository.record_result(conn, c.lease, "k0", {"file": "b"}) is False
+        (c,) = service.claim(conn, "w1", 1, ["default"], lease_seconds=30)
+        assert service.record_result(conn, c.lease, "k0", {"file": "a"}) is True
+        assert service.record_result(conn, c.lease, "k0", {"file": "b"}) is False
         with pytest.raises(LeaseLostError):
-            repository.record_result(conn, Lease(c.lease.job_id, "intruder", c.lease.attempt), "k0", {"file": "c"})
+            service.record_result(conn, Lease(c.lease.job_id, "intruder", c.lease.attempt), "k0", {"file": "c"})
         rows = conn.execute(sa.select(job_result)).all()
         assert len(rows) == 1 and rows[0].result == {"file": "a"} and rows[0].worker == "w1"
     assert "event=duplicate_result" in caplog.text
@@ -174,95 +176,95 @@ def test_record_result_once_per_task_key_and_only_with_the_lease(engine, caplog)
 def test_reap_returns_only_expired_leases_and_keeps_attempts(engine):
     with engine.connect() as conn:
         add(conn, 3)
-        short = repository.claim(conn, "dead", 2, ["default"], lease_seconds=1)
-        (alive,) = repository.claim(conn, "alive", 1, ["default"], lease_seconds=60)
-        assert repository.reap(conn).reclaimed == 0
+        short = service.claim(conn, "dead", 2, ["default"], lease_seconds=1)
+        (alive,) = service.claim(conn, "alive", 1, ["default"], lease_seconds=60)
+        assert service.reap(conn).reclaimed == 0
         time.sleep(1.1)
         # One of the short leases gets renewed just in time: the reaper must not take it.
-        assert repository.renew_leases(conn, [short[0].lease], 60)[short[0].lease.job_id] is Outcome.OK
-        result = repository.reap(conn)
+        assert service.renew_leases(conn, [short[0].lease], 60)[short[0].lease.job_id] is Outcome.OK
+        result = service.reap(conn)
         assert (result.reclaimed, result.failed) == (1, 0)
-        back = repository.get_job(conn, short[1].job.id)
+        back = repository.reads.get_job(conn, short[1].job.id)
         assert back.status is Status.READY and back.attempts == 1 and back.lease_owner is None
-        assert repository.get_job(conn, short[0].job.id).status is Status.RUNNING
-        assert repository.get_job(conn, alive.job.id).status is Status.RUNNING
+        assert repository.reads.get_job(conn, short[0].job.id).status is Status.RUNNING
+        assert repository.reads.get_job(conn, alive.job.id).status is Status.RUNNING
         # The dead worker's late completion is refused by the fence.
-        assert repository.complete(conn, short[1].lease) is Outcome.LEASE_LOST
-        (again,) = repository.claim(conn, "w2", 1, ["default"], lease_seconds=60)
+        assert service.complete(conn, short[1].lease) is Outcome.LEASE_LOST
+        (again,) = service.claim(conn, "w2", 1, ["default"], lease_seconds=60)
         assert again.job.id == short[1].job.id and again.lease.attempt == 2
-        outcomes = [h["outcome"] for h in repository.list_attempts(conn, again.job.id)]
+        outcomes = [h["outcome"] for h in repository.reads.list_attempts(conn, again.job.id)]
         assert outcomes == ["lease_expired"]
 
 
 def test_reap_fails_jobs_without_attempts_left(engine):
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "once", max_attempts=1)
-        (c,) = repository.claim(conn, "dead", 1, ["default"], lease_seconds=1)
+        service.enqueue(conn, "noop", "once", max_attempts=1)
+        (c,) = service.claim(conn, "dead", 1, ["default"], lease_seconds=1)
         time.sleep(1.1)
-        assert repository.reap(conn).failed == 1
-        job = repository.get_job(conn, c.job.id)
+        assert service.reap(conn).failed == 1
+        job = repository.reads.get_job(conn, c.job.id)
         assert job.status is Status.FAILED and job.attempts == 1 and "no attempts left" in job.last_error
 
 
 def test_reap_in_batches(engine):
     with engine.connect() as conn:
         add(conn, 7)
-        repository.claim(conn, "dead", 7, ["default"], lease_seconds=1)
+        service.claim(conn, "dead", 7, ["default"], lease_seconds=1)
         time.sleep(1.1)
-        result = repository.reap(conn, batch_size=3)
+        result = service.reap(conn, batch_size=3)
         assert (result.reclaimed, result.batches) == (7, 3)
 
 
 def test_release_returns_job_with_attempts(engine):
     with engine.connect() as conn:
         add(conn, 1, max_attempts=1)
-        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
-        assert repository.release(conn, c.lease) is Outcome.OK
-        job = repository.get_job(conn, c.job.id)
+        (c,) = service.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        assert service.release(conn, c.lease) is Outcome.OK
+        job = repository.reads.get_job(conn, c.job.id)
         # Interrupted on its last attempt by a shutdown: one more is allowed, attempts kept.
         assert job.status is Status.READY and job.attempts == 1 and job.max_attempts == 2
-        (again,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        (again,) = service.claim(conn, "w", 1, ["default"], lease_seconds=60)
         assert again.lease.attempt == 2 <= again.job.max_attempts
 
 
 def test_operator_requeue_and_fail(engine):
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "op", max_attempts=1)
-        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        service.enqueue(conn, "noop", "op", max_attempts=1)
+        (c,) = service.claim(conn, "w", 1, ["default"], lease_seconds=60)
         with pytest.raises(LeaseStillValid):
-            repository.requeue_job(conn, c.job.id)
-        res = repository.requeue_job(conn, c.job.id, force=True, actor="alice")
+            service.requeue_job(conn, c.job.id)
+        res = service.requeue_job(conn, c.job.id, force=True, actor="alice")
         assert (res.before, res.after, res.changed) == (Status.RUNNING, Status.READY, True)
-        job = repository.get_job(conn, c.job.id)
+        job = repository.reads.get_job(conn, c.job.id)
         # attempts kept; one more attempt allowed although max_attempts was 1
         assert job.attempts == 1 and job.max_attempts == 2
-        assert repository.complete(conn, c.lease) is Outcome.LEASE_LOST  # old lease fenced
-        assert repository.requeue_job(conn, c.job.id).changed is False
-        res = repository.fail_job(conn, c.job.id, "operator says no")
+        assert service.complete(conn, c.lease) is Outcome.LEASE_LOST  # old lease fenced
+        assert service.requeue_job(conn, c.job.id).changed is False
+        res = service.fail_job(conn, c.job.id, "operator says no")
         assert res.after is Status.FAILED
-        assert repository.get_job(conn, c.job.id).last_error == "operator says no"
+        assert repository.reads.get_job(conn, c.job.id).last_error == "operator says no"
         with pytest.raises(InvalidState):
-            repository.fail_job(conn, c.job.id)
-        assert repository.requeue_job(conn, c.job.id).after is Status.READY
+            service.fail_job(conn, c.job.id)
+        assert service.requeue_job(conn, c.job.id).after is Status.READY
         with pytest.raises(JobNotFound):
-            repository.requeue_job(conn, 999999)
+            service.requeue_job(conn, 999999)
 
 
 def test_requeue_of_done_job_is_refused(engine):
     with engine.connect() as conn:
         add(conn, 1)
-        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
-        repository.complete(conn, c.lease)
+        (c,) = service.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        service.complete(conn, c.lease)
         with pytest.raises(InvalidState):
-            repository.requeue_job(conn, c.job.id)
+            service.requeue_job(conn, c.job.id)
 
 
 def test_count_by_status(engine):
     with engine.connect() as conn:
         add(conn, 3)
-        repository.enqueue(conn, "noop", "m", queue="mail")
-        repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
-        assert repository.count_by_status(conn) == [("default", "ready", 2), ("default", "running", 1),
+        service.enqueue(conn, "noop", "m", queue="mail")
+        service.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        assert repository.stats.count_by_status(conn) == [("default", "ready", 2), ("default", "running", 1),
                                                     ("mail", "ready", 1)]
 
 
@@ -277,15 +279,15 @@ def test_every_queue_with_ready_jobs_has_its_oldest_ready_job(engine):
     with engine.connect() as conn:
         add(conn, 5)                                    # the backlog: older than the others' jobs
         time.sleep(0.01)
-        mail = repository.enqueue(conn, "noop", "late-mail", queue="mail")              # fewer than the window
-        bulk = repository.enqueue_many(conn, [{"task": "noop", "task_key": f"bulk-{i}", "queue": "bulk"}
+        mail = service.enqueue(conn, "noop", "late-mail", queue="mail")              # fewer than the window
+        bulk = service.enqueue_many(conn, [{"task": "noop", "task_key": f"bulk-{i}", "queue": "bulk"}
                                               for i in range(4)])                       # more than the window
-        summaries, _ = repository.queue_summaries(conn, oldest_window=3)
+        summaries, _ = repository.stats.queue_summaries(conn, oldest_window=3)
         by_queue = {q.queue: q.oldest_ready and q.oldest_ready.replace(tzinfo=None) for q in summaries}
         assert by_queue["mail"] == run_at(mail.id)
         assert by_queue["bulk"] == min(run_at(b.id) for b in bulk)
         assert by_queue["default"] is not None
-        cached = repository.CountsCache(2.0, oldest_window=3).summaries(conn)[0]
+        cached = repository.stats.CountsCache(2.0, oldest_window=3).summaries(conn)[0]
         assert {q.queue: q.oldest_ready and q.oldest_ready.replace(tzinfo=None) for q in cached} == by_queue
 
 
@@ -298,7 +300,7 @@ def test_counts_cache_is_shared_until_its_seconds_pass_or_an_operator_acts(engin
     clock = [1000.0]
     monkeypatch.setattr(stats.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(stats, "CAPS", {**stats.CAPS, "done": 2})
-    cache = repository.CountsCache(2.0)
+    cache = repository.stats.CountsCache(2.0)
     with engine.connect() as conn:
         jobs = add(conn, 3)
         conn.execute(sa.update(job_queue).where(job_queue.c.id.in_([j.id for j in jobs])).values(status="done"))
@@ -315,12 +317,12 @@ def test_counts_cache_is_shared_until_its_seconds_pass_or_an_operator_acts(engin
         assert seen() == (2, 2, frozenset({"done"}))       # within 2 s: the same figures
         clock[0] += 0.2
         assert seen() == (3, 2, frozenset({"done"}))       # live recounted, history kept
-        failed = repository.fail_job(conn, jobs[0].id + 3, "no")   # a ready job, by an operator
+        failed = service.fail_job(conn, jobs[0].id + 3, "no")   # a ready job, by an operator
         assert failed.changed
         assert cache.summaries(conn)[0][0].counts["failed"] == 1   # forgotten at once
-        assert repository.queue_summaries(conn)[0][0].counts["ready"] == 2   # direct callers: fresh
+        assert repository.stats.queue_summaries(conn)[0][0].counts["ready"] == 2   # direct callers: fresh
 
-    fresh = repository.CountsCache(0)
+    fresh = repository.stats.CountsCache(0)
     with engine.connect() as conn:
         add(conn, 1, prefix="t")
         assert fresh.summaries(conn)[0][0].counts["ready"] == 3
@@ -351,7 +353,7 @@ def test_history_that_is_due_is_recounted_behind_the_request(mysql_engine, monke
 
     monkeypatch.setattr(stats, "_counts", held)
     (first, let_first_go), (second, let_second_go) = gates
-    cache = repository.CountsCache(2.0)
+    cache = repository.stats.CountsCache(2.0)
     with mysql_engine.connect() as conn:
         jobs = add(conn, 3)
 
@@ -376,7 +378,7 @@ def test_history_that_is_due_is_recounted_behind_the_request(mysql_engine, monke
             clock[0] += 31
             assert failed() == 1                       # the second recount starts, counts 2, is held
             assert second.wait(10)
-            assert repository.fail_job(conn, jobs[2].id, "no").changed   # forgets: counted in the request
+            assert service.fail_job(conn, jobs[2].id, "no").changed   # forgets: counted in the request
             assert failed() == 3
             let_second_go.set()
             cache.wait(10)
@@ -393,7 +395,7 @@ def test_due_counts_are_read_again_only_after_a_write_to_job_queue(mysql_engine,
     from jobqueue.core.repository import stats
     clock = [1000.0]
     monkeypatch.setattr(stats.time, "monotonic", lambda: clock[0])
-    cache = repository.CountsCache(2.0)
+    cache = repository.stats.CountsCache(2.0)
     sent: list[str] = []
 
     def grab(c, cursor, statement, params, context, executemany):

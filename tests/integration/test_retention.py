@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from testkit.procs import wait_until
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.cli import main
 from jobqueue.core.models import Status
 from jobqueue.core.retention import Pruner
@@ -27,9 +28,9 @@ jq = job_queue.c
 def make_finished(conn, prefix, n, status="done", days_ago=10.0, attempts=True):
     """n jobs finished `days_ago` days ago (by the database clock), each with an attempt row and,
     for done ones, a result."""
-    ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"{prefix}{i}"}
+    ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"{prefix}{i}"}
                                                           for i in range(n)])]
-    now = repository.database_now(conn)
+    now = repository.reads.database_now(conn)
     when = now - timedelta(days=days_ago)
     conn.execute(sa.update(job_queue).where(jq.id.in_(ids)).values(
         status=status, run_at=when, started_at=when, finished_at=when, attempts=1, lease_owner="old:1:1"))
@@ -54,9 +55,9 @@ def test_prune_deletes_old_finished_jobs_with_their_attempts_and_keeps_their_key
         make_finished(conn, "of", 4, status="failed", days_ago=40)
         make_finished(conn, "rf", 3, status="failed", days_ago=10)  # failed 10 days ago: kept (30)
         make_finished(conn, "oc", 2, status="cancelled", days_ago=40)
-        repository.enqueue(conn, "noop", "still-ready")
+        service.enqueue(conn, "noop", "still-ready")
         sleeps = []
-        counts = repository.prune(conn, done_days=7, failed_days=30, keys_days=365, batch_size=10, sleep=sleeps.append,
+        counts = service.prune(conn, done_days=7, failed_days=30, keys_days=365, batch_size=10, sleep=sleeps.append,
                                   pause=0.01, by="tester")
         assert (counts.done, counts.failed, counts.cancelled, counts.attempts, counts.results) == (25, 4, 2, 31, 25)
         assert counts.batches == 4 and len(sleeps) == 4 and min(sleeps) >= 0.01
@@ -65,12 +66,12 @@ def test_prune_deletes_old_finished_jobs_with_their_attempts_and_keeps_their_key
         assert count(conn, job_attempt) == 8 and count(conn, job_result) == 5
         assert count(conn, pruned_key) == 31
         # Replays of pruned keys: duplicate, with the old job's id and final status; nothing written.
-        again = repository.enqueue(conn, "noop", "od3")
+        again = service.enqueue(conn, "noop", "od3")
         assert again.duplicate and again.id == old_done[3] and again.status is Status.DONE
-        batch = repository.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in ("of0", "oc1", "new-one")])
+        batch = service.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in ("of0", "oc1", "new-one")])
         assert [(r.duplicate, r.status) for r in batch] == [(True, Status.FAILED), (True, Status.CANCELLED),
                                                             (False, Status.READY)]
-        last = repository.last_prune(conn)
+        last = repository.retention.last_prune(conn)
         assert (last["done_rows"], last["failed_rows"], last["cancelled_rows"], last["batches"], last["run_by"]) == (
             25, 4, 2, 4, "tester")
         assert last["finished_at"] is not None
@@ -79,9 +80,9 @@ def test_prune_deletes_old_finished_jobs_with_their_attempts_and_keeps_their_key
 def test_pruned_keys_never_run_again(engine):
     with engine.connect() as conn:
         make_finished(conn, "gone", 3)
-        repository.prune(conn, done_days=7, failed_days=30)
+        service.prune(conn, done_days=7, failed_days=30)
         for i in range(3):
-            assert repository.enqueue(conn, "noop", f"gone{i}").duplicate
+            assert service.enqueue(conn, "noop", f"gone{i}").duplicate
     worker = Worker(engine, WorkerConfig(concurrency=1, burst=True))
     assert worker.run() == 0 and worker.processed == 0
 
@@ -90,24 +91,24 @@ def test_zero_keeps_jobs_forever_and_dry_run_deletes_nothing(engine):
     with engine.connect() as conn:
         make_finished(conn, "d", 3, days_ago=100)
         make_finished(conn, "f", 2, status="failed", days_ago=100)
-        dry = repository.prune(conn, done_days=7, failed_days=30, dry_run=True)
+        dry = service.prune(conn, done_days=7, failed_days=30, dry_run=True)
         assert (dry.done, dry.failed, dry.dry_run) == (3, 2, True)
         assert count(conn, job_queue) == 5 and count(conn, prune_run) == 0
-        kept = repository.prune(conn, done_days=0, failed_days=0)
+        kept = service.prune(conn, done_days=0, failed_days=0)
         assert (kept.done, kept.failed) == (0, 0) and count(conn, job_queue) == 5
 
 
 def test_keys_are_forgotten_after_their_keep_time(engine):
     with engine.connect() as conn:
         make_finished(conn, "k", 3)
-        repository.prune(conn, done_days=7, failed_days=30, keys_days=365)
+        service.prune(conn, done_days=7, failed_days=30, keys_days=365)
         conn.execute(sa.update(pruned_key).where(pruned_key.c.task_key == "k0").values(
-            pruned_at=repository.database_now(conn) - timedelta(days=400)))
+            pruned_at=repository.reads.database_now(conn) - timedelta(days=400)))
         conn.commit()
-        counts = repository.prune(conn, done_days=7, failed_days=30, keys_days=365)
+        counts = service.prune(conn, done_days=7, failed_days=30, keys_days=365)
         assert counts.keys_expired == 1
-        assert not repository.enqueue(conn, "noop", "k0").duplicate   # free again
-        assert repository.enqueue(conn, "noop", "k1").duplicate
+        assert not service.enqueue(conn, "noop", "k0").duplicate   # free again
+        assert service.enqueue(conn, "noop", "k1").duplicate
 
 
 def test_batches_are_capped_at_1000(mysql_engine):
@@ -118,7 +119,7 @@ def test_batches_are_capped_at_1000(mysql_engine):
             "'{}', 'done', UTC_TIMESTAMP(6) - INTERVAL 9 DAY, 1, 5, UTC_TIMESTAMP(6) - INTERVAL 9 DAY, "
             f"UTC_TIMESTAMP(6) - INTERVAL 9 DAY, UTC_TIMESTAMP(6) - INTERVAL 9 DAY FROM {seq_rows(2500)}")
         conn.commit()
-        counts = repository.prune(conn, done_days=7, failed_days=30, batch_size=5000, pause=0)
+        counts = service.prune(conn, done_days=7, failed_days=30, batch_size=5000, pause=0)
         assert (counts.done, counts.batches) == (2500, 3)
 
 
@@ -130,13 +131,13 @@ def test_a_row_held_elsewhere_is_left_for_the_next_pass(mysql_engine):
     holder = hold_rows(mysql_engine, ids[:1])
     try:
         with mysql_engine.connect() as conn:
-            counts = repository.prune(conn, done_days=7, failed_days=30, pause=0)
+            counts = service.prune(conn, done_days=7, failed_days=30, pause=0)
             assert counts.done == 2
     finally:
         holder.rollback()
         holder.close()
     with mysql_engine.connect() as conn:
-        assert repository.prune(conn, done_days=7, failed_days=30, pause=0).done == 1
+        assert service.prune(conn, done_days=7, failed_days=30, pause=0).done == 1
 
 
 def test_cli_prune(db_url, engine):
@@ -172,9 +173,9 @@ def test_worker_maintenance_prunes_when_due(engine, monkeypatch):
         t.join(10)
     assert worker.pruner.last.done == 30
     with engine.connect() as conn:
-        assert count(conn, job_queue) == 0 and repository.last_prune(conn)["run_by"] == worker.id
+        assert count(conn, job_queue) == 0 and repository.retention.last_prune(conn)["run_by"] == worker.id
         # Another process right after: not due yet.
-        assert not repository.prune_due(conn, 3600)
+        assert not repository.retention.prune_due(conn, 3600)
 
 
 def test_a_pass_not_due_costs_one_read_and_no_thread_until_it_falls_due(engine):
@@ -183,7 +184,7 @@ def test_a_pass_not_due_costs_one_read_and_no_thread_until_it_falls_due(engine):
     # set-up statements) at an idle worker's first minute. Asking every minute cost two
     # statements a minute for an answer that changes once an hour.
     with engine.connect() as conn:
-        repository.prune(conn, done_days=7, failed_days=30, keys_days=365, by="another")   # a pass just ran
+        service.prune(conn, done_days=7, failed_days=30, keys_days=365, by="another")   # a pass just ran
     clock = [1000.0]
     pruner = Pruner(engine, name="w", every_seconds=3600, clock=lambda: clock[0])
     threads = threading.active_count()
@@ -202,7 +203,7 @@ def test_a_pass_not_due_costs_one_read_and_no_thread_until_it_falls_due(engine):
     assert reads() == ["SELECT"]
     clock[0] = 1000.0 + 3601
     with engine.connect() as conn:   # as if another process started the pass meanwhile
-        repository.prune(conn, done_days=7, failed_days=30, keys_days=365, by="another")
+        service.prune(conn, done_days=7, failed_days=30, keys_days=365, by="another")
     sent.clear()
     assert pruner.maybe_start() is False and reads() == ["SELECT"] and pruner._thread is None
 
@@ -214,7 +215,7 @@ def test_a_pass_due_runs_in_a_thread_of_its_own_and_the_next_is_asked_for_when_d
     pruner._thread.join(30)
     assert pruner.last is not None
     with engine.connect() as conn:
-        assert repository.last_prune(conn)["run_by"] == "w" and not repository.prune_due(conn, 3600)
+        assert repository.retention.last_prune(conn)["run_by"] == "w" and not repository.retention.prune_due(conn, 3600)
     sent = []
     sa.event.listen(engine, "before_cursor_execute", lambda conn, cursor, statement, *rest: sent.append(statement))
     clock[0] += 3599

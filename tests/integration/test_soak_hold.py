@@ -9,7 +9,7 @@ import pymysql
 import sqlalchemy as sa
 
 from soak import run as soak_run
-from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 
 
@@ -19,7 +19,7 @@ def test_the_hold_locks_exactly_the_rows_it_reports(mysql_url, tmp_path, monkeyp
     url = sa.make_url(mysql_url)
     try:
         with engine.connect() as conn:
-            repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(20)])
+            service.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(20)])
         soak = soak_run.Soak(soak_run.Plan.quick(), 1, tmp_path)
         monkeypatch.setattr(soak, "_connect", lambda own=True: pymysql.connect(
             host=url.host, port=url.port or 3306, user=url.username, password=url.password or "",
@@ -27,7 +27,7 @@ def test_the_hold_locks_exactly_the_rows_it_reports(mysql_url, tmp_path, monkeyp
         soak.fault_hold_rows(lambda seconds, release: ends.append(release))
         assert soak.plan.hold_rows == 5 and "holding 5 ready rows" in soak.fault_log[-1]
         with engine.connect() as conn:
-            cycle = repository.claim_cycle(conn, [f"w:1:{i}" for i in range(20)], ["default"], lease_seconds=30)
+            cycle = service.claim_cycle(conn, [f"w:1:{i}" for i in range(20)], ["default"], lease_seconds=30)
         assert len(cycle.claimed) == 15 and cycle.skipped == 5, (len(cycle.claimed), cycle.skipped)
     finally:
         for release in ends:

@@ -16,7 +16,8 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from jobqueue.core import repository
+from jobqueue.core import service
+
 from jobqueue.core.schema import job_queue
 from testkit.procs import WorkerProcess, jobqueue, wait_until
 
@@ -25,7 +26,7 @@ jq = job_queue.c
 
 def enqueue_runs(engine, tmp_path, n: int, seconds: float, queue: str = "default") -> list[int]:
     with engine.connect() as conn:
-        return [r.id for r in repository.enqueue_many(conn, [
+        return [r.id for r in service.enqueue_many(conn, [
             {"task": "record_runs", "task_key": f"{queue}-{i}", "queue": queue,
              "payload": {"seconds": seconds, "log": str(tmp_path / f"runs-{queue}-{i}.log")}} for i in range(n)])]
 

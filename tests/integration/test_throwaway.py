@@ -7,6 +7,8 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from jobqueue.core import repository
+
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.migrate import init_db
 
@@ -21,7 +23,7 @@ def test_stop_kill_and_start_keep_port_and_data(throwaway_server):
     try:
         init_db(engine)
         with engine.connect() as conn:
-            repository.enqueue(conn, "noop", "kept")
+            service.enqueue(conn, "noop", "kept")
 
         server.stop()
         assert not server.running
@@ -34,7 +36,7 @@ def test_stop_kill_and_start_keep_port_and_data(throwaway_server):
         server.start()
         assert server.port == port
         with engine.connect() as conn:     # the engine from before the restarts reconnects
-            assert repository.count_by_status(conn) == [("default", "ready", 1)]
+            assert repository.stats.count_by_status(conn) == [("default", "ready", 1)]
     finally:
         engine.dispose()
 

@@ -11,6 +11,7 @@ import pytest
 
 from testkit.procs import wait_until
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.builtin_tasks import noop
 from jobqueue.core.models import Status
 from jobqueue.core.tasks import Registry, TaskSpec
@@ -32,7 +33,7 @@ def test_a_2_s_timeout_on_a_5_s_job_fails_the_attempt_as_timeout(engine):
     reg.register(TaskSpec("noop", noop))
     reg.register(TaskSpec("slow", slow, timeout_seconds=2, retry_base_seconds=0.1, retry_cap_seconds=0.2))
     with engine.connect() as conn:
-        res = repository.enqueue(conn, "slow", "t1", max_attempts=2, registry=reg)
+        res = service.enqueue(conn, "slow", "t1", max_attempts=2, registry=reg)
     worker = Worker(engine, WorkerConfig(concurrency=2, lease_seconds=30), registry=reg)
     t = threading.Thread(target=worker.run, daemon=True)
     t.start()
@@ -44,7 +45,7 @@ def test_a_2_s_timeout_on_a_5_s_job_fails_the_attempt_as_timeout(engine):
     job = _job(engine, res.id)
     assert job.attempts == 2 and job.last_error == "timed out after 2 s"
     with engine.connect() as conn:
-        history = repository.list_attempts(conn, res.id)
+        history = repository.reads.list_attempts(conn, res.id)
     assert [(h["attempt"], h["outcome"], h["error"]) for h in history] == [
         (1, "timeout", "timed out after 2 s"), (2, "timeout", "timed out after 2 s")]
     # Each handler heard of it (ctx.lease_lost) about 2 s in, not at the end of its 5 s.
@@ -56,7 +57,7 @@ def test_a_job_within_its_timeout_completes(engine):
     reg = Registry()
     reg.register(TaskSpec("quick", lambda payload, ctx: time.sleep(0.2), timeout_seconds=2))
     with engine.connect() as conn:
-        res = repository.enqueue(conn, "quick", "q1", registry=reg)
+        res = service.enqueue(conn, "quick", "q1", registry=reg)
     worker = Worker(engine, WorkerConfig(concurrency=1, burst=True), registry=reg)
     assert worker.run() == 0
     assert _job(engine, res.id).status is Status.DONE
@@ -69,4 +70,4 @@ def test_timeout_must_be_positive():
 
 def _job(engine, job_id):
     with engine.connect() as conn:
-        return repository.get_job(conn, job_id)
+        return repository.reads.get_job(conn, job_id)

@@ -13,6 +13,7 @@ from sqlalchemy.exc import OperationalError
 
 from testkit.procs import WorkerProcess, wait_until
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.builtin_tasks import noop
 from jobqueue.core.models import Status
 from jobqueue.core.schema import job_queue
@@ -38,12 +39,12 @@ def start(worker: Worker) -> threading.Thread:
 
 def job(engine, job_id):
     with engine.connect() as conn:
-        return repository.get_job(conn, job_id)
+        return repository.reads.get_job(conn, job_id)
 
 
 def test_burst_worker_processes_every_job_once(engine):
     with engine.connect() as conn:
-        repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(60)])
+        service.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(60)])
     worker = Worker(engine, WorkerConfig(concurrency=4, burst=True), registry=registry_with())
     assert worker.run() == 0
     with engine.connect() as conn:
@@ -61,7 +62,7 @@ def test_claims_are_batched_to_idle_slots(engine):
         gate.wait(10)
 
     with engine.connect() as conn:
-        repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(10)])
+        service.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(10)])
         conn.execute(sa.update(job_queue).values(task_name="block"))
         conn.commit()
     worker = Worker(engine, WorkerConfig(concurrency=3, lease_seconds=30), registry=registry_with(block=(blocker, {})))
@@ -83,7 +84,7 @@ def test_handler_errors_retry_with_backoff_then_fail(engine):
         raise ValueError(f"broken input on attempt {ctx.attempt}")
 
     with engine.connect() as conn:
-        res = repository.enqueue(conn, "boom", "b1", max_attempts=3, registry=registry_with(boom=(boom, {})))
+        res = service.enqueue(conn, "boom", "b1", max_attempts=3, registry=registry_with(boom=(boom, {})))
     worker = Worker(engine, WorkerConfig(concurrency=1),
                     registry=registry_with(boom=(boom, {"retry_base_seconds": 0.05})))
     t = start(worker)
@@ -95,7 +96,7 @@ def test_handler_errors_retry_with_backoff_then_fail(engine):
     failed = job(engine, res.id)
     assert failed.attempts == 3 and failed.last_error.startswith("ValueError: broken input on attempt 3")
     with engine.connect() as conn:
-        history = repository.list_attempts(conn, res.id)
+        history = repository.reads.list_attempts(conn, res.id)
     assert [h["outcome"] for h in history] == ["retry", "retry", "fail"]
 
 
@@ -104,7 +105,7 @@ def test_long_job_keeps_its_lease_by_renewal(engine):
         time.sleep(2.5)
 
     with engine.connect() as conn:
-        res = repository.enqueue(conn, "slow", "s1", registry=registry_with(slow=(slow, {})))
+        res = service.enqueue(conn, "slow", "s1", registry=registry_with(slow=(slow, {})))
     worker = Worker(engine, WorkerConfig(concurrency=1, lease_seconds=1), registry=registry_with(slow=(slow, {})))
     t = start(worker)
     try:
@@ -122,7 +123,7 @@ def test_stop_releases_unfinished_jobs_after_grace(engine, caplog):
         gate.wait(30)
 
     with engine.connect() as conn:
-        res = repository.enqueue(conn, "stuck", "st", registry=registry_with(stuck=(stuck, {})))
+        res = service.enqueue(conn, "stuck", "st", registry=registry_with(stuck=(stuck, {})))
     worker = Worker(engine, WorkerConfig(concurrency=2, grace_seconds=0.3), registry=registry_with(stuck=(stuck, {})))
     t = start(worker)
     wait_until(lambda: job(engine, res.id).status is Status.RUNNING, message="running")
@@ -147,7 +148,7 @@ def test_enqueue_in_the_same_process_wakes_an_idle_worker(engine):
         time.sleep(1.5)  # backoff has grown well past a second
         enqueued = time.monotonic()
         with engine.connect() as conn:
-            repository.enqueue(conn, "mark", "wake", registry=reg)
+            service.enqueue(conn, "mark", "wake", registry=reg)
         wait_until(lambda: "wake" in started, timeout=10, message="job start")
     finally:
         worker.stop()
@@ -157,7 +158,7 @@ def test_enqueue_in_the_same_process_wakes_an_idle_worker(engine):
 
 def test_sigterm_releases_running_job_and_exits_zero(mysql_url, mysql_engine, tmp_path):
     with mysql_engine.connect() as conn:
-        res = repository.enqueue(conn, "hold_first_attempt", "long", {"seconds": 60})
+        res = service.enqueue(conn, "hold_first_attempt", "long", {"seconds": 60})
     w = WorkerProcess(mysql_url, tmp_path, "t", "--concurrency", "1", "--grace-seconds", "0.5")
     w.wait_for_log(rf"event=claim job_id={res.id} ")
     w.signal(signal.SIGTERM)
@@ -179,7 +180,7 @@ def test_record_result_rides_out_a_database_outage(engine, monkeypatch):
     again (on its last attempt the job would have failed for good). Like a completion, the
     result write is retried while the database is away; it is fenced and keyed by task_key, so
     retrying cannot record it twice."""
-    real = repository.record_result
+    real = service.record_result
     calls = []
 
     def down_twice(conn, lease, task_key, result):
@@ -188,7 +189,7 @@ def test_record_result_rides_out_a_database_outage(engine, monkeypatch):
             raise _lost_connection()
         return real(conn, lease, task_key, result)
 
-    monkeypatch.setattr(repository, "record_result", down_twice)
+    monkeypatch.setattr(service, "record_result", down_twice)
     runs = []
 
     def work(payload, ctx):
@@ -197,7 +198,7 @@ def test_record_result_rides_out_a_database_outage(engine, monkeypatch):
 
     reg = registry_with(work=(work, {}))
     with engine.connect() as conn:
-        res = repository.enqueue(conn, "work", "w1", max_attempts=1, registry=reg)
+        res = service.enqueue(conn, "work", "w1", max_attempts=1, registry=reg)
     worker = Worker(engine, WorkerConfig(concurrency=1), registry=reg)
     t = start(worker)
     try:
@@ -209,7 +210,7 @@ def test_record_result_rides_out_a_database_outage(engine, monkeypatch):
     assert (done.status, done.attempts, done.last_error) == (Status.DONE, 1, None)
     assert runs == [1] and calls == [1, 1, 1]
     with engine.connect() as conn:
-        assert repository.get_result(conn, "w1")["result"] == {"ok": True}
+        assert repository.reads.get_result(conn, "w1")["result"] == {"ok": True}
 
 
 def test_record_result_does_not_retry_a_result_the_database_refuses(engine):
@@ -220,7 +221,7 @@ def test_record_result_does_not_retry_a_result_the_database_refuses(engine):
 
     reg = registry_with(bad=(bad, {}))
     with engine.connect() as conn:
-        res = repository.enqueue(conn, "bad", "b1", max_attempts=1, registry=reg)
+        res = service.enqueue(conn, "bad", "b1", max_attempts=1, registry=reg)
     worker = Worker(engine, WorkerConfig(concurrency=1), registry=reg)
     t = start(worker)
     started = time.monotonic()

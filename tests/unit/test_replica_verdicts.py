@@ -8,7 +8,7 @@ import pytest
 
 from jobqueue.core.doctor import Verdict, check_replica
 from jobqueue.core.replica_watch import Pause, ReplicaReport
-from jobqueue.core.repository import ReplicaLag
+from jobqueue.core.repository.replicas import ReplicaLag
 from jobqueue.core.settings import Settings, SettingsError
 
 

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 
 from testkit.web import post
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.models import Status
 from jobqueue.core.schema import audit_log, job_queue
 from jobqueue.web import dashboard
@@ -18,18 +19,18 @@ jq = job_queue.c
 
 def make_failed(engine, key="f1", error="boom"):
     with engine.connect() as conn:
-        res = repository.enqueue(conn, "fail_first_attempt", key)
-        (c,) = repository.claim(conn, "host:1:1", 1, ["default"], lease_seconds=60)
+        res = service.enqueue(conn, "fail_first_attempt", key)
+        (c,) = service.claim(conn, "host:1:1", 1, ["default"], lease_seconds=60)
         assert c.job.id == res.id
-        repository.fail(conn, c.lease, error)
+        service.fail(conn, c.lease, error)
     return res.id
 
 
 def test_every_page_renders(client, engine):
     job_id = make_failed(engine)
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "n1", queue="mail")
-        repository.register_process(conn, process_id="host:99", host="host", pid=99, kind="worker", concurrency=4,
+        service.enqueue(conn, "noop", "n1", queue="mail")
+        repository.processes.register_process(conn, process_id="host:99", host="host", pid=99, kind="worker", concurrency=4,
                                     queues="*")
     for path in ("/", "/overview/panels", "/jobs", f"/jobs/{job_id}", f"/jobs/{job_id}/row",
                  f"/jobs/{job_id}/summary", "/workers", "/audit"):
@@ -44,10 +45,10 @@ def test_every_page_renders(client, engine):
 def test_overview_counts_and_throughput(client, engine):
     make_failed(engine)
     with engine.connect() as conn:
-        repository.enqueue_many(conn, [{"task": "noop", "task_key": f"r{i}"} for i in range(3)])
-        repository.register_process(conn, process_id="p:1", host="p", pid=1, kind="worker", concurrency=1, queues="*")
-        now = repository.database_now(conn).replace(second=0, microsecond=0)
-        repository.heartbeat(conn, "p:1", jobs_in_hand=0, processed=7, minute=now, stats={"completed": 7, "failed": 2})
+        service.enqueue_many(conn, [{"task": "noop", "task_key": f"r{i}"} for i in range(3)])
+        repository.processes.register_process(conn, process_id="p:1", host="p", pid=1, kind="worker", concurrency=1, queues="*")
+        now = repository.reads.database_now(conn).replace(second=0, microsecond=0)
+        repository.processes.heartbeat(conn, "p:1", jobs_in_hand=0, processed=7, minute=now, stats={"completed": 7, "failed": 2})
     html = client.get("/overview/panels").get_data(as_text=True)
     queue_row = re.search(r'<table class="grid" id="queue-table">.*?</table>', html, re.S).group(0)
     cells = re.findall(r'status=(\w+)">([\d,]+)', queue_row)
@@ -57,8 +58,8 @@ def test_overview_counts_and_throughput(client, engine):
 
 def test_jobs_filters_and_keyset_paging(client, engine):
     with engine.connect() as conn:
-        repository.enqueue_many(conn, [{"task": "noop", "task_key": f"page-{i:03d}"} for i in range(120)])
-        repository.enqueue(conn, "sleep", "other-1", {"seconds": 1}, queue="slow")
+        service.enqueue_many(conn, [{"task": "noop", "task_key": f"page-{i:03d}"} for i in range(120)])
+        service.enqueue(conn, "sleep", "other-1", {"seconds": 1}, queue="slow")
     seen, url = [], "/jobs?task=noop"
     while url:
         html = client.get(url).get_data(as_text=True)
@@ -93,9 +94,9 @@ def test_filter_values_with_sql_and_html_metacharacters_are_harmless(client, eng
 
 def test_payload_and_errors_are_escaped(client, engine):
     with engine.connect() as conn:
-        res = repository.enqueue(conn, "noop", "xss", {"html": "<script>alert('x')</script>"})
-        (c,) = repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
-        repository.fail(conn, c.lease, "<img src=x onerror=alert(1)>")
+        res = service.enqueue(conn, "noop", "xss", {"html": "<script>alert('x')</script>"})
+        (c,) = service.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
+        service.fail(conn, c.lease, "<img src=x onerror=alert(1)>")
     for path in (f"/jobs/{res.id}", "/jobs", "/"):
         html = client.get(path).get_data(as_text=True)
         assert "<script>alert" not in html and "<img src=x" not in html
@@ -110,9 +111,9 @@ def test_requeue_failed_job_updates_row_in_place_and_audits(client, engine):
     assert html.lstrip().startswith(f'<tr id="job-{job_id}" class="status-ready"')
     assert 'hx-swap-oob="true"' in html and "requeued (failed → ready)" in html
     with engine.connect() as conn:
-        job = repository.get_job(conn, job_id)
+        job = repository.reads.get_job(conn, job_id)
         assert job.status is Status.READY and job.attempts == 1 and job.max_attempts == 2
-        (entry,) = repository.list_audit(conn)
+        (entry,) = repository.operator.list_audit(conn)
     assert (entry["actor"], entry["action"], entry["job_id"], entry["before_status"], entry["after_status"]) == \
         ("web:alice", "requeue", job_id, "failed", "ready")
     assert f"job {job_id}" in client.get("/audit").get_data(as_text=True)
@@ -122,32 +123,32 @@ def test_actions_need_confirmation(client, engine):
     job_id = make_failed(engine)
     assert post(client, f"/jobs/{job_id}/requeue", {}).status_code == 400
     with engine.connect() as conn:
-        assert repository.get_job(conn, job_id).status is Status.FAILED
+        assert repository.reads.get_job(conn, job_id).status is Status.FAILED
 
 
 def test_fail_with_reason_from_the_detail_page(client, engine):
     with engine.connect() as conn:
-        job_id = repository.enqueue(conn, "noop", "to-fail").id
+        job_id = service.enqueue(conn, "noop", "to-fail").id
     html = post(client, f"/jobs/{job_id}/fail", {"confirm": "yes", "reason": "customer cancelled",
                                                   "view": "detail"}).get_data(as_text=True)
     assert 'id="job-summary"' in html and "customer cancelled" in html
     with engine.connect() as conn:
-        job = repository.get_job(conn, job_id)
+        job = repository.reads.get_job(conn, job_id)
     assert job.status is Status.FAILED and job.last_error == "customer cancelled"
 
 
 def test_requeue_running_job_with_valid_lease_asks_then_fences(client, engine):
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "busy-worker")
-        (c,) = repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=300)
+        service.enqueue(conn, "noop", "busy-worker")
+        (c,) = service.claim(conn, "h:1:1", 1, ["default"], lease_seconds=300)
     first = post(client, f"/jobs/{c.job.id}/requeue", {"confirm": "yes"}).get_data(as_text=True)
     assert "still valid" in first and "Requeue anyway" in first and 'name="force" value="yes"' in first
     with engine.connect() as conn:
-        assert repository.get_job(conn, c.job.id).status is Status.RUNNING
+        assert repository.reads.get_job(conn, c.job.id).status is Status.RUNNING
     post(client, f"/jobs/{c.job.id}/requeue", {"confirm": "yes", "force": "yes"})
     with engine.connect() as conn:
-        assert repository.get_job(conn, c.job.id).status is Status.READY
-        assert repository.complete(conn, c.lease).value == "lease_lost"
+        assert repository.reads.get_job(conn, c.job.id).status is Status.READY
+        assert service.complete(conn, c.lease).value == "lease_lost"
 
 
 def test_action_on_a_locked_job_answers_busy(client, engine):
@@ -162,14 +163,14 @@ def test_action_on_a_locked_job_answers_busy(client, engine):
         holder.rollback()
         holder.close()
     with engine.connect() as conn:
-        assert repository.get_job(conn, job_id).status is Status.FAILED
+        assert repository.reads.get_job(conn, job_id).status is Status.FAILED
 
 
 def test_wrong_state_and_unknown_job(client, engine):
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "d")
-        (c,) = repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
-        repository.complete(conn, c.lease)
+        service.enqueue(conn, "noop", "d")
+        (c,) = service.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
+        service.complete(conn, c.lease)
     assert "is done" in post(client, f"/jobs/{c.job.id}/requeue", {"confirm": "yes"}).get_data(as_text=True)
     assert post(client, "/jobs/999999/requeue", {"confirm": "yes"}).status_code == 404
     assert client.get("/jobs/999999").status_code == 404
@@ -188,15 +189,15 @@ def test_bulk_selected(client, engine):
                                         "ids": [str(i) for i in ids[:2]]}).get_data(as_text=True)
     assert "2 jobs requeued." in html
     with engine.connect() as conn:
-        assert [repository.get_job(conn, i).status for i in ids] == [Status.READY, Status.READY, Status.FAILED]
+        assert [repository.reads.get_job(conn, i).status for i in ids] == [Status.READY, Status.READY, Status.FAILED]
 
 
 def test_bulk_over_a_filter_runs_in_bounded_chunks(client, engine, monkeypatch):
     with engine.connect() as conn:
-        repository.enqueue_many(conn, [{"task": "noop", "task_key": f"b{i}"} for i in range(1200)])
+        service.enqueue_many(conn, [{"task": "noop", "task_key": f"b{i}"} for i in range(1200)])
         conn.execute(sa.update(job_queue).values(status="failed", attempts=1, last_error="x"))
         conn.commit()
-        repository.enqueue(conn, "noop", "stays-ready")
+        service.enqueue(conn, "noop", "stays-ready")
     monkeypatch.setattr(dashboard.actions, "BULK_TIME_BUDGET", 0.0)  # one batch per request
     data = {"confirm": "yes", "action": "requeue", "scope": "filter", "status": "failed"}
     requests = 0
@@ -242,4 +243,4 @@ def test_viewer_sees_but_cannot_act(viewer, engine):
     assert post(viewer, "/jobs/bulk", {"confirm": "yes", "action": "requeue", "scope": "selected",
                                         "ids": [str(job_id)]}).status_code == 403
     with engine.connect() as conn:
-        assert repository.get_job(conn, job_id).status is Status.FAILED
+        assert repository.reads.get_job(conn, job_id).status is Status.FAILED

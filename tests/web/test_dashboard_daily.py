@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from testkit.web import VIEWER_TOKEN, api, post
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.models import Status
 from jobqueue.core.schema import job_queue
 from jobqueue.web import dashboard
@@ -22,22 +23,22 @@ def make_failed(engine, keys, queue="default", error="boom"):
     ids = []
     with engine.connect() as conn:
         for key in keys:
-            ids.append(repository.enqueue(conn, "noop", key, queue=queue).id)
-        for c in repository.claim(conn, "h:1:1", len(keys), [queue], lease_seconds=60):
-            repository.fail(conn, c.lease, error)
+            ids.append(service.enqueue(conn, "noop", key, queue=queue).id)
+        for c in service.claim(conn, "h:1:1", len(keys), [queue], lease_seconds=60):
+            service.fail(conn, c.lease, error)
     return ids
 
 
 def status_of(engine, job_id):
     with engine.connect() as conn:
-        return repository.get_job(conn, job_id).status
+        return repository.reads.get_job(conn, job_id).status
 
 
 def test_bulk_confirmation_names_the_filter_and_counts_what_it_applies_to(client, engine):
     failed = make_failed(engine, ["f1", "f2"])
     with engine.connect() as conn:
-        later = repository.enqueue(conn, "noop", "later", delay=3600).id
-        repository.enqueue(conn, "noop", "mail-ready", queue="mail")
+        later = service.enqueue(conn, "noop", "later", delay=3600).id
+        service.enqueue(conn, "noop", "mail-ready", queue="mail")
     html = post(client, "/jobs/bulk/confirm", {"action": "requeue", "scope": "filter", "status": "failed"}
                 ).get_data(as_text=True)
     assert "Requeue 2 jobs?" in html and "filter: status=failed" in html
@@ -56,7 +57,7 @@ def test_bulk_confirmation_names_the_filter_and_counts_what_it_applies_to(client
 
 def test_bulk_confirmation_caps_its_count(client, engine, monkeypatch):
     with engine.connect() as conn:
-        repository.enqueue_many(conn, [{"task": "noop", "task_key": f"c{i}"} for i in range(30)])
+        service.enqueue_many(conn, [{"task": "noop", "task_key": f"c{i}"} for i in range(30)])
     monkeypatch.setattr(dashboard.actions, "MATCH_COUNT_CAP", 25)
     html = post(client, "/jobs/bulk/confirm", {"action": "fail", "scope": "filter"}).get_data(as_text=True)
     assert "Fail 25+ jobs?" in html
@@ -77,7 +78,7 @@ def test_the_jobs_table_carries_its_filter_into_the_bulk_form(client, engine):
 
 def test_jobs_page_counts_matches_and_pages_both_ways(client, engine):
     with engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"p{i:03d}"}
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"p{i:03d}"}
                                                             for i in range(120)])]
     html = client.get("/jobs").get_data(as_text=True)
     assert "120 jobs match all jobs." in re.sub(r"\s+", " ", html)
@@ -91,7 +92,7 @@ def test_jobs_page_counts_matches_and_pages_both_ways(client, engine):
 
 def test_live_refresh_sends_only_the_rows_that_changed(client, engine):
     with engine.connect() as conn:
-        a, b = (repository.enqueue(conn, "noop", k).id for k in ("a", "b"))
+        a, b = (service.enqueue(conn, "noop", k).id for k in ("a", "b"))
     html = client.get("/jobs").get_data(as_text=True)
     versions = dict(re.findall(r'name="live" value="(\d+):([^"]+)"', html))
     assert set(versions) == {str(a), str(b)} and 'id="jobs-live" hx-get=' in html
@@ -99,14 +100,14 @@ def test_live_refresh_sends_only_the_rows_that_changed(client, engine):
     same = client.get("/jobs/live", query_string={"live": live}).get_data(as_text=True)
     assert "<tr" not in same and 'hx-trigger="every 2s' in same        # nothing changed, keep polling
     with engine.connect() as conn:
-        (first,) = repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
+        (first,) = service.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
     assert first.job.id == a
     moved = client.get("/jobs/live", query_string={"live": live}).get_data(as_text=True)
     assert re.findall(r'<tr id="job-(\d+)"', moved) == [str(a)] and 'hx-swap-oob="true"' in moved
     assert "<template>" in moved
     with engine.connect() as conn:
-        (second,) = repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
-        repository.complete_many(conn, [first.lease, second.lease])
+        (second,) = service.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
+        service.complete_many(conn, [first.lease, second.lease])
     settled = client.get("/jobs/live", query_string={"live": live}).get_data(as_text=True)
     assert sorted(re.findall(r'<tr id="job-(\d+)"', settled)) == sorted([str(a), str(b)])
     assert "hx-trigger" not in settled.split("<template>")[0]          # nothing moves: the poll stops
@@ -115,21 +116,21 @@ def test_live_refresh_sends_only_the_rows_that_changed(client, engine):
 
 def test_detail_panel_answers_204_while_unchanged(client, engine):
     with engine.connect() as conn:
-        job_id = repository.enqueue(conn, "noop", "s").id
+        job_id = service.enqueue(conn, "noop", "s").id
     html = client.get(f"/jobs/{job_id}").get_data(as_text=True)
     url = re.search(r'hx-get="([^"]+/summary[^"]+)"', html).group(1).replace("&amp;", "&")
     assert client.get(url).status_code == 204
     with engine.connect() as conn:
-        repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
+        service.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
     changed = client.get(url)
     assert changed.status_code == 200 and "running" in changed.get_data(as_text=True)
 
 
 def test_run_again_asks_twice_then_runs(client, engine):
     with engine.connect() as conn:
-        job_id = repository.enqueue(conn, "noop", "done-1").id
-        (c,) = repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
-        repository.complete(conn, c.lease)
+        job_id = service.enqueue(conn, "noop", "done-1").id
+        (c,) = service.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
+        service.complete(conn, c.lease)
     row = client.get("/jobs").get_data(as_text=True)
     assert "Run again" in row
     first = post(client, f"/jobs/{job_id}/requeue", {"confirm": "yes"}).get_data(as_text=True)
@@ -141,8 +142,8 @@ def test_run_again_asks_twice_then_runs(client, engine):
     assert status_of(engine, job_id) is Status.READY
     # The API says what it needs the same way.
     with engine.connect() as conn:
-        (c,) = repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
-        repository.complete(conn, c.lease)
+        (c,) = service.claim(conn, "h:1:1", 1, ["default"], lease_seconds=60)
+        service.complete(conn, c.lease)
     refused = api(client, "POST", f"/api/jobs/{job_id}/requeue", json={})
     assert refused.status_code == 409 and refused.get_json()["needs"] == "again"
     assert api(client, "POST", f"/api/jobs/{job_id}/requeue", json={"again": True}).get_json()["before"] == "done"
@@ -164,27 +165,27 @@ def test_overview_offers_retry_all_failed_per_queue_through_the_bulk_confirmatio
                                        "queue": "mail"}).get_data(as_text=True)
     assert "2 jobs requeued." in done
     with engine.connect() as conn:
-        page = repository.page_jobs(conn, repository.JobFilter(status=Status.FAILED))
+        page = repository.reads.page_jobs(conn, repository.operator.JobFilter(status=Status.FAILED))
     assert [j.task_key for j in page.jobs] == ["d1"]
 
 
 def test_operator_failures_count_on_the_throughput_chart(client, engine):
     with engine.connect() as conn:
-        ids = [repository.enqueue(conn, "noop", f"o{i}").id for i in range(3)]
-        repository.fail_job(conn, ids[0], "no longer needed", actor="web:alice")
-        repository.bulk_action(conn, "fail", actor="web:alice", ids=ids[1:])
+        ids = [service.enqueue(conn, "noop", f"o{i}").id for i in range(3)]
+        service.fail_job(conn, ids[0], "no longer needed", actor="web:alice")
+        service.bulk_action(conn, "fail", actor="web:alice", ids=ids[1:])
     html = client.get("/overview/panels").get_data(as_text=True)
     assert "failed 3 (3 by an operator)" in html
 
 
 def test_workers_page_lists_each_slot_and_the_process_state(client, engine):
     with engine.connect() as conn:
-        job_id = repository.enqueue(conn, "sleep", "long-1", {"seconds": 600}).id
-        repository.enqueue(conn, "noop", "other")
-        (c,) = repository.claim(conn, "host:7:1", 1, ["default"], lease_seconds=60)
-        repository.register_process(conn, process_id="host:7", host="host", pid=7, kind="worker", concurrency=2,
+        job_id = service.enqueue(conn, "sleep", "long-1", {"seconds": 600}).id
+        service.enqueue(conn, "noop", "other")
+        (c,) = service.claim(conn, "host:7:1", 1, ["default"], lease_seconds=60)
+        repository.processes.register_process(conn, process_id="host:7", host="host", pid=7, kind="worker", concurrency=2,
                                     queues="*")
-        repository.heartbeat(conn, "host:7", jobs_in_hand=2, processed=5, stats={}, state={
+        repository.processes.heartbeat(conn, "host:7", jobs_in_hand=2, processed=5, stats={}, state={
             "state": "not_primary", "detail": "the server is read-only (a replica)", "slots": [
                 {"slot": 1, "job_id": job_id, "attempt": 1, "task": "sleep", "queue": "default", "state": "running",
                  "running_seconds": 12.0, "held_seconds": 12.5, "lease_left_seconds": 48.0, "lost_reason": None,
@@ -205,11 +206,11 @@ def test_workers_page_lists_each_slot_and_the_process_state(client, engine):
 
 def test_audit_log_shows_the_ids_and_the_reason_and_refreshes(client, engine):
     with engine.connect() as conn:
-        ids = [repository.enqueue(conn, "noop", f"a{i}").id for i in range(30)]
+        ids = [service.enqueue(conn, "noop", f"a{i}").id for i in range(30)]
         chosen = [ids[3], ids[7], ids[12], ids[16]]
-        repository.bulk_action(conn, "fail", actor="web:alice", ids=chosen, reason="customer cancelled")
-        repository.bulk_action(conn, "fail", actor="web:alice", ids=ids[17:], reason="duplicate orders")
-        repository.fail_job(conn, ids[0], "wrong address", actor="cli:ops")
+        service.bulk_action(conn, "fail", actor="web:alice", ids=chosen, reason="customer cancelled")
+        service.bulk_action(conn, "fail", actor="web:alice", ids=ids[17:], reason="duplicate orders")
+        service.fail_job(conn, ids[0], "wrong address", actor="cli:ops")
     html = client.get("/audit").get_data(as_text=True)
     text = re.sub(r"<[^>]+>", "", html)
     assert ", ".join(map(str, chosen)) in text                   # the ids, not "4..17"
@@ -224,9 +225,9 @@ def test_audit_log_shows_the_ids_and_the_reason_and_refreshes(client, engine):
 def test_list_api_filters_pages_and_refuses_bad_input(client, engine):
     make_failed(engine, ["f1"], error="ConnectionError: smtp down")
     with engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"api-{i}",
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"api-{i}",
                                                              "payload": {"order": i}} for i in range(7)])]
-        repository.enqueue(conn, "noop", "mail-1", queue="mail")
+        service.enqueue(conn, "noop", "mail-1", queue="mail")
     first = api(client, "GET", "/api/jobs?queue=default&limit=3", token=VIEWER_TOKEN)
     data = first.get_json()
     assert first.status_code == 200 and [j["task_key"] for j in data["jobs"]] == ["api-6", "api-5", "api-4"]
@@ -268,9 +269,9 @@ def test_one_health_check_is_not_all_1_checks(client, monkeypatch):
 
 def test_times_are_relative_with_the_exact_utc_time_on_hover(client, engine):
     with engine.connect() as conn:
-        job_id = repository.enqueue(conn, "noop", "t1").id
+        job_id = service.enqueue(conn, "noop", "t1").id
         conn.execute(sa.update(job_queue).where(jq.id == job_id).values(
-            created_at=repository.database_now(conn) - timedelta(minutes=3)))
+            created_at=repository.reads.database_now(conn) - timedelta(minutes=3)))
         conn.commit()
     html = client.get("/jobs").get_data(as_text=True)
     m = re.search(r'<time datetime="([^"]+)Z" data-now="[^"]+" data-rel="ago" title="([^"]+) UTC">3 min ago</time>', html)

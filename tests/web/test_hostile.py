@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from testkit.web import api, app_config, login, post
 from jobqueue import create_app
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.migrate import init_db
 from jobqueue.core.schema import audit_log, job_queue
@@ -44,7 +45,7 @@ def test_api_enqueue_fuzz(client, engine, body):
     if response.status_code == 201:
         assert rows(engine) == before + 1
         with engine.connect() as conn:
-            job = repository.get_job(conn, data["id"])
+            job = repository.reads.get_job(conn, data["id"])
         assert job.task_key == body["task_key"] and job.task_name == body["task"]
         assert job.payload == (body.get("payload") or {})
     else:
@@ -130,7 +131,7 @@ def test_read_only_replica_refuses_writes_and_reports_it(throwaway_server):
     engine = create_engine(url)
     init_db(engine)
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "before-failover")
+        service.enqueue(conn, "noop", "before-failover")
     engine.dispose()
     server.restart("--read-only")
 
@@ -148,7 +149,7 @@ def test_read_only_replica_refuses_writes_and_reports_it(throwaway_server):
     runtime = app.extensions["jobqueue"].runtime
     assert runtime._verified() is False and "read-only" in runtime.refused
     with app.extensions["jobqueue"].engine.connect() as conn:
-        assert [j.task_key for j in repository.list_jobs(conn)] == ["before-failover"]
+        assert [j.task_key for j in repository.reads.list_jobs(conn)] == ["before-failover"]
     app.extensions["jobqueue"].engine.dispose()
 
 
@@ -201,7 +202,7 @@ def test_odd_digits_in_keyset_and_id_arguments_are_400(client):
 
 def test_bulk_with_odd_digits_or_bad_totals_is_400_and_writes_nothing(client, engine):
     with engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(3)])]
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(3)])]
     before, audits = statuses(engine), audit_rows(engine)
     base = {"confirm": "yes", "action": "fail"}
     cases = [{**base, "scope": "selected", "ids": [str(ids[0]), digits]} for digits in ODD_DIGITS]
@@ -221,7 +222,7 @@ def test_bulk_with_odd_digits_or_bad_totals_is_400_and_writes_nothing(client, en
 
 def test_deep_json_bodies_are_400_and_write_nothing(client, engine):
     with engine.connect() as conn:
-        job_id = repository.enqueue(conn, "fail", "deep-target").id
+        job_id = service.enqueue(conn, "fail", "deep-target").id
     audits = audit_rows(engine)
     deep_array = "[" * 5000 + "]" * 5000
     deep_payload = '{"task": "noop", "task_key": "deep", "payload": ' + '{"a": ' * 5000 + "1" + "}" * 5000 + "}"
@@ -235,7 +236,7 @@ def test_deep_json_bodies_are_400_and_write_nothing(client, engine):
 
 def test_operator_api_bodies_are_validated_before_acting(client, engine):
     with engine.connect() as conn:
-        job_id = repository.enqueue(conn, "noop", "validated").id
+        job_id = service.enqueue(conn, "noop", "validated").id
     audits = audit_rows(engine)
     for path, body, status in [
         (f"/api/jobs/{job_id}/requeue", "[1]", 400),

@@ -14,11 +14,12 @@ from testkit.locks import hold_rows
 from testkit.procs import wait_until
 from testkit.web import VIEWER_TOKEN, api, post
 from jobqueue.core import repository
+from jobqueue.core import service
 
 
 def enqueue(engine, key):
     with engine.connect() as conn:
-        return repository.enqueue(conn, "noop", key).id
+        return service.enqueue(conn, "noop", key).id
 
 
 @pytest.fixture
@@ -61,15 +62,15 @@ def test_the_locks_page_lists_the_holder_and_killing_it_frees_the_job(client, en
     assert f"Kill connection {holder_id}" in text and str(job_id) in text and 'name="confirm" value="yes"' in text
     assert post(client, f"/locks/{holder_id}/kill", htmx=False).status_code == 400   # no confirm: nothing done
     with engine.connect() as conn:
-        assert repository.row_lock(conn, job_id).held
+        assert repository.locks.row_lock(conn, job_id).held
 
     done = post(client, f"/locks/{holder_id}/kill", {"confirm": "yes"}, htmx=False)
     assert done.status_code == 302
     with engine.connect() as conn:
-        wait_until(lambda: not repository.row_lock(conn, job_id).held, message="row let go")
-        claimed = repository.claim(conn, "w:1", 2, ["default"], lease_seconds=30)
+        wait_until(lambda: not repository.locks.row_lock(conn, job_id).held, message="row let go")
+        claimed = service.claim(conn, "w:1", 2, ["default"], lease_seconds=30)
         assert job_id in [c.job.id for c in claimed]
-        (audit,) = [a for a in repository.list_audit(conn, limit=5) if a["action"] == "kill"]
+        (audit,) = [a for a in repository.operator.list_audit(conn, limit=5) if a["action"] == "kill"]
     assert audit["actor"] == "web:alice" and audit["job_id"] == job_id
     assert f"connection {holder_id}" in audit["selection"]
     assert "No transaction holds" in client.get("/locks").get_data(as_text=True)
@@ -122,7 +123,7 @@ def test_sql_text_is_for_admins_only(client, viewer, engine, held_job):
     try:
         started.wait(5)
         with engine.connect() as conn:
-            wait_until(lambda: any(t.waiting_for for t in repository.lock_report(conn).transactions),
+            wait_until(lambda: any(t.waiting_for for t in repository.locks.lock_report(conn).transactions),
                        message="the waiter shows")
         assert "secret-marker" in client.get("/locks").get_data(as_text=True)
         assert "secret-marker" not in viewer.get("/locks").get_data(as_text=True)
@@ -165,7 +166,7 @@ def test_the_latest_deadlock_is_shown_to_admins(client, viewer, engine):
         t = threading.Thread(target=a_takes_b)
         t.start()
         with engine.connect() as conn:
-            wait_until(lambda: any(tr.waiting_for for tr in repository.lock_report(conn).transactions),
+            wait_until(lambda: any(tr.waiting_for for tr in repository.locks.lock_report(conn).transactions),
                        message="a waits for b")
         try:
             b.exec_driver_sql(lock.format(a_id))     # the cycle: one of the two is chosen as the victim
@@ -229,7 +230,7 @@ def test_a_holder_of_more_locks_than_are_read_is_shown_without_its_jobs_on_mysql
         page = client.get("/locks").get_data(as_text=True)
         row = re.search(rf'<tr id="connection-{holder_id}".*?</tr>', page, re.S).group(0)
         with engine.connect() as conn:
-            one = repository.row_lock(conn, ids[0])
+            one = repository.locks.row_lock(conn, ids[0])
         if db_server == "mysql":
             assert "not read: it locks over" in row and f'href="/jobs/{ids[0]}"' not in row
             assert "Kill connection" not in row
@@ -262,11 +263,11 @@ def test_a_second_waiter_is_not_named_as_the_rows_holder(client, engine, held_jo
             with engine.connect() as conn:
                 n = len(waiters)
                 # InnoDB refreshes what its information_schema tables show at most every 0.1 s.
-                wait_until(lambda: sum(bool(t.waiting_for) for t in repository.lock_report(conn).transactions) == n,
+                wait_until(lambda: sum(bool(t.waiting_for) for t in repository.locks.lock_report(conn).transactions) == n,
                            interval=0.2, message=f"{n} waiters show")
         with engine.connect() as conn:
-            assert [t.connection_id for t in repository.row_lock(conn, job_id).holders] == [holder_id]
-            report = repository.lock_report(conn).transactions
+            assert [t.connection_id for t in repository.locks.row_lock(conn, job_id).holders] == [holder_id]
+            report = repository.locks.lock_report(conn).transactions
         assert [t.connection_id for t in report if job_id in t.jobs] == [holder_id]
         assert len([t for t in report if t.waiting_for == (job_id,)]) == 2
         page = client.get("/locks").get_data(as_text=True)

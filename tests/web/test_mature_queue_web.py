@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from testkit.web import VIEWER_TOKEN, api, csrf_token, post
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.models import Status
 from jobqueue.core.schema import job_queue
 
@@ -19,21 +20,21 @@ jq = job_queue.c
 
 def job(engine, job_id):
     with engine.connect() as conn:
-        return repository.get_job(conn, job_id)
+        return repository.reads.get_job(conn, job_id)
 
 
 # --- API -------------------------------------------------------------------------------------------
 
 def test_api_cancel(client, engine):
     with engine.connect() as conn:
-        job_id = repository.enqueue(conn, "noop", "c1").id
-        done_id = repository.enqueue(conn, "noop", "c2").id
+        job_id = service.enqueue(conn, "noop", "c1").id
+        done_id = service.enqueue(conn, "noop", "c2").id
     r = api(client, "POST", f"/api/jobs/{job_id}/cancel", json={"reason": "not needed"})
     assert r.status_code == 200 and r.get_json() == {"id": job_id, "before": "ready", "after": "cancelled",
                                                      "changed": True}
     with engine.connect() as conn:
-        (c,) = repository.claim(conn, "w", 1, ["default"], lease_seconds=60)
-        repository.complete(conn, c.lease)
+        (c,) = service.claim(conn, "w", 1, ["default"], lease_seconds=60)
+        service.complete(conn, c.lease)
     refused = api(client, "POST", f"/api/jobs/{done_id}/cancel")
     assert refused.status_code == 409 and refused.get_json()["status"] == "done"
     assert api(client, "POST", "/api/jobs/999999/cancel").status_code == 404
@@ -54,7 +55,7 @@ def test_api_pause_resume_and_queues(client, engine):
     listed = api(client, "GET", "/api/queues", token=VIEWER_TOKEN).get_json()["queues"]
     assert [(q["queue"], q["paused"], q["changed_by"]) for q in listed] == [("mail", True, "api:ops")]
     with engine.connect() as conn:
-        repository.cancel_job(conn, repository.enqueue(conn, "noop", "m1", queue="mail").id)
+        service.cancel_job(conn, service.enqueue(conn, "noop", "m1", queue="mail").id)
     scraped = api(client, "GET", "/metrics", token=VIEWER_TOKEN).get_data(as_text=True)
     assert 'jobqueue_queue_paused{queue="mail"} 1.0' in scraped
     assert 'jobqueue_queue_jobs{queue="mail",status="cancelled"} 1.0' in scraped
@@ -86,8 +87,8 @@ def test_api_recurring(client, engine):
 
 def test_api_retention_and_prune(client, engine):
     with engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"p{i}"} for i in range(3)])]
-        long_ago = repository.database_now(conn) - timedelta(days=10)
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"p{i}"} for i in range(3)])]
+        long_ago = repository.reads.database_now(conn) - timedelta(days=10)
         conn.execute(sa.update(job_queue).where(jq.id.in_(ids)).values(status="done", run_at=long_ago,
                                                                       finished_at=long_ago))
         conn.commit()
@@ -111,7 +112,7 @@ def test_api_retention_and_prune(client, engine):
 
 def test_cancel_button_single_and_bulk(client, viewer, engine):
     with engine.connect() as conn:
-        ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"b{i}"} for i in range(4)])]
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"b{i}"} for i in range(4)])]
     page = client.get("/jobs").get_data(as_text=True)
     assert f'action="/jobs/{ids[0]}/cancel"' in page and 'name="action" value="cancel"' in page
     assert "/cancel" not in viewer.get("/jobs").get_data(as_text=True)
@@ -127,14 +128,14 @@ def test_cancel_button_single_and_bulk(client, viewer, engine):
     assert "1 job cancelled" in by_filter.get_data(as_text=True)
     assert {job(engine, i).status for i in ids} == {Status.CANCELLED}
     with engine.connect() as conn:
-        actions = [a["action"] for a in repository.list_audit(conn)]
+        actions = [a["action"] for a in repository.operator.list_audit(conn)]
     assert actions == ["bulk_cancel", "bulk_cancel", "cancel"]
     assert "cancelled" in client.get("/jobs?status=cancelled").get_data(as_text=True)
 
 
 def test_pause_and_resume_from_the_overview(client, viewer, engine):
     with engine.connect() as conn:
-        repository.enqueue(conn, "noop", "q1", queue="mail")
+        service.enqueue(conn, "noop", "q1", queue="mail")
     overview = client.get("/").get_data(as_text=True)
     assert 'action="/queues/mail/pause"' in overview and "Pause queue mail?" in overview
     assert "/queues/mail/pause" not in viewer.get("/").get_data(as_text=True)
@@ -145,7 +146,7 @@ def test_pause_and_resume_from_the_overview(client, viewer, engine):
     assert re.search(r"paused by web:alice, [\d.]+ m?s ago", html)
     assert 'action="/queues/mail/resume"' in html
     with engine.connect() as conn:
-        assert repository.paused_queues(conn) == {"mail"}
+        assert repository.claim.paused_queues(conn) == {"mail"}
     html = post(client, "/queues/mail/resume", {"confirm": "yes"}).get_data(as_text=True)
     assert "Queue mail resumed." in html and "resumed by web:alice" in html
 
@@ -169,17 +170,17 @@ def test_recurring_page(client, viewer, engine):
                        follow_redirects=True).get_data(as_text=True)
     assert "Recurring job tick disabled" in page and 'action="/recurring/tick/enable"' in page
     with engine.connect() as conn:
-        row = repository.get_recurring(conn, "tick")
+        row = repository.recurring.get_recurring(conn, "tick")
         assert row["enabled"] is False
-        repository.set_recurring_enabled(conn, "tick", True, actor="t")
-        run = repository.enqueue_due_recurring(conn, now=repository.get_recurring(conn, "tick")["next_run_at"]).runs[0]
+        service.set_recurring_enabled(conn, "tick", True, actor="t")
+        run = service.enqueue_due_recurring(conn, now=repository.recurring.get_recurring(conn, "tick")["next_run_at"]).runs[0]
     page = client.get("/recurring").get_data(as_text=True)
     assert f'href="/jobs/{run.id}"' in page   # the last run and its job
     page = client.post("/recurring/tick/remove", data={"csrf_token": token, "confirm": "yes"},
                        follow_redirects=True).get_data(as_text=True)
     assert "Recurring job tick removed" in page and "No recurring jobs yet" in page
     with engine.connect() as conn:
-        actions = [a["action"] for a in repository.list_audit(conn)]
+        actions = [a["action"] for a in repository.operator.list_audit(conn)]
     assert actions[:3] == ["recurring_remove", "recurring_enable", "recurring_disable"]
 
 
@@ -188,7 +189,7 @@ def test_overview_shows_retention_and_the_last_prune(client, engine):
     assert "Done jobs kept 7 days" in html and "failed and cancelled jobs 30 days" in html
     assert "No prune has run yet" in html
     with engine.connect() as conn:
-        repository.prune(conn, done_days=7, failed_days=30, by="tester")
+        service.prune(conn, done_days=7, failed_days=30, by="tester")
     html = client.get("/overview/panels").get_data(as_text=True)
     assert "Last prune by tester" in html and "0 done" in html
 

@@ -13,6 +13,7 @@ from flask_wtf.csrf import CSRFProtect
 
 from testkit.web import ADMIN_TOKEN, VIEWER_TOKEN, tokens_setting
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.models import Status
 from jobqueue.web import init_dashboard
 from jobqueue.web.config import ConfigError
@@ -77,12 +78,12 @@ def csrf_of(client) -> str:
 
 def new_job(app, key: str) -> int:
     with app.extensions["jobqueue"].engine.connect() as conn:
-        return repository.enqueue(conn, "noop", key).id
+        return service.enqueue(conn, "noop", key).id
 
 
 def job(app, job_id: int):
     with app.extensions["jobqueue"].engine.connect() as conn:
-        return repository.get_job(conn, job_id)
+        return repository.reads.get_job(conn, job_id)
 
 
 def test_a_request_authorize_denies_is_refused(host):
@@ -125,7 +126,7 @@ def test_an_admin_acts_and_the_audit_log_names_the_host_user(host):
     assert answer.status_code == 200 and "cancelled" in answer.get_data(as_text=True)
     assert job(host, job_id).status is Status.CANCELLED
     with host.extensions["jobqueue"].engine.connect() as conn:
-        entries = repository.list_audit(conn, job_id=job_id, limit=5)
+        entries = repository.operator.list_audit(conn, job_id=job_id, limit=5)
     assert [e["actor"] for e in entries] == ["web:ada"]
     assert "web:ada" in admin.get("/jobs-admin/audit").get_data(as_text=True)
 

@@ -15,7 +15,7 @@ from schemathesis.config import SchemathesisConfig
 
 from testkit.web import ADMIN_TOKEN, app_config
 from jobqueue import create_app
-from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.web import openapi
 
 ADD_IT = ("add it to jobqueue/web/openapi.py (PATHS: the path with {parameters}, the method, its request body and "
@@ -61,9 +61,9 @@ def test_every_endpoint_answers_as_documented(mysql_url, mode):
     app = create_app(app_config(mysql_url))
     try:
         with app.extensions["jobqueue"].engine.connect() as conn:
-            ids = [r.id for r in repository.enqueue_many(conn, [{"task": "noop", "task_key": f"seed-{i}"}
+            ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"seed-{i}"}
                                                                for i in range(3)])]
-            repository.fail_job(conn, ids[1], "seeded", actor="test")
+            service.fail_job(conn, ids[1], "seeded", actor="test")
         schema = schemathesis.openapi.from_wsgi("/api/openapi.json", app, config=CONFIG)
         operations = [result.ok() for result in schema.get_all_operations()]
         # Every operation but the document itself, which schemathesis leaves out.

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from testkit.web import (ADMIN_PASSWORD, ADMIN_TOKEN, VIEWER_TOKEN, api, app_config, csrf_token, login)
 from jobqueue import create_app
 from jobqueue.core import repository
+from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Status
 from jobqueue.core.schema import job_queue
@@ -75,7 +76,7 @@ def test_login_attempts_are_throttled(app):
 
 def test_posts_without_csrf_token_are_refused(client, engine):
     with engine.connect() as conn:
-        job_id = repository.enqueue(conn, "noop", "k").id
+        job_id = service.enqueue(conn, "noop", "k").id
     refused = client.post(f"/jobs/{job_id}/fail", data={"confirm": "yes"}, headers={"HX-Request": "true"})
     assert refused.status_code == 400 and "security token" in refused.get_data(as_text=True)
     wrong = client.post(f"/jobs/{job_id}/fail", data={"confirm": "yes"}, headers={"X-CSRFToken": "forged"})
@@ -83,7 +84,7 @@ def test_posts_without_csrf_token_are_refused(client, engine):
     anon = client.application.test_client()
     assert anon.post("/login", data={"username": "alice", "password": ADMIN_PASSWORD}).status_code == 400
     with engine.connect() as conn:
-        assert repository.get_job(conn, job_id).status is Status.READY
+        assert repository.reads.get_job(conn, job_id).status is Status.READY
 
 
 def test_security_headers(client):
@@ -187,8 +188,8 @@ def test_api_rejects_bad_input_and_writes_nothing(client, engine, body, content_
 
 def test_api_operator_actions(client, engine):
     with engine.connect() as conn:
-        job_id = repository.enqueue(conn, "noop", "k").id
-        (c,) = repository.claim(conn, "h:1:1", 1, ["default"], lease_seconds=300)
+        job_id = service.enqueue(conn, "noop", "k").id
+        (c,) = service.claim(conn, "h:1:1", 1, ["default"], lease_seconds=300)
     held = api(client, "POST", f"/api/jobs/{job_id}/requeue")
     assert held.status_code == 409 and held.get_json()["needs"] == "force"
     forced = api(client, "POST", f"/api/jobs/{job_id}/requeue", json={"force": True})
@@ -214,7 +215,7 @@ def test_api_operator_actions(client, engine):
 
 def test_api_stats_for_a_viewer_token(client, engine):
     with engine.connect() as conn:
-        repository.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(3)])
+        service.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(3)])
     stats = api(client, "GET", "/api/stats", token=VIEWER_TOKEN).get_json()
     assert stats["totals"]["ready"] == 3 and stats["queues"]["default"]["ready"] == 3
     assert stats["queues"]["default"]["oldest_ready_age_seconds"] >= 0

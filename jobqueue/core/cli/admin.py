@@ -69,11 +69,11 @@ def worker(ctx: click.Context, concurrency: int, queues: str | None, name: str |
 @queue_command
 def reap(ctx: click.Context, database_url: str | None) -> None:
     """Return running jobs whose lease expired to ready (or failed when out of attempts)."""
-    from .. import repository
+    from .. import service
 
     with engine_of(ctx, database_url).connect() as conn:
-        result = repository.reap(conn)
-        promoted = repository.promote_due(conn)
+        result = service.reap(conn)
+        promoted = service.promote_due(conn)
     print_json({"reclaimed": result.reclaimed, "failed": result.failed, "promoted": promoted})
 
 
@@ -88,11 +88,11 @@ def prune(ctx: click.Context, done_days: float | None, failed_days: float | None
           database_url: str | None) -> None:
     """Delete finished jobs past their keep time, in batches of 1,000 with pauses (their task_keys
     keep answering duplicate); prints the counts as JSON."""
-    from .. import repository
+    from .. import service
 
     settings = settings_of(ctx, database_url)
     with engine_of(ctx, database_url).connect() as conn:
-        counts = repository.prune(conn, done_days=settings.keep_done_days if done_days is None else done_days,
+        counts = service.prune(conn, done_days=settings.keep_done_days if done_days is None else done_days,
                                   failed_days=settings.keep_failed_days if failed_days is None else failed_days,
                                   keys_days=settings.keep_keys_days, dry_run=dry_run, by=actor())
     print_json(counts.as_dict())
@@ -157,7 +157,7 @@ def hash_password(password: str) -> None:
 
 
 def enqueue_demo(engine, jobs: int) -> None:
-    from .. import repository
+    from .. import service
 
     specs = []
     for i in range(jobs):
@@ -172,6 +172,6 @@ def enqueue_demo(engine, jobs: int) -> None:
             specs.append({"task": "fail", "task_key": f"demo-fail-{i}", "max_attempts": 2,
                           "payload": {"message": "demo failure: requeue me from the dashboard"}})
     with engine.connect() as conn:
-        results = repository.enqueue_many(conn, specs)
+        results = service.enqueue_many(conn, specs)
     click.echo(f"enqueued {sum(not r.duplicate for r in results)} demo jobs "
                f"({sum(r.duplicate for r in results)} already known)", err=True)

@@ -30,13 +30,14 @@ def enqueue(ctx: click.Context, task: str, task_key: str, payload: str, queue: s
     """Add a job; prints {"id", "task_key", "duplicate", "status"}. TASK is a task of --tasks, a
     built-in one, or one a worker registered; --allow-unregistered takes any name."""
     from .. import repository
+    from .. import service
 
     with_tasks(ctx, database_url, tasks)
     data = payload_of(payload)
     with engine_of(ctx, database_url).connect() as conn:
-        res = repository.enqueue(conn, task, task_key, data, queue=queue, priority=priority, delay=delay,
+        res = service.enqueue(conn, task, task_key, data, queue=queue, priority=priority, delay=delay,
                                  max_attempts=max_attempts, allow_unregistered=allow_unregistered)
-        status = res.status or repository.get_job(conn, res.id).status
+        status = res.status or repository.reads.get_job(conn, res.id).status
     print_json({"id": res.id, "task_key": res.task_key, "duplicate": res.duplicate, "status": str(status)})
 
 
@@ -59,7 +60,7 @@ def enqueue_many_cmd(ctx: click.Context, file, allow_unregistered: bool, tasks: 
     import threading
     from json.encoder import encode_basestring_ascii as json_string   # json.dumps of a str, minus its overhead
 
-    from .. import repository
+    from .. import repository, service
     from ..validation import MAX_BATCH_JOBS, job_spec, max_payload_bytes
 
     with_tasks(ctx, database_url, tasks)
@@ -68,11 +69,11 @@ def enqueue_many_cmd(ctx: click.Context, file, allow_unregistered: bool, tasks: 
     refused: list[str] = []
     engine = engine_of(ctx, database_url)
 
-    known = repository.KnownTasks(engine)
+    known = repository.task_definitions.KnownTasks(engine)
 
     def parse(raw: bytes):
         try:
-            return repository.validate_job(job_spec(json.loads(raw.decode("utf-8"))), limit=limit, registry=known,
+            return repository.enqueue.validate_job(job_spec(json.loads(raw.decode("utf-8"))), limit=limit, registry=known,
                                            allow_unregistered=allow_unregistered)
         except ValidationError as exc:
             return exc
@@ -94,7 +95,7 @@ def enqueue_many_cmd(ctx: click.Context, file, allow_unregistered: bool, tasks: 
                             "error": f"not written: line {first} of the same batch was refused"}
                 out.write(json.dumps(line) + "\n")
             return
-        results = repository.enqueue_many(conn, repository.Validated(job for _, job in batch))
+        results = service.enqueue_many(conn, repository.enqueue.Validated(job for _, job in batch))
         out.write("".join(f'{{"id": {r.id}, "task_key": {json_string(r.task_key)}, "duplicate": '
                           f'{"true" if r.duplicate else "false"}, "status": "{r.status.value}"}}\n'
                           for r in results))
@@ -162,9 +163,9 @@ def _operator(ctx: click.Context, database_url: str | None, action) -> None:
 @queue_command
 def requeue(ctx: click.Context, job_id: int, force: bool, again: bool, database_url: str | None) -> None:
     """Put a job back to ready (attempts kept)."""
-    from .. import repository
+    from .. import service
 
-    _operator(ctx, database_url, lambda conn: repository.requeue_job(conn, job_id, force=force, again=again,
+    _operator(ctx, database_url, lambda conn: service.requeue_job(conn, job_id, force=force, again=again,
                                                                      actor=actor()))
 
 
@@ -174,9 +175,9 @@ def requeue(ctx: click.Context, job_id: int, force: bool, again: bool, database_
 @queue_command
 def fail_cmd(ctx: click.Context, job_id: int, reason: str | None, database_url: str | None) -> None:
     """Mark a job failed now."""
-    from .. import repository
+    from .. import service
 
-    _operator(ctx, database_url, lambda conn: repository.fail_job(conn, job_id, reason, actor=actor()))
+    _operator(ctx, database_url, lambda conn: service.fail_job(conn, job_id, reason, actor=actor()))
 
 
 @main.command("cancel")
@@ -186,9 +187,9 @@ def fail_cmd(ctx: click.Context, job_id: int, reason: str | None, database_url: 
 def cancel_cmd(ctx: click.Context, job_id: int, reason: str | None, database_url: str | None) -> None:
     """Cancel a job: at once from ready, scheduled or failed; a running job's lease is fenced.
     Exit 3 when the job is already done."""
-    from .. import repository
+    from .. import service
 
-    _operator(ctx, database_url, lambda conn: repository.cancel_job(conn, job_id, reason, actor=actor()))
+    _operator(ctx, database_url, lambda conn: service.cancel_job(conn, job_id, reason, actor=actor()))
 
 
 @main.command("list")
@@ -212,7 +213,7 @@ def list_cmd(ctx: click.Context, status: str | None, queue: str | None, task: st
     query = job_query({"status": status, "queue": queue, "task": task, "key": key, "q": q, "before": before,
                        "limit": limit})
     with engine_of(ctx, database_url).connect() as conn:
-        page = repository.page_jobs(conn, query.job_filter, before=query.before, limit=query.limit)
+        page = repository.reads.page_jobs(conn, query.job_filter, before=query.before, limit=query.limit)
     if as_json:
         print_json(page.as_dict())
         return
@@ -240,11 +241,11 @@ def show(ctx: click.Context, job_id: int, as_json: bool, database_url: str | Non
     from ..models import iso
 
     with engine_of(ctx, database_url).connect() as conn:
-        job = repository.get_job(conn, job_id)
+        job = repository.reads.get_job(conn, job_id)
         if job is None:
             fail(EXIT_NOT_FOUND, f"job {job_id} not found")
-        result = repository.get_result(conn, job.task_key)
-        attempts = repository.list_attempts(conn, job_id)
+        result = repository.reads.get_result(conn, job.task_key)
+        attempts = repository.reads.list_attempts(conn, job_id)
     data = job.as_dict()
     data["result"] = result["result"] if result else None
     data["attempt_history"] = [{**a, "started_at": iso(a["started_at"]), "finished_at": iso(a["finished_at"])}
@@ -279,7 +280,7 @@ def explain(ctx: click.Context, job_id: int, as_json: bool, database_url: str | 
 
     # Two connections: a held row's holder is named by a probe on a second one.
     with engine_of(ctx, database_url, pool_size=2).connect() as conn:
-        explanation = repository.explain(conn, job_id)
+        explanation = repository.explain.explain(conn, job_id)
     if as_json:
         print_json(explanation.as_dict())
         return

@@ -11,10 +11,10 @@ from .base import (actor, engine_of, json_option, main, payload_of, print_json, 
 
 
 def _queue_state(ctx: click.Context, database_url: str | None, queue: str, paused: bool) -> None:
-    from .. import repository
+    from .. import service
 
     with engine_of(ctx, database_url).connect() as conn:
-        verb = repository.pause_queue if paused else repository.resume_queue
+        verb = service.pause_queue if paused else service.resume_queue
         state = verb(conn, queue, actor=actor())
     print_json({"queue": state.queue, "paused": state.paused})
 
@@ -44,7 +44,7 @@ def queues(ctx: click.Context, as_json: bool, database_url: str | None) -> None:
     from ..models import Status
 
     with engine_of(ctx, database_url).connect() as conn:
-        rows, _ = repository.list_queues(conn)
+        rows, _ = repository.stats.list_queues(conn)
     columns = [s.value for s in Status]
 
     def line(r: dict[str, Any]) -> str:
@@ -79,12 +79,12 @@ def _schedule_json(row: dict[str, Any]) -> dict[str, Any]:
 def recurring_add(ctx: click.Context, name: str, cron: str, task: str, payload: str, queue: str | None,
                   tasks: str | None, database_url: str | None) -> None:
     """Add a recurring job (or replace the definition of NAME); prints it."""
-    from .. import repository
+    from .. import service
 
     with_tasks(ctx, database_url, tasks)
     data = payload_of(payload)
     with engine_of(ctx, database_url).connect() as conn:
-        row, created = repository.upsert_recurring(conn, name, cron=cron, task=task, payload=data, queue=queue,
+        row, created = service.upsert_recurring(conn, name, cron=cron, task=task, payload=data, queue=queue,
                                                    actor=actor())
     print_json({**_schedule_json(row), "created": created})
 
@@ -97,7 +97,7 @@ def recurring_list(ctx: click.Context, as_json: bool, database_url: str | None) 
     from .. import repository
 
     with engine_of(ctx, database_url).connect() as conn:
-        rows, _ = repository.list_recurring(conn)
+        rows, _ = repository.recurring.list_recurring(conn)
 
     def line(r: dict[str, Any]) -> str:
         last = f"{r['last_run_at']:%Y-%m-%d %H:%M}" if r["last_run_at"] else "-"
@@ -114,18 +114,18 @@ def recurring_list(ctx: click.Context, as_json: bool, database_url: str | None) 
 @queue_command
 def recurring_remove(ctx: click.Context, name: str, database_url: str | None) -> None:
     """Delete a recurring job (its jobs stay). Exit 4 when there is none of that name."""
-    from .. import repository
+    from .. import service
 
     with engine_of(ctx, database_url).connect() as conn:
-        repository.remove_recurring(conn, name, actor=actor())
+        service.remove_recurring(conn, name, actor=actor())
     print_json({"name": name, "removed": True})
 
 
 def _set_enabled(ctx: click.Context, database_url: str | None, name: str, enabled: bool) -> None:
-    from .. import repository
+    from .. import service
 
     with engine_of(ctx, database_url).connect() as conn:
-        row, changed = repository.set_recurring_enabled(conn, name, enabled, actor=actor())
+        row, changed = service.set_recurring_enabled(conn, name, enabled, actor=actor())
     print_json({"name": name, "enabled": row["enabled"], "changed": changed, "next_run_at": row["next_run_at"]})
 
 
@@ -154,7 +154,7 @@ def stats(ctx: click.Context, as_json: bool, database_url: str | None) -> None:
     from ..models import Status
 
     with engine_of(ctx, database_url).connect() as conn:
-        rows = repository.count_by_status(conn)
+        rows = repository.stats.count_by_status(conn)
     queues: dict[str, dict[str, int]] = {}
     for queue, status, n in rows:
         queues.setdefault(queue, {s.value: 0 for s in Status})[status] = n

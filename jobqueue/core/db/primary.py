@@ -11,7 +11,7 @@ promoted primary is found within about a second). When no
 candidate is writable, connections still go to one that answers, marked not writable: reads (the
 dashboard) keep working, and every write path refuses with NotPrimary before it sends anything
 (`require_primary`; the claim too, so nothing is sent to a server known to be read-only). The
-claim also re-reads the flags in its own locking SELECT (see repository.claim), so not even a
+claim also re-reads the flags in its own locking SELECT (see repository/claim_sql.py), so not even a
 claim sent between two checks can land on a demoted server.
 
 One server at a time. The candidate a process chose stays its primary while it answers as

@@ -30,7 +30,7 @@ from ..validation import check_reason
 from .common import audit, jq, one_more_attempt, record_attempts, truncate_error
 
 if TYPE_CHECKING:
-    from ..replica_watch import Pause
+    from .replicas import Pause
 
 AUDIT_IDS_SHOWN = 200
 

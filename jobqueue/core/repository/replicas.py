@@ -14,6 +14,7 @@ REPLICATION CLIENT privilege (MySQL) or SLAVE MONITOR (MariaDB); without it the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
@@ -36,6 +37,69 @@ class ReplicaLag:
     def current(self) -> bool:
         """Reads here are as fresh as the primary's (caught up, or the primary itself)."""
         return self.replica is False or self.seconds == 0
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """One watched replica as last read: its lag, or why it could not be read."""
+
+    address: str                          # host:port, never the URL (it may hold a password)
+    lag: ReplicaLag | None     # None: the server did not answer
+    error: str | None = None              # why it did not
+
+    @property
+    def seconds(self) -> int | None:
+        """Seconds_Behind_Master when known (replicating, both threads running)."""
+        return self.lag.seconds if self.lag is not None and self.lag.replica else None
+
+    @property
+    def detail(self) -> str:
+        if self.lag is None:
+            return f"did not answer: {self.error}"
+        return self.lag.detail
+
+    def over(self, limit: float) -> bool:
+        return self.seconds is not None and self.seconds > limit
+
+    @property
+    def unread(self) -> bool:
+        """Its lag cannot be known now (down, replication stopped, no privilege)."""
+        return self.lag is None or (self.lag.replica is not False and self.lag.seconds is None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"address": self.address, "reachable": self.lag is not None,
+                "replica": self.lag.replica if self.lag is not None else None,
+                "seconds_behind": self.seconds,
+                "io_running": self.lag.io_running if self.lag is not None else None,
+                "sql_running": self.lag.sql_running if self.lag is not None else None,
+                "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Pause:
+    """What a bulk action's wait before its next batch came to."""
+
+    waited: float                          # seconds this wait took
+    limit: int
+    lagging: tuple[ReplicaReport, ...]     # still over the limit: do not write the next batch yet
+    unread: tuple[ReplicaReport, ...]      # could not be read: not waited for
+    waited_for: tuple[ReplicaReport, ...] = ()   # over the limit when the wait began
+
+    @property
+    def holding(self) -> bool:
+        return bool(self.lagging)
+
+    @property
+    def note(self) -> str | None:
+        """For the bulk's progress: who it waits (or waited) for, and whom it could not read."""
+        if self.lagging:
+            parts = [f"replica {r.address} is {r.seconds} s behind, over the {self.limit} s bound"
+                     for r in self.lagging]
+        else:
+            parts = [f"replica {r.address} was {r.seconds} s behind" for r in self.waited_for]
+        parts += [f"replica {r.address} could not be read ({r.detail}), so nothing waits for it"
+                  for r in self.unread]
+        return "; ".join(parts) or None
 
 
 def replica_lag(conn: Connection) -> ReplicaLag:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from sqlalchemy.engine import Engine
 
-from .. import metrics, repository
+from .. import metrics, repository, service
 from ..backoff import IdleBackoff
 from ..db import is_mysql, is_not_primary
 from ..logs import RateLimited, event
@@ -134,7 +134,7 @@ class Claimer:
             sent_at = time.monotonic()
             with self.engine.connect() as conn:
                 refreshed = self._refresh_queues(conn)
-                cycle = repository.claim_cycle(conn, [self.owners[s] for s in free], self._rotated(),
+                cycle = service.claim_cycle(conn, [self.owners[s] for s in free], self._rotated(),
                                                lease_seconds=self.config.lease_seconds,
                                                completions=[h.lease for h in finished],
                                                classify_queues=self.config.queues, refill=refill)
@@ -144,7 +144,7 @@ class Claimer:
                     # before calling this an empty claim.
                     slots = self._slots_after(cycle, finished, free)
                     if slots:
-                        again = repository.claim_cycle(conn, [self.owners[s] for s in slots], self._rotated(),
+                        again = service.claim_cycle(conn, [self.owners[s] for s in slots], self._rotated(),
                                                        lease_seconds=self.config.lease_seconds,
                                                        classify_queues=self.config.queues)
                         cycle = ClaimCycle(again.claimed, cycle.completed, cycle.losses, again.skipped,
@@ -203,7 +203,7 @@ class Claimer:
                 report = self._probe.read()   # it reads the read-only flags too
             else:
                 with self.engine.connect() as conn:
-                    report = repository.classify_empty(conn, self.config.queues)
+                    report = repository.claim.classify_empty(conn, self.config.queues)
             self.state.set("claiming", None)
             return report
         except DB_ERRORS as exc:
@@ -261,9 +261,9 @@ class Claimer:
             return False
         before = self._known_queues
         if self.config.queues is None:
-            self._known_queues = repository.ready_queues(conn)
+            self._known_queues = repository.claim.ready_queues(conn)
         else:
-            paused = repository.paused_queues(conn)
+            paused = repository.claim.paused_queues(conn)
             self._known_queues = [q for q in self.config.queues if q not in paused]
         self._queues_at = time.monotonic()
         return not force or self._known_queues != before

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from .. import metrics, repository, retry, wakeup
+from .. import metrics, repository, retry, service, wakeup
 from ..backoff import retry_delay
 from ..errors import LeaseLostError
 from ..logs import event, events
@@ -141,7 +141,7 @@ class Finisher:
 
     def confirm_start(self, held: Held) -> bool:
         """Before the handler of a job that waited in hand starts: one fenced write that renews its
-        lease and reads its queue's state under a shared lock (repository.start_lease). False
+        lease and reads its queue's state under a shared lock (service.start_lease). False
         when the handler must not start: taken back by an operator or reaped (the lease is lost),
         its queue paused (the job is released to `ready`, its attempts kept), or its lease lost
         here meanwhile (the deadline passed while the database could not be reached, a shutdown)."""
@@ -151,7 +151,7 @@ class Finisher:
             try:
                 with self.keeper.writing([held]):
                     with self.engine.connect() as conn:
-                        outcome = repository.start_lease(conn, lease, queue, self.config.lease_seconds)
+                        outcome = service.start_lease(conn, lease, queue, self.config.lease_seconds)
             except DB_ERRORS as exc:
                 if reachability(exc) is None:
                     raise
@@ -192,10 +192,10 @@ class Finisher:
         job, lease = held.claimed.job, held.lease
         label = outcome or operation
         if operation == "retry":
-            result = self._final_write(label, [held], lambda conn: repository.retry(conn, lease, error or "", delay,
+            result = self._final_write(label, [held], lambda conn: service.retry(conn, lease, error or "", delay,
                                                                                     outcome=label))
         else:
-            result = self._final_write(label, [held], lambda conn: repository.fail(conn, lease, error or "",
+            result = self._final_write(label, [held], lambda conn: service.fail(conn, lease, error or "",
                                                                                    outcome=label))
         metrics.ATTEMPT_SECONDS.labels(task=job.task_name, outcome=label).observe(held.duration)
         if result is Outcome.OK:
@@ -215,7 +215,7 @@ class Finisher:
     def release(self, held: Held, reason: str = "worker shutting down") -> int:
         """running -> ready under the lease (attempts kept), renewed until it commits."""
         lease = held.lease
-        outcome = self._final_write("release", [held], lambda conn: repository.release(conn, lease, reason))
+        outcome = self._final_write("release", [held], lambda conn: service.release(conn, lease, reason))
         if outcome is not None:
             metrics.RELEASED.inc()
             event(log, logging.WARNING, "released", job_id=lease.job_id, task_key=held.claimed.job.task_key,
@@ -266,7 +266,7 @@ class Finisher:
                 raise
             with self.keeper.writing([held]):
                 try:
-                    outcome = repository.complete_with(conn, lease)
+                    outcome = service.complete_with(conn, lease)
                     if outcome is not Outcome.OK:
                         tx.rollback()
                         self.keeper.lose(held, "complete", "the fence refused the completion: nothing committed")
@@ -281,7 +281,7 @@ class Finisher:
     def _done_under(self, lease) -> bool:
         try:
             with self.engine.connect() as conn:
-                job = repository.get_job(conn, lease.job_id)
+                job = repository.reads.get_job(conn, lease.job_id)
         except DB_ERRORS:
             return False
         return job is not None and job.status.value == "done" and (job.lease_owner, job.attempts) == (
@@ -305,7 +305,7 @@ class Finisher:
 
         def once() -> bool:
             with self.engine.connect() as conn:
-                return repository.record_result(conn, lease, task_key, result)
+                return service.record_result(conn, lease, task_key, result)
 
         try:
             return retry.call(once, self._policy, reachability,

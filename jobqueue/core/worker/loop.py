@@ -280,7 +280,7 @@ class Worker:
         try:
             self.heartbeat()
             with self.engine.connect() as conn:
-                repository.mark_stopped(conn, self.id)
+                repository.processes.mark_stopped(conn, self.id)
         except DB_ERRORS as exc:
             self._state.sql_error("heartbeat", exc)
         self._state.set("stopped", None)
@@ -292,7 +292,7 @@ class Worker:
         self._stats_sent = metrics.stat_totals()
         try:
             with self.engine.connect() as conn:
-                repository.register_process(
+                repository.processes.register_process(
                     conn, process_id=self.id, host=socket.gethostname(), pid=os.getpid(), kind=self.config.kind,
                     concurrency=self.config.concurrency, queues=self.claimer.queue_label,
                     tasks=self.registry.specs())
@@ -310,7 +310,7 @@ class Worker:
         sent = self._stats_sent
         deltas = {k: v - sent.get(k, 0) for k, v in totals.items()}
         with self.engine.connect() as conn:
-            known = repository.heartbeat(conn, self.id, jobs_in_hand=len(self.keeper), processed=self.processed,
+            known = repository.processes.heartbeat(conn, self.id, jobs_in_hand=len(self.keeper), processed=self.processed,
                                          stats=deltas, state=self.status())
         self._stats_sent = totals
         if not known:

@@ -13,7 +13,7 @@ from ..models import EmptyClaimReport
 
 
 class IdleProbe:
-    """repository.classify_statement on a connection of its own in autocommit mode: one statement
+    """repository.claim.classify_statement on a connection of its own in autocommit mode: one statement
     per idle turn, no COMMIT, no ROLLBACK. The SQL is compiled once with this worker's queues
     inlined, and reads the server's read-only flags too, so an idle worker notices a demoted
     primary at no extra cost. The connection is never returned to the pool (it would carry
@@ -35,8 +35,8 @@ class IdleProbe:
         try:
             if self._sql is None:
                 with self.engine.connect() as conn:
-                    self._flavour = repository.flavour(conn)
-                self._sql = str(repository.classify_statement(self.queues, self._flavour).compile(
+                    self._flavour = repository.claim.flavour(conn)
+                self._sql = str(repository.claim.classify_statement(self.queues, self._flavour).compile(
                     dialect=self.engine.dialect, compile_kwargs={"literal_binds": True}))
             cursor = self._conn.dbapi_connection.cursor()
             try:
@@ -47,11 +47,11 @@ class IdleProbe:
         except Exception:
             self.close()
             raise
-        flags = repository.read_only_flags(row, self._flavour)
+        flags = repository.claim.read_only_flags(row, self._flavour)
         if flags:
             self.close()
             raise NotPrimary(f"the server is read-only ({', '.join(flags)} is ON); claiming paused")
-        return repository.classify_row(row)
+        return repository.claim.classify_row(row)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from sqlalchemy.engine import Engine
 
-from .. import metrics, repository
+from .. import metrics, service
 from ..logs import event
 from .config import WorkerConfig
 from .finisher import Finisher
@@ -89,7 +89,7 @@ class Renewer:
         outcomes = None
         try:
             with self.engine.connect() as conn:
-                outcomes = repository.renew(conn, [h.lease for h in items], self.config.lease_seconds)
+                outcomes = service.renew(conn, [h.lease for h in items], self.config.lease_seconds)
         except Exception as exc:   # every error: the deadline keeps running and says when to give up
             self.state.sql_error("renew", exc)
         finally:

@@ -11,6 +11,8 @@ from flask import abort, flash, redirect, render_template, request, url_for
 from sqlalchemy.engine import Connection
 
 from ...core import repository
+
+from ...core import service
 from ...core.errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, RunAgainNeeded, ValidationError
 from ...core.models import Status
 from ..auth import admin_required
@@ -30,8 +32,8 @@ def _action_response(job_id: int, message: str, category: str, *, needs: str | N
         return redirect(request.referrer if _same_site(request.referrer) else url_for("jobqueue.dashboard.job_detail",
                                                                                        job_id=job_id))
     with db() as conn:
-        job = repository.get_job(conn, job_id)
-        now = repository.database_now(conn)
+        job = repository.reads.get_job(conn, job_id)
+        now = repository.reads.database_now(conn)
     detail = request.form.get("view") == "detail"
     template = "jobqueue/dashboard/_job_actions.html" if detail else "jobqueue/dashboard/_job_row.html"
     return render_template(template, job=job, now=now, flash_message=message, flash_category=category,
@@ -48,8 +50,8 @@ def _reason() -> str | None:
     return (request.form.get("reason") or "").strip()[:1000] or None
 
 
-def _job_action(job_id: int, act: Callable[[Connection], repository.ActionResult],
-                said: Callable[[repository.ActionResult], str]):
+def _job_action(job_id: int, act: Callable[[Connection], repository.operator.ActionResult],
+                said: Callable[[repository.operator.ActionResult], str]):
     """One operator action on one job, confirmed, on the primary: answered with what it did, or
     why it did nothing (a confirmation it needs, a state it does not apply to, a busy row)."""
     require_confirm()
@@ -73,7 +75,7 @@ def _job_action(job_id: int, act: Callable[[Connection], repository.ActionResult
     return _action_response(job_id, said(result), "success")
 
 
-def _requeued(result: repository.ActionResult) -> str:
+def _requeued(result: repository.operator.ActionResult) -> str:
     if not result.changed:
         return f"Job {result.job_id} is already ready."
     if result.before is Status.DONE:
@@ -85,7 +87,7 @@ def _requeued(result: repository.ActionResult) -> str:
 @admin_required
 def requeue(job_id: int):
     force, again = request.form.get("force") == "yes", request.form.get("again") == "yes"
-    return _job_action(job_id, lambda conn: repository.requeue_job(conn, job_id, force=force, again=again,
+    return _job_action(job_id, lambda conn: service.requeue_job(conn, job_id, force=force, again=again,
                                                                    actor=actor()), _requeued)
 
 
@@ -93,7 +95,7 @@ def requeue(job_id: int):
 @admin_required
 def fail(job_id: int):
     reason = _reason()
-    return _job_action(job_id, lambda conn: repository.fail_job(conn, job_id, reason, actor=actor()),
+    return _job_action(job_id, lambda conn: service.fail_job(conn, job_id, reason, actor=actor()),
                        lambda r: f"Job {job_id} failed ({r.before.value} → failed).")
 
 
@@ -101,7 +103,7 @@ def fail(job_id: int):
 @admin_required
 def cancel(job_id: int):
     reason = _reason()
-    return _job_action(job_id, lambda conn: repository.cancel_job(conn, job_id, reason, actor=actor()),
+    return _job_action(job_id, lambda conn: service.cancel_job(conn, job_id, reason, actor=actor()),
                        lambda r: (f"Job {job_id} cancelled ({r.before.value} → cancelled)." if r.changed
                                   else f"Job {job_id} is already cancelled."))
 
@@ -114,7 +116,7 @@ def _bulk_request(*, allow_none: bool = False) -> dict[str, Any]:
     """A bulk form, checked before anything is read or written: action, scope, the ids or the
     filter (with the search window it was shown, `min_id`, and where it starts, `after`)."""
     action = request.form.get("action")
-    if action not in repository.BULK_ELIGIBLE or action not in BULK_VERBS:
+    if action not in repository.operator.BULK_ELIGIBLE or action not in BULK_VERBS:
         abort(400, description="unknown bulk action")
     scope = request.form.get("scope", "selected")
     req: dict[str, Any] = {"action": action, "scope": scope, "force": yes_no(request.form, "force"),
@@ -147,12 +149,12 @@ def bulk_confirm():
     will apply to and how many jobs that is (capped), and carries exactly that selection to
     /jobs/bulk. Nothing is written here."""
     req = _bulk_request(allow_none=True)
-    eligible = [s.value for s in repository.BULK_ELIGIBLE[req["action"]]]
+    eligible = [s.value for s in repository.operator.BULK_ELIGIBLE[req["action"]]]
     if req["scope"] == "selected" and not req["ids"]:
         count, capped, description = 0, False, "no rows ticked"
     elif req["scope"] == "filter":
         with db() as conn:
-            count, capped = repository.count_matching(conn, req["filter"], statuses=eligible,
+            count, capped = repository.reads.count_matching(conn, req["filter"], statuses=eligible,
                                                       below=req["after"], cap=MATCH_COUNT_CAP)
         description = req["filter"].describe()
     else:
@@ -181,11 +183,11 @@ def bulk():
     pace = replicas.wait if replicas is not None else None
     with db() as conn:
         if req["scope"] == "filter":
-            result = repository.bulk_action(conn, action, actor=actor(), job_filter=job_filter, after_id=req["after"],
+            result = service.bulk_action(conn, action, actor=actor(), job_filter=job_filter, after_id=req["after"],
                                             reason=req["reason"], force=req["force"], deadline=deadline, pace=pace)
         else:
             # At most two batches: only a pause for replica lag makes it stop before the end.
-            result = repository.bulk_action(conn, action, actor=actor(), ids=req["ids"], reason=req["reason"],
+            result = service.bulk_action(conn, action, actor=actor(), ids=req["ids"], reason=req["reason"],
                                             force=req["force"], deadline=deadline if pace else None, pace=pace)
     totals = {k: previous[k] + getattr(result, k) for k in ("changed", "busy", "skipped")}
     totals["paused_ms"] = previous["paused_ms"] + round(result.paused_seconds * 1000)
@@ -205,7 +207,7 @@ def _queue_action(queue: str, paused: bool):
     require_confirm()
     try:
         with db() as conn:
-            verb = repository.pause_queue if paused else repository.resume_queue
+            verb = service.pause_queue if paused else service.resume_queue
             state = verb(conn, queue, actor=actor())
     except ValidationError as exc:
         abort(400, description=str(exc))

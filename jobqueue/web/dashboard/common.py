@@ -8,7 +8,7 @@ from flask import Blueprint, abort, g, request
 
 from ...core.errors import ValidationError
 from ...core.models import Job
-from ...core.repository import JobFilter
+from ...core.repository.operator import JobFilter
 from ...core.validation import JobQuery, job_query
 
 bp = Blueprint("dashboard", __name__)

@@ -23,22 +23,22 @@ from .workers import current_attempt
 def jobs():
     query = parse_query(request.args)
     with read_db() as conn:
-        page = repository.page_jobs(conn, query.job_filter, before=query.before, after=query.after, limit=PAGE_SIZE,
+        page = repository.reads.page_jobs(conn, query.job_filter, before=query.before, after=query.after, limit=PAGE_SIZE,
                                     cap=MATCH_COUNT_CAP)
-        queues, tasks = repository.distinct_values(conn)
-        now = repository.database_now(conn)
+        queues, tasks = repository.reads.distinct_values(conn)
+        now = repository.reads.database_now(conn)
     context = {"jobs": page.jobs, "page": page, "filter": query.job_filter, "args": filter_args(query.job_filter),
                "before": query.before, "after": query.after, "next_before": page.older, "queues": queues,
                "tasks": tasks, "statuses": [s.value for s in Status], "now": now,
-               "live": any(moving(j) for j in page.jobs), "search_window": repository.SEARCH_WINDOW,
-               "sparse_search_window": repository.SPARSE_SEARCH_WINDOW,
+               "live": any(moving(j) for j in page.jobs), "search_window": repository.operator.SEARCH_WINDOW,
+               "sparse_search_window": repository.operator.SPARSE_SEARCH_WINDOW,
                "bulk_window": bulk_window(query, page)}
     if is_htmx() and request.headers.get("HX-Target") == "jobs-table":
         return render_template("jobqueue/dashboard/_jobs_table.html", **context)
     return render_template("jobqueue/dashboard/jobs.html", **context)
 
 
-def bulk_window(query: JobQuery, page: repository.JobPage) -> tuple[int, int | None] | None:
+def bulk_window(query: JobQuery, page: repository.reads.JobPage) -> tuple[int, int | None] | None:
     """For a search, the ids a bulk "every job matching the filter" may touch: those the page's
     window searched, (min_id, below), never the whole table."""
     if not query.job_filter.search:
@@ -65,8 +65,8 @@ def jobs_live():
             abort(400, description="live must be <id>:<version>")
         given[int(m.group(1))] = m.group(2)
     with db() as conn:
-        rows = repository.jobs_by_id(conn, list(given))
-        now = repository.database_now(conn)
+        rows = repository.reads.jobs_by_id(conn, list(given))
+        now = repository.reads.database_now(conn)
     changed = sorted((j for j in rows if row_version(j) != given.get(j.id)), key=lambda j: -j.id)
     return render_template("jobqueue/dashboard/_jobs_live.html", live=any(moving(j) for j in rows), changed=changed, now=now)
 
@@ -75,13 +75,13 @@ def jobs_live():
 @login_required
 def job_detail(job_id: int):
     with read_db() as conn:
-        job = repository.get_job(conn, job_id)
+        job = repository.reads.get_job(conn, job_id)
         if job is None:
             abort(404, description=f"job {job_id} not found")
-        result = repository.get_result(conn, job.task_key)
-        attempts = repository.list_attempts(conn, job_id)
-        audit = repository.list_audit(conn, job_id=job_id, limit=20)
-        now = repository.database_now(conn)
+        result = repository.reads.get_result(conn, job.task_key)
+        attempts = repository.reads.list_attempts(conn, job_id)
+        audit = repository.operator.list_audit(conn, job_id=job_id, limit=20)
+        now = repository.reads.database_now(conn)
     explanation = explain_for_page(job_id)
     return render_template("jobqueue/dashboard/job.html", job=job, result=result, attempts=attempts, audit=audit, now=now,
                            explanation=explanation,
@@ -96,7 +96,7 @@ def explain_for_page(job_id: int) -> dict[str, Any] | None:
     text of another connection only for admins. None when the job is gone."""
     try:
         with db() as conn:
-            data = repository.explain(conn, job_id).as_dict()
+            data = repository.explain.explain(conn, job_id).as_dict()
     except JobNotFound:
         return None
     if not g.user.can_act:
@@ -128,8 +128,8 @@ def job_summary(job_id: int):
     """The detail page's status and actions panel; it polls itself while the job is in motion.
     Unchanged since `v`: 204, which HTMX does not swap (a reason being typed stays)."""
     with db() as conn:
-        job = repository.get_job(conn, job_id)
-        now = repository.database_now(conn)
+        job = repository.reads.get_job(conn, job_id)
+        now = repository.reads.database_now(conn)
     if job is None:
         abort(404, description=f"job {job_id} not found")
     if request.args.get("v") == row_version(job):
@@ -139,8 +139,8 @@ def job_summary(job_id: int):
 
 def _job_partial(job_id: int, template: str):
     with read_db() as conn:
-        job = repository.get_job(conn, job_id)
-        now = repository.database_now(conn)
+        job = repository.reads.get_job(conn, job_id)
+        now = repository.reads.database_now(conn)
     if job is None:
         abort(404, description=f"job {job_id} not found")
     return render_template(template, job=job, now=now)

@@ -7,6 +7,8 @@ from typing import Any
 from flask import flash, g, redirect, render_template, url_for
 
 from ...core import repository
+
+from ...core import service
 from ...core.errors import InvalidState
 from ...core.repository.locks import MYSQL_LOCK_ROWS
 from ..auth import admin_required, login_required
@@ -17,8 +19,8 @@ from .common import actor, bp, require_confirm
 def locks_context(*, with_deadlock: bool = True) -> dict[str, Any]:
     """`with_deadlock`: also read SHOW ENGINE INNODB STATUS (the full page; its 5 s poll does not show it)."""
     with db() as conn:
-        report = repository.lock_report(conn)
-        deadlock, deadlock_unavailable = (repository.latest_deadlock(conn) if with_deadlock and g.user.can_act
+        report = repository.locks.lock_report(conn)
+        deadlock, deadlock_unavailable = (repository.locks.latest_deadlock(conn) if with_deadlock and g.user.can_act
                                           else (None, None))
     lease = extension().settings.core.lease_seconds
     return {"report": report, "lease_seconds": lease, "deadlock": deadlock, "lock_rows_read": MYSQL_LOCK_ROWS,
@@ -41,7 +43,7 @@ def locks_panel():
 
 def _kill_target(connection_id: int):
     with db() as conn:
-        report = repository.lock_report(conn)
+        report = repository.locks.lock_report(conn)
     return next((t for t in report.transactions if t.connection_id == connection_id and t.jobs), None)
 
 
@@ -64,7 +66,7 @@ def kill(connection_id: int):
     require_confirm()
     try:
         with db() as conn:
-            found = repository.kill_connection(conn, connection_id, actor=actor())
+            found = service.kill_connection(conn, connection_id, actor=actor())
     except InvalidState as exc:
         flash(str(exc), "error")
     else:

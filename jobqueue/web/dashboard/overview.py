@@ -79,17 +79,17 @@ def overview_panels():
 def overview_context() -> dict[str, Any]:
     with read_db() as conn:
         # Every known queue, with its paused state: dicts with the QueueSummary fields.
-        summaries, now = repository.list_queues(conn, counts=extension().counts_for(conn))
-        last_prune = repository.last_prune(conn)
-        running = repository.running_jobs(conn, limit=20)
+        summaries, now = repository.stats.list_queues(conn, counts=extension().counts_for(conn))
+        last_prune = repository.retention.last_prune(conn)
+        running = repository.reads.running_jobs(conn, limit=20)
         since = now.replace(second=0, microsecond=0) - timedelta(minutes=CHART_MINUTES - 1)
-        minutes = repository.activity(conn, since)
-        by_operator = repository.operator_failures(conn, since)
-        processes, _ = repository.list_processes(conn, limit=20)
-        audit = repository.list_audit(conn, limit=5)
+        minutes = repository.stats.activity(conn, since)
+        by_operator = repository.stats.operator_failures(conn, since)
+        processes, _ = repository.processes.list_processes(conn, limit=20)
+        audit = repository.operator.list_audit(conn, limit=5)
     with db() as conn:
         # The primary's own counters: a replica's would not count the primary's deadlocks.
-        lock_minutes = LOCK_MINUTES.record(now, repository.lock_counters(conn))
+        lock_minutes = LOCK_MINUTES.record(now, repository.locks.lock_counters(conn))
     minutes = add_lock_counts(add_operator_failures(minutes, by_operator), lock_minutes)
     held = held_by_process(running)
     totals = {s.value: sum(q["counts"][s.value] for q in summaries) for s in Status}
@@ -162,8 +162,8 @@ QUEUE_ACTIONS = (("requeue", "failed", "Retry all failed"), ("cancel", "failed",
 def audit():
     before = int_arg(request.args, "before")
     with read_db() as conn:
-        entries = repository.list_audit(conn, before_id=before, limit=PAGE_SIZE + 1)
-        now = repository.database_now(conn)
+        entries = repository.operator.list_audit(conn, before_id=before, limit=PAGE_SIZE + 1)
+        now = repository.reads.database_now(conn)
     more = len(entries) > PAGE_SIZE
     entries = entries[:PAGE_SIZE]
     template = "jobqueue/dashboard/_audit_page.html" if is_htmx() and request.headers.get("HX-Target") == "audit-page" \

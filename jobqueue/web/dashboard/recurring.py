@@ -7,6 +7,8 @@ import json
 from flask import abort, flash, redirect, render_template, request, url_for
 
 from ...core import repository
+
+from ...core import service
 from ...core.errors import NotFound, ValidationError
 from ...core.tasks import TASKS
 from ..auth import admin_required, login_required
@@ -18,7 +20,7 @@ from .common import actor, bp, require_confirm
 @login_required
 def recurring():
     with db() as conn:
-        schedules, now = repository.list_recurring(conn)
+        schedules, now = repository.recurring.list_recurring(conn)
     return render_template("jobqueue/dashboard/recurring.html", schedules=schedules, now=now, tasks=TASKS.names())
 
 
@@ -39,7 +41,7 @@ def add_recurring():
         return _recurring_done(f"The payload is not valid JSON: {exc}", "error")
     try:
         with db() as conn:
-            row, created = repository.upsert_recurring(
+            row, created = service.upsert_recurring(
                 conn, name, cron=(form.get("cron") or "").strip(), task=(form.get("task") or "").strip(),
                 payload=payload, queue=(form.get("queue") or "").strip() or None, actor=actor())
     except ValidationError as exc:
@@ -57,9 +59,9 @@ def recurring_action(name: str, verb: str):
     try:
         with db() as conn:
             if verb == "remove":
-                repository.remove_recurring(conn, name, actor=actor())
+                service.remove_recurring(conn, name, actor=actor())
             else:
-                repository.set_recurring_enabled(conn, name, verb == "enable", actor=actor())
+                service.set_recurring_enabled(conn, name, verb == "enable", actor=actor())
     except NotFound as exc:
         return _recurring_done(str(exc), "error")
     return _recurring_done(f"Recurring job {name} {verb}d." if verb != "remove" else f"Recurring job {name} removed.")

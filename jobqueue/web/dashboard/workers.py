@@ -86,8 +86,8 @@ def merge_slots(p: dict[str, Any], held: list[Job], now: datetime) -> list[dict[
 
 def workers_context() -> dict[str, Any]:
     with read_db() as conn:
-        processes, now = repository.list_processes(conn)
-        running = repository.running_jobs(conn, limit=500)
+        processes, now = repository.processes.list_processes(conn)
+        running = repository.reads.running_jobs(conn, limit=500)
     held = held_by_process(running)
     rows = []
     for p in processes:
