@@ -17,8 +17,8 @@ claim sent between two checks can land on a demoted server.
 One server at a time. The candidate a process chose stays its primary while it answers as
 writable; a pooled connection to any other candidate is dropped at its next checkout, so that a
 failover that left the old primary writable cannot spread one process's claims, renewals and
-completions over two servers (issue 25: a worker whose pool held connections to both claimed on
-both, and renewed and completed on the wrong one). Whether two candidates are writable at once
+completions over two servers (a worker whose pool held connections to both would claim on
+both, and renew and complete on the wrong one). Whether two candidates are writable at once
 (split brain) is only seen by looking at all of them: a worker does so every PEER_CHECK_SECONDS
 in a thread of its own (`watch_primaries`), stops claiming while it sees two (`two_primaries`),
 and while it does, never moves to the other writable one even when its own stops answering."""

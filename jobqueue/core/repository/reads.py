@@ -234,8 +234,8 @@ def pinned_index(job_filter: JobFilter) -> str | None:
     For `ORDER BY id DESC LIMIT 51` the planner prefers walking the primary key backwards,
     expecting matches spread evenly over the ids. A task_key prefix and a live status are not:
     a week-old prefix's keys, and the last page of `status=scheduled`, sit below hundreds of
-    thousands of newer rows, and the walk read up to 940,000 of them (2 s at 1,000,000 rows;
-    issue 17). Their own index reads only the matches: uk_task_key (task_key, id) for a prefix,
+    thousands of newer rows, and the walk read up to 940,000 of them (2 s at 1,000,000
+    rows). Their own index reads only the matches: uk_task_key (task_key, id) for a prefix,
     however old; ix_ready_pick (status, queue, priority, id) for a live status, a set the queue
     keeps small. A terminal status (done, failed, cancelled) is dense enough for the walk, and
     its set is not small: no hint. A queue and a task read their pair's index (ix_queue_task):
