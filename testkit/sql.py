@@ -33,3 +33,21 @@ def explain(conn, statement: str) -> list:
     default on 9.x), so it is asked for the table; MariaDB has no FORMAT=TRADITIONAL."""
     prefix = "EXPLAIN " if getattr(conn.dialect, "is_mariadb", False) else "EXPLAIN FORMAT=TRADITIONAL "
     return list(conn.exec_driver_sql(prefix + statement).mappings())
+
+
+def statements_sent(engine, run, wanted=lambda statement: True) -> list[str]:
+    """The statements `run()` sent on `engine` that `wanted(statement)` keeps, as the server got
+    them (parameters filled in by the driver)."""
+    import sqlalchemy as sa
+
+    sent: list[str] = []
+
+    def grab(c, cursor, statement, params, context, executemany):
+        if wanted(statement):
+            sent.append(cursor.mogrify(statement, params))
+    sa.event.listen(engine, "before_cursor_execute", grab)
+    try:
+        run()
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", grab)
+    return sent

@@ -18,7 +18,7 @@ from jobqueue.core.models import Status
 from jobqueue.core.repository.operator import JobFilter
 from jobqueue.core.schema import audit_log, job_queue, job_result
 from jobqueue.core.validation import job_query
-from testkit.sql import explain, rows_read, seq_rows
+from testkit.sql import explain, rows_read, seq_rows, statements_sent
 
 jq = job_queue.c
 
@@ -208,21 +208,6 @@ def _history(conn, n: int, old_keys: int, scheduled: int) -> None:
     conn.commit()
 
 
-def _sent(engine, run, wanted) -> list[str]:
-    """The statements `run` sent on `engine` that `wanted(statement)` keeps, as the server got them."""
-    sent: list[str] = []
-
-    def grab(c, cursor, statement, params, context, executemany):
-        if wanted(statement):
-            sent.append(cursor.mogrify(statement, params))
-    sa.event.listen(engine, "before_cursor_execute", grab)
-    try:
-        run()
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", grab)
-    return sent
-
-
 def _hinted(statement: str) -> bool:
     return "FORCE INDEX" in statement
 
@@ -230,7 +215,7 @@ def _hinted(statement: str) -> bool:
 def _plans(engine, conn, run) -> list[tuple[str, str]]:
     """(key EXPLAIN chose for the page statement as sent, key it chooses for the statement pages
     sent before the hint: the whole rows, no hint)."""
-    sent = _sent(engine, run, _hinted)
+    sent = statements_sent(engine, run, _hinted)
     out = []
     for stmt in sent:
         hinted = _one(explain(conn, stmt.replace("%", "%%")))["key"]
@@ -276,7 +261,7 @@ def test_a_week_old_prefix_and_the_last_page_of_a_live_status_read_their_own_ind
 def _merged_keys(engine, conn, run) -> set[str]:
     """The keys EXPLAIN shows for job_queue in the statements with FORCE INDEX that `run` sent
     (a merge of groups: one row per group)."""
-    sent = _sent(engine, run, _hinted)
+    sent = statements_sent(engine, run, _hinted)
     assert sent
     return {r["key"] for stmt in sent for r in explain(conn, stmt.replace("%", "%%"))
             if r["table"] == "job_queue"}
@@ -304,7 +289,7 @@ def _old_failures(conn, failed: int, done: int) -> None:
 def _accesses(engine, conn, run) -> list[tuple[str, list[tuple[str, str | None, str, int]]]]:
     """Every SELECT on job_queue that `run` sent but the one reading the page's rows by their ids,
     with the (table, key, access type, rows) of each of its table reads."""
-    sent = _sent(engine, run, lambda statement: statement.lstrip().upper().startswith("SELECT")
+    sent = statements_sent(engine, run, lambda statement: statement.lstrip().upper().startswith("SELECT")
                  and "job_queue" in statement and "WHERE job_queue.id IN (" not in statement)
     return [(s, [(r["table"], r["key"], r["type"], int(r["rows"] or 0))
                  for r in explain(conn, s.replace("%", "%%"))]) for s in sent]

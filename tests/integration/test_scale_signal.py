@@ -7,11 +7,10 @@ from __future__ import annotations
 import re
 
 import pytest
-import sqlalchemy as sa
 
 from jobqueue import create_app
 from jobqueue.core.repository import stats
-from testkit.sql import explain, seq_rows
+from testkit.sql import explain, seq_rows, statements_sent
 from testkit.web import VIEWER_TOKEN, app_config
 
 VIEWER = {"Authorization": f"Bearer {VIEWER_TOKEN}"}
@@ -87,20 +86,6 @@ def test_counts_beyond_the_cap_are_reported_capped(mysql_engine, monkeypatch):
     assert signal.oldest_ready_age_seconds >= 29
 
 
-def _sent(engine, run) -> list[str]:
-    sent: list[str] = []
-
-    def grab(c, cursor, statement, params, context, executemany):
-        if "job_queue" in statement:
-            sent.append(cursor.mogrify(statement, params))
-    sa.event.listen(engine, "before_cursor_execute", grab)
-    try:
-        run()
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", grab)
-    return sent
-
-
 def _entries_read(conn) -> int:
     """Index entries and rows this session has read (its Handler_read_* counters: MySQL has no
     session Rows_read, and the server-wide Innodb_rows_read counts other tests' reads too)."""
@@ -131,7 +116,7 @@ def test_each_figure_is_one_bounded_index_read(mysql_engine, queue, ready, runni
         # age (the queue's entries and their rows, or one entry): nothing of the other 70,000 rows.
         assert read <= 2 * (ready + 1) + 2 * (running + 1) + (2 * ready if path == "ix_ready_pick" else 1) + 50, read
 
-        statements = _sent(mysql_engine, lambda: stats.scale_signal(conn, queue))
+        statements = statements_sent(mysql_engine, lambda: stats.scale_signal(conn, queue), lambda s: "job_queue" in s)
         assert len(statements) == 2, statements
         counts, age = [explain(conn, s.replace("%", "%%")) for s in statements]
         reads = [r for r in counts if r["table"] == "job_queue"]
