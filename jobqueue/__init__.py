@@ -13,15 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .core.client import JobQueue, set_default
+    from .core.errors import JobCancelled, JobFailed, JobNotFound
     from .core.models import Enqueued, Explanation, Job, Reason, Status
     from .core.tasks import JobContext, task
 
-__all__ = ["Enqueued", "Explanation", "Job", "JobContext", "JobQueue", "Reason", "Status", "create_app", "set_default", "task"]
+__all__ = ["Enqueued", "Explanation", "Job", "JobCancelled", "JobContext", "JobFailed", "JobNotFound", "JobQueue", "Reason", "Status", "create_app", "set_default", "task"]
 
 _LAZY = {"JobQueue": "jobqueue.core.client", "set_default": "jobqueue.core.client", "task": "jobqueue.core.tasks",
          "JobContext": "jobqueue.core.tasks", "Enqueued": "jobqueue.core.models", "Job": "jobqueue.core.models",
          "Explanation": "jobqueue.core.models", "Reason": "jobqueue.core.models",
-         "Status": "jobqueue.core.models"}
+         "Status": "jobqueue.core.models", "JobFailed": "jobqueue.core.errors",
+         "JobCancelled": "jobqueue.core.errors", "JobNotFound": "jobqueue.core.errors"}
 
 
 def __getattr__(name: str) -> Any:

@@ -129,6 +129,27 @@ class JobQueue:
         with self.engine.connect() as c:
             return repository.explain.explain(c, job_id)
 
+    def result(self, task_key: str, timeout: float | None = 30) -> Any:
+        """What the job's handler returned or recorded (`ctx.record_result`; None if neither),
+        waiting up to `timeout` seconds (None: no limit) for it to finish. Raises JobFailed with
+        its last error for a failed job, JobCancelled (a JobFailed) for a cancelled one,
+        TimeoutError when it is still pending at the deadline, JobNotFound for an unknown key.
+        While it waits it reads the job's row once a second; a completion by a worker in this
+        process wakes it at once."""
+        from .errors import JobCancelled, JobFailed
+        from .results import wait_for
+
+        outcome = wait_for(self.engine, task_key=task_key, timeout=timeout)
+        if outcome.status is Status.DONE:
+            return outcome.result
+        if outcome.status is Status.CANCELLED:
+            raise JobCancelled(f"job {task_key!r} was cancelled: {outcome.error or 'no reason given'}",
+                               task_key=task_key, error=outcome.error)
+        if outcome.status is Status.FAILED:
+            first = (outcome.error or "no error recorded").splitlines()[0]
+            raise JobFailed(f"job {task_key!r} failed: {first}", task_key=task_key, error=outcome.error)
+        raise TimeoutError(f"job {task_key!r} still {outcome.status.value} after {timeout} s")
+
     # --- act ---------------------------------------------------------------------------------
 
     def requeue(self, job_id: int, *, force: bool = False, again: bool = False, actor: str = "python") -> ActionResult:

@@ -86,6 +86,22 @@ class RunAgainNeeded(InvalidState):
     """Requeueing a done job runs its handler again: it needs explicit confirmation (again)."""
 
 
+class JobFailed(JobQueueError):
+    """The job awaited (JobQueue.result) failed for good; `error` is its last error."""
+
+    exit_code = EXIT_ERROR
+    http_status = 409
+
+    def __init__(self, message: str, *, task_key: str, error: str | None):
+        super().__init__(message)
+        self.task_key = task_key
+        self.error = error
+
+
+class JobCancelled(JobFailed):
+    """The job awaited was cancelled (by an operator): it will not run."""
+
+
 class JobBusy(JobQueueError):
     """Another transaction holds the job's row right now (NOWAIT refused); try again."""
 

@@ -67,6 +67,31 @@ class Job:
         }
 
 
+FINISHED = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED})
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """Where a job stands for someone waiting on it: `result` is what its handler returned or
+    recorded (None until done, or when it gave none), `error` its last error."""
+
+    id: int
+    task_key: str
+    status: Status
+    result: Any
+    error: str | None
+    finished_at: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+    def as_dict(self) -> dict[str, Any]:
+        """`jobqueue result --json` and GET /api/jobs/<id>/result."""
+        return {"id": self.id, "task_key": self.task_key, "status": self.status.value, "result": self.result,
+                "error": self.error, "finished_at": iso(self.finished_at)}
+
+
 @dataclass(frozen=True)
 class Lease:
     """What a worker holds after a claim: the fencing token for every later write.

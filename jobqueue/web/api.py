@@ -10,6 +10,9 @@ GET  /api/jobs                 ?status, queue, task, key, q, before, limit (<= 5
                                {jobs, next_before, matches, matches_capped, search_window...};
                                400 {error, field} on a bad argument
 GET  /api/jobs/<id>            the job, its result and its attempts
+GET  /api/jobs/<id>/result     ?wait=SECONDS (0..30, long poll): 200 {id, task_key, status, result, error,
+                               finished_at} once done, failed or cancelled (branch on status); 202, the
+                               same fields, while it has not finished; 400 bad wait; 404
 GET  /api/jobs/<id>/explain    why it is (not) running: {job_id, status, reasons: [{code, detail, ...}]};
                                404; SQL statement text (locked_by_transaction) only for admin tokens
 GET  /api/stats                counts by queue and status
@@ -46,6 +49,7 @@ from ..core import service
 from ..core.repository import stats as stats_sql
 from ..core.errors import JobBusy, JobQueueError, NotFound, PayloadTooLarge, ValidationError, answer_for
 from ..core.models import Job, Status, iso
+from ..core.results import wait_for
 from ..core.tasks import TASKS
 from ..core.validation import ENQUEUE_FIELDS, MAX_BATCH_JOBS, check_reason, job_query, job_spec, max_payload_bytes
 from . import openapi
@@ -55,6 +59,7 @@ from .state import db, extension
 bp = Blueprint("api", __name__, url_prefix="/api")
 
 LIST_ARGS = {"status", "queue", "task", "key", "q", "before", "limit"}
+MAX_RESULT_WAIT = openapi.MAX_RESULT_WAIT   # a long poll holds one of the web process's threads
 
 
 def job_json(job: Job) -> dict[str, Any]:
@@ -223,6 +228,25 @@ def get_job(job_id: int):
     data["attempt_history"] = [{**a, "started_at": iso(a["started_at"]), "finished_at": iso(a["finished_at"])}
                                for a in attempts]
     return jsonify(data)
+
+
+@bp.get("/jobs/<bigint:job_id>/result")
+@token_required()
+def job_result(job_id: int):
+    """200 once the job finished (done, failed or cancelled: branch on `status`), 202 while it has
+    not; ?wait=SECONDS (at most MAX_RESULT_WAIT) holds the answer until it finishes."""
+    raw = request.args.get("wait", "0")
+    try:
+        wait = float(raw)
+    except ValueError:
+        wait = -1.0
+    if not 0 <= wait <= MAX_RESULT_WAIT:
+        return error(400, f"wait must be a number of seconds from 0 to {MAX_RESULT_WAIT:g}", field="wait")
+    try:
+        outcome = wait_for(extension().engine, job_id=job_id, timeout=wait)
+    except NotFound as exc:
+        return error(404, str(exc))
+    return jsonify(outcome.as_dict()), 200 if outcome.finished else 202
 
 
 @bp.get("/jobs/<int:job_id>/explain")

@@ -18,6 +18,7 @@ from ..core.validation import (MAX_ATTEMPTS_RANGE, MAX_BATCH_JOBS, MAX_DELAY_SEC
 STATUSES = [s.value for s in Status]
 REASON_CODES = list(EXPLAIN_CODES)
 MAX_JOB_ID = 2 ** 63 - 1
+MAX_RESULT_WAIT = 30                        # api.MAX_RESULT_WAIT
 MAX_LIST_ID = 10 ** 18 - 1                  # validation.whole_number: 18 digits at most
 # A listing's text filters: no Cc control character anywhere (validation.job_query, strict).
 FILTER_TEXT_PATTERN = "^[^\\x00-\\x1f\\x7f-\\x9f]*(?![\\s\\S])"
@@ -134,6 +135,18 @@ PATHS: dict[str, dict[str, Any]] = {
         "parameters": [JOB_ID],
         "responses": {"200": _json(_ref("JobDetail"), "the job"), "401": UNAUTHORIZED,
                       "404": _error("no such job"), "503": UNAVAILABLE},
+    }},
+    "/api/jobs/{job_id}/result": {"get": {
+        "summary": "A job's result: 200 once it finished (done, failed or cancelled: branch on status; result is "
+                   "what its handler returned or recorded, error its last error), 202 while it has not",
+        "operationId": "job_result",
+        "parameters": [JOB_ID, {"name": "wait", "in": "query", "description": "long poll: answer as soon as the "
+                                "job finishes, or after this many seconds with 202", "schema": {
+                                    "type": "number", "minimum": 0, "maximum": MAX_RESULT_WAIT}}],
+        "responses": {"200": _json(_ref("JobResult"), "the job finished: done, failed or cancelled"),
+                      "202": _json(_ref("JobResult"), "not finished yet (scheduled, ready or running): ask again"),
+                      "400": INVALID_FIELD, "401": UNAUTHORIZED, "404": _error("no such job"),
+                      "503": UNAVAILABLE},
     }},
     "/api/jobs/{job_id}/explain": {"get": {
         "summary": "Why a job is (not) running: its reasons, the main one first. Reads only, and waits at most "
@@ -304,6 +317,14 @@ SCHEMAS: dict[str, Any] = {
         "attempt_history": {"type": "array", "items": {"type": "object", "properties": {
             "attempt": {"type": "integer"}, "worker": {"type": ["string", "null"]}, "started_at": TIMESTAMP,
             "finished_at": TIMESTAMP, "outcome": {"type": "string"}, "error": {"type": ["string", "null"]}}}}}}]},
+    "JobResult": {"type": "object", "required": ["id", "task_key", "status", "result", "error", "finished_at"],
+                  "properties": {
+                      "id": {"type": "integer"}, "task_key": {"type": "string"}, "status": {"enum": STATUSES},
+                      "result": {"description": "what the handler returned or recorded (ctx.record_result); null "
+                                                "unless done, or when it gave none"},
+                      "error": {"type": ["string", "null"], "description": "the last error of a failed or "
+                                                                             "cancelled job; null otherwise"},
+                      "finished_at": TIMESTAMP}},
     "Explanation": {"type": "object", "required": ["job_id", "status", "reasons"], "properties": {
         "job_id": {"type": "integer"}, "status": {"enum": STATUSES},
         "reasons": {"type": "array", "minItems": 1, "items": {

@@ -16,7 +16,7 @@ from schemathesis.config import SchemathesisConfig
 from testkit.web import ADMIN_TOKEN, app_config
 from jobqueue import create_app
 from jobqueue.core import service
-from jobqueue.web import openapi
+from jobqueue.web import api, openapi
 
 ADD_IT = ("add it to jobqueue/web/openapi.py (PATHS: the path with {parameters}, the method, its request body and "
           "every status it can answer, with the schemas of those answers)")
@@ -55,7 +55,7 @@ EXAMPLES = 100     # per operation and generation mode: about 15 s for the whole
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
-def test_every_endpoint_answers_as_documented(mysql_url, mode):
+def test_every_endpoint_answers_as_documented(mysql_url, mode, monkeypatch):
     """Generated requests (valid ones, then invalid ones) to every operation, each answer checked
     against the document: status code, content type, headers, body schema, never a 500."""
     app = create_app(app_config(mysql_url))
@@ -64,6 +64,11 @@ def test_every_endpoint_answers_as_documented(mysql_url, mode):
             ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"seed-{i}"}
                                                                for i in range(3)])]
             service.fail_job(conn, ids[1], "seeded", actor="test")
+        # A long poll of up to 30 s per generated request would take minutes: the route is
+        # called with its wait capped (tests/web/test_security_and_api.py waits for real).
+        real_wait = api.wait_for
+        monkeypatch.setattr(api, "wait_for",
+                            lambda engine, **kw: real_wait(engine, **{**kw, "timeout": min(kw["timeout"], 0.01)}))
         schema = schemathesis.openapi.from_wsgi("/api/openapi.json", app, config=CONFIG)
         operations = [result.ok() for result in schema.get_all_operations()]
         # Every operation but the document itself, which schemathesis leaves out.

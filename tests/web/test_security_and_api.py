@@ -312,3 +312,28 @@ def test_one_invalid_job_in_an_array_names_its_index_and_writes_nothing(client, 
     answer = response.get_json()
     assert answer["index"] == 3 and answer["error"].startswith("job 3: ") and answer.get("field") == field
     assert count_jobs(engine) == 0
+
+
+def test_api_job_result_answers_200_when_finished_and_202_while_pending(client, engine):
+    import time
+
+    with engine.connect() as conn:
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"res-{i}"} for i in range(3)])]
+        (c,) = service.claim(conn, "h:1:1", 1, ["default"], lease_seconds=300)
+        assert service.record_result(conn, c.lease, c.job.task_key, {"rows": 3})
+        assert service.complete(conn, c.lease).value == "ok"
+        service.fail_job(conn, ids[1], "bad data", actor="test")
+    done = api(client, "GET", f"/api/jobs/{c.job.id}/result", token=VIEWER_TOKEN)
+    assert done.status_code == 200
+    assert {k: v for k, v in done.get_json().items() if k != "finished_at"} == {
+        "id": c.job.id, "task_key": c.job.task_key, "status": "done", "result": {"rows": 3}, "error": None}
+    failed = api(client, "GET", f"/api/jobs/{ids[1]}/result").get_json()
+    assert (failed["status"], failed["result"], failed["error"]) == ("failed", None, "bad data")
+    started = time.monotonic()
+    pending = api(client, "GET", f"/api/jobs/{ids[2]}/result?wait=1.2")
+    assert pending.status_code == 202 and pending.get_json()["status"] == "ready"
+    assert time.monotonic() - started >= 1.2
+    assert api(client, "GET", f"/api/jobs/{ids[2]}/result?wait=31").status_code == 400
+    assert api(client, "GET", f"/api/jobs/{ids[2]}/result?wait=x").status_code == 400
+    assert api(client, "GET", "/api/jobs/999999/result").status_code == 404
+    assert api(client, "GET", f"/api/jobs/{ids[2]}/result", token="x" * 30).status_code == 401

@@ -1,4 +1,4 @@
-"""Commands on jobs: enqueue one or many, list, show, explain, requeue, fail, cancel."""
+"""Commands on jobs: enqueue one or many, list, show, explain, result, requeue, fail, cancel."""
 
 from __future__ import annotations
 
@@ -287,3 +287,34 @@ def explain(ctx: click.Context, job_id: int, as_json: bool, database_url: str | 
     click.echo(f"job {explanation.job_id}: {explanation.status.value}")
     for reason in explanation.reasons:
         click.echo(f"  {reason.code}: {reason.detail}")
+
+
+@main.command("result")
+@click.argument("task_key")
+@click.option("--wait", "wait", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Seconds to wait for the job to finish (0: answer at once)")
+@json_option('{"id", "task_key", "status", "result", "error", "finished_at"}')
+@queue_command
+def result_cmd(ctx: click.Context, task_key: str, wait: float, as_json: bool, database_url: str | None) -> None:
+    """The result of the job TASK_KEY: what its handler returned or recorded (JSON; null if
+    neither). Exit 0 done (prints the result), 1 failed or cancelled (prints its last error),
+    3 not finished (at once, or after --wait SECONDS), 4 no such job. While it waits it reads the
+    job's row once a second. --json prints {"id", "task_key", "status", "result", "error",
+    "finished_at"}: `status` done, failed, cancelled or
+    where it stands (scheduled, ready, running), `result` null unless done, `error` the last error
+    of a failed or cancelled job, `finished_at` ISO 8601 or null."""
+    from ..errors import EXIT_ERROR, EXIT_OK, EXIT_STATE
+    from ..models import Status
+    from ..results import wait_for
+
+    outcome = wait_for(engine_of(ctx, database_url), task_key=task_key, timeout=wait)
+    code = EXIT_OK if outcome.status is Status.DONE else EXIT_ERROR if outcome.finished else EXIT_STATE
+    if as_json:
+        print_json(outcome.as_dict())
+    elif outcome.status is Status.DONE:
+        click.echo(json.dumps(outcome.result, sort_keys=True, ensure_ascii=False))
+    elif outcome.finished:
+        click.echo(f"job {task_key} {outcome.status.value}: {outcome.error or 'no error recorded'}", err=True)
+    else:
+        click.echo(f"job {task_key} not finished: {outcome.status.value}", err=True)
+    sys.exit(code)

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..db import transaction
-from ..models import Job, Status
+from ..models import Job, JobResult, Status
 from ..schema import job_attempt, job_queue, job_result
 from .common import database_now as _now, jq, job_from_row, through_index
 from .operator import SEARCH_WINDOW, SPARSE_SEARCH_WINDOW, JobFilter
@@ -32,6 +32,20 @@ def get_result(conn: Connection, task_key: str) -> dict[str, Any] | None:
     row = transaction(conn, lambda c: c.execute(sa.select(job_result).where(job_result.c.task_key == task_key)).first(),
                       what="get_result")
     return dict(row._mapping) if row else None
+
+
+def job_outcome(conn: Connection, *, task_key: str | None = None, job_id: int | None = None) -> JobResult | None:
+    """A job's status and last error by key or id (one statement on a unique index), and its
+    result (a second one) once it is done: what a waiter polls."""
+    where = jq.task_key == task_key if task_key is not None else jq.id == job_id
+    row = transaction(conn, lambda c: c.execute(sa.select(jq.id, jq.task_key, jq.status, jq.last_error,
+                                                          jq.finished_at).where(where)).first(), what="job_outcome")
+    if row is None:
+        return None
+    status = Status(row.status)
+    result = get_result(conn, row.task_key) if status is Status.DONE else None
+    return JobResult(row.id, row.task_key, status, result["result"] if result else None,
+                     row.last_error if status is not Status.DONE else None, row.finished_at)
 
 
 def list_attempts(conn: Connection, job_id: int) -> list[dict[str, Any]]:

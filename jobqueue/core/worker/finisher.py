@@ -5,7 +5,8 @@ writes free.
   it in its next cycle, one COMMIT with the next claim (`take_finished`, then `completed`);
 - raised or timed out: `attempt_failed` schedules the retry (backoff) or fails the job;
 - the handler's `ctx.transaction()`: its writes and the fenced completion commit together
-  (`handler_transaction`); `ctx.record_result()` writes its result under the lease;
+  (`handler_transaction`); `ctx.record_result()`, or a return value other than None, writes
+  its result under the lease, before the completion;
 - never started, or on shutdown: `release` puts the job back to `ready`, its attempts kept;
 - waited in hand: `confirm_start` checks in the database that it may still start.
 
@@ -17,6 +18,7 @@ running, `forget` frees its slot for the next claim.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import queue as queue_mod
 import threading
@@ -131,6 +133,8 @@ class Finisher:
                 self.processed += 1
         for queue, n in done.items():
             metrics.labelled("COMPLETED", queue).inc(n)
+        if wakeup.results_awaited():
+            wakeup.finished([h.claimed.job.task_key for h in finished if outcomes.get(h.key) is Outcome.OK])
         events(log, logging.INFO, "complete", lines)
         with self._lock:
             self._free |= set(freed)
@@ -206,6 +210,8 @@ class Finisher:
                       seconds=f"{held.duration:.3f}", outcome=outcome, error=first_line(error))
             else:
                 metrics.FAILED.labels(queue=job.queue).inc()
+                if wakeup.results_awaited():
+                    wakeup.finished([job.task_key])
                 event(log, logging.ERROR, "fail", job_id=job.id, task_key=job.task_key, attempt=lease.attempt,
                       max_attempts=job.max_attempts, worker=lease.owner, seconds=f"{held.duration:.3f}",
                       outcome=outcome, error=first_line(error))
@@ -294,14 +300,22 @@ class Finisher:
         metrics.ATTEMPT_SECONDS.labels(task=job.task_name, outcome="done").observe(held.duration)
         event(log, logging.INFO, "complete", job_id=job.id, task_key=job.task_key, attempt=lease.attempt,
               worker=lease.owner, seconds=f"{held.duration:.3f}", transaction=True)
+        if wakeup.results_awaited():
+            wakeup.finished([job.task_key])
         self.forget(held)
 
     def record_result(self, held: Held, result: object) -> bool:
-        """ctx.record_result(): the handler's work is done, so a lost connection or a database
-        restart is waited out (as for a completion) rather than failing the attempt. Retrying is
-        safe: the write is fenced by the lease and keyed by task_key. Errors that are not about
-        reaching the database (a result it refuses) reach the handler at once."""
+        """ctx.record_result(), and a handler's return value other than None: the handler's work
+        is done, so a lost connection or a database restart is waited out (as for a completion)
+        rather than failing the attempt. Retrying is safe: the write is fenced by the lease and
+        keyed by task_key. Errors that are not about reaching the database (a result it refuses,
+        one that is not JSON) reach the handler at once."""
         lease, task_key = held.lease, held.claimed.job.task_key
+        try:
+            json.dumps(result)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"the result of {task_key!r} is not JSON-serialisable: {exc}") from None
+        held.result_recorded = True
 
         def once() -> bool:
             with self.engine.connect() as conn:

@@ -77,6 +77,7 @@ class Held:
     renewing: bool = False              # a renewal is in flight: no final write now
     handler_done: bool = False
     completed_in_transaction: bool = False   # the handler's ctx.transaction() committed the completion
+    result_recorded: bool = False       # this attempt called record_result: a return value is not recorded again
 
     @property
     def key(self) -> Key:

@@ -10,7 +10,9 @@ the claim committed (never inside it), and says how the attempt ended:
   either. A job handed to a free thread at once is not confirmed: it waited no longer than the
   claim's own round trip;
 
-- it returned: the lease goes to FINISHING and the job to the claim loop, which completes it in
+- it returned: a value other than None is recorded as the job's result first (as by
+  ctx.record_result, unless this attempt recorded one; one that is not JSON fails the attempt as
+  a raised error would); then the lease goes to FINISHING and the job to the claim loop, which completes it in
   its next cycle (one COMMIT with the next claim); the thread takes the next job at once;
 - it raised: the thread itself schedules the retry (backoff) or fails the job, under the lease;
 - its lease was lost meanwhile (reaped, requeued, failed or cancelled by an operator, timed out,
@@ -112,7 +114,9 @@ class Slots:
         try:
             if spec is None:
                 raise LookupError(f"no handler for task {job.task_name!r} in worker {self.worker_id}")
-            spec.handler(job.payload, held.ctx)
+            returned = spec.handler(job.payload, held.ctx)
+            if returned is not None and not held.result_recorded and not held.completed_in_transaction:
+                finisher.record_result(held, returned)   # as ctx.record_result(returned) would
         except Exception as exc:
             if held.completed_in_transaction:
                 # Its ctx.transaction() committed: the job is done, whatever came after.
