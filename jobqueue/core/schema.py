@@ -47,7 +47,8 @@ class JsonText(sa.types.TypeDecorator):
         return json.dumps(value) if value is not None and _as_text(dialect) else value
 
     def process_result_value(self, value, dialect):
-        return json.loads(value) if isinstance(value, (str, bytes)) else value
+        # SQLite's JSON type has decoded it already: a string there is a JSON string, not a document.
+        return json.loads(value) if value is not None and _as_text(dialect) else value
 
 
 def _as_text(dialect) -> bool:

@@ -22,6 +22,8 @@ from jobqueue.core.worker import Worker, WorkerConfig
 
 
 def returns(payload, ctx):
+    if "value" in payload:
+        return payload["value"]
     return {"echo": payload.get("n")} if "n" in payload else None
 
 
@@ -80,6 +82,16 @@ def test_result_is_what_the_handler_returned_or_recorded(engine):
     assert result_rows(engine) == 2                  # returning None writes nothing
     with pytest.raises(JobNotFound):
         jq.result("no-such-key", timeout=0)
+
+
+@pytest.mark.parametrize("value", ["ok", "", 7, 2**70, [1, "two"], True])
+def test_any_json_value_comes_back_as_returned(engine, value):
+    """Not only objects: a bare string (which SQLite's JSON type had already decoded, and was
+    decoded a second time) or a number."""
+    jq = JobQueue(engine)
+    jq.enqueue("returns", "r-bare", {"value": value}, allow_unregistered=True)
+    with worker(engine):
+        assert jq.result("r-bare", timeout=10) == value
 
 
 def test_failed_cancelled_and_unserialisable_results_raise_job_failed(engine):
