@@ -28,24 +28,43 @@ JOBQUEUE = Path(sys.executable).with_name("jobqueue")
 
 
 def _py(tree: Path, code: str) -> str:
-    return subprocess.run([sys.executable, "-c", code], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
-                          check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def run_side(tree: Path, jobs: int, procs: int, threads: int) -> tuple[float, float]:
     """(jobs/s in the jobs' own window, jobs/s of the whole processes) for one run."""
-    url = _py(tree, f"from bench import common; u = common.create_mysql_db('ab'); common.enqueue_noops(u, {jobs}); print(u)")
+    url = _py(
+        tree, f"from bench import common; u = common.create_mysql_db('ab'); common.enqueue_noops(u, {jobs}); print(u)"
+    )
     try:
         env = {**os.environ, "PYTHONPATH": str(tree)}
-        cmd = [str(JOBQUEUE), "--database-url", url, "worker", "--concurrency", str(threads), "--burst",
-               "--tasks", "bench.gate_tasks"]
+        cmd = [
+            str(JOBQUEUE),
+            "--database-url",
+            url,
+            "worker",
+            "--concurrency",
+            str(threads),
+            "--burst",
+            "--tasks",
+            "bench.gate_tasks",
+        ]
         t0 = time.perf_counter()
-        children = [subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    for _ in range(procs)]
+        children = [
+            subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for _ in range(procs)
+        ]
         if any(c.wait() for c in children):
             raise RuntimeError(f"a worker of {tree} exited with an error")
         wall = time.perf_counter() - t0
-        window = db_window(url)     # the columns it reads are the same on both sides
+        window = db_window(url)  # the columns it reads are the same on both sides
         if window.done != jobs:
             raise RuntimeError(f"{tree}: {window.done} of {jobs} jobs done")
         return window.jobs_per_s, jobs / wall
@@ -68,20 +87,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for r in range(a.rounds):
             for procs, threads in configs:
-                for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):
+                for side in list(sides) if r % 2 == 0 else list(reversed(sides)):
                     results.setdefault((procs, threads, side), []).append(run_side(sides[side], a.jobs, procs, threads))
             print(f"round {r + 1} of {a.rounds} done", file=sys.stderr, flush=True)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=REPO, check=False)
         shutil.rmtree(before.parent, ignore_errors=True)
     print(f"{a.jobs:,} no-op jobs, {a.rounds} rounds alternating, before = {a.ref}, after = this checkout")
-    print("| configuration | before jobs/s | after jobs/s | ratio | before, whole process | after, whole process | ratio |")
+    print(
+        "| configuration | before jobs/s | after jobs/s | ratio | before, whole process | after, whole process | ratio |"
+    )
     print("|---|---|---|---|---|---|---|")
     for procs, threads in configs:
         b, n = results[(procs, threads, "before")], results[(procs, threads, "after")]
         med = [statistics.median(x[i] for x in side) for side in (b, n) for i in (0, 1)]
-        print(f"| {procs} x {threads} | {med[0]:,.0f} | {med[2]:,.0f} | {med[2] / med[0]:.2f}x | {med[1]:,.0f} | "
-              f"{med[3]:,.0f} | {med[3] / med[1]:.2f}x |")
+        print(
+            f"| {procs} x {threads} | {med[0]:,.0f} | {med[2]:,.0f} | {med[2] / med[0]:.2f}x | {med[1]:,.0f} | "
+            f"{med[3]:,.0f} | {med[3] / med[1]:.2f}x |"
+        )
     return 0
 
 

@@ -24,13 +24,14 @@ import sqlalchemy as sa
 from bench import common
 from bench.common import log
 from bench.raw_loop import connect_args
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine
 
-INSERT = ("INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, lease_owner, "
-          "lease_until, attempts, max_attempts, started_at, last_error, created_at, updated_at, finished_at) "
-          "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)")
+INSERT = (
+    "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, lease_owner, "
+    "lease_until, attempts, max_attempts, started_at, last_error, created_at, updated_at, finished_at) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
 
 
 def load_finished(url: str, n: int, *, chunk: int = 20_000) -> float:
@@ -48,9 +49,26 @@ def load_finished(url: str, n: int, *, chunk: int = 20_000) -> float:
                 for i in range(lo, min(n, lo + chunk)):
                     ts = base + timedelta(seconds=i * 0.5)
                     failed = rng.random() < 0.02
-                    rows.append((f"hist-{i}", "noop", "default", 0, "{}", "failed" if failed else "done", ts,
-                                 f"loader:1:{i % 8 + 1}", None, 1, 5, ts, "boom" if failed else None, ts,
-                                 ts + timedelta(milliseconds=3), ts + timedelta(milliseconds=3)))
+                    rows.append(
+                        (
+                            f"hist-{i}",
+                            "noop",
+                            "default",
+                            0,
+                            "{}",
+                            "failed" if failed else "done",
+                            ts,
+                            f"loader:1:{i % 8 + 1}",
+                            None,
+                            1,
+                            5,
+                            ts,
+                            "boom" if failed else None,
+                            ts,
+                            ts + timedelta(milliseconds=3),
+                            ts + timedelta(milliseconds=3),
+                        )
+                    )
                 cur.executemany(INSERT, rows)
                 conn.commit()
         return time.perf_counter() - t0
@@ -63,7 +81,8 @@ def reset_jobs(url: str, min_id: int) -> None:
     with engine.begin() as conn:
         conn.exec_driver_sql(
             "UPDATE job_queue SET status='ready', lease_owner=NULL, lease_until=NULL, attempts=0, started_at=NULL, "
-            f"finished_at=NULL, updated_at=UTC_TIMESTAMP(6) WHERE id > {int(min_id)}")
+            f"finished_at=NULL, updated_at=UTC_TIMESTAMP(6) WHERE id > {int(min_id)}"
+        )
     engine.dispose()
 
 
@@ -73,17 +92,21 @@ def explain(url: str) -> dict[str, Any]:
         with engine.connect() as conn:
             plan = repository.claim.explain_claim(conn, "default", 1)
             flavour = repository.claim.flavour(conn)
-            stmt = repository.claim.pick_statement(flavour).params(queue="default", limit=1).compile(
-                dialect=conn.dialect, compile_kwargs={"literal_binds": True})
+            stmt = (
+                repository.claim.pick_statement(flavour)
+                .params(queue="default", limit=1)
+                .compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
+            )
             # The statement run for real, with the rows it read: MariaDB's ANALYZE, MySQL 8.0's
             # EXPLAIN ANALYZE (a tree of text). It locks one row: inside a transaction we roll back.
             prefix = "ANALYZE" if flavour == "mariadb" else "EXPLAIN ANALYZE"
             analyzed = [dict(r._mapping) for r in conn.exec_driver_sql(f"{prefix} {stmt}").all()]
             conn.rollback()
-            conn.exec_driver_sql("ANALYZE TABLE job_queue").all()   # fresh statistics for the size below
+            conn.exec_driver_sql("ANALYZE TABLE job_queue").all()  # fresh statistics for the size below
             size = conn.exec_driver_sql(
                 "SELECT data_length + index_length FROM information_schema.TABLES "
-                "WHERE table_schema = DATABASE() AND table_name = 'job_queue'").scalar()
+                "WHERE table_schema = DATABASE() AND table_name = 'job_queue'"
+            ).scalar()
         return {"explain": plan, "analyze": analyzed, "table_bytes": int(size or 0)}
     finally:
         engine.dispose()
@@ -94,7 +117,7 @@ def claim_only(url: str, claims: int) -> float:
     engine = create_engine(url, pool_size=1)
     try:
         with engine.connect() as conn:
-            service.claim(conn, "bench:0:1", 1, ["default"], lease_seconds=60)   # warm the statement cache
+            service.claim(conn, "bench:0:1", 1, ["default"], lease_seconds=60)  # warm the statement cache
             t0 = time.perf_counter()
             for _ in range(claims):
                 got = service.claim(conn, "bench:0:1", 1, ["default"], lease_seconds=60)
@@ -119,10 +142,18 @@ def run(ctx) -> dict[str, Any]:
                 max_id = conn.exec_driver_sql("SELECT COALESCE(MAX(id), 0) FROM job_queue").scalar()
             eng.dispose()
             enqueue_s = common.enqueue_noops(url, jobs)
-            dbs[size] = {"url": url, "min_id": max_id, "load_s": load_s, "enqueue_jobs_per_s": jobs / enqueue_s,
-                         "claims_per_s": [], "worker_jobs_per_s": []}
-            log(f"claim cost: loaded {size} finished rows in {load_s:.1f}s "
-                f"({size / load_s if load_s else 0:.0f} rows/s)")
+            dbs[size] = {
+                "url": url,
+                "min_id": max_id,
+                "load_s": load_s,
+                "enqueue_jobs_per_s": jobs / enqueue_s,
+                "claims_per_s": [],
+                "worker_jobs_per_s": [],
+            }
+            log(
+                f"claim cost: loaded {size} finished rows in {load_s:.1f}s "
+                f"({size / load_s if load_s else 0:.0f} rows/s)"
+            )
         for size in sizes:
             dbs[size]["plan"] = explain(dbs[size]["url"])
         for r in range(ctx.rounds):
@@ -141,8 +172,10 @@ def run(ctx) -> dict[str, Any]:
                     raise RuntimeError(f"claim cost {size}: {win.done} of {jobs} done")
                 d["claims_per_s"].append(cps)
                 d["worker_jobs_per_s"].append(win.jobs_per_s)
-                log(f"claim cost round {r + 1}/{ctx.rounds} size {size}: claim-only {cps:.0f}/s, "
-                    f"worker c4 {win.jobs_per_s:.0f} jobs/s")
+                log(
+                    f"claim cost round {r + 1}/{ctx.rounds} size {size}: claim-only {cps:.0f}/s, "
+                    f"worker c4 {win.jobs_per_s:.0f} jobs/s"
+                )
     finally:
         for d in dbs.values():
             common.drop_mysql_db(d["url"])
@@ -150,13 +183,20 @@ def run(ctx) -> dict[str, Any]:
     out = []
     for size in sizes:
         d = dbs[size]
-        out.append({
-            "finished_rows": size, "load_s": d["load_s"],
-            "claims_per_s": common.median(d["claims_per_s"]), "claims_runs": [round(x) for x in d["claims_per_s"]],
-            "worker_jobs_per_s": common.median(d["worker_jobs_per_s"]),
-            "worker_runs": [round(x) for x in d["worker_jobs_per_s"]],
-            "claims_ratio": common.median([a / b for a, b in zip(d["claims_per_s"], base["claims_per_s"])]),
-            "worker_ratio": common.median([a / b for a, b in zip(d["worker_jobs_per_s"], base["worker_jobs_per_s"])]),
-            "plan": d["plan"], "table_bytes": d["plan"]["table_bytes"],
-        })
+        out.append(
+            {
+                "finished_rows": size,
+                "load_s": d["load_s"],
+                "claims_per_s": common.median(d["claims_per_s"]),
+                "claims_runs": [round(x) for x in d["claims_per_s"]],
+                "worker_jobs_per_s": common.median(d["worker_jobs_per_s"]),
+                "worker_runs": [round(x) for x in d["worker_jobs_per_s"]],
+                "claims_ratio": common.median([a / b for a, b in zip(d["claims_per_s"], base["claims_per_s"])]),
+                "worker_ratio": common.median(
+                    [a / b for a, b in zip(d["worker_jobs_per_s"], base["worker_jobs_per_s"])]
+                ),
+                "plan": d["plan"],
+                "table_bytes": d["plan"]["table_bytes"],
+            }
+        )
     return {"jobs": jobs, "claims": claims, "rounds": ctx.rounds, "sizes": out, "target": 0.8}

@@ -16,10 +16,11 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
@@ -34,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 MYSQL_SERVER = os.environ.get("BENCH_MYSQL", "mysql+pymysql://root@127.0.0.1:3306")
 PG_SERVER = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
 REDIS_URL = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0")
-RUN_TAG = f"jqb{uuid.uuid4().hex[:8]}"   # every database/key this run creates starts with it
+RUN_TAG = f"jqb{uuid.uuid4().hex[:8]}"  # every database/key this run creates starts with it
 
 load_task_modules()
 
@@ -44,6 +45,7 @@ def log(msg: str) -> None:
 
 
 # --- statistics -----------------------------------------------------------------------------------
+
 
 def median(xs: list[float]) -> float:
     xs = [x for x in xs if x is not None]
@@ -120,8 +122,9 @@ def drop_leftovers() -> None:
             drop_mysql_db(mysql_url(name))
 
 
-def enqueue_noops(url: str, n: int, *, batch: int = 1000, prefix: str = "b", start: int = 0,
-                  task: str = "noop") -> float:
+def enqueue_noops(
+    url: str, n: int, *, batch: int = 1000, prefix: str = "b", start: int = 0, task: str = "noop"
+) -> float:
     """Enqueue n jobs with service.enqueue_many in batches; returns the seconds it took."""
     engine = create_engine(url, pool_size=1)
     try:
@@ -155,7 +158,7 @@ class Window:
     done: int
     first_start: datetime | None
     last_finish: datetime | None
-    claims: int = 0            # distinct claim transactions (same started_at and claimer)
+    claims: int = 0  # distinct claim transactions (same started_at and claimer)
 
     @property
     def seconds(self) -> float:
@@ -184,10 +187,12 @@ def db_window(url: str, *, claimer_parts: int = 2, min_id: int = 0) -> Window:
         with engine.connect() as conn:
             row = conn.exec_driver_sql(
                 "SELECT COUNT(*), MIN(started_at), MAX(finished_at) FROM job_queue "
-                f"WHERE status='done' AND id > {int(min_id)}").one()
+                f"WHERE status='done' AND id > {int(min_id)}"
+            ).one()
             claims = conn.exec_driver_sql(
                 f"SELECT COUNT(*) FROM (SELECT 1 FROM job_queue WHERE status='done' AND id > {int(min_id)} "
-                f"GROUP BY started_at, SUBSTRING_INDEX(lease_owner, ':', {int(claimer_parts)})) t").scalar()
+                f"GROUP BY started_at, SUBSTRING_INDEX(lease_owner, ':', {int(claimer_parts)})) t"
+            ).scalar()
         return Window(row[0], row[1], row[2], claims)
     finally:
         engine.dispose()
@@ -228,17 +233,35 @@ def jobqueue_cmd() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "jobqueue.cli"]
 
 
-def worker_cmd(url: str, concurrency: int, *extra: str, burst: bool = True, tasks: str = "bench.gate_tasks",
-               log_level: str | None = None) -> list[str]:
+def worker_cmd(
+    url: str,
+    concurrency: int,
+    *extra: str,
+    burst: bool = True,
+    tasks: str = "bench.gate_tasks",
+    log_level: str | None = None,
+) -> list[str]:
     """`jobqueue worker` as an operator runs it: at the default log level (INFO: one line per
     finished attempt) unless `log_level` says otherwise."""
     level = ["--log-level", log_level] if log_level else []
-    return [*jobqueue_cmd(), "--database-url", url, *level, "worker",
-            "--concurrency", str(concurrency), *(["--burst"] if burst else []), "--tasks", tasks, *extra]
+    return [
+        *jobqueue_cmd(),
+        "--database-url",
+        url,
+        *level,
+        "worker",
+        "--concurrency",
+        str(concurrency),
+        *(["--burst"] if burst else []),
+        "--tasks",
+        tasks,
+        *extra,
+    ]
 
 
 def cpu_seconds(pid: int) -> float:
     import psutil
+
     try:
         t = psutil.Process(pid).cpu_times()
         return t.user + t.system
@@ -265,7 +288,7 @@ def mariadbd_pid() -> int | None:
     return _mariadbd_pid if _mariadbd_pid and _mariadbd_pid > 0 else None
 
 
-_live_runs: set["ProcRun"] = set()
+_live_runs: set[ProcRun] = set()
 
 
 @dataclass(eq=False)
@@ -280,11 +303,11 @@ class ProcRun:
     cpu_total: list[float] = field(default_factory=list)
     db_cpu_at_gate: float = float("nan")
     db_cpu: float = float("nan")
-    gated: bool = True      # False: no start gate, the clock starts before the first spawn
+    gated: bool = True  # False: no start gate, the clock starts before the first spawn
     t_spawn: float = 0.0
     t_gate: float = 0.0
     t_end: float = 0.0
-    commits: int | None = None   # COMMITs the processes counted (bench/gate.py), None if any did not
+    commits: int | None = None  # COMMITs the processes counted (bench/gate.py), None if any did not
     returncodes: list[int | None] = field(default_factory=list)
 
     def start(self, log_dir: Path, before_open=None) -> None:
@@ -308,7 +331,7 @@ class ProcRun:
             self.t_gate = self.t_spawn
             return
         self.gate.wait_ready(len(self.procs), alive=lambda: not any(p.poll() is not None for p in self.procs))
-        time.sleep(0.2)   # let every process get from the gate file to its wait loop
+        time.sleep(0.2)  # let every process get from the gate file to its wait loop
         if before_open:
             before_open([p.pid for p in self.procs])
         self.cpu_at_gate = [cpu_seconds(p.pid) for p in self.procs]
@@ -385,15 +408,20 @@ class ProcRun:
 
 # --- machine info -----------------------------------------------------------------------------------
 
+
 def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
-                            "cores": os.cpu_count()}
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cores": os.cpu_count(),
+    }
     with contextlib.suppress(Exception):
         cpuinfo = Path("/proc/cpuinfo").read_text()
         m = re.search(r"model name\s*:\s*(.+)", cpuinfo)
         info["cpu"] = m.group(1).strip() if m else "?"
     with contextlib.suppress(Exception):
         import psutil
+
         info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
     info["loadavg_start"] = os.getloadavg()
     engine = _admin()
@@ -406,6 +434,7 @@ def machine_info() -> dict[str, Any]:
     for pkg in ("SQLAlchemy", "PyMySQL", "procrastinate", "pgqueuer", "rq", "redis", "asyncpg", "psycopg"):
         with contextlib.suppress(Exception):
             from importlib.metadata import version
+
             versions[pkg] = version(pkg)
     info["packages"] = versions
     return info
@@ -416,6 +445,7 @@ def other_load() -> dict[str, Any]:
     out: dict[str, Any] = {"loadavg": os.getloadavg()}
     with contextlib.suppress(Exception):
         import psutil
+
         me = os.getpid()
         procs = []
         for p in psutil.process_iter(["pid", "name", "cmdline"]):

@@ -24,7 +24,7 @@ from bench.common import log
 from bench.raw_loop import connect_args
 
 HELD = 10
-PLAIN_CAP_S = 15.0   # the plain FOR UPDATE loop with a holder is stopped after this long
+PLAIN_CAP_S = 15.0  # the plain FOR UPDATE loop with a holder is stopped after this long
 
 
 class Holder:
@@ -34,8 +34,11 @@ class Holder:
         self.conn = pymysql.connect(**connect_args(url))
         with self.conn.cursor() as cur:
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            cur.execute("SELECT id FROM job_queue WHERE status = 'ready' AND queue = 'default' "
-                        "ORDER BY priority, id LIMIT %s FOR UPDATE", (n,))
+            cur.execute(
+                "SELECT id FROM job_queue WHERE status = 'ready' AND queue = 'default' "
+                "ORDER BY priority, id LIMIT %s FOR UPDATE",
+                (n,),
+            )
             self.ids = [r[0] for r in cur.fetchall()]
 
     def release(self) -> None:
@@ -45,10 +48,25 @@ class Holder:
 
 VARIANTS = {
     "ours": lambda url: [common.worker_cmd(url, 4)],
-    "raw skip locked": lambda url: [[sys.executable, "-m", "bench.raw_loop", "--url", url, "--threads", "4",
-                                     "--batch", "1"]],
-    "raw plain FOR UPDATE": lambda url: [[sys.executable, "-m", "bench.raw_loop", "--url", url, "--threads", "4",
-                                          "--batch", "1", "--no-skip-locked", "--max-seconds", str(PLAIN_CAP_S)]],
+    "raw skip locked": lambda url: [
+        [sys.executable, "-m", "bench.raw_loop", "--url", url, "--threads", "4", "--batch", "1"]
+    ],
+    "raw plain FOR UPDATE": lambda url: [
+        [
+            sys.executable,
+            "-m",
+            "bench.raw_loop",
+            "--url",
+            url,
+            "--threads",
+            "4",
+            "--batch",
+            "1",
+            "--no-skip-locked",
+            "--max-seconds",
+            str(PLAIN_CAP_S),
+        ]
+    ],
 }
 
 
@@ -59,7 +77,7 @@ def run_one(variant: str, holder: bool, jobs: int, log_dir, plain_cap: float = P
         try:
             cmds = VARIANTS[variant](url)
             if variant.startswith("raw plain"):
-                cmds = [[*c[:-1], str(plain_cap)] for c in cmds]   # the --max-seconds value
+                cmds = [[*c[:-1], str(plain_cap)] for c in cmds]  # the --max-seconds value
             run = common.ProcRun(cmds)
             run.start(log_dir)
             target = jobs - (HELD if holder else 0)
@@ -74,8 +92,9 @@ def run_one(variant: str, holder: bool, jobs: int, log_dir, plain_cap: float = P
                         break
                     done = conn.exec_driver_sql("SELECT COUNT(*) FROM job_queue WHERE status = 'done'").scalar()
                     conn.rollback()
-                    plain_over = (holder and variant.startswith("raw plain")
-                                  and time.perf_counter() - run.t_gate > plain_cap + 7)
+                    plain_over = (
+                        holder and variant.startswith("raw plain") and time.perf_counter() - run.t_gate > plain_cap + 7
+                    )
                     if holder and (done >= target or plain_over):
                         # A burst worker keeps retrying contended rows; stop it (SIGTERM: graceful).
                         stopped_early = True
@@ -95,8 +114,16 @@ def run_one(variant: str, holder: bool, jobs: int, log_dir, plain_cap: float = P
     if variant.startswith("raw plain") and holder:
         # The window of finished jobs is meaningless when (almost) none finish: count over the run.
         rate = win.done / min(elapsed, plain_cap + 7)
-    return {"variant": variant, "holder": holder, "done": win.done, "expected": target, "jobs_per_s": rate,
-            "window_s": win.seconds, "elapsed_s": elapsed, "stopped": stopped_early}
+    return {
+        "variant": variant,
+        "holder": holder,
+        "done": win.done,
+        "expected": target,
+        "jobs_per_s": rate,
+        "window_s": win.seconds,
+        "elapsed_s": elapsed,
+        "stopped": stopped_early,
+    }
 
 
 def run(ctx) -> dict[str, Any]:
@@ -108,18 +135,29 @@ def run(ctx) -> dict[str, Any]:
             rounds_plain = 1 if v.startswith("raw plain") else rounds
             if r >= rounds_plain:
                 continue
-            for holder in ((False, True) if r % 2 == 0 else (True, False)):
+            for holder in (False, True) if r % 2 == 0 else (True, False):
                 res = run_one(v, holder, ctx.jobs, ctx.log_dir, plain_cap=6.0 if ctx.quick else PLAIN_CAP_S)
                 samples[v][holder].append(res)
-                log(f"contention round {r + 1} {v} holder={holder}: {res['jobs_per_s']:.0f} jobs/s "
-                    f"({res['done']} done)")
+                log(
+                    f"contention round {r + 1} {v} holder={holder}: {res['jobs_per_s']:.0f} jobs/s ({res['done']} done)"
+                )
     out = {}
     for v in variants:
         free = [s["jobs_per_s"] for s in samples[v][False]]
         held = [s["jobs_per_s"] for s in samples[v][True]]
-        out[v] = {"no_holder_jobs_per_s": common.median(free), "holder_jobs_per_s": common.median(held),
-                  "ratio": common.median([h / f for h, f in zip(held, free)]) if free and held else float("nan"),
-                  "runs_no_holder": [round(x) for x in free], "runs_holder": [round(x) for x in held],
-                  "done_holder": [s["done"] for s in samples[v][True]]}
-    return {"jobs": ctx.jobs, "held": HELD, "rounds": rounds, "variants": out, "target": 0.95,
-            "plain_cap_s": 6.0 if ctx.quick else PLAIN_CAP_S}
+        out[v] = {
+            "no_holder_jobs_per_s": common.median(free),
+            "holder_jobs_per_s": common.median(held),
+            "ratio": common.median([h / f for h, f in zip(held, free)]) if free and held else float("nan"),
+            "runs_no_holder": [round(x) for x in free],
+            "runs_holder": [round(x) for x in held],
+            "done_holder": [s["done"] for s in samples[v][True]],
+        }
+    return {
+        "jobs": ctx.jobs,
+        "held": HELD,
+        "rounds": rounds,
+        "variants": out,
+        "target": 0.95,
+        "plain_cap_s": 6.0 if ctx.quick else PLAIN_CAP_S,
+    }

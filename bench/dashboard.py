@@ -46,13 +46,12 @@ from bench import common
 from bench.common import log
 from bench.dashboard_data import COMMON, ERROR_TERM, PASSWORD, RARE, TARGET_P95_MS, TOKEN, Client, load
 from bench.dashboard_scale import scale, targets, write_md
-from testkit.procs import GunicornServer
-from jobqueue.core import repository
-from jobqueue.core import service
-from jobqueue.core.schema import job_queue
+from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine
-from jobqueue.core.repository.operator import JobFilter
 from jobqueue.core.models import Status
+from jobqueue.core.repository.operator import JobFilter
+from jobqueue.core.schema import job_queue
+from testkit.procs import GunicornServer
 
 EXPLAIN_P95_MS = 50.0
 FT_LIMIT_S = 20
@@ -60,7 +59,7 @@ FT_LIMIT_S = 20
 
 def time_pages(client: Client, pages: dict[str, str], rounds: int) -> dict[str, dict[str, Any]]:
     samples: dict[str, list[float]] = {name: [] for name in pages}
-    for _ in range(3):                              # warm-up: pools, caches, the doctor's minute cache
+    for _ in range(3):  # warm-up: pools, caches, the doctor's minute cache
         for path in pages.values():
             client.get(path)
     for _ in range(rounds):
@@ -69,9 +68,17 @@ def time_pages(client: Client, pages: dict[str, str], rounds: int) -> dict[str, 
             status, body = client.get(path)
             samples[name].append((time.perf_counter() - t0) * 1000)
             assert status == 200 and len(body) > 100, (name, status)
-    return {name: {"path": pages[name], "p50_ms": common.median(xs), "p95_ms": common.percentile(xs, 95),
-                   "max_ms": max(xs), "n": len(xs), "pass": common.percentile(xs, 95) < TARGET_P95_MS}
-            for name, xs in samples.items()}
+    return {
+        name: {
+            "path": pages[name],
+            "p50_ms": common.median(xs),
+            "p95_ms": common.percentile(xs, 95),
+            "max_ms": max(xs),
+            "n": len(xs),
+            "pass": common.percentile(xs, 95) < TARGET_P95_MS,
+        }
+        for name, xs in samples.items()
+    }
 
 
 def worker_rate(url: str, ctx, seconds: float, during=None) -> tuple[float, Any]:
@@ -81,7 +88,9 @@ def worker_rate(url: str, ctx, seconds: float, during=None) -> tuple[float, Any]
 
     def done() -> int:
         with engine.connect() as conn:
-            return conn.exec_driver_sql("SELECT COUNT(*) FROM job_queue WHERE queue = 'bench' AND status = 'done'").scalar()
+            return conn.exec_driver_sql(
+                "SELECT COUNT(*) FROM job_queue WHERE queue = 'bench' AND status = 'done'"
+            ).scalar()
 
     run = common.ProcRun([common.worker_cmd(url, 4, "--queues", "bench", burst=False)])
     run.start(ctx.log_dir)
@@ -115,9 +124,13 @@ def run(ctx) -> dict[str, Any]:
             # A ready job with others ahead of it in its queue, and a running one.
             explained = [t["ready_last"], t["running_last"]]
             plan = repository.claim.explain_claim(conn, "default", 8)
-        env = {"JOBQUEUE_USERS": f"bench:admin:{generate_password_hash(PASSWORD)}", "JOBQUEUE_SECRET_KEY": "bench",
-               "JOBQUEUE_SECURE_COOKIES": "0",
-               "JOBQUEUE_API_TOKENS": f"bench:viewer:{TOKEN}", **common.KEEP_EVERYTHING}
+        env = {
+            "JOBQUEUE_USERS": f"bench:admin:{generate_password_hash(PASSWORD)}",
+            "JOBQUEUE_SECRET_KEY": "bench",
+            "JOBQUEUE_SECURE_COOKIES": "0",
+            "JOBQUEUE_API_TOKENS": f"bench:viewer:{TOKEN}",
+            **common.KEEP_EVERYTHING,
+        }
         server = GunicornServer(url, ctx.log_dir, web_workers=1, embedded_workers=0, extra_env=env)
         try:
             client = Client(server.base)
@@ -136,8 +149,8 @@ def run(ctx) -> dict[str, Any]:
                 f"search, rare term (q={RARE})": f"/jobs?q={RARE}",
                 f"search in errors (status=failed q={ERROR_TERM})": "/jobs?status=failed&q=said+503",
                 "search, a window deep in the keyset": f"/jobs?q={RARE}&before={some_job.id}",
-                "jobs: the live refresh of 50 rows": "/jobs/live?" + "&".join(
-                    f"live={i}:0.x" for i in range(some_job.id, some_job.id + 50)),
+                "jobs: the live refresh of 50 rows": "/jobs/live?"
+                + "&".join(f"live={i}:0.x" for i in range(some_job.id, some_job.id + 50)),
                 "job detail": f"/jobs/{some_job.id}",
                 "workers": "/workers",
                 "audit log": "/audit",
@@ -159,8 +172,10 @@ def run(ctx) -> dict[str, Any]:
 
         # Bulk requeue beside a working worker.
         with engine.begin() as conn:
-            conn.exec_driver_sql(f"UPDATE job_queue SET status = 'failed', last_error = 'bench' "
-                                 f"WHERE status = 'done' AND id <= {bulk_rows}")
+            conn.exec_driver_sql(
+                f"UPDATE job_queue SET status = 'failed', last_error = 'bench' "
+                f"WHERE status = 'done' AND id <= {bulk_rows}"
+            )
             conn.exec_driver_sql(f"UPDATE job_queue SET status = 'done' WHERE status = 'failed' AND id > {bulk_rows}")
         common.enqueue_noops(url, 40_000 if not ctx.quick else 8_000, prefix="w")
         with engine.begin() as conn:
@@ -175,14 +190,25 @@ def run(ctx) -> dict[str, Any]:
         alone, _ = worker_rate(url, ctx, 6 if ctx.quick else 10)
         during, ((bulk_res, bulk_s), window) = worker_rate(url, ctx, 0, during=bulk)
         engine.dispose()
-    log(f"dashboard: bulk requeue of {bulk_res.changed:,} jobs in {bulk_s:.1f}s; worker {alone:.0f} -> {during:.0f} jobs/s")
+    log(
+        f"dashboard: bulk requeue of {bulk_res.changed:,} jobs in {bulk_s:.1f}s; worker {alone:.0f} -> {during:.0f} jobs/s"
+    )
     return {
         "search": search,
-        "rows": total, "load_s": load_s, "rounds": rounds, "pages": page_results,
+        "rows": total,
+        "load_s": load_s,
+        "rounds": rounds,
+        "pages": page_results,
         "claim_plan": plan,
-        "bulk": {"jobs": bulk_res.changed, "busy": bulk_res.busy, "skipped": bulk_res.skipped, "seconds": bulk_s,
-                 "jobs_per_s": bulk_res.changed / bulk_s if bulk_s else None},
-        "worker_alone_jobs_per_s": alone, "worker_during_bulk_jobs_per_s": during,
+        "bulk": {
+            "jobs": bulk_res.changed,
+            "busy": bulk_res.busy,
+            "skipped": bulk_res.skipped,
+            "seconds": bulk_s,
+            "jobs_per_s": bulk_res.changed / bulk_s if bulk_s else None,
+        },
+        "worker_alone_jobs_per_s": alone,
+        "worker_during_bulk_jobs_per_s": during,
         "worker_ratio": common.ratio(during, alone),
         # explain has a tighter target of its own (issue 14): p95 < 50 ms.
         "explain_pass": all(r["p95_ms"] < EXPLAIN_P95_MS for n, r in page_results.items() if "explain" in n),
@@ -209,16 +235,25 @@ def compare_search(url: str, engine, rounds: int) -> dict[str, Any]:
         for name, (term, status) in terms.items():
             f = JobFilter(search=term, status=status)
             page = repository.reads.page_jobs(conn, f)
-            out["bounded"][name] = {"term": term, "found": len(page.jobs), "matches": page.matches,
-                                    "capped": page.capped, **_timed(lambda: repository.reads.page_jobs(conn, f), rounds)}
+            out["bounded"][name] = {
+                "term": term,
+                "found": len(page.jobs),
+                "matches": page.matches,
+                "capped": page.capped,
+                **_timed(lambda: repository.reads.page_jobs(conn, f), rounds),
+            }
         # What ignoring case costs: the same window scan compared byte for byte (this database is
         # utf8mb4_bin), without COLLATE utf8mb4_general_ci.
         floor = repository.reads.page_jobs(conn, JobFilter(search=RARE)).window_floor or 0
-        binary = ("SELECT id FROM job_queue WHERE id >= %s AND (payload LIKE %s OR last_error LIKE %s OR task_key LIKE %s)"
-                  " ORDER BY id DESC LIMIT 10001")
+        binary = (
+            "SELECT id FROM job_queue WHERE id >= %s AND (payload LIKE %s OR last_error LIKE %s OR task_key LIKE %s)"
+            " ORDER BY id DESC LIMIT 10001"
+        )
         needle = f"%{RARE}%"
-        out["bounded"]["rare_case_sensitive"] = {"term": RARE, **_timed(
-            lambda: conn.exec_driver_sql(binary, (floor, needle, needle, needle)).all(), rounds)}
+        out["bounded"]["rare_case_sensitive"] = {
+            "term": RARE,
+            **_timed(lambda: conn.exec_driver_sql(binary, (floor, needle, needle, needle)).all(), rounds),
+        }
     # Enqueue cost, without the index before it is built and after it is dropped, with it twice.
     plain = [common.enqueue_noops(url, 20_000, prefix="ft-before-")]
     raw = sa.create_engine(url, poolclass=NullPool)
@@ -232,19 +267,28 @@ def compare_search(url: str, engine, rounds: int) -> dict[str, Any]:
             if status is not None:
                 where += f" AND status = '{status.value}'"
             # MariaDB's statement limit: a phrase whose words are in every row takes many seconds.
-            return conn.exec_driver_sql(f"SET STATEMENT max_statement_time={FT_LIMIT_S} FOR "
-                                        f"SELECT id FROM job_queue WHERE {where} ORDER BY id DESC LIMIT 51",
-                                        (f'"{term}"',)).all()
+            return conn.exec_driver_sql(
+                f"SET STATEMENT max_statement_time={FT_LIMIT_S} FOR "
+                f"SELECT id FROM job_queue WHERE {where} ORDER BY id DESC LIMIT 51",
+                (f'"{term}"',),
+            ).all()
 
         for name, (term, status) in terms.items():
             try:
                 rows = match(term, status)
-                out["fulltext"][name] = {"term": term, "found": len(rows),
-                                         **_timed(lambda: match(term, status), min(rounds, 3))}
-            except sa.exc.DBAPIError as exc:       # 1969: max_statement_time exceeded
+                out["fulltext"][name] = {
+                    "term": term,
+                    "found": len(rows),
+                    **_timed(lambda: match(term, status), min(rounds, 3)),
+                }
+            except sa.exc.DBAPIError as exc:  # 1969: max_statement_time exceeded
                 conn.rollback()
-                out["fulltext"][name] = {"term": term, "found": None, "timed_out_s": FT_LIMIT_S,
-                                         "error": str(exc.orig)[:120]}
+                out["fulltext"][name] = {
+                    "term": term,
+                    "found": None,
+                    "timed_out_s": FT_LIMIT_S,
+                    "error": str(exc.orig)[:120],
+                }
         # Substrings: a LIKE finds "ustomer" and "eedle-7"; FULLTEXT matches whole tokens only.
         out["fulltext"]["substring_found"] = len(match("eedle", None))
         conn.commit()
@@ -253,16 +297,22 @@ def compare_search(url: str, engine, rounds: int) -> dict[str, Any]:
         conn.commit()
     raw.dispose()
     plain.append(common.enqueue_noops(url, 20_000, prefix="ft-after-"))
-    out["enqueue_jobs_per_s"] = {"without_fulltext": 20_000 / common.median(plain),
-                                 "with_fulltext": 20_000 / common.median(with_ft),
-                                 "runs_without": [20_000 / x for x in plain], "runs_with": [20_000 / x for x in with_ft]}
+    out["enqueue_jobs_per_s"] = {
+        "without_fulltext": 20_000 / common.median(plain),
+        "with_fulltext": 20_000 / common.median(with_ft),
+        "runs_without": [20_000 / x for x in plain],
+        "runs_with": [20_000 / x for x in with_ft],
+    }
     log(f"dashboard: search bounded {out['bounded']} fulltext {out['fulltext']} enqueue {out['enqueue_jobs_per_s']}")
     return out
 
 
 # The servers of scripts/ensure-services (tests/conftest.py names them the same way).
-SERVERS = {"mariadb": "mysql+pymysql://root@127.0.0.1:3306", "mysql": "mysql+pymysql://root@127.0.0.1:3307",
-           "mariadb11": "mysql+pymysql://root@127.0.0.1:3308"}
+SERVERS = {
+    "mariadb": "mysql+pymysql://root@127.0.0.1:3306",
+    "mysql": "mysql+pymysql://root@127.0.0.1:3307",
+    "mariadb11": "mysql+pymysql://root@127.0.0.1:3308",
+}
 
 
 def server_info(server_url: str) -> dict[str, Any]:
@@ -283,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import psutil  # noqa: F401 - the run's CPU figures; fail now, not after loading millions of rows
     except ImportError:
-        sys.exit("bench.dashboard needs the bench extra: .venv/bin/pip install -e '.[test,bench]' (scripts/bench does it)")
+        sys.exit(
+            "bench.dashboard needs the bench extra: .venv/bin/pip install -e '.[test,bench]' (scripts/bench does it)"
+        )
 
     p = argparse.ArgumentParser(description="dashboard pages at scale (issue 17's shape)")
     p.add_argument("--rows", default="1000000", help="comma-separated table sizes, e.g. 1000000,5000000")
@@ -291,30 +343,46 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmups", type=int, default=2)
     p.add_argument("--polls", type=int, default=10)
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--server", choices=SERVERS,
-                       help="one of the servers of scripts/ensure-services (default: $BENCH_MYSQL, else mariadb)")
-    where.add_argument("--database-url", help="a server URL without a database name, mysql+pymysql://user@host:port; "
-                                              "the benchmark creates its own databases there and drops them")
-    p.add_argument("--out", help="default docs/bench/dashboard.md, dashboard-mysql.md with --server mysql, "
-                                 "dashboard-mariadb11.md with --server mariadb11")
+    where.add_argument(
+        "--server",
+        choices=SERVERS,
+        help="one of the servers of scripts/ensure-services (default: $BENCH_MYSQL, else mariadb)",
+    )
+    where.add_argument(
+        "--database-url",
+        help="a server URL without a database name, mysql+pymysql://user@host:port; "
+        "the benchmark creates its own databases there and drops them",
+    )
+    p.add_argument(
+        "--out",
+        help="default docs/bench/dashboard.md, dashboard-mysql.md with --server mysql, "
+        "dashboard-mariadb11.md with --server mariadb11",
+    )
     a = p.parse_args(argv)
-    command = "python -m bench.dashboard " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+    command = "python -m bench.dashboard " + " ".join(
+        shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:])
+    )
     # Every database of the run, and the server pid whose CPU ProcRun reads, come from common's server.
     common.MYSQL_SERVER = a.database_url or SERVERS.get(a.server) or common.MYSQL_SERVER
     suffix = "" if a.server in (None, "mariadb") else f"-{a.server}"
     out = Path(a.out or common.REPO / f"docs/bench/dashboard{suffix}.md")
     log_dir = Path("/tmp") / f"{common.RUN_TAG}-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    run_info = {"command": command.strip(), "server": server_info(common.MYSQL_SERVER),
-                "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "loadavg_start": os.getloadavg()}
+    run_info = {
+        "command": command.strip(),
+        "server": server_info(common.MYSQL_SERVER),
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "loadavg_start": os.getloadavg(),
+    }
     results = []
     try:
         with common.mysql_db("dash0") as empty_url:
             for rows in (int(x) for x in a.rows.split(",")):
                 with common.mysql_db("dash") as url:
                     results.append(scale(url, rows, a.rounds, a.warmups, log_dir, a.polls, empty_url))
-                run_info.update(finished=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                loadavg_end=os.getloadavg())
+                run_info.update(
+                    finished=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), loadavg_end=os.getloadavg()
+                )
                 for r in results:
                     r["run"] = run_info
                 out.parent.mkdir(parents=True, exist_ok=True)

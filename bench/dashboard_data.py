@@ -31,8 +31,10 @@ TASKS = ("noop", "send_email", "export_orders", "render_report", "deliver_webhoo
 LIVE = {"ready": 40_000, "scheduled": 9_000, "running": 1_000}
 DAYS = 7
 
+
 def _pick(options, expr):
     return "ELT(1 + MOD(" + expr + ", 5), " + ", ".join(f"'{o}'" for o in options) + ")"
+
 
 def load(url: str, rows: int, chunk: int = 250_000, live: int = sum(LIVE.values())) -> float:
     """Fill job_queue with `rows` rows of the issue's shape (and the dashboard's side tables) by
@@ -43,7 +45,7 @@ def load(url: str, rows: int, chunk: int = 250_000, live: int = sum(LIVE.values(
     `live`: the last hour's jobs above the history, 1 in 50 running, 9 scheduled, 40 ready."""
     engine = sa.create_engine(url, poolclass=NullPool)
     history = max(rows - live, 0)
-    chunk = max(min(chunk, max(history, live)), 5000)     # 5,000 audit entries
+    chunk = max(min(chunk, max(history, live)), 5000)  # 5,000 audit entries
     t0 = time.perf_counter()
     with engine.connect() as conn:
         if not getattr(conn.dialect, "is_mariadb", False):
@@ -67,7 +69,7 @@ def load(url: str, rows: int, chunk: int = 250_000, live: int = sum(LIVE.values(
                 "attempts, max_attempts, started_at, last_error, created_at, updated_at, finished_at) "
                 f"SELECT CONCAT({_pick(TASKS, 'seq')}, ':', DATE_FORMAT(t, '%%Y-%%m-%%dT%%H:%%i'), ':', seq), "
                 f"{_pick(TASKS, 'seq')}, {_pick(QUEUES, 'seq')}, 0, "
-                "CONCAT('{\"order\": ', seq, ', \"customer\": \"cust-', MOD(seq, 5000), '\", \"note\": \"', "
+                'CONCAT(\'{"order": \', seq, \', "customer": "cust-\', MOD(seq, 5000), \'", "note": "\', '
                 "IF(MOD(seq, 100000) = 77, CONCAT('needle-', seq), 'ok'), '\"}'), "
                 "IF(MOD(seq, 19) = 0, 'failed', 'done'), t, CONCAT('host-a:100:', MOD(seq, 8)), "
                 "IF(MOD(seq, 19) = 0, 5, 1), 5, t, "
@@ -75,7 +77,9 @@ def load(url: str, rows: int, chunk: int = 250_000, live: int = sum(LIVE.values(
                 "'TimeoutError: smtp did not answer'), NULL), "
                 "t, t + INTERVAL 200000 MICROSECOND, t + INTERVAL 200000 MICROSECOND "
                 f"FROM (SELECT seq, %s + INTERVAL FLOOR((seq - 1) * {span_us} / {max(history, 1)}) MICROSECOND AS t "
-                f"FROM {numbers(lo, hi)} n) s ORDER BY seq", (base,))
+                f"FROM {numbers(lo, hi)} n) s ORDER BY seq",
+                (base,),
+            )
             conn.commit()
         # The live jobs: the last hour, above every finished one.
         for lo in range(1, live + 1, chunk):
@@ -93,21 +97,26 @@ def load(url: str, rows: int, chunk: int = 250_000, live: int = sum(LIVE.values(
                 "FROM (SELECT seq, %s - INTERVAL 1 HOUR + INTERVAL FLOOR(seq * 3600000000 / "
                 f"{live}) MICROSECOND AS t, "
                 "IF(MOD(seq, 50) = 0, 'running', IF(MOD(seq, 50) < 10, 'scheduled', 'ready')) AS st "
-                f"FROM {numbers(lo, hi)} n) s ORDER BY seq", (now, now, now))
+                f"FROM {numbers(lo, hi)} n) s ORDER BY seq",
+                (now, now, now),
+            )
             conn.commit()
         conn.exec_driver_sql(
             "INSERT INTO audit_log (at, actor, action, job_id, before_status, after_status, count) "
             "SELECT UTC_TIMESTAMP(6) - INTERVAL seq MINUTE, 'web:alice', 'requeue', seq, 'failed', 'ready', 1 "
-            "FROM bench_seq WHERE seq <= 5000")
+            "FROM bench_seq WHERE seq <= 5000"
+        )
         for p in range(4):
             conn.exec_driver_sql(
                 "INSERT INTO worker_process (id, host, pid, kind, concurrency, queues, started_at, last_heartbeat, "
                 f"jobs_in_hand, processed) VALUES ('host-{p}:{100 + p}', 'host-{p}', {100 + p}, 'worker', 8, '*', "
-                "UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 2, 250000)")
+                "UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 2, 250000)"
+            )
             conn.exec_driver_sql(
                 "INSERT INTO worker_stats (minute, process_id, completed, failed, claims, claimed) "
                 "SELECT DATE_FORMAT(UTC_TIMESTAMP() - INTERVAL (seq - 1) MINUTE, '%%Y-%%m-%%d %%H:%%i:00'), "
-                f"'host-{p}:{100 + p}', 3000, 12, 800, 3000 FROM bench_seq WHERE seq <= 15")
+                f"'host-{p}:{100 + p}', 3000, 12, 800, 3000 FROM bench_seq WHERE seq <= 15"
+            )
         conn.exec_driver_sql("DROP TABLE bench_seq")
         conn.commit()
         conn.exec_driver_sql("ANALYZE TABLE job_queue")

@@ -19,8 +19,7 @@ from werkzeug.security import generate_password_hash
 from bench import common
 from bench.common import log
 from bench.dashboard_data import PASSWORD, RARE, TARGET_P95_MS, TOKEN, Client, load
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Status
 from jobqueue.core.repository.operator import JobFilter
@@ -28,24 +27,30 @@ from testkit.procs import GunicornServer
 
 # --- scale: every page at 1M / 5M rows, idle and with a worker running (`python -m bench.dashboard`) ---
 
+
 def targets(url: str) -> dict[str, Any]:
     """Ids and keys the pages need: a job, the last page of each sparse filter (the 20th-oldest
     match: fewer than a page below it), a week-old hour and day of one task's keys."""
     engine = sa.create_engine(url, poolclass=NullPool)
     with engine.connect() as conn:
+
         def nth_oldest(where: str, n: int = 20) -> int:
             ids = conn.exec_driver_sql(f"SELECT id FROM job_queue WHERE {where} ORDER BY id LIMIT {n}").scalars().all()
             return ids[-1]
+
         oldest_key = conn.exec_driver_sql("SELECT task_key FROM job_queue ORDER BY id LIMIT 5000, 1").scalar()
-        hour = oldest_key.rsplit(":", 2)[0]           # send_email:2026-11-25T13 (an hour of one task)
-        day = hour.rsplit("T", 1)[0]                  # send_email:2026-11-25
-        t = {"hour_prefix": hour, "day_prefix": day,
-             "job": conn.exec_driver_sql("SELECT MAX(id) DIV 2 FROM job_queue").scalar(),
-             "hour_last": nth_oldest(f"task_key LIKE '{hour}%%'"),
-             "scheduled_last": nth_oldest("status = 'scheduled'"),
-             "ready_last": nth_oldest("status = 'ready'"),
-             "running_last": nth_oldest("status = 'running'"),
-             "failed_last": nth_oldest("status = 'failed'")}
+        hour = oldest_key.rsplit(":", 2)[0]  # send_email:2026-11-25T13 (an hour of one task)
+        day = hour.rsplit("T", 1)[0]  # send_email:2026-11-25
+        t = {
+            "hour_prefix": hour,
+            "day_prefix": day,
+            "job": conn.exec_driver_sql("SELECT MAX(id) DIV 2 FROM job_queue").scalar(),
+            "hour_last": nth_oldest(f"task_key LIKE '{hour}%%'"),
+            "scheduled_last": nth_oldest("status = 'scheduled'"),
+            "ready_last": nth_oldest("status = 'ready'"),
+            "running_last": nth_oldest("status = 'running'"),
+            "failed_last": nth_oldest("status = 'failed'"),
+        }
     engine.dispose()
     return t
 
@@ -103,8 +108,9 @@ def time_scale_pages(client: Client, pages: dict[str, str], rounds: int, warmups
         def get() -> None:
             try:
                 status, _ = client.get(path)
-            except urllib.error.HTTPError as exc:    # 503: a statement over the request's 5 s limit
+            except urllib.error.HTTPError as exc:  # 503: a statement over the request's 5 s limit
                 errors.append(exc.code)
+
         for _ in range(warmups):
             get()
         errors.clear()
@@ -113,9 +119,15 @@ def time_scale_pages(client: Client, pages: dict[str, str], rounds: int, warmups
             t0 = time.perf_counter()
             get()
             xs.append((time.perf_counter() - t0) * 1000)
-        out[name] = {"path": path, "p50_ms": common.median(xs), "p95_ms": common.percentile(xs, 95),
-                     "max_ms": max(xs), "n": len(xs), "errors": errors,
-                     "pass": common.percentile(xs, 95) < TARGET_P95_MS and not errors}
+        out[name] = {
+            "path": path,
+            "p50_ms": common.median(xs),
+            "p95_ms": common.percentile(xs, 95),
+            "max_ms": max(xs),
+            "n": len(xs),
+            "errors": errors,
+            "pass": common.percentile(xs, 95) < TARGET_P95_MS and not errors,
+        }
     return out
 
 
@@ -125,6 +137,7 @@ class Feeder:
 
     def __init__(self, url: str, backlog: int = 2000):
         import threading
+
         self.engine = create_engine(url, pool_size=1)
         self.backlog, self.stop_flag, self.n = backlog, threading.Event(), 0
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -132,12 +145,14 @@ class Feeder:
     def run(self) -> None:
         with self.engine.connect() as conn:
             while not self.stop_flag.is_set():
-                ready = conn.exec_driver_sql("SELECT COUNT(*) FROM job_queue WHERE status = 'ready' "
-                                             "AND queue = 'bench'").scalar()
+                ready = conn.exec_driver_sql(
+                    "SELECT COUNT(*) FROM job_queue WHERE status = 'ready' AND queue = 'bench'"
+                ).scalar()
                 conn.commit()
                 if ready < self.backlog:
-                    service.enqueue_many(conn, [{"task": "noop", "queue": "bench", "task_key": f"feed-{self.n + i}"}
-                                                   for i in range(500)])
+                    service.enqueue_many(
+                        conn, [{"task": "noop", "queue": "bench", "task_key": f"feed-{self.n + i}"} for i in range(500)]
+                    )
                     self.n += 500
                 else:
                     self.stop_flag.wait(0.2)
@@ -181,25 +196,38 @@ def poll_db_cost(url: str, polls: int, interval: float, env: dict[str, str]) -> 
 
     client = app.test_client()
     results = []
-    client.post("/login", data={"username": "bench", "password": PASSWORD,
-                                "csrf_token": re.search(r'name="csrf_token" value="([^"]+)"',
-                                                        client.get("/login").get_data(as_text=True)).group(1)})
+    client.post(
+        "/login",
+        data={
+            "username": "bench",
+            "password": PASSWORD,
+            "csrf_token": re.search(
+                r'name="csrf_token" value="([^"]+)"', client.get("/login").get_data(as_text=True)
+            ).group(1),
+        },
+    )
     for i in range(polls + 1):
         spent.clear()
         t0 = time.perf_counter()
         r = client.get("/overview/panels")
         wall = time.perf_counter() - t0
         assert r.status_code == 200, r.status_code
-        time.sleep(interval)                      # what the cache counts behind the request lands here
-        if i:                                     # the first fills the caches
+        time.sleep(interval)  # what the cache counts behind the request lands here
+        if i:  # the first fills the caches
             results.append({"db_ms": sum(spent) * 1000, "statements": len(spent), "wall_ms": wall * 1000})
     app.extensions["jobqueue"].runtime.engine.dispose()
     engine.dispose()
     db = [r["db_ms"] for r in results]
-    return {"polls": len(results), "interval_s": interval, "db_ms_p50": common.median(db),
-            "db_ms_max": max(db), "db_ms_mean": sum(db) / len(db),
-            "statements_p50": common.median([r["statements"] for r in results]),
-            "statements_max": max(r["statements"] for r in results), "samples": results}
+    return {
+        "polls": len(results),
+        "interval_s": interval,
+        "db_ms_p50": common.median(db),
+        "db_ms_max": max(db),
+        "db_ms_mean": sum(db) / len(db),
+        "statements_p50": common.median([r["statements"] for r in results]),
+        "statements_max": max(r["statements"] for r in results),
+        "samples": results,
+    }
 
 
 def explain_slow(url: str, t: dict[str, Any]) -> dict[str, Any]:
@@ -209,14 +237,17 @@ def explain_slow(url: str, t: dict[str, Any]) -> dict[str, Any]:
     out = {}
     with engine.connect() as conn:
         analyze = "ANALYZE FORMAT=JSON " if getattr(conn.dialect, "is_mariadb", False) else "EXPLAIN ANALYZE "
-        for name, f, before in (("key prefix (hour)", JobFilter(key_prefix=t["hour_prefix"]), None),
-                                ("scheduled, last page", JobFilter(status=Status.SCHEDULED), t["scheduled_last"])):
+        for name, f, before in (
+            ("key prefix (hour)", JobFilter(key_prefix=t["hour_prefix"]), None),
+            ("scheduled, last page", JobFilter(status=Status.SCHEDULED), t["scheduled_last"]),
+        ):
             captured: list[str] = []
             from sqlalchemy import event
 
             def grab(c, cursor, statement, params, context, executemany):
                 if statement.lstrip().upper().startswith("SELECT") and "ORDER BY" in statement and "LIMIT" in statement:
                     captured.append(cursor.mogrify(statement, params))
+
             event.listen(engine, "before_cursor_execute", grab)
             repository.reads.page_jobs(conn, f, before=before)
             event.remove(engine, "before_cursor_execute", grab)
@@ -257,20 +288,29 @@ def claim_rounds(empty_url: str, url: str, log_dir, rounds: int = 3) -> dict[str
         loaded.append(claim_rate(url, log_dir))
     engine.dispose()
     log(f"dashboard: claim throughput, empty table {empty}, loaded {loaded} jobs/s")
-    return {"claim_empty_runs": empty, "claim_runs": loaded, "claim_empty_jobs_per_s": common.median(empty),
-            "claim_jobs_per_s": common.median(loaded)}
+    return {
+        "claim_empty_runs": empty,
+        "claim_runs": loaded,
+        "claim_empty_jobs_per_s": common.median(empty),
+        "claim_jobs_per_s": common.median(loaded),
+    }
 
 
-def scale(url: str, rows: int, rounds: int, warmups: int, log_dir, polls: int = 10,
-          empty_url: str | None = None) -> dict[str, Any]:
+def scale(
+    url: str, rows: int, rounds: int, warmups: int, log_dir, polls: int = 10, empty_url: str | None = None
+) -> dict[str, Any]:
     loadavg_start = os.getloadavg()
     load_s = load(url, rows)
     log(f"dashboard: loaded {rows:,} rows in {load_s:.0f}s")
     t = targets(url)
     pages = scale_pages(t)
-    env = {"JOBQUEUE_USERS": f"bench:admin:{generate_password_hash(PASSWORD)}", "JOBQUEUE_SECRET_KEY": "bench",
-           "JOBQUEUE_SECURE_COOKIES": "0",
-           "JOBQUEUE_API_TOKENS": f"bench:viewer:{TOKEN}", **common.KEEP_EVERYTHING}
+    env = {
+        "JOBQUEUE_USERS": f"bench:admin:{generate_password_hash(PASSWORD)}",
+        "JOBQUEUE_SECRET_KEY": "bench",
+        "JOBQUEUE_SECURE_COOKIES": "0",
+        "JOBQUEUE_API_TOKENS": f"bench:viewer:{TOKEN}",
+        **common.KEEP_EVERYTHING,
+    }
     out: dict[str, Any] = {"rows": rows, "load_s": load_s, "targets": t, "rounds": rounds, "warmups": warmups}
     server = GunicornServer(url, log_dir, web_workers=2, embedded_workers=0, extra_env=env)
     try:
@@ -292,7 +332,9 @@ def scale(url: str, rows: int, rounds: int, warmups: int, log_dir, polls: int = 
             out["worker_jobs"] = feeder.n
         engine = sa.create_engine(url, poolclass=NullPool)
         with engine.connect() as conn:
-            done = conn.exec_driver_sql("SELECT COUNT(*) FROM job_queue WHERE queue = 'bench' AND status = 'done'").scalar()
+            done = conn.exec_driver_sql(
+                "SELECT COUNT(*) FROM job_queue WHERE queue = 'bench' AND status = 'done'"
+            ).scalar()
         engine.dispose()
         out["worker_jobs_per_s"] = done / seconds
     finally:
@@ -309,43 +351,57 @@ def _load(xs) -> str:
 
 def write_md(results: list[dict[str, Any]], path, run: dict[str, Any]) -> None:
     server = run["server"]
-    lines = ["# Dashboard at scale", "",
-             f"Written by `{run['command']}` from {run['started']} to {run['finished']}, against "
-             f"{server['version']} (InnoDB buffer pool {server['innodb_buffer_pool_mib']} MiB); load average "
-             f"(1, 5, 15 min) at start {_load(run['loadavg_start'])}, at end {_load(run['loadavg_end'])}. "
-             "The 2 CPUs are shared by the server, gunicorn, the worker and the client: read these as upper "
-             "bounds. The sections after the tables are written by hand (this command replaces the file: "
-             "give `--out` elsewhere to keep them).", "",
-             "Shape (issue 17): a week of history over 5 queues (done, 1 in 19 failed), then 40,000 ready, 9,000 "
-             "scheduled and 1,000 running jobs of the last hour above it; more rows grow the history only. Pages "
-             "over HTTP from gunicorn (2 processes x 4 threads, no embedded workers), signed in, each page "
-             f"{results[0]['warmups']} warm-ups then {results[0]['rounds']} requests; \"with a worker\": a "
-             "`jobqueue worker --concurrency 4` on queue `bench` fed with no-op jobs meanwhile. Target: p95 < 150 ms.",
-             ""]
+    lines = [
+        "# Dashboard at scale",
+        "",
+        f"Written by `{run['command']}` from {run['started']} to {run['finished']}, against "
+        f"{server['version']} (InnoDB buffer pool {server['innodb_buffer_pool_mib']} MiB); load average "
+        f"(1, 5, 15 min) at start {_load(run['loadavg_start'])}, at end {_load(run['loadavg_end'])}. "
+        "The 2 CPUs are shared by the server, gunicorn, the worker and the client: read these as upper "
+        "bounds. The sections after the tables are written by hand (this command replaces the file: "
+        "give `--out` elsewhere to keep them).",
+        "",
+        "Shape (issue 17): a week of history over 5 queues (done, 1 in 19 failed), then 40,000 ready, 9,000 "
+        "scheduled and 1,000 running jobs of the last hour above it; more rows grow the history only. Pages "
+        "over HTTP from gunicorn (2 processes x 4 threads, no embedded workers), signed in, each page "
+        f'{results[0]["warmups"]} warm-ups then {results[0]["rounds"]} requests; "with a worker": a '
+        "`jobqueue worker --concurrency 4` on queue `bench` fed with no-op jobs meanwhile. Target: p95 < 150 ms.",
+        "",
+    ]
     for r in results:
-        lines += [f"## {r['rows']:,} rows", "",
-                  f"Loaded in {r['load_s']:.0f} s. Claim throughput (`jobqueue worker --burst --concurrency 4`, "
-                  f"10,000 no-op jobs, start-up included; after the pages, medians of "
-                  f"{len(r['claim_runs'])} runs alternating with an empty table) {r['claim_jobs_per_s']:.0f} jobs/s against "
-                  f"{r['claim_empty_jobs_per_s']:.0f} on an empty table (**{r['claim_jobs_per_s'] / r['claim_empty_jobs_per_s']:.2f}x**; "
-                  f"runs {', '.join(f'{x:.0f}' for x in r['claim_runs'])} against "
-                  f"{', '.join(f'{x:.0f}' for x in r['claim_empty_runs'])}; "
-                  f"target 0.8x). The worker during the page requests: {r['worker_jobs_per_s']:.0f} jobs/s. "
-                  f"Load average at the start of this size {_load(r['loadavg_start'])}, at its end "
-                  f"{_load(r['loadavg_end'])}.", "",
-                  "| page | p50 idle | p95 idle | p50 worker | p95 worker | p95 < 150 ms |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"## {r['rows']:,} rows",
+            "",
+            f"Loaded in {r['load_s']:.0f} s. Claim throughput (`jobqueue worker --burst --concurrency 4`, "
+            f"10,000 no-op jobs, start-up included; after the pages, medians of "
+            f"{len(r['claim_runs'])} runs alternating with an empty table) {r['claim_jobs_per_s']:.0f} jobs/s against "
+            f"{r['claim_empty_jobs_per_s']:.0f} on an empty table (**{r['claim_jobs_per_s'] / r['claim_empty_jobs_per_s']:.2f}x**; "
+            f"runs {', '.join(f'{x:.0f}' for x in r['claim_runs'])} against "
+            f"{', '.join(f'{x:.0f}' for x in r['claim_empty_runs'])}; "
+            f"target 0.8x). The worker during the page requests: {r['worker_jobs_per_s']:.0f} jobs/s. "
+            f"Load average at the start of this size {_load(r['loadavg_start'])}, at its end "
+            f"{_load(r['loadavg_end'])}.",
+            "",
+            "| page | p50 idle | p95 idle | p50 worker | p95 worker | p95 < 150 ms |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, i in r["idle"].items():
             w = r["worker"][name]
             ok = "PASS" if i["pass"] and w["pass"] else "**FAIL**"
             errs = i.get("errors", []) + w.get("errors", [])
             if errs:
                 ok += f" ({len(errs)} answered {sorted(set(errs))})"
-            lines.append(f"| {name} | {i['p50_ms']:.0f} | {i['p95_ms']:.0f} | {w['p50_ms']:.0f} | {w['p95_ms']:.0f} | {ok} |")
+            lines.append(
+                f"| {name} | {i['p50_ms']:.0f} | {i['p95_ms']:.0f} | {w['p50_ms']:.0f} | {w['p95_ms']:.0f} | {ok} |"
+            )
         for label, key in (("idle", "poll_idle"), ("with a worker", "poll_worker")):
             p = r[key]
-            lines += ["", f"Overview poll, {label}: database time per refresh (sum of statement round trips, "
-                      f"{p['polls']} polls {p['interval_s']:.0f} s apart, in-process app with its default settings): "
-                      f"p50 {p['db_ms_p50']:.1f} ms, mean {p['db_ms_mean']:.1f} ms, max {p['db_ms_max']:.1f} ms; "
-                      f"{p['statements_p50']:.0f}-{p['statements_max']} statements."]
+            lines += [
+                "",
+                f"Overview poll, {label}: database time per refresh (sum of statement round trips, "
+                f"{p['polls']} polls {p['interval_s']:.0f} s apart, in-process app with its default settings): "
+                f"p50 {p['db_ms_p50']:.1f} ms, mean {p['db_ms_mean']:.1f} ms, max {p['db_ms_max']:.1f} ms; "
+                f"{p['statements_p50']:.0f}-{p['statements_max']} statements.",
+            ]
         lines.append("")
     path.write_text("\n".join(lines) + "\n")

@@ -40,13 +40,23 @@ import pymysql
 from bench import common
 from bench.common import log, median, percentile, ratio
 from bench.raw_loop import connect_args
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine
 
 BATCH = 1000
-RAW_COLUMNS = ("task_key", "task_name", "queue", "priority", "payload", "status", "run_at", "attempts",
-               "max_attempts", "created_at", "updated_at")
+RAW_COLUMNS = (
+    "task_key",
+    "task_name",
+    "queue",
+    "priority",
+    "payload",
+    "status",
+    "run_at",
+    "attempts",
+    "max_attempts",
+    "created_at",
+    "updated_at",
+)
 TOKEN = "bench-token-0123456789abcdef"
 
 
@@ -62,7 +72,7 @@ def ours(url: str, n: int) -> float:
         with engine.connect() as conn:
             t0 = time.perf_counter()
             for lo in range(0, n, BATCH):
-                service.enqueue_many(conn, specs[lo:lo + BATCH])
+                service.enqueue_many(conn, specs[lo : lo + BATCH])
             return time.perf_counter() - t0
     finally:
         engine.dispose()
@@ -93,9 +103,15 @@ def raw(url: str, n: int) -> float:
 def cli_run(url: str, path: Path) -> float:
     """`jobqueue enqueue-many PATH` as a process; seconds, start to exit."""
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "jobqueue.cli", "--database-url", url, "enqueue-many", str(path)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=common.child_env(),
-                         cwd=common.REPO, timeout=1800)
+    out = subprocess.run(
+        [sys.executable, "-m", "jobqueue.cli", "--database-url", url, "enqueue-many", str(path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=common.child_env(),
+        cwd=common.REPO,
+        timeout=1800,
+    )
     elapsed = time.perf_counter() - t0
     if out.returncode != 0:
         raise RuntimeError(f"enqueue-many failed ({out.returncode}):\n{out.stderr[-3000:]}")
@@ -132,8 +148,9 @@ def pgqueuer_available() -> str | None:
         return f"not installed ({exc.name}); pip install -e '.[bench]'"
     try:
         from bench.peers import _pg_admin
+
         _pg_admin().close()
-    except Exception as exc:   # noqa: BLE001 - reported
+    except Exception as exc:  # noqa: BLE001 - reported
         return f"PostgreSQL at {common.PG_SERVER} not reachable: {exc}"
     return None
 
@@ -142,8 +159,14 @@ def pgqueuer_run(n: int) -> float:
     from bench.peers import pg_db
 
     with pg_db("pgqenq") as dsn:
-        out = subprocess.run([sys.executable, "-c", PGQUEUER_ENQUEUE, str(n), str(BATCH)], capture_output=True,
-                             text=True, env=common.child_env(BENCH_PG_DSN=dsn), cwd=common.REPO, timeout=1800)
+        out = subprocess.run(
+            [sys.executable, "-c", PGQUEUER_ENQUEUE, str(n), str(BATCH)],
+            capture_output=True,
+            text=True,
+            env=common.child_env(BENCH_PG_DSN=dsn),
+            cwd=common.REPO,
+            timeout=1800,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"pgqueuer enqueue failed:\n{out.stderr[-3000:]}")
         return float(out.stdout.strip().splitlines()[-1])
@@ -171,16 +194,25 @@ def http_latency(url: str, requests: int, log_dir: Path) -> dict[str, Any]:
     from testkit.procs import GunicornServer
 
     # The default log level (INFO), as users run it.
-    env = {"JOBQUEUE_API_TOKENS": f"bench:admin:{TOKEN}", "JOBQUEUE_SECRET_KEY": "bench",
-           "JOBQUEUE_USERS": f"bench:admin:{generate_password_hash('bench-password-1')}",
-           "JOBQUEUE_LOG_LEVEL": "INFO", "JOBQUEUE_SECURE_COOKIES": "0", **common.KEEP_EVERYTHING}
+    env = {
+        "JOBQUEUE_API_TOKENS": f"bench:admin:{TOKEN}",
+        "JOBQUEUE_SECRET_KEY": "bench",
+        "JOBQUEUE_USERS": f"bench:admin:{generate_password_hash('bench-password-1')}",
+        "JOBQUEUE_LOG_LEVEL": "INFO",
+        "JOBQUEUE_SECURE_COOKIES": "0",
+        **common.KEEP_EVERYTHING,
+    }
     server = GunicornServer(url, log_dir, web_workers=1, embedded_workers=0, extra_env=env, name="gunicorn-enqueue")
     times: list[float] = []
     try:
-        for i in range(-20, requests):    # 20 warm-ups, not counted
+        for i in range(-20, requests):  # 20 warm-ups, not counted
             body = json.dumps({"task": "noop", "task_key": f"h{i}", "payload": {"n": i}}).encode()
-            req = urllib.request.Request(server.base + "/api/jobs", data=body, method="POST", headers={
-                "Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"})
+            req = urllib.request.Request(
+                server.base + "/api/jobs",
+                data=body,
+                method="POST",
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
+            )
             t0 = time.perf_counter()
             with urllib.request.urlopen(req, timeout=30) as r:
                 r.read()
@@ -189,8 +221,13 @@ def http_latency(url: str, requests: int, log_dir: Path) -> dict[str, Any]:
                 times.append((time.perf_counter() - t0) * 1000)
     finally:
         server.stop()
-    return {"requests": requests, "p50_ms": percentile(times, 50), "p95_ms": percentile(times, 95),
-            "p99_ms": percentile(times, 99), "max_ms": max(times)}
+    return {
+        "requests": requests,
+        "p50_ms": percentile(times, 50),
+        "p95_ms": percentile(times, 95),
+        "p99_ms": percentile(times, 99),
+        "max_ms": max(times),
+    }
 
 
 def run(rows: int, rounds: int, requests: int, with_pgqueuer: bool = True, with_http: bool = True) -> dict[str, Any]:
@@ -230,13 +267,19 @@ def run(rows: int, rounds: int, requests: int, with_pgqueuer: bool = True, with_
     # Start-up varies by more than a small file's work: no rate when the difference is not positive.
     rate["cli_net"] = rows / median(cli_net) if median(cli_net) > 0 else None
     return {
-        "rows": rows, "rounds": rounds, "batch": BATCH, "cpus": os.cpu_count(), "load_average": os.getloadavg(),
-        "seconds": samples, "rows_per_s": rate,
+        "rows": rows,
+        "rounds": rounds,
+        "batch": BATCH,
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "seconds": samples,
+        "rows_per_s": rate,
         "cli_empty_run_s": median(samples["cli_empty"]),
         "ratios": {
             "enqueue_many / raw PyMySQL": ratio(rate["ours"], rate["raw"]),
-            "enqueue-many process (empty run subtracted) / raw PyMySQL":
-                ratio(rate["cli_net"], rate["raw"]) if rate["cli_net"] else None,
+            "enqueue-many process (empty run subtracted) / raw PyMySQL": ratio(rate["cli_net"], rate["raw"])
+            if rate["cli_net"]
+            else None,
             "enqueue-many whole process / raw PyMySQL": ratio(rate["cli"], rate["raw"]),
             "enqueue_many / pgqueuer": ratio(rate["ours"], rate["pgqueuer"]) if rate["pgqueuer"] else None,
         },
@@ -255,28 +298,44 @@ def scenario(ctx) -> dict[str, Any]:
 
 def markdown(res: dict[str, Any]) -> str:
     r, q = res["rows_per_s"], res["ratios"]
-    out = [f"{res['rows']:,} rows in batches of {res['batch']:,}, median of {res['rounds']} rounds "
-           f"(load average at the end: {', '.join(f'{x:.1f}' for x in res['load_average'])}).", "",
-           "| what | rows/s | ratio |", "|---|---|---|",
-           f"| hand-written PyMySQL multi-row INSERT | {r['raw']:,.0f} | 1.00 |",
-           f"| `service.enqueue_many` | {r['ours']:,.0f} | {q['enqueue_many / raw PyMySQL']:.2f} |",
-           f"| `jobqueue enqueue-many` process, empty run ({res['cli_empty_run_s']:.2f} s) subtracted | "
-           + (f"{r['cli_net']:,.0f} | {q['enqueue-many process (empty run subtracted) / raw PyMySQL']:.2f} |"
-              if r["cli_net"] else "not measurable (the empty run took longer) | |"),
-           f"| `jobqueue enqueue-many` whole process | {r['cli']:,.0f} | {q['enqueue-many whole process / raw PyMySQL']:.2f} |"]
+    out = [
+        f"{res['rows']:,} rows in batches of {res['batch']:,}, median of {res['rounds']} rounds "
+        f"(load average at the end: {', '.join(f'{x:.1f}' for x in res['load_average'])}).",
+        "",
+        "| what | rows/s | ratio |",
+        "|---|---|---|",
+        f"| hand-written PyMySQL multi-row INSERT | {r['raw']:,.0f} | 1.00 |",
+        f"| `service.enqueue_many` | {r['ours']:,.0f} | {q['enqueue_many / raw PyMySQL']:.2f} |",
+        f"| `jobqueue enqueue-many` process, empty run ({res['cli_empty_run_s']:.2f} s) subtracted | "
+        + (
+            f"{r['cli_net']:,.0f} | {q['enqueue-many process (empty run subtracted) / raw PyMySQL']:.2f} |"
+            if r["cli_net"]
+            else "not measurable (the empty run took longer) | |"
+        ),
+        f"| `jobqueue enqueue-many` whole process | {r['cli']:,.0f} | {q['enqueue-many whole process / raw PyMySQL']:.2f} |",
+    ]
     if r["pgqueuer"]:
-        out.append(f"| pgqueuer `Queries.enqueue` (PostgreSQL 15) | {r['pgqueuer']:,.0f} | "
-                   f"{ratio(r['pgqueuer'], r['raw']):.2f} (ours / pgqueuer: {q['enqueue_many / pgqueuer']:.2f}) |")
+        out.append(
+            f"| pgqueuer `Queries.enqueue` (PostgreSQL 15) | {r['pgqueuer']:,.0f} | "
+            f"{ratio(r['pgqueuer'], r['raw']):.2f} (ours / pgqueuer: {q['enqueue_many / pgqueuer']:.2f}) |"
+        )
     else:
         out.append(f"| pgqueuer | not measured: {res['pgqueuer']} | |")
     v = res["validation_us_per_job"]
-    out += ["", "Validation (`validate_jobs`, best of 5 over 20,000 jobs): "
-            + ", ".join(f"{name} {us:.2f} us/job" for name, us in v.items()) + "."]
+    out += [
+        "",
+        "Validation (`validate_jobs`, best of 5 over 20,000 jobs): "
+        + ", ".join(f"{name} {us:.2f} us/job" for name, us in v.items())
+        + ".",
+    ]
     h = res["http_single_enqueue"]
     if h:
-        out += ["", f"Single enqueue, `POST /api/jobs` against gunicorn (1 process, no embedded workers), "
-                    f"{h['requests']} sequential requests after 20 warm-ups: p50 {h['p50_ms']:.1f} ms, "
-                    f"p95 {h['p95_ms']:.1f} ms, p99 {h['p99_ms']:.1f} ms, max {h['max_ms']:.1f} ms."]
+        out += [
+            "",
+            f"Single enqueue, `POST /api/jobs` against gunicorn (1 process, no embedded workers), "
+            f"{h['requests']} sequential requests after 20 warm-ups: p50 {h['p50_ms']:.1f} ms, "
+            f"p95 {h['p95_ms']:.1f} ms, p99 {h['p99_ms']:.1f} ms, max {h['max_ms']:.1f} ms.",
+        ]
     return "\n".join(out)
 
 

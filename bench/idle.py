@@ -46,11 +46,22 @@ from jobqueue.core.migrate import init_db
 from jobqueue.core.tasks import TASKS
 from jobqueue.core.worker import Worker, WorkerConfig
 
-COUNTERS = ("Questions", "Com_select", "Com_update", "Com_insert", "Com_delete", "Com_commit", "Com_rollback",
-            "Com_show_status", "Com_set_option", "Connections")
+COUNTERS = (
+    "Questions",
+    "Com_select",
+    "Com_update",
+    "Com_insert",
+    "Com_delete",
+    "Com_commit",
+    "Com_rollback",
+    "Com_show_status",
+    "Com_set_option",
+    "Connections",
+)
 
 
 # --- a throwaway server -------------------------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -65,15 +76,37 @@ def throwaway_mariadb():
     port = free_port()
     proc = None
     try:
-        subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={base / 'data'}", "--user=root",
-                        "--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve"],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                f"--datadir={base / 'data'}",
+                "--user=root",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+                "--skip-name-resolve",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         server_log = open(base / "server.log", "w")
         proc = subprocess.Popen(
-            ["/usr/sbin/mariadbd", "--no-defaults", "--user=root", f"--datadir={base / 'data'}",
-             f"--socket={base / 'sock'}", f"--port={port}", "--bind-address=127.0.0.1", "--skip-log-bin",
-             "--innodb-buffer-pool-size=64M", f"--pid-file={base / 'pid'}"],
-            stdout=server_log, stderr=subprocess.STDOUT)
+            [
+                "/usr/sbin/mariadbd",
+                "--no-defaults",
+                "--user=root",
+                f"--datadir={base / 'data'}",
+                f"--socket={base / 'sock'}",
+                f"--port={port}",
+                "--bind-address=127.0.0.1",
+                "--skip-log-bin",
+                "--innodb-buffer-pool-size=64M",
+                f"--pid-file={base / 'pid'}",
+            ],
+            stdout=server_log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -81,7 +114,9 @@ def throwaway_mariadb():
                 break
             except pymysql.err.OperationalError:
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"throwaway mariadbd did not start:\n{(base / 'server.log').read_text()[-2000:]}")
+                    raise RuntimeError(
+                        f"throwaway mariadbd did not start:\n{(base / 'server.log').read_text()[-2000:]}"
+                    ) from None
                 time.sleep(0.1)
         yield f"mysql+pymysql://root@127.0.0.1:{port}", port
     finally:
@@ -101,8 +136,9 @@ def _status(conn) -> dict[str, int]:
         return {k: int(v) for k, v in cur.fetchall()}
 
 
-def idle_cost(server: str, port: int, procs: int, extra: list[str], settle: float, window: float,
-              log_dir: Path) -> dict[str, Any]:
+def idle_cost(
+    server: str, port: int, procs: int, extra: list[str], settle: float, window: float, log_dir: Path
+) -> dict[str, Any]:
     name = f"idle_{procs}_{len(extra)}"
     admin = pymysql.connect(host="127.0.0.1", port=port, user="root", autocommit=True)
     try:
@@ -135,9 +171,14 @@ def idle_cost(server: str, port: int, procs: int, extra: list[str], settle: floa
         per = {k: v / secs / procs for k, v in delta.items() if k not in ("Com_show_status", "Connections")}
         with admin.cursor() as cur:
             cur.execute(f"DROP DATABASE `{name}`")
-        return {"procs": procs, "args": " ".join(extra) or "(all queues)", "window_s": secs,
-                "per_worker_per_s": per, "questions_per_worker_per_s": per["Questions"],
-                "new_connections": delta["Connections"]}
+        return {
+            "procs": procs,
+            "args": " ".join(extra) or "(all queues)",
+            "window_s": secs,
+            "per_worker_per_s": per,
+            "questions_per_worker_per_s": per["Questions"],
+            "new_connections": delta["Connections"],
+        }
     finally:
         admin.close()
 
@@ -145,6 +186,7 @@ def idle_cost(server: str, port: int, procs: int, extra: list[str], settle: floa
 def statements_per_job(server: str, port: int, kind: str, jobs: int, log_dir: Path) -> dict[str, Any]:
     """Statements the server receives per processed job (burst run over `jobs` no-op jobs)."""
     import sys
+
     name = f"spj_{kind}"
     admin = pymysql.connect(host="127.0.0.1", port=port, user="root", autocommit=True)
     try:
@@ -155,8 +197,11 @@ def statements_per_job(server: str, port: int, kind: str, jobs: int, log_dir: Pa
         init_db(eng)
         eng.dispose()
         common.enqueue_noops(url, jobs)
-        cmd = (common.worker_cmd(url, 4) if kind == "ours" else
-               [sys.executable, "-m", "bench.raw_loop", "--url", url, "--threads", "4", "--batch", "1"])
+        cmd = (
+            common.worker_cmd(url, 4)
+            if kind == "ours"
+            else [sys.executable, "-m", "bench.raw_loop", "--url", url, "--threads", "4", "--batch", "1"]
+        )
         before: dict[str, int] = {}
         run = common.ProcRun([cmd])
         run.start(log_dir, before_open=lambda pids: before.update(_status(admin)))
@@ -170,8 +215,12 @@ def statements_per_job(server: str, port: int, kind: str, jobs: int, log_dir: Pa
         admin.close()
     delta = {k: s1[k] - before[k] for k in COUNTERS if k not in ("Com_show_status", "Connections")}
     delta["Questions"] -= 1
-    return {"kind": kind, "jobs": jobs, "per_job": {k: v / jobs for k, v in delta.items()},
-            "mean_claim_batch": win.mean_batch}
+    return {
+        "kind": kind,
+        "jobs": jobs,
+        "per_job": {k: v / jobs for k, v in delta.items()},
+        "mean_claim_batch": win.mean_batch,
+    }
 
 
 def statements_per_enqueued_job(server: str, port: int, jobs: int) -> dict[str, Any]:
@@ -184,13 +233,14 @@ def statements_per_enqueued_job(server: str, port: int, jobs: int) -> dict[str, 
         url = f"{server}/{name}"
         eng = create_engine(url, pool_size=1)
         init_db(eng)
-        with eng.connect() as conn:   # connect (and its set-up queries) before counting
+        with eng.connect() as conn:  # connect (and its set-up queries) before counting
             conn.exec_driver_sql("SELECT 1").all()
             conn.rollback()
             before = _status(admin)
             for lo in range(0, jobs, 1000):
-                service.enqueue_many(conn, [{"task": "noop", "task_key": f"e{i}"}
-                                               for i in range(lo, min(jobs, lo + 1000))])
+                service.enqueue_many(
+                    conn, [{"task": "noop", "task_key": f"e{i}"} for i in range(lo, min(jobs, lo + 1000))]
+                )
             after = _status(admin)
         eng.dispose()
         with admin.cursor() as cur:
@@ -199,11 +249,16 @@ def statements_per_enqueued_job(server: str, port: int, jobs: int) -> dict[str, 
         admin.close()
     delta = {k: after[k] - before[k] for k in COUNTERS if k not in ("Com_show_status", "Connections")}
     delta["Questions"] -= 1
-    return {"kind": "enqueue_many", "jobs": jobs, "per_job": {k: v / jobs for k, v in delta.items()},
-            "mean_claim_batch": float("nan")}
+    return {
+        "kind": "enqueue_many",
+        "jobs": jobs,
+        "per_job": {k: v / jobs for k, v in delta.items()},
+        "mean_claim_batch": float("nan"),
+    }
 
 
 # --- wake-up latency ----------------------------------------------------------------------------------
+
 
 def wake_in_process(url: str, trials: int, idle: tuple[float, float]) -> dict[str, Any]:
     engine = create_engine(url, pool_size=8)
@@ -232,13 +287,16 @@ def wake_in_process(url: str, trials: int, idle: tuple[float, float]) -> dict[st
     return _latency(from_call, from_commit)
 
 
-def wake_cross_process(url: str, trials: int, idle: tuple[float, float], log_dir: Path,
-                       doorbell: bool = True) -> dict[str, Any]:
+def wake_cross_process(
+    url: str, trials: int, idle: tuple[float, float], log_dir: Path, doorbell: bool = True
+) -> dict[str, Any]:
     fd, path = tempfile.mkstemp(prefix="wake-", suffix=".txt", dir=log_dir)
     os.close(fd)
     extra = [] if doorbell else ["--no-doorbell"]
-    run = common.ProcRun([common.worker_cmd(url, 4, *extra, burst=False, tasks="bench.gate_tasks,bench.wake_tasks")],
-                         env={"BENCH_WAKE_FILE": path})
+    run = common.ProcRun(
+        [common.worker_cmd(url, 4, *extra, burst=False, tasks="bench.gate_tasks,bench.wake_tasks")],
+        env={"BENCH_WAKE_FILE": path},
+    )
     run.start(log_dir)
     engine = create_engine(url, pool_size=1)
     from_call, from_commit = [], []
@@ -274,10 +332,15 @@ def _wait_for_line(path: str, key: str, timeout: float) -> float:
 
 
 def _latency(from_call: list[float], from_commit: list[float]) -> dict[str, Any]:
-    return {"trials": len(from_call),
-            "p50_ms": common.percentile(from_call, 50), "p95_ms": common.percentile(from_call, 95),
-            "max_ms": max(from_call), "p50_from_commit_ms": common.percentile(from_commit, 50),
-            "p95_from_commit_ms": common.percentile(from_commit, 95), "samples_ms": [round(x, 2) for x in from_call]}
+    return {
+        "trials": len(from_call),
+        "p50_ms": common.percentile(from_call, 50),
+        "p95_ms": common.percentile(from_call, 95),
+        "max_ms": max(from_call),
+        "p50_from_commit_ms": common.percentile(from_commit, 50),
+        "p95_from_commit_ms": common.percentile(from_commit, 95),
+        "samples_ms": [round(x, 2) for x in from_call],
+    }
 
 
 def run(ctx) -> dict[str, Any]:
@@ -309,6 +372,14 @@ def run(ctx) -> dict[str, Any]:
         log(f"wake cross-process: p50 {cross['p50_ms']:.0f} ms p95 {cross['p95_ms']:.0f} ms")
         polling = wake_cross_process(url, max(5, trials // 2), idle, ctx.log_dir, doorbell=False)
         log(f"wake cross-process (--no-doorbell): p50 {polling['p50_ms']:.0f} ms p95 {polling['p95_ms']:.0f} ms")
-    return {"idle_cost": costs, "statements_per_job": per_job, "settle_s": settle, "window_s": window, "wake_in_process": inproc,
-            "wake_cross_process": cross, "wake_cross_process_polling": polling, "idle_between_trials_s": idle,
-            "targets": {"statements_per_worker_per_s": 1.0, "in_process_p95_ms": 50.0, "cross_process_p95_ms": 500.0}}
+    return {
+        "idle_cost": costs,
+        "statements_per_job": per_job,
+        "settle_s": settle,
+        "window_s": window,
+        "wake_in_process": inproc,
+        "wake_cross_process": cross,
+        "wake_cross_process_polling": polling,
+        "idle_between_trials_s": idle,
+        "targets": {"statements_per_worker_per_s": 1.0, "in_process_p95_ms": 50.0, "cross_process_p95_ms": 500.0},
+    }

@@ -29,10 +29,12 @@ from jobqueue.core.db import create_engine
 from testkit.sql import seq_rows
 from tests.conftest import SERVERS
 
-OLD = ("SELECT t.PROCESSLIST_ID, l.INDEX_NAME, l.LOCK_DATA, l.LOCK_STATUS FROM performance_schema.data_locks l "
-       "JOIN performance_schema.threads t ON t.THREAD_ID = l.THREAD_ID "
-       "WHERE l.OBJECT_SCHEMA = DATABASE() AND l.OBJECT_NAME = 'job_queue' AND l.LOCK_TYPE = 'RECORD' "
-       "AND t.PROCESSLIST_ID <> CONNECTION_ID() LIMIT 5000")
+OLD = (
+    "SELECT t.PROCESSLIST_ID, l.INDEX_NAME, l.LOCK_DATA, l.LOCK_STATUS FROM performance_schema.data_locks l "
+    "JOIN performance_schema.threads t ON t.THREAD_ID = l.THREAD_ID "
+    "WHERE l.OBJECT_SCHEMA = DATABASE() AND l.OBJECT_NAME = 'job_queue' AND l.LOCK_TYPE = 'RECORD' "
+    "AND t.PROCESSLIST_ID <> CONNECTION_ID() LIMIT 5000"
+)
 
 
 def timed(fn, n: int = 10) -> tuple[float, float]:
@@ -88,7 +90,8 @@ def main() -> None:
             conn.exec_driver_sql(
                 "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
                 "max_attempts, created_at, updated_at) SELECT CONCAT('c:', seq), 'noop', 'claims', 0, '{}', 'ready', "
-                f"UTC_TIMESTAMP(6), 0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM {seq_rows(20_000)}")
+                f"UTC_TIMESTAMP(6), 0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM {seq_rows(20_000)}"
+            )
         holder = engine.connect()
         holder.exec_driver_sql("SELECT id FROM job_queue WHERE status = 'done' FOR UPDATE").all()
         held_job = holder.exec_driver_sql("SELECT MIN(id) FROM job_queue").scalar()
@@ -100,14 +103,18 @@ def main() -> None:
             shown = repository.locks.lock_report(conn)
         print(f"MySQL, one transaction holding {locked:,} row locks on job_queue ({args.held:,} done rows)")
         print(f"- old statement (all of data_locks + threads, LIMIT 5000): median {old[0]:.0f} ms, max {old[1]:.0f} ms")
-        print(f"- lock_report now: median {new[0]:.0f} ms, max {new[1]:.0f} ms; "
-              f"{len(shown.transactions)} transaction(s), {shown.unavailable or 'read'}")
+        print(
+            f"- lock_report now: median {new[0]:.0f} ms, max {new[1]:.0f} ms; "
+            f"{len(shown.transactions)} transaction(s), {shown.unavailable or 'read'}"
+        )
         print(f"- row_lock (explain) of a held job: median {one[0]:.0f} ms, max {one[1]:.0f} ms")
         alone = claim_rate(engine, args.seconds)
         with_old = claim_rate(engine, args.seconds, lambda c: c.exec_driver_sql(OLD).all())
         with_new = claim_rate(engine, args.seconds, repository.locks.lock_report)
-        print(f"- claim + complete loop: alone {alone:.0f}/s, while the old statement polls {with_old:.0f}/s, "
-              f"while lock_report polls {with_new:.0f}/s")
+        print(
+            f"- claim + complete loop: alone {alone:.0f}/s, while the old statement polls {with_old:.0f}/s, "
+            f"while lock_report polls {with_new:.0f}/s"
+        )
     finally:
         if holder is not None:
             holder.close()

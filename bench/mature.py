@@ -36,8 +36,7 @@ from sqlalchemy.pool import NullPool
 from bench import common
 from bench.common import log
 from bench.raw_loop import connect_args
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.task_modules import load_task_modules
 
@@ -61,8 +60,16 @@ def enqueue(url: str, n: int, *, task: str = "noop", keys: int | None = None, pr
         engine.dispose()
 
 
-def run_workers(url: str, procs: int, threads: int, log_dir: Path, *, env: dict | None = None,
-                extra: tuple[str, ...] = (), timeout: float = 600) -> common.ProcRun:
+def run_workers(
+    url: str,
+    procs: int,
+    threads: int,
+    log_dir: Path,
+    *,
+    env: dict | None = None,
+    extra: tuple[str, ...] = (),
+    timeout: float = 600,
+) -> common.ProcRun:
     run = common.ProcRun([common.worker_cmd(url, threads, *extra, tasks=TASKS)] * procs, env=env or {})
     run.start(log_dir)
     return run
@@ -80,6 +87,7 @@ def measure(url: str, procs: int, threads: int, log_dir: Path, jobs: int, **kw) 
 
 # --- pause support ---------------------------------------------------------------------------------
 
+
 def bench_pause(ctx) -> dict[str, Any]:
     variants = {
         "every queue, pause support": ({}, ()),
@@ -89,21 +97,27 @@ def bench_pause(ctx) -> dict[str, Any]:
     }
     samples: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(ctx.rounds):
-        for name in (list(variants) if r % 2 == 0 else list(reversed(variants))):
+        for name in list(variants) if r % 2 == 0 else list(reversed(variants)):
             env, extra = variants[name]
             with common.mysql_db("pause") as url:
                 enqueue(url, ctx.jobs)
                 res = measure(url, 1, 8, ctx.log_dir, ctx.jobs, env=env, extra=extra)
             samples[name].append(res["jobs_per_s"])
             log(f"pause round {r + 1}/{ctx.rounds} {name}: {res['jobs_per_s']:.0f} jobs/s")
-    out = {"jobs": ctx.jobs, "threads": 8, "samples": samples,
-           "median_jobs_per_s": {k: common.median(v) for k, v in samples.items()},
-           "statement_us": statement_costs(ctx)}
+    out = {
+        "jobs": ctx.jobs,
+        "threads": 8,
+        "samples": samples,
+        "median_jobs_per_s": {k: common.median(v) for k, v in samples.items()},
+        "statement_us": statement_costs(ctx),
+    }
     for shape in ("every queue", "--queues default"):
         with_, without = samples[f"{shape}, pause support"], samples[f"{shape}, no pause support"]
         out[f"ratio {shape}"] = common.median([a / b for a, b in zip(with_, without)])
-        log(f"pause support, {shape}: {common.median(with_):.0f} vs {common.median(without):.0f} jobs/s, "
-            f"ratio {out[f'ratio {shape}']:.3f}")
+        log(
+            f"pause support, {shape}: {common.median(with_):.0f} vs {common.median(without):.0f} jobs/s, "
+            f"ratio {out[f'ratio {shape}']:.3f}"
+        )
     return out
 
 
@@ -115,7 +129,8 @@ def statement_costs(ctx) -> dict[str, float]:
     import statistics
 
     from bench import mature_tasks
-    claim = importlib.import_module("jobqueue.core.repository.claim")   # the package's `claim` is the verb
+
+    claim = importlib.import_module("jobqueue.core.repository.claim")  # the package's `claim` is the verb
 
     out: dict[str, float] = {}
     n = 300 if ctx.quick else 2000
@@ -130,10 +145,11 @@ def statement_costs(ctx) -> dict[str, float]:
             if label == "no pause support":
                 mature_tasks._without_pause_support()
             with repository_engine.connect() as conn:
-                for name, fn in (("ready_queues", lambda: claim.ready_queues(conn)),
-                                 ("paused_queues", lambda: claim.paused_queues(conn)),
-                                 ("classify", lambda: conn.execute(claim.classify_statement(["default"])).one()
-                                  and conn.commit())):
+                for name, fn in (
+                    ("ready_queues", lambda: claim.ready_queues(conn)),
+                    ("paused_queues", lambda: claim.paused_queues(conn)),
+                    ("classify", lambda: conn.execute(claim.classify_statement(["default"])).one() and conn.commit()),
+                ):
                     times = []
                     for _ in range(n):
                         t = time.perf_counter()
@@ -144,12 +160,15 @@ def statement_costs(ctx) -> dict[str, float]:
             setattr(module, name, fn)
         repository_engine.dispose()
     for name in ("ready_queues", "paused_queues", "classify"):
-        log(f"statement {name}: {out[f'{name}, pause support']:.0f} us with pause support, "
-            f"{out[f'{name}, no pause support']:.0f} us without")
+        log(
+            f"statement {name}: {out[f'{name}, pause support']:.0f} us with pause support, "
+            f"{out[f'{name}, no pause support']:.0f} us without"
+        )
     return out
 
 
 # --- concurrency limits --------------------------------------------------------------------------
+
 
 def bench_limits(ctx) -> dict[str, Any]:
     jobs = ctx.jobs
@@ -179,8 +198,13 @@ def bench_limits(ctx) -> dict[str, Any]:
                 samples[key].append(res["jobs_per_s"])
                 log(f"limits round {r + 1}/{ctx.limit_rounds} {key}: {res['jobs_per_s']:.0f} jobs/s")
     med = {k: common.median(v) for k, v in samples.items()}
-    out: dict[str, Any] = {"jobs": jobs, "samples": samples, "median_jobs_per_s": med, "ratios_to_no_key": {},
-                           "claim_loop": claim_loop(ctx)}
+    out: dict[str, Any] = {
+        "jobs": jobs,
+        "samples": samples,
+        "median_jobs_per_s": med,
+        "ratios_to_no_key": {},
+        "claim_loop": claim_loop(ctx),
+    }
     for p, t in shapes:
         base = f"{p}x{t} no key"
         for name in variants:
@@ -195,12 +219,16 @@ def claim_loop(ctx) -> dict[str, Any]:
     (complete what the last cycle took, claim 8 more, one transaction), no handler, alternating
     variants. Less noisy than whole runs on a shared machine."""
     n = 2000 if ctx.quick else 6000
-    variants = {"no key": ("noop", None), "no key, without ix_concurrency": ("noop", None),
-                "key per job, limit 1": ("keyed_noop", n), "100 keys, limit 1": ("keyed_noop", 100),
-                "5 keys, limit 1": ("keyed_noop", 5)}
+    variants = {
+        "no key": ("noop", None),
+        "no key, without ix_concurrency": ("noop", None),
+        "key per job, limit 1": ("keyed_noop", n),
+        "100 keys, limit 1": ("keyed_noop", 100),
+        "5 keys, limit 1": ("keyed_noop", 5),
+    }
     samples: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(ctx.rounds):
-        for name in (list(variants) if r % 2 == 0 else list(reversed(variants))):
+        for name in list(variants) if r % 2 == 0 else list(reversed(variants)):
             task, keys = variants[name]
             with common.mysql_db("claimloop") as url:
                 if "without" in name:
@@ -213,8 +241,9 @@ def claim_loop(ctx) -> dict[str, Any]:
                         owners = [f"bench:1:{i}" for i in range(8)]
                         done, held, t0 = 0, [], time.perf_counter()
                         while done < n:
-                            cycle = service.claim_cycle(conn, owners if not held else [], ["default"],
-                                                           lease_seconds=60, completions=held)
+                            cycle = service.claim_cycle(
+                                conn, owners if not held else [], ["default"], lease_seconds=60, completions=held
+                            )
                             done += sum(1 for o in cycle.completed.values() if o.value == "ok")
                             held = [c.lease for c in cycle.claimed]
                             if not held and done < n and not cycle.completed:
@@ -227,11 +256,16 @@ def claim_loop(ctx) -> dict[str, Any]:
     med = {k: common.median(v) for k, v in samples.items()}
     for name in variants:
         log(f"claim loop {name}: {med[name]:.0f} jobs/s, {med[name] / med['no key']:.3f}x of no key")
-    return {"jobs": n, "samples": samples, "median_jobs_per_s": med,
-            "ratios_to_no_key": {k: med[k] / med["no key"] for k in variants}}
+    return {
+        "jobs": n,
+        "samples": samples,
+        "median_jobs_per_s": med,
+        "ratios_to_no_key": {k: med[k] / med["no key"] for k in variants},
+    }
 
 
 # --- pruning while claiming ------------------------------------------------------------------------
+
 
 def load_done(url: str, n: int, days_ago: float = 10.0) -> None:
     """n done rows finished `days_ago` days ago, each with one attempt row."""
@@ -240,15 +274,36 @@ def load_done(url: str, n: int, days_ago: float = 10.0) -> None:
     try:
         with conn.cursor() as cur:
             for lo in range(0, n, 20_000):
-                rows = [(f"old-{i}", "noop", "default", 0, "{}", "done", when, f"old:1:{i % 8}", 1, 5, when, when, when,
-                         when) for i in range(lo, min(n, lo + 20_000))]
+                rows = [
+                    (
+                        f"old-{i}",
+                        "noop",
+                        "default",
+                        0,
+                        "{}",
+                        "done",
+                        when,
+                        f"old:1:{i % 8}",
+                        1,
+                        5,
+                        when,
+                        when,
+                        when,
+                        when,
+                    )
+                    for i in range(lo, min(n, lo + 20_000))
+                ]
                 cur.executemany(
                     "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, lease_owner, "
                     "attempts, max_attempts, started_at, created_at, updated_at, finished_at) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    rows,
+                )
                 conn.commit()
-            cur.execute("INSERT INTO job_attempt (job_id, attempt, worker, started_at, finished_at, outcome, error) "
-                        "SELECT id, 1, lease_owner, started_at, finished_at, 'retry', 'old' FROM job_queue")
+            cur.execute(
+                "INSERT INTO job_attempt (job_id, attempt, worker, started_at, finished_at, outcome, error) "
+                "SELECT id, 1, lease_owner, started_at, finished_at, 'retry', 'old' FROM job_queue"
+            )
             conn.commit()
     finally:
         conn.close()
@@ -258,8 +313,13 @@ def window_rate(url: str, start: datetime, end: datetime) -> float:
     engine = sa.create_engine(url, poolclass=NullPool)
     try:
         with engine.connect() as conn:
-            n = conn.execute(sa.text("SELECT COUNT(*) FROM job_queue WHERE status='done' AND task_key LIKE 'j%' "
-                                     "AND finished_at >= :a AND finished_at < :b"), {"a": start, "b": end}).scalar()
+            n = conn.execute(
+                sa.text(
+                    "SELECT COUNT(*) FROM job_queue WHERE status='done' AND task_key LIKE 'j%' "
+                    "AND finished_at >= :a AND finished_at < :b"
+                ),
+                {"a": start, "b": end},
+            ).scalar()
         return n / max(1e-9, (end - start).total_seconds())
     finally:
         engine.dispose()
@@ -269,21 +329,35 @@ def bench_prune(ctx) -> dict[str, Any]:
     rows, jobs = ctx.prune_rows, ctx.prune_jobs
     runs: dict[str, list[dict[str, Any]]] = {"with prune": [], "without prune": []}
     for r in range(ctx.prune_rounds):
-        for variant in (["with prune", "without prune"] if r % 2 == 0 else ["without prune", "with prune"]):
+        for variant in ["with prune", "without prune"] if r % 2 == 0 else ["without prune", "with prune"]:
             with common.mysql_db("prune") as url:
                 load_done(url, rows)
                 enqueue(url, jobs)
                 # The workers' own retention is off (keep forever): only the measured prune deletes.
-                work = run_workers(url, 2, 8, ctx.log_dir, env={"JOBQUEUE_KEEP_DONE_DAYS": "0",
-                                                               "JOBQUEUE_KEEP_FAILED_DAYS": "0"})
+                work = run_workers(
+                    url, 2, 8, ctx.log_dir, env={"JOBQUEUE_KEEP_DONE_DAYS": "0", "JOBQUEUE_KEEP_FAILED_DAYS": "0"}
+                )
                 t0 = time.monotonic()
                 first_claim = None
                 prune_result: dict[str, Any] = {}
                 if variant == "with prune":
-                    time.sleep(1.0)   # the workers are claiming
-                    out = subprocess.run([*common.jobqueue_cmd(), "--database-url", url, "--log-level", "WARNING",
-                                          "prune", "--done-older-than", "7"], capture_output=True, text=True,
-                                         env=common.child_env(), timeout=900)
+                    time.sleep(1.0)  # the workers are claiming
+                    out = subprocess.run(
+                        [
+                            *common.jobqueue_cmd(),
+                            "--database-url",
+                            url,
+                            "--log-level",
+                            "WARNING",
+                            "prune",
+                            "--done-older-than",
+                            "7",
+                        ],
+                        capture_output=True,
+                        text=True,
+                        env=common.child_env(),
+                        timeout=900,
+                    )
                     if out.returncode != 0:
                         raise RuntimeError(f"prune failed: {out.stderr}")
                     prune_result = json.loads(out.stdout)
@@ -291,10 +365,12 @@ def bench_prune(ctx) -> dict[str, Any]:
                 work.check()
                 engine = sa.create_engine(url, poolclass=NullPool)
                 with engine.connect() as conn:
-                    first_claim = conn.execute(sa.text(
-                        "SELECT MIN(started_at) FROM job_queue WHERE task_key LIKE 'j%'")).scalar()
-                    last = conn.execute(sa.text("SELECT started_at, finished_at FROM prune_run ORDER BY id DESC LIMIT 1")
-                                        ).first()
+                    first_claim = conn.execute(
+                        sa.text("SELECT MIN(started_at) FROM job_queue WHERE task_key LIKE 'j%'")
+                    ).scalar()
+                    last = conn.execute(
+                        sa.text("SELECT started_at, finished_at FROM prune_run ORDER BY id DESC LIMIT 1")
+                    ).first()
                     left = conn.execute(sa.text("SELECT COUNT(*) FROM job_queue WHERE task_key LIKE 'old-%'")).scalar()
                 engine.dispose()
                 if variant == "with prune":
@@ -308,16 +384,33 @@ def bench_prune(ctx) -> dict[str, Any]:
                     start = first_claim + timedelta(seconds=1.0)
                     end = start + timedelta(seconds=length)
                 rate = window_rate(url, start, end)
-                res = {"jobs_per_s": rate, "window_s": (end - start).total_seconds(), "prune": prune_result,
-                       "wall_s": time.monotonic() - t0}
+                res = {
+                    "jobs_per_s": rate,
+                    "window_s": (end - start).total_seconds(),
+                    "prune": prune_result,
+                    "wall_s": time.monotonic() - t0,
+                }
                 runs[variant].append(res)
-                log(f"prune round {r + 1}/{ctx.prune_rounds} {variant}: {rate:.0f} jobs/s over "
-                    f"{res['window_s']:.1f} s" + (f" (pruned {prune_result.get('done')} rows in "
-                                                 f"{prune_result.get('seconds')} s)" if prune_result else ""))
+                log(
+                    f"prune round {r + 1}/{ctx.prune_rounds} {variant}: {rate:.0f} jobs/s over "
+                    f"{res['window_s']:.1f} s"
+                    + (
+                        f" (pruned {prune_result.get('done')} rows in {prune_result.get('seconds')} s)"
+                        if prune_result
+                        else ""
+                    )
+                )
     # Pair each with-prune run with the without-prune run of the same round.
     ratios = [a["jobs_per_s"] / b["jobs_per_s"] for a, b in zip(runs["with prune"], runs["without prune"])]
-    out = {"rows": rows, "jobs": jobs, "workers": "2 x 8 threads", "runs": runs, "ratios": ratios,
-           "ratio": common.median(ratios), "target": 0.8}
+    out = {
+        "rows": rows,
+        "jobs": jobs,
+        "workers": "2 x 8 threads",
+        "runs": runs,
+        "ratios": ratios,
+        "ratio": common.median(ratios),
+        "target": 0.8,
+    }
     log(f"prune: throughput while pruning {rows} rows is {out['ratio']:.3f}x of the run without (target >= 0.8)")
     return out
 
@@ -356,13 +449,17 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only.split(","):
         r = results[name]
         if name == "pause":
-            print(f"pause support: ratio {r['ratio every queue']:.3f} (every queue), "
-                  f"{r['ratio --queues default']:.3f} (--queues)")
+            print(
+                f"pause support: ratio {r['ratio every queue']:.3f} (every queue), "
+                f"{r['ratio --queues default']:.3f} (--queues)"
+            )
         elif name == "limits":
             for k, v in r["ratios_to_no_key"].items():
                 print(f"limits {k}: {r['median_jobs_per_s'][k]:.0f} jobs/s, {v:.3f}x")
         else:
-            print(f"prune: {r['ratio']:.3f}x of the throughput without pruning (runs {[round(x, 3) for x in r['ratios']]})")
+            print(
+                f"prune: {r['ratio']:.3f}x of the throughput without pruning (runs {[round(x, 3) for x in r['ratios']]})"
+            )
     return 0
 
 

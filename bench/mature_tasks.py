@@ -32,8 +32,15 @@ def _without_pause_support() -> None:
     from jobqueue.core.repository.common import jq
 
     def ready_queues(conn):
-        return list(transaction(conn, lambda c: c.execute(
-            sa.select(jq.queue).where(jq.status == Status.READY.value).distinct()).scalars().all(), what="ready_queues"))
+        return list(
+            transaction(
+                conn,
+                lambda c: (
+                    c.execute(sa.select(jq.queue).where(jq.status == Status.READY.value).distinct()).scalars().all()
+                ),
+                what="ready_queues",
+            )
+        )
 
     def paused_queues(conn):
         return set()
@@ -41,9 +48,12 @@ def _without_pause_support() -> None:
     with_pause_support = claim.classify_statement
 
     def drop_paused_filter(element, **kw):
-        if isinstance(element, BinaryExpression) and element.operator is operators.not_in_op \
-                and element.left.compare(jq.queue):
-            return sa.true()   # and_() leaves a true() out of the SQL
+        if (
+            isinstance(element, BinaryExpression)
+            and element.operator is operators.not_in_op
+            and element.left.compare(jq.queue)
+        ):
+            return sa.true()  # and_() leaves a true() out of the SQL
         return None
 
     @functools.cache

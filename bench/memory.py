@@ -28,7 +28,7 @@ def run(ctx) -> dict[str, Any]:
         common.enqueue_noops(url, jobs)
         enqueue_s = time.perf_counter() - t0
         log(f"memory: enqueued {jobs} jobs in {enqueue_s:.1f}s")
-        samples: list[tuple[float, float, int]] = []   # (seconds since gate, rss MiB, jobs done)
+        samples: list[tuple[float, float, int]] = []  # (seconds since gate, rss MiB, jobs done)
         done = [0]
         stop = threading.Event()
         engine = sa.create_engine(url, poolclass=NullPool)
@@ -38,8 +38,9 @@ def run(ctx) -> dict[str, Any]:
             # done rows would read up to a million index entries a second beside the worker).
             with engine.connect() as conn:
                 while not stop.wait(2.0):
-                    left = conn.exec_driver_sql("SELECT COUNT(*) FROM job_queue WHERE status IN ('ready', 'running')"
-                                                ).scalar()
+                    left = conn.exec_driver_sql(
+                        "SELECT COUNT(*) FROM job_queue WHERE status IN ('ready', 'running')"
+                    ).scalar()
                     done[0] = jobs - left
                     conn.rollback()
 
@@ -68,19 +69,25 @@ def run(ctx) -> dict[str, Any]:
     total_t = samples[-1][0] if samples else 0
     warm = [s for s in samples if s[2] >= 0.10 * jobs]
     if len(warm) < 8:
-        warm = samples[len(samples) // 10:]
+        warm = samples[len(samples) // 10 :]
     q = max(1, len(warm) // 4)
     early = common.median([s[1] for s in warm[:q]])
     late = common.median([s[1] for s in warm[-q:]])
     slope = _slope([(s[2], s[1]) for s in warm]) * 10_000
     growth = late - early
     return {
-        "jobs": jobs, "concurrency": 8, "jobs_per_s": win.jobs_per_s, "run_s": total_t,
+        "jobs": jobs,
+        "concurrency": 8,
+        "jobs_per_s": win.jobs_per_s,
+        "run_s": total_t,
         "rss_start_mib": samples[0][1] if samples else float("nan"),
         "rss_peak_mib": max(s[1] for s in samples) if samples else float("nan"),
         "rss_end_mib": samples[-1][1] if samples else float("nan"),
-        "rss_after_warmup_mib": early, "rss_last_quarter_mib": late, "growth_mib": growth,
-        "slope_mib_per_10k_jobs": slope, "pass": growth <= max(2.0, 0.02 * early),
+        "rss_after_warmup_mib": early,
+        "rss_last_quarter_mib": late,
+        "growth_mib": growth,
+        "slope_mib_per_10k_jobs": slope,
+        "pass": growth <= max(2.0, 0.02 * early),
         "samples": [(round(t, 2), round(r, 2), d) for t, r, d in samples],
     }
 

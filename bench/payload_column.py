@@ -43,11 +43,12 @@ def fill(engine, rows: int) -> float:
                 "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
                 "max_attempts, last_error, created_at, updated_at, finished_at) "
                 f"SELECT CONCAT('k:', seq + {lo}), 'noop', 'default', 0, "
-                f"CONCAT('{{\"order\": ', seq + {lo}, ', \"customer\": \"cust-', MOD(seq + {lo}, 5000), "
+                f'CONCAT(\'{{"order": \', seq + {lo}, \', "customer": "cust-\', MOD(seq + {lo}, 5000), '
                 f"'\", \"note\": \"', IF(MOD(seq + {lo}, 100000) = 77, CONCAT('needle-', seq + {lo}), 'ok'), '\"}}'), "
                 f"IF(MOD(seq + {lo}, 19) = 0, 'failed', 'done'), UTC_TIMESTAMP(6), 1, 5, "
                 f"IF(MOD(seq + {lo}, 19) = 0, 'RuntimeError: upstream said 503', NULL), "
-                f"UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM {seq_rows(n)}")
+                f"UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM {seq_rows(n)}"
+            )
     return time.perf_counter() - t0
 
 
@@ -85,14 +86,24 @@ def run(server: str, rows: int, rounds: int) -> dict:
         upgrade(engine, "0007")
         loaded = fill(engine, rows)
         with engine.connect() as conn:
-            kind = conn.exec_driver_sql("SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
-                                        "DATABASE() AND TABLE_NAME = 'job_queue' AND COLUMN_NAME = 'payload'").scalar()
+            kind = conn.exec_driver_sql(
+                "SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
+                "DATABASE() AND TABLE_NAME = 'job_queue' AND COLUMN_NAME = 'payload'"
+            ).scalar()
             version = conn.exec_driver_sql("SELECT VERSION()").scalar()
         before = time_searches(engine, rounds)
         migration = upgrade(engine, "0008")
         after = time_searches(engine, rounds)
-        return {"server": server, "version": version, "rows": rows, "load_s": loaded, "column_before": kind,
-                "before": before, "migration_s": migration, "after": after}
+        return {
+            "server": server,
+            "version": version,
+            "rows": rows,
+            "load_s": loaded,
+            "column_before": kind,
+            "before": before,
+            "migration_s": migration,
+            "after": after,
+        }
     finally:
         engine.dispose()
         with admin.connect() as conn:
@@ -106,16 +117,21 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--servers", default="mariadb,mysql,mariadb11")
     args = p.parse_args()
-    print("| server | rows | payload column before | search rare p50 / p95 ms before | after | "
-          "search common p50 / p95 ms before | after | upgrade 0007 -> 0008 |")
+    print(
+        "| server | rows | payload column before | search rare p50 / p95 ms before | after | "
+        "search common p50 / p95 ms before | after | upgrade 0007 -> 0008 |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for server in args.servers.split(","):
         r = run(server, args.rows, args.rounds)
         b, a = r["before"], r["after"]
-        print(f"| {server} ({r['version']}) | {r['rows']:,} | {r['column_before']} | "
-              f"{b['rare'][0]:.0f} / {b['rare'][1]:.0f} | {a['rare'][0]:.0f} / {a['rare'][1]:.0f} | "
-              f"{b['common'][0]:.0f} / {b['common'][1]:.0f} | {a['common'][0]:.0f} / {a['common'][1]:.0f} | "
-              f"{r['migration_s']:.1f} s |", flush=True)
+        print(
+            f"| {server} ({r['version']}) | {r['rows']:,} | {r['column_before']} | "
+            f"{b['rare'][0]:.0f} / {b['rare'][1]:.0f} | {a['rare'][0]:.0f} / {a['rare'][1]:.0f} | "
+            f"{b['common'][0]:.0f} / {b['common'][1]:.0f} | {a['common'][0]:.0f} / {a['common'][1]:.0f} | "
+            f"{r['migration_s']:.1f} s |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

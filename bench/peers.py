@@ -16,15 +16,16 @@ import contextlib
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench import common
 from bench.common import log
 
-SINGLE = 1000      # enqueued one call at a time (at most a fifth of the jobs)
-BATCH = 1000       # batch size for the rest
+SINGLE = 1000  # enqueued one call at a time (at most a fifth of the jobs)
+BATCH = 1000  # batch size for the rest
 
 
 def single_count(jobs: int) -> int:
@@ -33,8 +34,10 @@ def single_count(jobs: int) -> int:
 
 # --- PostgreSQL helpers -----------------------------------------------------------------------------
 
+
 def _pg_admin():
     import psycopg
+
     return psycopg.connect(common.PG_SERVER + "/postgres", autocommit=True)
 
 
@@ -52,24 +55,42 @@ def pg_db(label: str):
 
 def _pg_query(dsn: str, sql: str) -> list[tuple]:
     import psycopg
+
     with psycopg.connect(dsn) as conn:
         return conn.execute(sql).fetchall()
 
 
 # --- result ------------------------------------------------------------------------------------------
 
-def _result(system: str, jobs: int, single_s: float, batch_s: float, batch_jobs: int, done: int,
-            first: datetime | None, last: datetime | None, run: common.ProcRun) -> dict[str, Any]:
+
+def _result(
+    system: str,
+    jobs: int,
+    single_s: float,
+    batch_s: float,
+    batch_jobs: int,
+    done: int,
+    first: datetime | None,
+    last: datetime | None,
+    run: common.ProcRun,
+) -> dict[str, Any]:
     window = (last - first).total_seconds() if first and last else float("nan")
     if done != jobs:
         raise RuntimeError(f"{system}: {done} of {jobs} jobs finished\n{run.log_tail()}")
-    return {"system": system, "jobs": jobs, "jobs_per_s": done / window if window > 0 else float("nan"),
-            "window_s": window, "enqueue_single_jobs_per_s": single_count(jobs) / single_s,
-            "enqueue_batch_jobs_per_s": batch_jobs / batch_s, "cpu_ms_per_job": run.cpu / jobs * 1000,
-            "wall_s": run.t_end - run.t_gate}
+    return {
+        "system": system,
+        "jobs": jobs,
+        "jobs_per_s": done / window if window > 0 else float("nan"),
+        "window_s": window,
+        "enqueue_single_jobs_per_s": single_count(jobs) / single_s,
+        "enqueue_batch_jobs_per_s": batch_jobs / batch_s,
+        "cpu_ms_per_job": run.cpu / jobs * 1000,
+        "wall_s": run.t_end - run.t_gate,
+    }
 
 
 # --- our worker (MariaDB) ----------------------------------------------------------------------------
+
 
 def ours(procs: int, threads: int) -> Callable[[int, Path], dict[str, Any]]:
     def _run(jobs: int, log_dir: Path) -> dict[str, Any]:
@@ -82,12 +103,23 @@ def ours(procs: int, threads: int) -> Callable[[int, Path], dict[str, Any]]:
             run.wait(max(120.0, jobs / 50))
             run.check()
             win = common.db_window(url)
-        return _result(f"ours p{procs} t{threads}", jobs, single_s, batch_s, jobs - single_count(jobs), win.done,
-                       win.first_start, win.last_finish, run)
+        return _result(
+            f"ours p{procs} t{threads}",
+            jobs,
+            single_s,
+            batch_s,
+            jobs - single_count(jobs),
+            win.done,
+            win.first_start,
+            win.last_finish,
+            run,
+        )
+
     return _run
 
 
 # --- procrastinate ------------------------------------------------------------------------------------
+
 
 def procrastinate(concurrency: int) -> Callable[[int, Path], dict[str, Any]]:
     def _run(jobs: int, log_dir: Path) -> dict[str, Any]:
@@ -103,18 +135,28 @@ def procrastinate(concurrency: int) -> Callable[[int, Path], dict[str, Any]]:
                 "    t1 = time.perf_counter()\n"
                 f"    for lo in range(single, n, {BATCH}): noop.batch_defer(*[{{}}] * min({BATCH}, n - lo))\n"
                 "    t2 = time.perf_counter()\n"
-                "print(json.dumps([t1 - t, t2 - t1]))\n")
+                "print(json.dumps([t1 - t, t2 - t1]))\n"
+            )
             single_s, batch_s = _enqueue_subprocess(code, dsn, jobs)
-            run = common.ProcRun([[sys.executable, "-m", "bench.peer_apps.procrastinate_worker",
-                                   "--concurrency", str(concurrency)]], env={"BENCH_PG_DSN": dsn})
+            run = common.ProcRun(
+                [[sys.executable, "-m", "bench.peer_apps.procrastinate_worker", "--concurrency", str(concurrency)]],
+                env={"BENCH_PG_DSN": dsn},
+            )
             run.start(log_dir)
             run.wait(max(180.0, jobs / 20))
             run.check()
-            (done, first, last), = _pg_query(dsn, (
-                "SELECT (SELECT COUNT(*) FROM procrastinate_jobs WHERE status = 'succeeded'), "
-                "(SELECT MIN(at) FROM procrastinate_events WHERE type = 'started'), "
-                "(SELECT MAX(at) FROM procrastinate_events WHERE type = 'succeeded')"))
-        return _result(f"procrastinate c{concurrency}", jobs, single_s, batch_s, jobs - single_count(jobs), done, first, last, run)
+            ((done, first, last),) = _pg_query(
+                dsn,
+                (
+                    "SELECT (SELECT COUNT(*) FROM procrastinate_jobs WHERE status = 'succeeded'), "
+                    "(SELECT MIN(at) FROM procrastinate_events WHERE type = 'started'), "
+                    "(SELECT MAX(at) FROM procrastinate_events WHERE type = 'succeeded')"
+                ),
+            )
+        return _result(
+            f"procrastinate c{concurrency}", jobs, single_s, batch_s, jobs - single_count(jobs), done, first, last, run
+        )
+
     return _run
 
 
@@ -122,8 +164,15 @@ def _enqueue_subprocess(code: str, dsn: str, jobs: int) -> tuple[float, float]:
     """Enqueue from a fresh process (keeps the peers' libraries and event loops out of ours)."""
     import json
     import subprocess
-    out = subprocess.run([sys.executable, "-c", code, str(jobs), str(single_count(jobs))], capture_output=True, text=True,
-                         env=common.child_env(BENCH_PG_DSN=dsn), cwd=common.REPO, timeout=600)
+
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(jobs), str(single_count(jobs))],
+        capture_output=True,
+        text=True,
+        env=common.child_env(BENCH_PG_DSN=dsn),
+        cwd=common.REPO,
+        timeout=600,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"enqueue failed:\n{out.stderr[-3000:]}")
     single_s, batch_s = json.loads(out.stdout.strip().splitlines()[-1])
@@ -131,6 +180,7 @@ def _enqueue_subprocess(code: str, dsn: str, jobs: int) -> tuple[float, float]:
 
 
 # --- pgqueuer -----------------------------------------------------------------------------------------
+
 
 def pgqueuer(procs: int, batch_size: int) -> Callable[[int, Path], dict[str, Any]]:
     def _run(jobs: int, log_dir: Path) -> dict[str, Any]:
@@ -153,23 +203,41 @@ def pgqueuer(procs: int, batch_size: int) -> Callable[[int, Path], dict[str, Any
                 "    t2 = time.perf_counter()\n"
                 "    await conn.close()\n"
                 "    print(json.dumps([t1 - t, t2 - t1]))\n"
-                "asyncio.run(main())\n")
+                "asyncio.run(main())\n"
+            )
             single_s, batch_s = _enqueue_subprocess(code, dsn, jobs)
-            run = common.ProcRun([[sys.executable, "-m", "bench.peer_apps.pgqueuer_app", "--batch-size",
-                                   str(batch_size)]] * procs, env={"BENCH_PG_DSN": dsn})
+            run = common.ProcRun(
+                [[sys.executable, "-m", "bench.peer_apps.pgqueuer_app", "--batch-size", str(batch_size)]] * procs,
+                env={"BENCH_PG_DSN": dsn},
+            )
             run.start(log_dir)
             run.wait(max(180.0, jobs / 20))
             run.check()
-            (done, first, last), = _pg_query(dsn, (
-                "SELECT (SELECT COUNT(*) FROM pgqueuer_log WHERE status = 'successful'), "
-                "(SELECT MIN(created) FROM pgqueuer_log WHERE status = 'picked'), "
-                "(SELECT MAX(created) FROM pgqueuer_log WHERE status = 'successful')"))
-        return _result(f"pgqueuer p{procs} b{batch_size}", jobs, single_s, batch_s, jobs - single_count(jobs), done, first,
-                       last, run)
+            ((done, first, last),) = _pg_query(
+                dsn,
+                (
+                    "SELECT (SELECT COUNT(*) FROM pgqueuer_log WHERE status = 'successful'), "
+                    "(SELECT MIN(created) FROM pgqueuer_log WHERE status = 'picked'), "
+                    "(SELECT MAX(created) FROM pgqueuer_log WHERE status = 'successful')"
+                ),
+            )
+        return _result(
+            f"pgqueuer p{procs} b{batch_size}",
+            jobs,
+            single_s,
+            batch_s,
+            jobs - single_count(jobs),
+            done,
+            first,
+            last,
+            run,
+        )
+
     return _run
 
 
 # --- RQ -----------------------------------------------------------------------------------------------
+
 
 def rq_pool(workers: int) -> Callable[[int, Path], dict[str, Any]]:
     def _run(jobs: int, log_dir: Path) -> dict[str, Any]:
@@ -188,10 +256,25 @@ def rq_pool(workers: int) -> Callable[[int, Path], dict[str, Any]]:
                 ids.append(q.enqueue(noop).id)
             t1 = time.perf_counter()
             for lo in range(single_count(jobs), jobs, BATCH):
-                ids.extend(j.id for j in q.enqueue_many([Queue.prepare_data(noop) for _ in range(min(BATCH, jobs - lo))]))
+                ids.extend(
+                    j.id for j in q.enqueue_many([Queue.prepare_data(noop) for _ in range(min(BATCH, jobs - lo))])
+                )
             t2 = time.perf_counter()
-            run = common.ProcRun([[sys.executable, "-m", "bench.peer_apps.rq_app", "--url", common.REDIS_URL,
-                                   "--queue", qname, "--workers", str(workers)]])
+            run = common.ProcRun(
+                [
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench.peer_apps.rq_app",
+                        "--url",
+                        common.REDIS_URL,
+                        "--queue",
+                        qname,
+                        "--workers",
+                        str(workers),
+                    ]
+                ]
+            )
             run.start(log_dir)
             run.wait(max(180.0, jobs / 20))
             run.check()
@@ -205,8 +288,18 @@ def rq_pool(workers: int) -> Callable[[int, Path], dict[str, Any]]:
             workers_seen = {r[3].decode() for r in rows if r[3]}
         finally:
             _rq_cleanup(redis, qname, ids, locals().get("workers_seen", set()))
-        return _result(f"rq pool {workers} SimpleWorker", jobs, t1 - t, t2 - t1, jobs - single_count(jobs), done,
-                       min(starts) if starts else None, max(ends) if ends else None, run)
+        return _result(
+            f"rq pool {workers} SimpleWorker",
+            jobs,
+            t1 - t,
+            t2 - t1,
+            jobs - single_count(jobs),
+            done,
+            min(starts) if starts else None,
+            max(ends) if ends else None,
+            run,
+        )
+
     return _run
 
 
@@ -229,6 +322,7 @@ def _rq_cleanup(redis, qname: str, ids: list[str], workers: set[str]) -> None:
 
 
 # --- the scenario -------------------------------------------------------------------------------------
+
 
 def systems(ctx) -> dict[str, Callable[[int, Path], dict[str, Any]]]:
     conc = 4
@@ -261,14 +355,26 @@ def run(ctx) -> dict[str, Any]:
                 continue
             res["round"] = r
             samples[name].append(res)
-            log(f"peers round {r + 1}/{ctx.rounds} {name}: process {res['jobs_per_s']:.0f} jobs/s, enqueue "
-                f"single {res['enqueue_single_jobs_per_s']:.0f}/s batch {res['enqueue_batch_jobs_per_s']:.0f}/s")
+            log(
+                f"peers round {r + 1}/{ctx.rounds} {name}: process {res['jobs_per_s']:.0f} jobs/s, enqueue "
+                f"single {res['enqueue_single_jobs_per_s']:.0f}/s batch {res['enqueue_batch_jobs_per_s']:.0f}/s"
+            )
     summary = {}
     for name, ss in samples.items():
         if not ss:
             continue
-        summary[name] = {k: common.median([s[k] for s in ss]) for k in
-                         ("jobs_per_s", "enqueue_single_jobs_per_s", "enqueue_batch_jobs_per_s", "cpu_ms_per_job")}
+        summary[name] = {
+            k: common.median([s[k] for s in ss])
+            for k in ("jobs_per_s", "enqueue_single_jobs_per_s", "enqueue_batch_jobs_per_s", "cpu_ms_per_job")
+        }
         summary[name]["runs"] = [round(s["jobs_per_s"]) for s in ss]
-    return {"jobs": ctx.jobs, "rounds": ctx.rounds, "concurrency": 4, "summary": summary, "problems": problems,
-            "samples": samples, "single_enqueue_jobs": single_count(ctx.jobs), "batch_size": BATCH}
+    return {
+        "jobs": ctx.jobs,
+        "rounds": ctx.rounds,
+        "concurrency": 4,
+        "summary": summary,
+        "problems": problems,
+        "samples": samples,
+        "single_enqueue_jobs": single_count(ctx.jobs),
+        "batch_size": BATCH,
+    }

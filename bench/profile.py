@@ -48,10 +48,27 @@ def record(jobs: int, log_dir: Path, out: Path, flags: list[str], fmt: str, rate
         spies: list[subprocess.Popen] = []
 
         def attach(pids: list[int]) -> None:
-            spies.append(subprocess.Popen(
-                [pyspy(), "record", "--pid", str(pids[0]), "--rate", str(rate), "--format", fmt, "-o", str(out),
-                 *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-            time.sleep(1.5)   # py-spy attached and sampling before the gate opens
+            spies.append(
+                subprocess.Popen(
+                    [
+                        pyspy(),
+                        "record",
+                        "--pid",
+                        str(pids[0]),
+                        "--rate",
+                        str(rate),
+                        "--format",
+                        fmt,
+                        "-o",
+                        str(out),
+                        *flags,
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            time.sleep(1.5)  # py-spy attached and sampling before the gate opens
 
         run = common.ProcRun([common.worker_cmd(url, 4)])
         run.start(log_dir, before_open=attach)
@@ -90,7 +107,7 @@ def _at_gate(frames) -> bool:
 
 
 def layer_of(frames) -> str:
-    for func, file, _ in reversed(frames):       # innermost first
+    for _func, file, _ in reversed(frames):  # innermost first
         for name, keys in LAYERS:
             if any(file.startswith(k) or k in file for k in keys):
                 return name
@@ -127,7 +144,7 @@ def our_call(frames) -> str:
     if idx == len(frames) - 1:
         return "our own Python"
     func, file, _ = frames[idx + 1]
-    if file == "<string>":       # dataclass-generated __init__ of our models
+    if file == "<string>":  # dataclass-generated __init__ of our models
         return "our own Python"
     if file.startswith("sqlalchemy/sql/") or file.startswith("<sqlalchemy"):
         return "building SQLAlchemy Core statements"
@@ -156,7 +173,7 @@ def analyse_gil(path: Path, window_s: float, rate: int) -> dict[str, Any]:
     sa_incl = collections.Counter()
     calls = collections.Counter()
     repo_lines = collections.Counter()
-    for thread, frames, c in stacks:
+    for _thread, frames, c in stacks:
         layers[layer_of(frames)] += c
         calls[our_call(frames)] += c
         for func, file, line in frames:
@@ -172,12 +189,13 @@ def analyse_gil(path: Path, window_s: float, rate: int) -> dict[str, Any]:
             if file.startswith("jobqueue/core/") and key not in seen:
                 ours_incl[key] += c
                 seen.add(key)
-        for func, file, _ in frames:
+        for _func, file, _ in frames:
             if file.startswith("sqlalchemy/") or file.startswith("<sqlalchemy"):
                 sa_incl[_sa_area(file)] += c
                 break
     return {
-        "samples": total, "samples_without_python_frames": empty,
+        "samples": total,
+        "samples_without_python_frames": empty,
         "gil_busy_share": total / (window_s * rate) if window_s else float("nan"),
         "layers": {k: v / total for k, v in layers.most_common()},
         "our_calls": {k: v / total for k, v in calls.most_common()},
@@ -206,8 +224,11 @@ def analyse_idle(path: Path) -> dict[str, Any]:
     out = {}
     for role, counter in by_role.items():
         total = sum(counter.values())
-        out[role] = {"threads": len(threads[role]), "samples": total,
-                     "states": {k: v / total for k, v in counter.most_common()}}
+        out[role] = {
+            "threads": len(threads[role]),
+            "samples": total,
+            "states": {k: v / total for k, v in counter.most_common()},
+        }
     return out
 
 
@@ -225,5 +246,11 @@ def run(ctx) -> dict[str, Any]:
     s = record(ctx.jobs, ctx.log_dir, svg, ["--gil"], "flamegraph")
     gil = analyse_gil(gil_raw, g["window_s"], g["rate"])
     idle = analyse_idle(idle_raw)
-    return {"jobs": ctx.jobs, "concurrency": 4, "runs": {"gil": g, "idle": i, "svg": s}, "gil": gil, "idle": idle,
-            "files": {"gil_raw": gil_raw.name, "idle_raw": idle_raw.name, "svg": svg.name}}
+    return {
+        "jobs": ctx.jobs,
+        "concurrency": 4,
+        "runs": {"gil": g, "idle": i, "svg": s},
+        "gil": gil,
+        "idle": idle,
+        "files": {"gil_raw": gil_raw.name, "idle_raw": idle_raw.name, "svg": svg.name},
+    }

@@ -43,15 +43,21 @@ from typing import Any
 
 import pymysql
 
-SELECT = ("SELECT id, task_key, task_name, queue, priority, payload, attempts, max_attempts "
-          "FROM job_queue WHERE status = %s AND queue = %s ORDER BY priority, id LIMIT %s FOR UPDATE{skip}")
-TAKE = ("UPDATE job_queue SET status = %s, lease_owner = %s, "
-        "lease_until = (UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND), attempts = (attempts + %s), "
-        "started_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6) "
-        "WHERE id IN ({ids}) AND status = %s")
-COMPLETE = ("UPDATE job_queue SET status = %s, lease_until = %s, updated_at = UTC_TIMESTAMP(6), "
-            "finished_at = UTC_TIMESTAMP(6) "
-            "WHERE id = %s AND status = %s AND lease_owner = %s AND attempts = %s")
+SELECT = (
+    "SELECT id, task_key, task_name, queue, priority, payload, attempts, max_attempts "
+    "FROM job_queue WHERE status = %s AND queue = %s ORDER BY priority, id LIMIT %s FOR UPDATE{skip}"
+)
+TAKE = (
+    "UPDATE job_queue SET status = %s, lease_owner = %s, "
+    "lease_until = (UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND), attempts = (attempts + %s), "
+    "started_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6) "
+    "WHERE id IN ({ids}) AND status = %s"
+)
+COMPLETE = (
+    "UPDATE job_queue SET status = %s, lease_until = %s, updated_at = UTC_TIMESTAMP(6), "
+    "finished_at = UTC_TIMESTAMP(6) "
+    "WHERE id = %s AND status = %s AND lease_owner = %s AND attempts = %s"
+)
 ANY_READY = "SELECT 1 FROM job_queue WHERE status = %s AND queue = %s LIMIT 1"
 RETRYABLE = (1205, 1213)
 
@@ -59,9 +65,15 @@ RETRYABLE = (1205, 1213)
 def connect_args(url: str) -> dict[str, Any]:
     """The same mysql+pymysql:// URLs the app takes (parsed without SQLAlchemy)."""
     u = urllib.parse.urlsplit(url)
-    return {"host": u.hostname or "127.0.0.1", "port": u.port or 3306,
-            "user": urllib.parse.unquote(u.username or "root"), "password": urllib.parse.unquote(u.password or ""),
-            "database": u.path.lstrip("/"), "charset": "utf8mb4", "autocommit": False}
+    return {
+        "host": u.hostname or "127.0.0.1",
+        "port": u.port or 3306,
+        "user": urllib.parse.unquote(u.username or "root"),
+        "password": urllib.parse.unquote(u.password or ""),
+        "database": u.path.lstrip("/"),
+        "charset": "utf8mb4",
+        "autocommit": False,
+    }
 
 
 def noop(payload: dict, job: tuple) -> None:
@@ -69,8 +81,17 @@ def noop(payload: dict, job: tuple) -> None:
 
 
 class RawLoop:
-    def __init__(self, url: str, threads: int, batch: int, *, skip_locked: bool = True, queue: str = "default",
-                 lease_seconds: float = 60.0, max_seconds: float | None = None):
+    def __init__(
+        self,
+        url: str,
+        threads: int,
+        batch: int,
+        *,
+        skip_locked: bool = True,
+        queue: str = "default",
+        lease_seconds: float = 60.0,
+        max_seconds: float | None = None,
+    ):
         self.args = connect_args(url)
         self.threads = threads
         self.batch = batch
@@ -95,8 +116,10 @@ class RawLoop:
         """Connect every thread, call `before_start()` (the start gate), then go; returns stats."""
         conns = [self._connect() for _ in range(self.threads)]
         go = threading.Event()
-        workers = [threading.Thread(target=self._thread, args=(conns[i], f"{self.owner_base}:raw{i + 1}", go),
-                                    daemon=True) for i in range(self.threads)]
+        workers = [
+            threading.Thread(target=self._thread, args=(conns[i], f"{self.owner_base}:raw{i + 1}", go), daemon=True)
+            for i in range(self.threads)
+        ]
         for t in workers:
             t.start()
         if before_start:
@@ -129,8 +152,10 @@ class RawLoop:
                         time.sleep(0.02 * random.uniform(0.5, 1.5))
                         continue
                     ids = [r[0] for r in rows]
-                    taken = cur.execute(TAKE.format(ids=", ".join(["%s"] * len(ids))),
-                                        ("running", owner, self.lease_us, 1, *ids, "ready"))
+                    taken = cur.execute(
+                        TAKE.format(ids=", ".join(["%s"] * len(ids))),
+                        ("running", owner, self.lease_us, 1, *ids, "ready"),
+                    )
                     conn.commit()
                     claims += 1
                     if taken != len(ids):
@@ -161,8 +186,14 @@ class RawLoop:
             self.errors.append(f"{type(exc).__name__}: {exc}")
         finally:
             with self.lock:
-                for k, v in (("processed", processed), ("lost", lost), ("claims", claims), ("empty_claims", empty),
-                             ("retries", retries), ("mismatch", mismatch)):
+                for k, v in (
+                    ("processed", processed),
+                    ("lost", lost),
+                    ("claims", claims),
+                    ("empty_claims", empty),
+                    ("retries", retries),
+                    ("mismatch", mismatch),
+                ):
                     self.stats[k] += v
 
 
@@ -176,11 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seconds", type=float, default=None, help="stop claiming after this long")
     a = p.parse_args(argv)
     from bench.gate import wait
-    loop = RawLoop(a.url, a.threads, a.batch, skip_locked=not a.no_skip_locked, queue=a.queue,
-                   max_seconds=a.max_seconds)
+
+    loop = RawLoop(
+        a.url, a.threads, a.batch, skip_locked=not a.no_skip_locked, queue=a.queue, max_seconds=a.max_seconds
+    )
     out = loop.run(before_start=wait)
     from bench.gate import write_count
-    write_count("commits", out["claims"] + out["processed"] + out["lost"])   # one per claim and per completion
+
+    write_count("commits", out["claims"] + out["processed"] + out["lost"])  # one per claim and per completion
     print(json.dumps(out), flush=True)
     return 1 if out["errors"] else 0
 

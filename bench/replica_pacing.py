@@ -23,7 +23,6 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from testkit.replication import ReplicationCluster
 from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.migrate import init_db
@@ -32,6 +31,7 @@ from jobqueue.core.replica_watch import ReplicaWatch
 from jobqueue.core.repository.operator import JobFilter
 from jobqueue.core.schema import job_queue
 from jobqueue.core.task_modules import load_task_modules
+from testkit.replication import ReplicationCluster
 
 LAG_LIMIT = 2
 HOLD_SECONDS = 6.0
@@ -59,11 +59,16 @@ def main() -> None:
             init_db(engine)
             with engine.connect() as conn:
                 for start in range(0, args.jobs, 5000):
-                    service.enqueue_many(conn, [{"task": "noop", "task_key": f"p-{i}"}
-                                                   for i in range(start, min(args.jobs, start + 5000))])
+                    service.enqueue_many(
+                        conn,
+                        [{"task": "noop", "task_key": f"p-{i}"} for i in range(start, min(args.jobs, start + 5000))],
+                    )
             watch = ReplicaWatch([cluster.replicas[0].url()], LAG_LIMIT)
-            results: dict[str, list[tuple[float, float, float]]] = {"not watched": [], "watched, caught up": [],
-                                                                     "watched, lagging": []}
+            results: dict[str, list[tuple[float, float, float]]] = {
+                "not watched": [],
+                "watched, caught up": [],
+                "watched, lagging": [],
+            }
 
             def reset() -> None:
                 with engine.begin() as conn:
@@ -73,8 +78,9 @@ def main() -> None:
             def bulk(pace) -> tuple[float, float]:
                 with engine.connect() as conn:
                     t0 = time.perf_counter()
-                    res = service.bulk_action(conn, "requeue", actor="bench", job_filter=JobFilter(status=Status.FAILED),
-                                                 pace=pace)
+                    res = service.bulk_action(
+                        conn, "requeue", actor="bench", job_filter=JobFilter(status=Status.FAILED), pace=pace
+                    )
                     assert res.changed == args.jobs, res
                     return time.perf_counter() - t0, res.paused_seconds
 
@@ -99,14 +105,19 @@ def main() -> None:
         finally:
             cluster.cleanup()
     base = statistics.median(s for s, _, _ in results["not watched"])
-    print(f"bulk requeue of {args.jobs:,} jobs, batches of 500, {args.rounds} rounds (medians; other sessions "
-          "may share the CPU)")
+    print(
+        f"bulk requeue of {args.jobs:,} jobs, batches of 500, {args.rounds} rounds (medians; other sessions "
+        "may share the CPU)"
+    )
     for name, runs in results.items():
         seconds = statistics.median(s for s, _, _ in runs)
         paused = statistics.median(p for _, p, _ in runs)
-        lag = max(l for _, _, l in runs)
-        extra = f", paused {paused:.1f} s (lag {lag:.0f} s at the start, bound {LAG_LIMIT} s, held {HOLD_SECONDS:g} s)" \
-            if name == "watched, lagging" else ""
+        lag = max(behind for _, _, behind in runs)
+        extra = (
+            f", paused {paused:.1f} s (lag {lag:.0f} s at the start, bound {LAG_LIMIT} s, held {HOLD_SECONDS:g} s)"
+            if name == "watched, lagging"
+            else ""
+        )
         print(f"  {name:<20} {seconds:6.2f} s  ({args.jobs / seconds:,.0f} jobs/s, {seconds / base:.2f}x){extra}")
         print(f"  {'':<20} runs: {', '.join(f'{s:.2f}' for s, _, _ in runs)}")
 

@@ -11,20 +11,21 @@ import json
 from pathlib import Path
 
 from bench.report_format import _fmt, meta_line, table, verdict
-from bench.report_queue import (
-    _claim_cost,
-    _contention,
-    _idle,
-    _memory,
-    _peers,
-    _profile,
-    _throughput,
-)
+from bench.report_queue import _claim_cost, _contention, _idle, _memory, _peers, _profile, _throughput
 from bench.report_web import _dashboard, _dashboard_at_scale, _enqueue, _startup
 
-
-SCENARIOS = ["throughput", "peers", "claim_cost", "contention", "idle", "dashboard", "memory", "startup", "enqueue",
-             "profile"]
+SCENARIOS = [
+    "throughput",
+    "peers",
+    "claim_cost",
+    "contention",
+    "idle",
+    "dashboard",
+    "memory",
+    "startup",
+    "enqueue",
+    "profile",
+]
 
 
 def render(results: dict, out_dir: Path, command: str) -> Path:
@@ -80,8 +81,11 @@ def render(results: dict, out_dir: Path, command: str) -> Path:
         "of other worktrees run on it, on the same MariaDB), so absolute numbers drift from minute to minute. Every "
         "comparison is therefore a ratio of runs made side by side in the same run, alternating, and every figure "
         "is a median over rounds. The conditions of each scenario are noted under its heading.",
-        "Machine: " + ", ".join(f"{k} {_fmt(v)}" for k, v in info.items() if k not in ("packages",)) + ". Packages: "
-        + ", ".join(f"{k} {v}" for k, v in info.get("packages", {}).items()) + ".",
+        "Machine: "
+        + ", ".join(f"{k} {_fmt(v)}" for k, v in info.items() if k not in ("packages",))
+        + ". Packages: "
+        + ", ".join(f"{k} {v}" for k, v in info.get("packages", {}).items())
+        + ".",
         f"## Targets\n\n{passed} pass, {failed} fail.\n\n{summary}",
     ]
     notes = plots / "notes.md"

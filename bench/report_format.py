@@ -47,10 +47,12 @@ def meta_line(res: dict) -> str:
     busy = m.get("busy_at_start") or []
     busy_s = "; ".join(f"{p:.0f}% {cmd}" for p, cmd in busy[:4]) or "none above 5%"
     by = f" by `{m['command']}`" if m.get("command") else ""
-    return (f"_Measured {m.get('date', '')} {m.get('started')} to {m.get('finished')} UTC ({m.get('seconds', 0):.0f} s){by}; "
-            f"load average at "
-            f"start {', '.join(f'{x:.2f}' for x in m.get('loadavg_start', []))}, at end "
-            f"{', '.join(f'{x:.2f}' for x in m.get('loadavg_end', []))}; other busy processes at start: {busy_s}._")
+    return (
+        f"_Measured {m.get('date', '')} {m.get('started')} to {m.get('finished')} UTC ({m.get('seconds', 0):.0f} s){by}; "
+        f"load average at "
+        f"start {', '.join(f'{x:.2f}' for x in m.get('loadavg_start', []))}, at end "
+        f"{', '.join(f'{x:.2f}' for x in m.get('loadavg_end', []))}; other busy processes at start: {busy_s}._"
+    )
 
 
 def common_median(xs: list[float]) -> float:

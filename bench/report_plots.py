@@ -30,8 +30,13 @@ def _plot_throughput(r: dict, path: Path) -> None:
     ax.bar([x - 0.2 for x in xs], [p["ours_jobs_per_s"] for p in pts], 0.4, label="jobqueue worker")
     ax.bar([x + 0.2 for x in xs], [p["raw_jobs_per_s"] for p in pts], 0.4, label="raw PyMySQL loop (ceiling)")
     for x, p in zip(xs, pts):
-        ax.annotate(f"{p['ratio']:.2f}x", (x, max(p["ours_jobs_per_s"], p["raw_jobs_per_s"])), ha="center",
-                    va="bottom", fontsize=8)
+        ax.annotate(
+            f"{p['ratio']:.2f}x",
+            (x, max(p["ours_jobs_per_s"], p["raw_jobs_per_s"])),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_xticks(list(xs))
     ax.set_xticklabels([p["point"].replace(" processes x ", " proc x ").replace(", ", "\n") for p in pts], fontsize=7)
     ax.set_ylabel("jobs/s (median)")
@@ -92,8 +97,12 @@ def _plot_contention(r: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = range(len(vs))
     ax.bar([x - 0.2 for x in xs], [r["variants"][v]["no_holder_jobs_per_s"] for v in vs], 0.4, label="no holder")
-    ax.bar([x + 0.2 for x in xs], [r["variants"][v]["holder_jobs_per_s"] for v in vs], 0.4,
-           label=f"{r['held']} oldest rows held FOR UPDATE")
+    ax.bar(
+        [x + 0.2 for x in xs],
+        [r["variants"][v]["holder_jobs_per_s"] for v in vs],
+        0.4,
+        label=f"{r['held']} oldest rows held FOR UPDATE",
+    )
     ax.set_xticks(list(xs))
     ax.set_xticklabels(["jobqueue worker" if v == "ours" else v.replace("raw ", "raw loop\n") for v in vs], fontsize=8)
     ax.set_ylabel("jobs/s (median)")
@@ -106,9 +115,12 @@ def _plot_contention(r: dict, path: Path) -> None:
 
 def _plot_wake(r: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
-    for label, key in (("same process", "wake_in_process"), ("other process, doorbell", "wake_cross_process"),
-                       ("other process, polling", "wake_cross_process_polling"),
-                       ("other process, cap 0.5 s", "wake_cross_process_cap_0_5")):
+    for label, key in (
+        ("same process", "wake_in_process"),
+        ("other process, doorbell", "wake_cross_process"),
+        ("other process, polling", "wake_cross_process_polling"),
+        ("other process, cap 0.5 s", "wake_cross_process_cap_0_5"),
+    ):
         if key not in r:
             continue
         xs = sorted(r[key]["samples_ms"])

@@ -30,8 +30,18 @@ from pathlib import Path
 from bench import common
 from bench.common import log
 
-ORDER = ["throughput", "profile", "peers", "claim_cost", "contention", "idle", "dashboard", "memory", "startup",
-         "enqueue"]
+ORDER = [
+    "throughput",
+    "profile",
+    "peers",
+    "claim_cost",
+    "contention",
+    "idle",
+    "dashboard",
+    "memory",
+    "startup",
+    "enqueue",
+]
 
 
 @dataclass
@@ -41,22 +51,33 @@ class Context:
     log_dir: Path
     jobs: int = 5000
     rounds: int = 3
-    contention_rounds: int = 5     # the holder/no-holder ratio is close to 1: more pairs
+    contention_rounds: int = 5  # the holder/no-holder ratio is close to 1: more pairs
     claim_sizes: list[int] = field(default_factory=lambda: [0, 100_000, 1_000_000])
-    memory_jobs: int = 1_000_000   # issue 17: flat over a million jobs
+    memory_jobs: int = 1_000_000  # issue 17: flat over a million jobs
     wake_trials: int = 25
     wake_idle: tuple[float, float] = (2.0, 4.0)
     # Our multi-process candidates for "best configuration" in the peers comparison.
     best_candidates: list[tuple[int, int]] = field(default_factory=lambda: [(2, 8), (1, 32), (2, 16), (2, 32), (2, 64)])
 
     @classmethod
-    def make(cls, quick: bool, out_dir: Path) -> "Context":
+    def make(cls, quick: bool, out_dir: Path) -> Context:
         log_dir = Path(os.environ.get("BENCH_LOG_DIR", "/tmp")) / f"{common.RUN_TAG}-logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         if not quick:
             return cls(False, out_dir, log_dir)
-        return cls(True, out_dir, log_dir, jobs=500, rounds=1, contention_rounds=1, claim_sizes=[0, 20_000], memory_jobs=3000,
-                   wake_trials=3, wake_idle=(0.5, 1.5), best_candidates=[(2, 4)])
+        return cls(
+            True,
+            out_dir,
+            log_dir,
+            jobs=500,
+            rounds=1,
+            contention_rounds=1,
+            claim_sizes=[0, 20_000],
+            memory_jobs=3000,
+            wake_trials=3,
+            wake_idle=(0.5, 1.5),
+            best_candidates=[(2, 4)],
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,15 +95,20 @@ def main(argv: list[str] | None = None) -> int:
     results_path = out_dir / "bench" / "results.json"
     results: dict = {}
     if a.only and results_path.exists():
-        results = json.loads(results_path.read_text())   # --only: update those scenarios, keep the rest
+        results = json.loads(results_path.read_text())  # --only: update those scenarios, keep the rest
     command = "scripts/bench " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
     results["_machine"] = common.machine_info()
-    results["_run"] = {"mode": "quick" if a.quick else "full", "command": command.strip(),
-                       "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    results["_run"] = {
+        "mode": "quick" if a.quick else "full",
+        "command": command.strip(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
     # Stop cleanly on SIGTERM, and on SIGINT even when started in the background (where SIGINT
     # is inherited as ignored): the finally below stops our workers and drops our databases.
     def _interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
+
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     log(f"bench run {common.RUN_TAG}: {', '.join(s for s in ORDER if s in only)} -> {out_dir} (logs {ctx.log_dir})")
@@ -101,19 +127,25 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
                 failed.append(name)
                 res = {"error": f"{type(exc).__name__}: {str(exc)[:2000]}"}
-            res["_meta"] = {"command": command.strip(), "run": common.RUN_TAG,
-                            "date": time.strftime("%Y-%m-%d", time.localtime(t0)),
-                            "started": time.strftime("%H:%M:%S", time.localtime(t0)),
-                            "finished": time.strftime("%H:%M:%S"), "seconds": time.time() - t0,
-                            "loadavg_start": load["loadavg"], "loadavg_end": os.getloadavg(),
-                            "busy_at_start": load.get("busy_processes", [])}
+            res["_meta"] = {
+                "command": command.strip(),
+                "run": common.RUN_TAG,
+                "date": time.strftime("%Y-%m-%d", time.localtime(t0)),
+                "started": time.strftime("%H:%M:%S", time.localtime(t0)),
+                "finished": time.strftime("%H:%M:%S"),
+                "seconds": time.time() - t0,
+                "loadavg_start": load["loadavg"],
+                "loadavg_end": os.getloadavg(),
+                "busy_at_start": load.get("busy_processes", []),
+            }
             results[name] = res
-            common.dump_json(results_path, results)   # keep what we have if a later scenario dies
+            common.dump_json(results_path, results)  # keep what we have if a later scenario dies
     finally:
         common.drop_leftovers()
     results["_run"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     common.dump_json(results_path, results)
     from bench import report
+
     path = report.render(results, out_dir, results["_run"]["command"])
     log(f"report: {path}" + (f" (failed: {', '.join(failed)})" if failed else ""))
     return 1 if failed else 0

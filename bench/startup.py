@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
-from datetime import timezone
+from datetime import UTC
 from typing import Any
 
 import sqlalchemy as sa
@@ -41,15 +40,20 @@ def _first_claim(url: str, env: dict[str, str], key: str) -> float:
         with engine.connect() as conn:
             job = service.enqueue(conn, "noop", key)
         spawned = time.time()
-        proc = subprocess.Popen(common.jobqueue_cmd() + ["--database-url", url, "worker", "--concurrency", "1"],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=common.REPO)
+        proc = subprocess.Popen(
+            common.jobqueue_cmd() + ["--database-url", url, "worker", "--concurrency", "1"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=common.REPO,
+        )
         try:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 with engine.connect() as conn:
                     started = conn.execute(sa.select(job_queue.c.started_at).where(job_queue.c.id == job.id)).scalar()
                 if started is not None:
-                    return started.replace(tzinfo=timezone.utc).timestamp() - spawned
+                    return started.replace(tzinfo=UTC).timestamp() - spawned
                 time.sleep(0.01)
             raise RuntimeError("the worker never claimed the job")
         finally:
@@ -62,21 +66,29 @@ def _first_claim(url: str, env: dict[str, str], key: str) -> float:
 def run(ctx: Any = None, runs: int | None = None) -> dict[str, Any]:
     runs = runs or (3 if getattr(ctx, "quick", False) else 15)
     url = common.create_mysql_db("startup")
-    env = common.child_env(JOBQUEUE_DATABASE_URL=url)   # bytecode written and reused, as for users
+    env = common.child_env(JOBQUEUE_DATABASE_URL=url)  # bytecode written and reused, as for users
     floor, enqueue, burst, first = [], [], [], []
     cli = common.jobqueue_cmd()
     for i in range(runs):
         floor.append(_timed([sys.executable, "-c", "import sqlalchemy, pymysql"], env))
         enqueue.append(_timed(cli + ["enqueue", "noop", "--key", f"startup-{i}"], env))
-        with create_engine(url, pool_size=1).connect() as conn:   # the burst worker finds an empty queue
+        with create_engine(url, pool_size=1).connect() as conn:  # the burst worker finds an empty queue
             conn.execute(sa.delete(job_queue))
             conn.commit()
         burst.append(_timed(cli + ["worker", "--burst"], env))
         first.append(_first_claim(url, env, f"first-{i}"))
-    m = {name: common.median(values) for name, values in
-         (("import_floor", floor), ("enqueue", enqueue), ("empty_burst", burst), ("first_claim", first))}
+    m = {
+        name: common.median(values)
+        for name, values in (
+            ("import_floor", floor),
+            ("enqueue", enqueue),
+            ("empty_burst", burst),
+            ("first_claim", first),
+        )
+    }
     return {
-        "runs": runs, "seconds": {"import_floor": floor, "enqueue": enqueue, "empty_burst": burst, "first_claim": first},
+        "runs": runs,
+        "seconds": {"import_floor": floor, "enqueue": enqueue, "empty_burst": burst, "first_claim": first},
         "median": m,
         "enqueue_vs_floor": common.ratio(m["enqueue"], m["import_floor"]),
         "targets": {"enqueue_vs_floor_max": 1.5, "empty_burst_max_s": 0.6, "first_claim_max_s": 0.4},
@@ -94,8 +106,10 @@ def main() -> int:
     m = res["median"]
     print(json.dumps(m, indent=1))
     print(f"enqueue / import floor: {res['enqueue_vs_floor']:.2f}x (target <= 1.5)")
-    print(f"empty --burst run: {m['empty_burst']:.3f} s (target <= 0.6); first claim: {m['first_claim']:.3f} s "
-          f"(target <= 0.4)")
+    print(
+        f"empty --burst run: {m['empty_burst']:.3f} s (target <= 0.6); first claim: {m['first_claim']:.3f} s "
+        f"(target <= 0.4)"
+    )
     return 0
 
 

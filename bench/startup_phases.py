@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections import defaultdict
 
-HARNESS = r'''
+HARNESS = r"""
 import atexit, json, sys, time
 T = [("python_ready", time.time())]
 out = sys.argv.pop(1)
@@ -56,14 +56,14 @@ stamp(claimer.Claimer, "cycle", "_cycle")
 import sqlalchemy as sa
 sa.event.listen(sa.pool.Pool, "connect", lambda *a: mark("connect"))
 jobqueue.cli.run()
-'''
+"""
 
 
 def _one(root: str, url: str, first_claim: bool) -> dict[str, float]:
     import sqlalchemy as sa
 
     env = {**os.environ, "PYTHONPATH": root, "JOBQUEUE_DATABASE_URL": url}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)   # bytecode written and reused, as for users
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode written and reused, as for users
     fd, out = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     engine = sa.create_engine(url)
@@ -79,8 +79,13 @@ def _one(root: str, url: str, first_claim: bool) -> dict[str, float]:
         ours.dispose()
     args = ["worker", "--concurrency", "1"] if first_claim else ["worker", "--burst"]
     spawned = time.time()
-    proc = subprocess.Popen([sys.executable, "-c", HARNESS, out, *args], env=env, cwd=root,   # "" first on sys.path
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HARNESS, out, *args],
+        env=env,
+        cwd=root,  # "" first on sys.path
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     claimed = None
     if first_claim:
         while claimed is None:
@@ -95,19 +100,22 @@ def _one(root: str, url: str, first_claim: bool) -> dict[str, float]:
     with open(out) as fh:
         stamps: dict[str, float] = {}
         for name, at in json.load(fh):
-            stamps.setdefault(name, (at - spawned) * 1000)   # the first of each
+            stamps.setdefault(name, (at - spawned) * 1000)  # the first of each
     os.unlink(out)
 
     def between(a: str, b: str) -> float:
         return stamps[b] - stamps[a]
 
-    phases = {"interpreter": stamps["python_ready"], "import the CLI": between("python_ready", "import_cli"),
-              "import the command": between("import_cli", "import_command"),
-              "engine, first connect": between("import_command", "connect"),
-              "preflight": between("connect", "_wait_for_database:end"),
-              "register the process": between("_register:start", "_register:end"),
-              "threads started": between("_register:end", "start_threads:end"),
-              "maintenance": between("_maintenance:start", "_maintenance:end")}
+    phases = {
+        "interpreter": stamps["python_ready"],
+        "import the CLI": between("python_ready", "import_cli"),
+        "import the command": between("import_cli", "import_command"),
+        "engine, first connect": between("import_command", "connect"),
+        "preflight": between("connect", "_wait_for_database:end"),
+        "register the process": between("_register:start", "_register:end"),
+        "threads started": between("_register:end", "start_threads:end"),
+        "maintenance": between("_maintenance:start", "_maintenance:end"),
+    }
     if first_claim:
         phases["first claim (its started_at)"] = float(claimed) * 1000 - spawned * 1000
     else:
@@ -131,11 +139,13 @@ def main() -> int:
         for first_claim in (False, True):
             acc: dict[str, dict[str, list[float]]] = {name: defaultdict(list) for name, _ in roots}
             for i in range(a.runs):
-                for name, root in (roots if i % 2 == 0 else roots[::-1]):
+                for name, root in roots if i % 2 == 0 else roots[::-1]:
                     for phase, ms in _one(root, url, first_claim).items():
                         acc[name][phase].append(ms)
-            print("first claim (worker --concurrency 1, one job waiting)" if first_claim else "empty worker --burst",
-                  f"- median ms since spawn over {a.runs} runs")
+            print(
+                "first claim (worker --concurrency 1, one job waiting)" if first_claim else "empty worker --burst",
+                f"- median ms since spawn over {a.runs} runs",
+            )
             print(f"{'phase':32}" + "".join(f"{name:>10}" for name, _ in roots))
             for phase in acc["this"]:
                 print(f"{phase:32}" + "".join(f"{statistics.median(acc[name][phase]):10.1f}" for name, _ in roots))

@@ -25,11 +25,11 @@ from bench.common import log
 
 @dataclass(frozen=True)
 class Config:
-    kind: str            # "ours" or "raw"
+    kind: str  # "ours" or "raw"
     procs: int
     threads: int
-    batch: int = 0       # raw loop's claim size; ours claims up to its idle threads
-    prefetch: int = 0    # ours: --prefetch (jobs claimed ahead of a free thread)
+    batch: int = 0  # raw loop's claim size; ours claims up to its idle threads
+    prefetch: int = 0  # ours: --prefetch (jobs claimed ahead of a free thread)
 
     @property
     def key(self) -> str:
@@ -51,12 +51,24 @@ class Config:
         if self.kind == "ours":
             extra = ["--prefetch", str(self.prefetch)] if self.prefetch else []
             return [common.worker_cmd(url, self.threads, *extra)] * self.procs
-        return [[sys.executable, "-m", "bench.raw_loop", "--url", url, "--threads", str(self.threads),
-                 "--batch", str(self.batch)]] * self.procs
+        return [
+            [
+                sys.executable,
+                "-m",
+                "bench.raw_loop",
+                "--url",
+                url,
+                "--threads",
+                str(self.threads),
+                "--batch",
+                str(self.batch),
+            ]
+        ] * self.procs
 
 
-def run_one(cfg: Config, jobs: int, log_dir: Path, *, timeout: float | None = None,
-            gated: bool = True) -> dict[str, Any]:
+def run_one(
+    cfg: Config, jobs: int, log_dir: Path, *, timeout: float | None = None, gated: bool = True
+) -> dict[str, Any]:
     """One measured run of `cfg` on a fresh database with `jobs` ready no-op jobs."""
     with common.mysql_db(cfg.kind) as url:
         enqueue_s = common.enqueue_noops(url, jobs)
@@ -69,10 +81,15 @@ def run_one(cfg: Config, jobs: int, log_dir: Path, *, timeout: float | None = No
     if win.done != jobs or counts != {"done": jobs}:
         raise RuntimeError(f"{cfg.key}: expected {jobs} done, got {counts}\n{run.log_tail()}")
     return {
-        "config": cfg.key, "jobs": jobs, "jobs_per_s": win.jobs_per_s, "window_s": win.seconds,
-        "claims": win.claims, "mean_claim_batch": win.mean_batch,
+        "config": cfg.key,
+        "jobs": jobs,
+        "jobs_per_s": win.jobs_per_s,
+        "window_s": win.seconds,
+        "claims": win.claims,
+        "mean_claim_batch": win.mean_batch,
         "enqueue_jobs_per_s": jobs / enqueue_s,
-        "cpu_ms_per_job": run.cpu / jobs * 1000, "server_cpu_ms_per_job": run.db_cpu / jobs * 1000,
+        "cpu_ms_per_job": run.cpu / jobs * 1000,
+        "server_cpu_ms_per_job": run.db_cpu / jobs * 1000,
         "commits_per_job": None if run.commits is None else run.commits / jobs,
         "wall_s": run.t_end - run.t_gate,
         "whole_jobs_per_s": jobs / (run.t_end - run.t_spawn),
@@ -123,48 +140,89 @@ def run(ctx) -> dict[str, Any]:
             res = run_one(cfg, jobs, ctx.log_dir)
             res["round"] = r
             samples[cfg.key].append(res)
-            log(f"throughput round {r + 1}/{ctx.rounds} {cfg.key}: {res['jobs_per_s']:.0f} jobs/s "
-                f"(claim batch {res['mean_claim_batch']:.2f}, {res['cpu_ms_per_job']:.2f} ms CPU/job)")
+            log(
+                f"throughput round {r + 1}/{ctx.rounds} {cfg.key}: {res['jobs_per_s']:.0f} jobs/s "
+                f"(claim batch {res['mean_claim_batch']:.2f}, {res['cpu_ms_per_job']:.2f} ms CPU/job)"
+            )
     whole: dict[str, list[dict]] = {}
     for r in range(ctx.rounds):
         for _, ours, raw, _target in WHOLE:
-            for cfg in ((ours, raw) if r % 2 == 0 else (raw, ours)):
+            for cfg in (ours, raw) if r % 2 == 0 else (raw, ours):
                 if cfg.key in whole and len(whole[cfg.key]) > r:
-                    continue        # ours p1 t4 is in both points: once per round
+                    continue  # ours p1 t4 is in both points: once per round
                 res = run_one(cfg, jobs, ctx.log_dir, gated=False)
                 whole.setdefault(cfg.key, []).append(res)
-                log(f"throughput whole process round {r + 1}/{ctx.rounds} {cfg.key}: "
-                    f"{res['whole_jobs_per_s']:.0f} jobs/s start to exit ({res['jobs_per_s']:.0f} in the window)")
+                log(
+                    f"throughput whole process round {r + 1}/{ctx.rounds} {cfg.key}: "
+                    f"{res['whole_jobs_per_s']:.0f} jobs/s start to exit ({res['jobs_per_s']:.0f} in the window)"
+                )
     whole_rows = []
     for label, ours, raw, target in WHOLE:
         o = [s["whole_jobs_per_s"] for s in whole[ours.key]]
         w = [s["whole_jobs_per_s"] for s in whole[raw.key]]
-        whole_rows.append({"point": label, "ours": ours.key, "raw": raw.key, "ours_jobs_per_s": common.median(o),
-                           "raw_jobs_per_s": common.median(w),
-                           "ratio": common.median([a / b for a, b in zip(o, w)]), "target": target})
+        whole_rows.append(
+            {
+                "point": label,
+                "ours": ours.key,
+                "raw": raw.key,
+                "ours_jobs_per_s": common.median(o),
+                "raw_jobs_per_s": common.median(w),
+                "ratio": common.median([a / b for a, b in zip(o, w)]),
+                "target": target,
+            }
+        )
     rows = []
     for label, ours, raw in points:
         o = [s["jobs_per_s"] for s in samples[ours.key]]
         w = [s["jobs_per_s"] for s in samples[raw.key]]
         paired = [a / b for a, b in zip(o, w)]
-        rows.append({
-            "point": label, "gated": (label, ours, raw) in GATED, "ours": ours.key, "raw": raw.key,
-            "ours_label": ours.label, "raw_label": raw.label,
-            "ours_jobs_per_s": common.median(o), "raw_jobs_per_s": common.median(w),
-            "ratio": common.median(paired), "ratio_of_medians": common.ratio(common.median(o), common.median(w)),
-            "ratio_min": min(paired), "ratio_max": max(paired), "target": 0.8,
-        })
+        rows.append(
+            {
+                "point": label,
+                "gated": (label, ours, raw) in GATED,
+                "ours": ours.key,
+                "raw": raw.key,
+                "ours_label": ours.label,
+                "raw_label": raw.label,
+                "ours_jobs_per_s": common.median(o),
+                "raw_jobs_per_s": common.median(w),
+                "ratio": common.median(paired),
+                "ratio_of_medians": common.ratio(common.median(o), common.median(w)),
+                "ratio_min": min(paired),
+                "ratio_max": max(paired),
+                "target": 0.8,
+            }
+        )
     summary = {}
     for cfg in sorted(configs, key=lambda c: (c.kind != "ours", c.procs, c.threads, c.batch)):
         ss = samples[cfg.key]
         summary[cfg.key] = {
-            "label": cfg.label, "kind": cfg.kind, "procs": cfg.procs, "threads": cfg.threads, "batch": cfg.batch,
-            **{k: common.median([s[k] for s in ss]) for k in
-               ("jobs_per_s", "mean_claim_batch", "cpu_ms_per_job", "server_cpu_ms_per_job", "enqueue_jobs_per_s")},
+            "label": cfg.label,
+            "kind": cfg.kind,
+            "procs": cfg.procs,
+            "threads": cfg.threads,
+            "batch": cfg.batch,
+            **{
+                k: common.median([s[k] for s in ss])
+                for k in (
+                    "jobs_per_s",
+                    "mean_claim_batch",
+                    "cpu_ms_per_job",
+                    "server_cpu_ms_per_job",
+                    "enqueue_jobs_per_s",
+                )
+            },
             "commits_per_job": common.median([s["commits_per_job"] for s in ss]),
             "runs": [round(s["jobs_per_s"]) for s in ss],
         }
     enqueue = [s["enqueue_jobs_per_s"] for ss in samples.values() for s in ss]
-    return {"jobs": jobs, "rounds": ctx.rounds, "points": rows, "configs": summary, "whole": whole_rows,
-            "batch_enqueue_jobs_per_s": common.median(enqueue), "batch_enqueue_samples": len(enqueue),
-            "samples": samples}
+    return {
+        "jobs": jobs,
+        "rounds": ctx.rounds,
+        "points": rows,
+        "configs": summary,
+        "whole": whole_rows,
+        "batch_enqueue_jobs_per_s": common.median(enqueue),
+        "batch_enqueue_samples": len(enqueue),
+        "samples": samples,
+    }

@@ -19,7 +19,9 @@ from testkit.faults import http_json, next_pause
 class Enqueuers:
     """The enqueue half of `Drill` (drill/run.py): its hosts, token and records."""
 
-    def enqueue_api(self, spec: Spec, payload: dict, start_host: int, deadline_s: float = 240) -> tuple[str, dict | None]:
+    def enqueue_api(
+        self, spec: Spec, payload: dict, start_host: int, deadline_s: float = 240
+    ) -> tuple[str, dict | None]:
         """POST until a host answers 200/201, the same task_key on every try; on a host that does
         not answer, the next host (what a load balancer does)."""
         body = {"task": "soak", "task_key": spec.task_key, "payload": payload, "max_attempts": spec.max_attempts}
@@ -49,11 +51,26 @@ class Enqueuers:
                 return "gave_up", None
             pause = next_pause(pause)
 
-    def enqueue_cli(self, spec: Spec, payload: dict, start_host: int, deadline_s: float = 240) -> tuple[str, dict | None]:
+    def enqueue_cli(
+        self, spec: Spec, payload: dict, start_host: int, deadline_s: float = 240
+    ) -> tuple[str, dict | None]:
         """`jobqueue enqueue` on a host, with the candidate URLs; exit 1 (database) or 75 (no
         writable primary) is tried again, on the next host after a timeout or exit 1."""
-        argv = [sys.executable, "-m", "jobqueue.cli", "--log-level", "WARNING", "enqueue", "soak",
-                "--key", spec.task_key, "--payload", json.dumps(payload), "--max-attempts", str(spec.max_attempts)]
+        argv = [
+            sys.executable,
+            "-m",
+            "jobqueue.cli",
+            "--log-level",
+            "WARNING",
+            "enqueue",
+            "soak",
+            "--key",
+            spec.task_key,
+            "--payload",
+            json.dumps(payload),
+            "--max-attempts",
+            str(spec.max_attempts),
+        ]
         deadline = time.monotonic() + deadline_s
         pause, tries, h = 0.2, 0, start_host
         while True:
@@ -62,7 +79,7 @@ class Enqueuers:
             try:
                 sent = time.time()
                 out = run_in(host.prefix, argv, host.env, timeout=45)
-            except Exception as exc:   # subprocess.TimeoutExpired
+            except Exception as exc:  # subprocess.TimeoutExpired
                 self.enqueue_retries[f"cli {type(exc).__name__}"] += 1
                 h += 1
             else:
@@ -113,11 +130,21 @@ class Enqueuers:
         threads = []
         for h in range(len(self.hosts)):
             for n in range(self.plan.api_threads_per_host):
-                threads.append(threading.Thread(target=self.guarded(lambda h=h: loop(api_q, self.enqueue_api, h)),
-                                                name=f"api-{h}-{n}", daemon=True))
+                threads.append(
+                    threading.Thread(
+                        target=self.guarded(lambda h=h: loop(api_q, self.enqueue_api, h)),
+                        name=f"api-{h}-{n}",
+                        daemon=True,
+                    )
+                )
             for n in range(self.plan.cli_threads_per_host):
-                threads.append(threading.Thread(target=self.guarded(lambda h=h: loop(cli_q, self.enqueue_cli, h)),
-                                                name=f"cli-{h}-{n}", daemon=True))
+                threads.append(
+                    threading.Thread(
+                        target=self.guarded(lambda h=h: loop(cli_q, self.enqueue_cli, h)),
+                        name=f"cli-{h}-{n}",
+                        daemon=True,
+                    )
+                )
         for t in threads:
             t.start()
         return threads

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pymysql
 
@@ -14,8 +14,7 @@ from drill.topology import AppHost, semi_sync_counts
 
 
 def utc(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, timezone.utc).replace(tzinfo=None)
-
+    return datetime.fromtimestamp(ts, UTC).replace(tzinfo=None)
 
 
 class Failover:
@@ -33,10 +32,10 @@ class Failover:
             sent = time.time()
             out = execute(sql, database)
             if sql.startswith("SET GLOBAL read_only = OFF"):
-                writable.append(sent)     # no claim can run on it before this
+                writable.append(sent)  # no claim can run on it before this
             return out
 
-        new.execute = traced   # promote() runs its statements through it
+        new.execute = traced  # promote() runs its statements through it
         poller = FirstClaim(new, DB_NAME, writable)
         killed_at = time.time()
         poller.start(killed_at)
@@ -54,11 +53,16 @@ class Failover:
         if old in cluster.discarded:
             self.note(f"failover: db1 held {cluster.discarded[old]} that db2 never got: rebuilt by CLONE from db2")
         self.note(f"failover: db1 back as a read-only replica of db2 {demoted_at - killed_at:.2f} s after the kill")
-        self.failover = {"killed_at": killed_at, "promoted_at": promoted_at, "demoted_at": demoted_at,
-                         "writable_at": writable[0] if writable else None,
-                         "general_log_at_kill": general_log_at_kill,
-                         "poller": poller, "semi_sync_before_kill": semi_sync,
-                         "processes_at_kill": self.process_ids()}
+        self.failover = {
+            "killed_at": killed_at,
+            "promoted_at": promoted_at,
+            "demoted_at": demoted_at,
+            "writable_at": writable[0] if writable else None,
+            "general_log_at_kill": general_log_at_kill,
+            "poller": poller,
+            "semi_sync_before_kill": semi_sync,
+            "processes_at_kill": self.process_ids(),
+        }
 
     def process_ids(self) -> dict[int, str]:
         """pid -> host of every application process running now."""
@@ -67,6 +71,7 @@ class Failover:
             for pid in h.pids():
                 out[pid] = h.name
         return out
+
     def failover_figures(self) -> dict:
         """Seconds from the primary's death: replica promoted, first claim on it, first
         acknowledged enqueue; and when each process that lived through it first claimed there."""
@@ -82,9 +87,11 @@ class Failover:
         conn = self.connect_primary()
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT lease_owner, started_at FROM job_queue WHERE started_at >= %s "
-                            "UNION ALL SELECT worker, started_at FROM job_attempt WHERE started_at >= %s",
-                            (utc(writable or promoted), utc(writable or promoted)))
+                cur.execute(
+                    "SELECT lease_owner, started_at FROM job_queue WHERE started_at >= %s "
+                    "UNION ALL SELECT worker, started_at FROM job_attempt WHERE started_at >= %s",
+                    (utc(writable or promoted), utc(writable or promoted)),
+                )
                 claims = cur.fetchall()
                 cur.execute("SELECT id, pid, last_heartbeat, stopped_at FROM worker_process")
                 beats = cur.fetchall()
@@ -93,21 +100,27 @@ class Failover:
         first_by_pid: dict[int, float] = {}
         for owner, started in claims:
             if not owner or started is None:
-                continue            # a retried job waits with no owner
+                continue  # a retried job waits with no owner
             pid = int(owner.split(":")[1])
-            seconds = started.replace(tzinfo=timezone.utc).timestamp() - killed
+            seconds = started.replace(tzinfo=UTC).timestamp() - killed
             first_by_pid[pid] = min(first_by_pid.get(pid, seconds), seconds)
-        survivors = {pid: host for pid, host in f["processes_at_kill"].items()
-                     if pid not in self.killed_pids and _is_worker_pid(pid, self.hosts)}
-        heard = {pid for _, pid, last, _ in beats if last.replace(tzinfo=timezone.utc).timestamp() > promoted}
+        survivors = {
+            pid: host
+            for pid, host in f["processes_at_kill"].items()
+            if pid not in self.killed_pids and _is_worker_pid(pid, self.hosts)
+        }
+        heard = {pid for _, pid, last, _ in beats if last.replace(tzinfo=UTC).timestamp() > promoted}
         missing = sorted(f"{host}:{pid}" for pid, host in survivors.items() if pid not in first_by_pid)
-        per_process = sorted((round(first_by_pid[pid], 2), f"{host}:{pid}") for pid, host in survivors.items()
-                             if pid in first_by_pid)
+        per_process = sorted(
+            (round(first_by_pid[pid], 2), f"{host}:{pid}") for pid, host in survivors.items() if pid in first_by_pid
+        )
         reactions = sorted(first_by_pid[pid] for pid in survivors if pid in first_by_pid)
         return {
             "promoted_seconds": round(promoted - killed, 2),
             "writable_seconds": round(writable - killed, 2) if writable else None,
-            "first_claim_after_writable_seconds": round(first_claim - writable, 2) if first_claim and writable else None,
+            "first_claim_after_writable_seconds": round(first_claim - writable, 2)
+            if first_claim and writable
+            else None,
             "demoted_seconds": round(f["demoted_at"] - killed, 2),
             "old_primary_rebuilt_without": self.topo.cluster.discarded.get(self.topo.db1),
             "first_claim_seconds": round(first_claim - killed, 2) if first_claim else None,
@@ -117,7 +130,8 @@ class Failover:
             "processes_claiming_on_new_primary": len(reactions),
             "processes_never_claimed_on_new_primary": missing,
             "processes_without_heartbeat_on_new_primary": sorted(
-                f"{host}:{pid}" for pid, host in survivors.items() if pid not in heard),
+                f"{host}:{pid}" for pid, host in survivors.items() if pid not in heard
+            ),
             "slowest_process_first_claim_seconds": round(reactions[-1], 2) if reactions else None,
             "median_process_first_claim_seconds": round(reactions[len(reactions) // 2], 2) if reactions else None,
             "semi_sync_before_kill": f["semi_sync_before_kill"],
@@ -161,15 +175,17 @@ class FirstClaim:
                 rows = self.server.execute(
                     f"SELECT LEAST(COALESCE((SELECT MIN(started_at) FROM job_queue WHERE started_at >= '{since}'), "
                     f"'9999-01-01'), COALESCE((SELECT MIN(started_at) FROM job_attempt WHERE started_at >= "
-                    f"'{since}'), '9999-01-01'))", database=self.database)
+                    f"'{since}'), '9999-01-01'))",
+                    database=self.database,
+                )
                 value = rows[0][0]
                 if isinstance(value, str):
                     value = datetime.fromisoformat(value)
                 if value is not None and value.year < 9999:
-                    ts = value.replace(tzinfo=timezone.utc).timestamp()
+                    ts = value.replace(tzinfo=UTC).timestamp()
                     self._found = ts if self._found is None else min(self._found, ts)
                     found_at = found_at or time.monotonic()
-                    if time.monotonic() - found_at > 2:   # a claim committed a moment later may have started earlier
+                    if time.monotonic() - found_at > 2:  # a claim committed a moment later may have started earlier
                         return
             except pymysql.MySQLError:
                 pass

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from soak.checks import Spec
 
-
 DB_NAME = "drill"
 LEASE_SECONDS = 5
 FAULT_KINDS = ("sigkill_worker", "sigkill_web_worker", "link_down", "replay", "failover")
@@ -21,8 +20,8 @@ class Plan:
     web_workers: int = 2
     embedded_workers: int = 2
     concurrency: int = 4
-    window_seconds: float = 300.0    # enqueues spread over it (at most: a busy machine is slower); faults inside it
-    failover_at: float = 0.6         # fraction of the window
+    window_seconds: float = 300.0  # enqueues spread over it (at most: a busy machine is slower); faults inside it
+    failover_at: float = 0.6  # fraction of the window
     worker_kills: int = 6
     web_kills: int = 2
     link_downs: int = 2
@@ -32,15 +31,26 @@ class Plan:
     replay_cli_keys: int = 3
     kills_after_failover: int = 1
     api_threads_per_host: int = 3
-    cli_threads_per_host: int = 2     # a CLI enqueue is a process start: seconds each on a busy machine
+    cli_threads_per_host: int = 2  # a CLI enqueue is a process start: seconds each on a busy machine
     grace_seconds: float = 8.0
     drain_timeout: float = 300.0
-    server: str = "mariadb"          # the throwaway servers' flavour: mariadb, mysql, mariadb11
+    server: str = "mariadb"  # the throwaway servers' flavour: mariadb, mysql, mariadb11
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(jobs=1500, cli_jobs=24, window_seconds=60.0, worker_kills=2, web_kills=1, link_downs=1,
-                   replays=1, replay_api_keys=15, replay_cli_keys=1, drain_timeout=120.0, api_threads_per_host=2)
+        return cls(
+            jobs=1500,
+            cli_jobs=24,
+            window_seconds=60.0,
+            worker_kills=2,
+            web_kills=1,
+            link_downs=1,
+            replays=1,
+            replay_api_keys=15,
+            replay_cli_keys=1,
+            drain_timeout=120.0,
+            api_threads_per_host=2,
+        )
 
 
 def job_specs(plan: Plan, rng: random.Random) -> list[tuple[Spec, dict]]:
@@ -66,11 +76,15 @@ def fault_schedule(plan: Plan, rng: random.Random) -> list[tuple[float, str]]:
     window, failover = plan.window_seconds, plan.window_seconds * plan.failover_at
     before = failover - plan.link_down_seconds - 4
     events = [(failover, "failover")]
-    for kind, n in (("sigkill_worker", plan.worker_kills), ("sigkill_web_worker", plan.web_kills),
-                    ("link_down", plan.link_downs), ("replay", plan.replays)):
+    for kind, n in (
+        ("sigkill_worker", plan.worker_kills),
+        ("sigkill_web_worker", plan.web_kills),
+        ("link_down", plan.link_downs),
+        ("replay", plan.replays),
+    ):
         for j in range(n):
             lo, hi = before * (0.1 + 0.9 * j / n), before * (0.1 + 0.9 * (j + 1) / n)
             events.append((rng.uniform(lo, hi), kind))
-    for j in range(plan.kills_after_failover):
+    for _ in range(plan.kills_after_failover):
         events.append((rng.uniform(failover + 8, max(failover + 9, window * 0.85)), "sigkill_worker"))
     return sorted(events)

@@ -32,11 +32,11 @@ PROMOTION = re.compile(r"^\s*SET GLOBAL read_only\s*=\s*OFF", re.IGNORECASE)
 
 @dataclass
 class ReadOnlyWindow:
-    server: str                  # "db2 before its promotion", ...
-    statements: int = 0          # by the application's account
-    claims: int = 0              # the claim's locking SELECT, refused there (error 1290)
-    claim_updates: int = 0       # the claim's UPDATE: would mean a claim took rows there
-    writes: int = 0              # any INSERT/UPDATE/DELETE by the application
+    server: str  # "db2 before its promotion", ...
+    statements: int = 0  # by the application's account
+    claims: int = 0  # the claim's locking SELECT, refused there (error 1290)
+    claim_updates: int = 0  # the claim's UPDATE: would mean a claim took rows there
+    writes: int = 0  # any INSERT/UPDATE/DELETE by the application
     examples: list[str] = field(default_factory=list)
 
 
@@ -59,8 +59,14 @@ def window_of(entries, server: str, app_user: str) -> ReadOnlyWindow:
 
 def replica_before_promotion(replica: ThrowawayServer, app_user: str) -> ReadOnlyWindow:
     entries = read_general_log(replica)
-    cut = next((i for i, e in enumerate(entries) if e.command == "Query" and PROMOTION.search(e.argument)
-                and (e.user or "").startswith("root@")), len(entries))
+    cut = next(
+        (
+            i
+            for i, e in enumerate(entries)
+            if e.command == "Query" and PROMOTION.search(e.argument) and (e.user or "").startswith("root@")
+        ),
+        len(entries),
+    )
     return window_of(entries[:cut], "db2 (the replica) before its promotion", app_user)
 
 
@@ -71,15 +77,16 @@ def old_primary_after_demotion(old: ThrowawayServer, app_user: str, offset: int,
     with open(old.general_log_file, "rb") as f:
         f.seek(offset)
         scratch.write_bytes(f.read())
-    return window_of(read_general_log(scratch), "db1 (the old primary) after its restart as a read-only replica",
-                     app_user)
+    return window_of(
+        read_general_log(scratch), "db1 (the old primary) after its restart as a read-only replica", app_user
+    )
 
 
 @dataclass
 class BinlogVerdict:
-    own_before_promotion: int    # db2's own transactions before its last transaction replicated from db1
-    extra_on_old_primary: int    # db1's own transactions that db2 never received
-    gtids: dict[str, dict[int, int]]   # server -> {server id: transactions}
+    own_before_promotion: int  # db2's own transactions before its last transaction replicated from db1
+    extra_on_old_primary: int  # db1's own transactions that db2 never received
+    gtids: dict[str, dict[int, int]]  # server -> {server id: transactions}
 
     @property
     def clean(self) -> bool:
@@ -92,8 +99,9 @@ def _gtid_server_ids(server: ThrowawayServer) -> list[int]:
     return [e.server_id for e in binlog_events(server) if e.event_type == "Gtid"]
 
 
-def binlog_verdict(old_primary: ThrowawayServer, new_primary: ThrowawayServer, old_id: int = 1,
-                   new_id: int = 2) -> BinlogVerdict:
+def binlog_verdict(
+    old_primary: ThrowawayServer, new_primary: ThrowawayServer, old_id: int = 1, new_id: int = 2
+) -> BinlogVerdict:
     return compare_origins(_gtid_server_ids(old_primary), _gtid_server_ids(new_primary), old_id, new_id)
 
 

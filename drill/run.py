@@ -45,7 +45,7 @@ import threading
 import time
 import traceback
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pymysql
@@ -57,7 +57,7 @@ from drill.plan import DB_NAME, FAULT_KINDS, LEASE_SECONDS, Plan, fault_schedule
 from drill.report import duplicate_runs
 from drill.topology import APP_USER, REPO, AppHost, Topology, base_env, semi_sync_counts
 from soak.checks import Observed, Row, check, read_executions
-from testkit.faults import FaultRun, close_quietly, NotNow, Outcome, Proc, count_events, rerun_command, seed_and_workdir
+from testkit.faults import FaultRun, NotNow, Outcome, Proc, close_quietly, count_events, rerun_command, seed_and_workdir
 
 
 class Drill(Enqueuers, Failover, FaultRun):
@@ -67,24 +67,36 @@ class Drill(Enqueuers, Failover, FaultRun):
         super().__init__(plan, seed, workdir, say)
         self.topo: Topology | None = None
         self.hosts: list[AppHost] = []
-        self.ack_times: list[tuple[float, float]] = []   # (sent, acknowledged), time.time()
+        self.ack_times: list[tuple[float, float]] = []  # (sent, acknowledged), time.time()
         self.down: set[str] = set()
         self.failover: dict = {}
+
     # --- set-up ----------------------------------------------------------------------------------
 
     def host_env(self) -> dict[str, str]:
         from werkzeug.security import generate_password_hash
 
         return base_env(
-            JOBQUEUE_DATABASE_URL=self.topo.candidate_urls(DB_NAME), JOBQUEUE_TASKS="soak.tasks",
-            JOBQUEUE_API_TOKENS=f"drill:admin:{self.token}", JOBQUEUE_SECRET_KEY=secrets.token_hex(32),
+            JOBQUEUE_DATABASE_URL=self.topo.candidate_urls(DB_NAME),
+            JOBQUEUE_TASKS="soak.tasks",
+            JOBQUEUE_API_TOKENS=f"drill:admin:{self.token}",
+            JOBQUEUE_SECRET_KEY=secrets.token_hex(32),
             JOBQUEUE_USERS=f"drill:admin:{generate_password_hash(secrets.token_urlsafe(16))}",
-            JOBQUEUE_SECURE_COOKIES="0", JOBQUEUE_LEASE_SECONDS=str(LEASE_SECONDS), JOBQUEUE_GRACE_SECONDS="2",
-            SOAK_EXEC_LOG=str(self.exec_log))
+            JOBQUEUE_SECURE_COOKIES="0",
+            JOBQUEUE_LEASE_SECONDS=str(LEASE_SECONDS),
+            JOBQUEUE_GRACE_SECONDS="2",
+            SOAK_EXEC_LOG=str(self.exec_log),
+        )
 
     def worker_args(self) -> list[str]:
-        return ["--concurrency", str(self.plan.concurrency), "--lease-seconds", str(LEASE_SECONDS),
-                "--grace-seconds", str(self.plan.grace_seconds)]
+        return [
+            "--concurrency",
+            str(self.plan.concurrency),
+            "--lease-seconds",
+            str(LEASE_SECONDS),
+            "--grace-seconds",
+            str(self.plan.grace_seconds),
+        ]
 
     def start_servers(self) -> None:
         started = time.monotonic()
@@ -111,8 +123,18 @@ class Drill(Enqueuers, Failover, FaultRun):
 
     def connect_primary(self) -> pymysql.Connection:
         primary = self.topo.cluster.primary
-        conn = pymysql.connect(host=primary.host, port=primary.port, user="root", password="", database=DB_NAME,
-                               autocommit=True, connect_timeout=3, read_timeout=30, write_timeout=30, ssl_disabled=True)
+        conn = pymysql.connect(
+            host=primary.host,
+            port=primary.port,
+            user="root",
+            password="",
+            database=DB_NAME,
+            autocommit=True,
+            connect_timeout=3,
+            read_timeout=30,
+            write_timeout=30,
+            ssl_disabled=True,
+        )
         with conn.cursor() as cur:
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         return conn
@@ -167,7 +189,7 @@ class Drill(Enqueuers, Failover, FaultRun):
             if host.web is not None and not host.web.alive() and host.web.fate == "running":
                 host.web.fate = "exited"
                 self.unexpected_exits.append(f"gunicorn on {host.name} exited with {host.web.proc.returncode}")
-            host.web_pids()   # remember every web process's pid, for the lease owners
+            host.web_pids()  # remember every web process's pid, for the lease owners
 
     def fault_sigkill_worker(self, later) -> None:
         choices = self.live_workers()
@@ -203,8 +225,10 @@ class Drill(Enqueuers, Failover, FaultRun):
         self.partitioned_pids |= pids
         self.down.add(host.name)
         self.topo.net.link_down(host.name)
-        self.note(f"link down: {host.name} cut off for {self.plan.link_down_seconds:g} s (lease {LEASE_SECONDS} s), "
-                  f"pids {sorted(pids)}")
+        self.note(
+            f"link down: {host.name} cut off for {self.plan.link_down_seconds:g} s (lease {LEASE_SECONDS} s), "
+            f"pids {sorted(pids)}"
+        )
 
         def back():
             self.topo.net.link_up(host.name)
@@ -232,7 +256,7 @@ class Drill(Enqueuers, Failover, FaultRun):
         codes: dict[str, int | None] = {}
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not all(w.started() for h in self.hosts for w in h.workers if w.alive()):
-            time.sleep(0.2)   # a replacement still importing has no SIGTERM handler yet
+            time.sleep(0.2)  # a replacement still importing has no SIGTERM handler yet
         for h in self.hosts:
             for w in h.workers:
                 w.sigterm()
@@ -281,15 +305,26 @@ class Drill(Enqueuers, Failover, FaultRun):
             key_of = {r.id: r.task_key for r in rows}
             for job_id, attempt, outcome, _, started, finished in attempt_rows:
                 if outcome == "lease_expired" and started is not None and started < writable and killed <= finished:
-                    explained[(key_of.get(job_id), attempt)] = ("in flight at the failover: its lease ran out "
-                                                                "before its worker reached the new primary")
-        return Observed(specs=self.specs, acked=dict(self.acked), rows=rows, results=results,
-                        attempt_rows=[(r[0], r[1], r[2], r[3] or "") for r in attempt_rows], executions=executions,
-                        attempts_backwards=self.attempts_backwards, terminal_regressions=self.terminal_regressions,
-                        killed_pids=self.killed_pids, partitioned_pids=self.partitioned_pids, explained=explained)
+                    explained[(key_of.get(job_id), attempt)] = (
+                        "in flight at the failover: its lease ran out before its worker reached the new primary"
+                    )
+        return Observed(
+            specs=self.specs,
+            acked=dict(self.acked),
+            rows=rows,
+            results=results,
+            attempt_rows=[(r[0], r[1], r[2], r[3] or "") for r in attempt_rows],
+            executions=executions,
+            attempts_backwards=self.attempts_backwards,
+            terminal_regressions=self.terminal_regressions,
+            killed_pids=self.killed_pids,
+            partitioned_pids=self.partitioned_pids,
+            explained=explained,
+        )
 
 
 # --- the whole run ---------------------------------------------------------------------------------
+
 
 def run(plan: Plan, seed: int, workdir: Path, say=print, throughput_steps=None) -> Outcome:
     drill = Drill(plan, seed, workdir, say=say)
@@ -339,10 +374,15 @@ def run(plan: Plan, seed: int, workdir: Path, say=print, throughput_steps=None) 
         try:
             failover = drill.failover_figures()
             if drill.failover:
-                read_only_windows = [readonly.replica_before_promotion(drill.topo.db2, APP_USER),
-                                     readonly.old_primary_after_demotion(
-                                         drill.topo.db1, APP_USER, drill.failover["general_log_at_kill"],
-                                         workdir / "db1-general-after-demotion.log")]
+                read_only_windows = [
+                    readonly.replica_before_promotion(drill.topo.db2, APP_USER),
+                    readonly.old_primary_after_demotion(
+                        drill.topo.db1,
+                        APP_USER,
+                        drill.failover["general_log_at_kill"],
+                        workdir / "db1-general-after-demotion.log",
+                    ),
+                ]
                 binlog = readonly.binlog_verdict(drill.topo.db1, drill.topo.db2)
         except Exception:
             drill.fault_errors.append(f"reading the failover figures crashed:\n{traceback.format_exc()}")
@@ -351,7 +391,7 @@ def run(plan: Plan, seed: int, workdir: Path, say=print, throughput_steps=None) 
         drill.kill_everything()
         if drill.topo is not None:
             drill.topo.cleanup()
-            for name in ("db1", "db2"):   # the data (hundreds of MB); the logs stay
+            for name in ("db1", "db2"):  # the data (hundreds of MB); the logs stay
                 shutil.rmtree(workdir / "servers" / name / "data", ignore_errors=True)
 
     findings = check(obs)
@@ -359,7 +399,10 @@ def run(plan: Plan, seed: int, workdir: Path, say=print, throughput_steps=None) 
     wall = drain_end - drill.t0
     finished = sum(1 for r in obs.rows if r.status in ("done", "failed"))
     numbers = {
-        "seed": seed, "jobs": plan.jobs, "hosts": plan.hosts, "server": plan.server,
+        "seed": seed,
+        "jobs": plan.jobs,
+        "hosts": plan.hosts,
+        "server": plan.server,
         **drill.common_numbers(findings, load_before),
         "failover": failover,
         "read_only": [vars(w) for w in read_only_windows],
@@ -372,7 +415,7 @@ def run(plan: Plan, seed: int, workdir: Path, say=print, throughput_steps=None) 
         "log_events": dict(log_counts(drill)),
         "duplicate_runs": duplicates[:40],
         "throughput": throughput,
-        "finished_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "finished_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
     problems, bad_codes, missing = drill.common_problems(findings, drained, codes, schedule)
     for w in read_only_windows:
@@ -387,36 +430,64 @@ def run(plan: Plan, seed: int, workdir: Path, say=print, throughput_steps=None) 
             problems["processes_not_on_new_primary"] = len(failover["processes_never_claimed_on_new_primary"])
     numbers["problems"] = problems
     numbers["details"] = {
-        "enqueue_gave_up": drill.enqueue_gave_up[:10], "enqueue_rejected": drill.enqueue_rejected[:10],
-        "replay_mismatches": drill.replay_mismatches[:10], "unexpected_exits": drill.unexpected_exits,
-        "nonzero_exit_codes": bad_codes, "faults_not_injected": missing,
+        "enqueue_gave_up": drill.enqueue_gave_up[:10],
+        "enqueue_rejected": drill.enqueue_rejected[:10],
+        "replay_mismatches": drill.replay_mismatches[:10],
+        "unexpected_exits": drill.unexpected_exits,
+        "nonzero_exit_codes": bad_codes,
+        "faults_not_injected": missing,
     }
     from drill.report import table
 
     first_claim = failover.get("first_claim_seconds") if failover else None
-    return drill.conclude("DRILL", f"{plan.jobs} jobs on {plan.hosts} hosts, {sum(numbers['faults'].values())} faults "
-                                   f"and a failover, {numbers['lost']} lost, {numbers['duplicate_results']} duplicate "
-                                   f"results, {numbers['duplicate_executions']} duplicate executions, first claim on the "
-                                   f"new primary {first_claim} s after the old one died", problems, numbers, table)
+    return drill.conclude(
+        "DRILL",
+        f"{plan.jobs} jobs on {plan.hosts} hosts, {sum(numbers['faults'].values())} faults "
+        f"and a failover, {numbers['lost']} lost, {numbers['duplicate_results']} duplicate "
+        f"results, {numbers['duplicate_executions']} duplicate executions, first claim on the "
+        f"new primary {first_claim} s after the old one died",
+        problems,
+        numbers,
+        table,
+    )
 
 
 def log_counts(drill: Drill) -> Counter:
     paths = [w.log_path for h in drill.hosts for w in h.all_workers] + [h.web.log_path for h in drill.hosts if h.web]
-    return count_events(paths, ("lease_lost", "reclaimed", "sql_error", "db_retry", "duplicate_result",
-                                "finish_abandoned", "not_primary", "primary_found", "claiming_resumed",
-                                "write_refused", "claim_mismatch"))
+    return count_events(
+        paths,
+        (
+            "lease_lost",
+            "reclaimed",
+            "sql_error",
+            "db_retry",
+            "duplicate_result",
+            "finish_abandoned",
+            "not_primary",
+            "primary_found",
+            "claiming_resumed",
+            "write_refused",
+            "claim_mismatch",
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m drill.run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a few minutes: 1,500 jobs, 60 s window, no throughput steps")
+    parser.add_argument(
+        "--quick", action="store_true", help="a few minutes: 1,500 jobs, 60 s window, no throughput steps"
+    )
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None, help="job mix and fault schedule (default: random)")
     parser.add_argument("--window-seconds", type=float, default=None)
     parser.add_argument("--skip-throughput", action="store_true", help="no throughput steps (1, 2, 3 hosts)")
     parser.add_argument("--throughput-jobs", type=int, default=None, help="jobs per throughput step")
-    parser.add_argument("--server", choices=("mariadb", "mysql", "mariadb11"), default="mariadb",
-                        help="the database hosts' server: the machine's MariaDB, or the MySQL or MariaDB 11.8 root")
+    parser.add_argument(
+        "--server",
+        choices=("mariadb", "mysql", "mariadb11"),
+        default="mariadb",
+        help="the database hosts' server: the machine's MariaDB, or the MySQL or MariaDB 11.8 root",
+    )
     parser.add_argument("--out", default=None, help="markdown report (default docs/scale-out.md; with --quick, none)")
     parser.add_argument("--workdir", default=None, help="logs and results.json (default test-artifacts/drill-<time>)")
     args = parser.parse_args(argv)
@@ -449,9 +520,9 @@ def main(argv: list[str] | None = None) -> int:
         from drill.report import markdown
 
         given = list(argv if argv is not None else sys.argv[1:])
-        if "--workdir" in given:   # where the logs went: not part of what to run again
+        if "--workdir" in given:  # where the logs went: not part of what to run again
             i = given.index("--workdir")
-            del given[i:i + 2]
+            del given[i : i + 2]
         command = rerun_command("python -m drill.run", given, seed)
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(markdown(outcome, command, plan, Path(out).parent))

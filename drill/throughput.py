@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pymysql
 
-from drill.topology import APP_USER, APP_PASSWORD, Topology, base_env, server_url
+from drill.topology import APP_PASSWORD, APP_USER, Topology, base_env, server_url
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -36,7 +36,7 @@ class Steps:
 def measure(topo: Topology, steps: Steps, workdir: Path, say=print) -> list[dict]:
     servers = (topo.db1, topo.db2)
     for s in servers:
-        s.execute("SET GLOBAL general_log = OFF")   # the drill's general logs are not for this
+        s.execute("SET GLOBAL general_log = OFF")  # the drill's general logs are not for this
     results = []
     try:
         results.append(enqueue_cost(topo, steps.enqueue_jobs, say))
@@ -61,8 +61,15 @@ def enqueue_cost(topo: Topology, jobs: int, say) -> dict:
     topo.create_database(database)
     primary = topo.cluster.primary
     engine = create_engine(server_url(primary, database, APP_USER, APP_PASSWORD), pool_size=1)
-    conn = pymysql.connect(host=primary.host, port=primary.port, user="root", password="", database=database,
-                           autocommit=True, connect_timeout=5)
+    conn = pymysql.connect(
+        host=primary.host,
+        port=primary.port,
+        user="root",
+        password="",
+        database=database,
+        autocommit=True,
+        connect_timeout=5,
+    )
     try:
         a = snapshot(conn, primary)
         with engine.connect() as c:
@@ -74,11 +81,17 @@ def enqueue_cost(topo: Topology, jobs: int, say) -> dict:
         engine.dispose()
         primary.execute(f"DROP DATABASE `{database}`")
     seconds = b["t"] - a["t"]
-    out = {"kind": "enqueue", "jobs": jobs, "jobs_per_second": round(jobs / seconds, 1),
-           "commits_per_job": round((b["Binlog_commits"] - a["Binlog_commits"]) / jobs, 3),
-           "primary_cpu_ms_per_job": round(1000 * (b["cpu"] - a["cpu"]) / jobs, 3)}
-    say(f"throughput: enqueue one at a time from one client: {out['jobs_per_second']} jobs/s, "
-        f"{out['commits_per_job']} commits and {out['primary_cpu_ms_per_job']} ms of primary CPU per job")
+    out = {
+        "kind": "enqueue",
+        "jobs": jobs,
+        "jobs_per_second": round(jobs / seconds, 1),
+        "commits_per_job": round((b["Binlog_commits"] - a["Binlog_commits"]) / jobs, 3),
+        "primary_cpu_ms_per_job": round(1000 * (b["cpu"] - a["cpu"]) / jobs, 3),
+    }
+    say(
+        f"throughput: enqueue one at a time from one client: {out['jobs_per_second']} jobs/s, "
+        f"{out['commits_per_job']} commits and {out['primary_cpu_ms_per_job']} ms of primary CPU per job"
+    )
     return out
 
 
@@ -87,7 +100,7 @@ def step(topo: Topology, hosts: int, steps: Steps, workdir: Path, round_: int, s
     from jobqueue.core.db import create_engine
     from jobqueue.core.task_modules import load_task_modules
 
-    load_task_modules([])   # the built-in `noop`
+    load_task_modules([])  # the built-in `noop`
 
     database = f"bench_{hosts}_{round_}"
     topo.create_database(database)
@@ -95,15 +108,18 @@ def step(topo: Topology, hosts: int, steps: Steps, workdir: Path, round_: int, s
     logs.mkdir(exist_ok=True)
     env = base_env(JOBQUEUE_DATABASE_URL=topo.candidate_urls(database), JOBQUEUE_LOG_LEVEL="WARNING")
     app_hosts = [topo.app_host(name, env, logs) for name in topo.app_names[:hosts]]
-    workers = [h.start_worker("--concurrency", str(steps.concurrency), "--lease-seconds", "30",
-                              "--idle-cap-seconds", "0.2") for h in app_hosts]
+    workers = [
+        h.start_worker("--concurrency", str(steps.concurrency), "--lease-seconds", "30", "--idle-cap-seconds", "0.2")
+        for h in app_hosts
+    ]
     primary = topo.cluster.primary
     try:
         # Logging at WARNING (a completion line per job would cost a third of the rate): a worker
         # has started when its process row is there.
         deadline = time.monotonic() + 120
-        while primary.execute("SELECT COUNT(*) FROM worker_process WHERE stopped_at IS NULL",
-                              database=database)[0][0] < len(workers):
+        while primary.execute("SELECT COUNT(*) FROM worker_process WHERE stopped_at IS NULL", database=database)[0][
+            0
+        ] < len(workers):
             if time.monotonic() > deadline or not all(w.alive() for w in workers):
                 raise RuntimeError("throughput workers did not start:\n" + "\n".join(w.log()[-1000:] for w in workers))
             time.sleep(0.2)
@@ -113,8 +129,10 @@ def step(topo: Topology, hosts: int, steps: Steps, workdir: Path, round_: int, s
         try:
             with engine.connect() as conn:
                 for start in range(0, steps.jobs, 1000):
-                    service.enqueue_many(conn, [{"task": "noop", "task_key": f"t-{i}"}
-                                                   for i in range(start, min(steps.jobs, start + 1000))])
+                    service.enqueue_many(
+                        conn,
+                        [{"task": "noop", "task_key": f"t-{i}"} for i in range(start, min(steps.jobs, start + 1000))],
+                    )
         finally:
             engine.dispose()
         for w in workers:
@@ -129,7 +147,11 @@ def step(topo: Topology, hosts: int, steps: Steps, workdir: Path, round_: int, s
     seconds = b["t"] - a["t"]
     jobs = b["done"] - a["done"]
     out = {
-        "kind": "hosts", "hosts": hosts, "threads_per_host": steps.concurrency, "round": round_, "jobs": steps.jobs,
+        "kind": "hosts",
+        "hosts": hosts,
+        "threads_per_host": steps.concurrency,
+        "round": round_,
+        "jobs": steps.jobs,
         "jobs_per_second": round(jobs / seconds, 1),
         "commits_per_second": round((b["Binlog_commits"] - a["Binlog_commits"]) / seconds, 1),
         "group_commits_per_second": round((b["Binlog_group_commits"] - a["Binlog_group_commits"]) / seconds, 1),
@@ -139,16 +161,25 @@ def step(topo: Topology, hosts: int, steps: Steps, workdir: Path, round_: int, s
     }
     out["commits_per_job"] = round(out["commits_per_second"] / max(1e-9, out["jobs_per_second"]), 3)
     out["primary_cpu_ms_per_job"] = round(1000 * out["primary_cpu_cores"] / max(1e-9, out["jobs_per_second"]), 3)
-    say(f"throughput: {hosts} host(s) x {steps.concurrency} threads: {out['jobs_per_second']} jobs/s, "
+    say(
+        f"throughput: {hosts} host(s) x {steps.concurrency} threads: {out['jobs_per_second']} jobs/s, "
         f"{out['commits_per_second']} commits/s, primary CPU {out['primary_cpu_cores']} cores "
-        f"(machine {out['machine_cpu_cores']} of {os.cpu_count()})")
+        f"(machine {out['machine_cpu_cores']} of {os.cpu_count()})"
+    )
     return out
 
 
 def watch(primary, database: str, total: int) -> tuple[dict, dict]:
     """Samples at 10% and 90% done."""
-    conn = pymysql.connect(host=primary.host, port=primary.port, user="root", password="", database=database,
-                           autocommit=True, connect_timeout=5)
+    conn = pymysql.connect(
+        host=primary.host,
+        port=primary.port,
+        user="root",
+        password="",
+        database=database,
+        autocommit=True,
+        connect_timeout=5,
+    )
     first = last = None
     deadline = time.monotonic() + 600
     try:
@@ -178,11 +209,17 @@ def snapshot(conn, primary) -> dict:
     with open("/proc/stat") as f:
         cpu = [int(x) for x in f.readline().split()[1:]]
     idle = cpu[3] + cpu[4]
-    return {"t": time.monotonic(), "done": done, **status, "cpu": (int(fields[11]) + int(fields[12])) / CLOCK_TICKS,
-            "machine_busy": (sum(cpu) - idle) / CLOCK_TICKS}
+    return {
+        "t": time.monotonic(),
+        "done": done,
+        **status,
+        "cpu": (int(fields[11]) + int(fields[12])) / CLOCK_TICKS,
+        "machine_busy": (sum(cpu) - idle) / CLOCK_TICKS,
+    }
 
 
 # --- the report ----------------------------------------------------------------------------------
+
 
 def by_hosts(results: list[dict]) -> dict[int, list[dict]]:
     out: dict[int, list[dict]] = {}
@@ -201,21 +238,27 @@ def _mean(rows: list[dict], key: str) -> float:
 
 
 def steps_table(results: list[dict]) -> str:
-    lines = ["| hosts × threads | jobs/s (each round) | primary commits/s | group commits (fsyncs)/s | primary CPU (cores) "
-             "| machine CPU (cores of {}) | commits per job | primary CPU per job |".format(os.cpu_count()),
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| hosts × threads | jobs/s (each round) | primary commits/s | group commits (fsyncs)/s | primary CPU (cores) "
+        f"| machine CPU (cores of {os.cpu_count()}) | commits per job | primary CPU per job |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for hosts, rows in by_hosts(results).items():
-        lines.append(f"| {hosts} × {rows[0]['threads_per_host']} | {_mean(rows, 'jobs_per_second'):,.0f} "
-                     f"({', '.join(format(r['jobs_per_second'], ',.0f') for r in rows)}) "
-                     f"| {_mean(rows, 'commits_per_second'):,.0f} | {_mean(rows, 'group_commits_per_second'):,.0f} "
-                     f"| {_mean(rows, 'primary_cpu_cores'):.2f} | {_mean(rows, 'machine_cpu_cores'):.2f} "
-                     f"| {_mean(rows, 'commits_per_job'):.3f} | {_mean(rows, 'primary_cpu_ms_per_job'):.3f} ms |")
+        lines.append(
+            f"| {hosts} × {rows[0]['threads_per_host']} | {_mean(rows, 'jobs_per_second'):,.0f} "
+            f"({', '.join(format(r['jobs_per_second'], ',.0f') for r in rows)}) "
+            f"| {_mean(rows, 'commits_per_second'):,.0f} | {_mean(rows, 'group_commits_per_second'):,.0f} "
+            f"| {_mean(rows, 'primary_cpu_cores'):.2f} | {_mean(rows, 'machine_cpu_cores'):.2f} "
+            f"| {_mean(rows, 'commits_per_job'):.3f} | {_mean(rows, 'primary_cpu_ms_per_job'):.3f} ms |"
+        )
     enq = enqueue_row(results)
     if enq:
         lines.append("")
-        lines.append(f"Enqueueing one job at a time from one client (one transaction each, as an API request or "
-                     f"`jobqueue enqueue` does): {enq['jobs_per_second']:,.0f} jobs/s, {enq['commits_per_job']:.2f} "
-                     f"transactions and {enq['primary_cpu_ms_per_job']:.3f} ms of primary CPU per job.")
+        lines.append(
+            f"Enqueueing one job at a time from one client (one transaction each, as an API request or "
+            f"`jobqueue enqueue` does): {enq['jobs_per_second']:,.0f} jobs/s, {enq['commits_per_job']:.2f} "
+            f"transactions and {enq['primary_cpu_ms_per_job']:.3f} ms of primary CPU per job."
+        )
     return "\n".join(lines)
 
 
@@ -239,10 +282,20 @@ def plot(results: list[dict], path: Path) -> Path:
     left.set_ylabel("per second")
     left.set_xticks(hosts)
     right = left.twinx()
-    right.plot(hosts, [_mean(groups[h], "primary_cpu_cores") for h in hosts], "o-", color="#c0392b",
-               label="primary CPU (cores)")
-    right.plot(hosts, [_mean(groups[h], "machine_cpu_cores") for h in hosts], "s--", color="#7f8c8d",
-               label=f"machine CPU (cores of {os.cpu_count()})")
+    right.plot(
+        hosts,
+        [_mean(groups[h], "primary_cpu_cores") for h in hosts],
+        "o-",
+        color="#c0392b",
+        label="primary CPU (cores)",
+    )
+    right.plot(
+        hosts,
+        [_mean(groups[h], "machine_cpu_cores") for h in hosts],
+        "s--",
+        color="#7f8c8d",
+        label=f"machine CPU (cores of {os.cpu_count()})",
+    )
     right.set_ylabel("CPU cores")
     right.set_ylim(0, max(os.cpu_count() or 2, 1) * 1.1)
     handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
@@ -256,7 +309,7 @@ def plot(results: list[dict], path: Path) -> Path:
 
 
 HEY_JOBS_PER_DAY = 18_000_000
-HEY_PEAK_PER_SECOND = 500      # "a few hundred claims a second"
+HEY_PEAK_PER_SECOND = 500  # "a few hundred claims a second"
 
 
 def arithmetic(results: list[dict]) -> str:
@@ -275,22 +328,29 @@ def arithmetic(results: list[dict]) -> str:
     first, last = hosts[0], hosts[-1]
     scaling = ", ".join(f"{h} hosts ×{rate[h] / rate[first]:.2f}" for h in hosts[1:])
     if min(machine.values()) > 0.95 * cores:
-        limit = (f"the machine: its {cores} cores were fully busy in every step (they are the application hosts' and "
-                 "the database's at once, and this machine is shared with other test runs), so more hosts won "
-                 "more of the CPU rather than finding idle capacity, and the rates measure that share, not the primary")
+        limit = (
+            f"the machine: its {cores} cores were fully busy in every step (they are the application hosts' and "
+            "the database's at once, and this machine is shared with other test runs), so more hosts won "
+            "more of the CPU rather than finding idle capacity, and the rates measure that share, not the primary"
+        )
     elif machine[last] > 0.8 * cores:
-        limit = ("the machine: its cores are the application hosts' and the database's at once, and with "
-                 f"{last} hosts they were busy {machine[last]:.2f} of {cores}")
+        limit = (
+            "the machine: its cores are the application hosts' and the database's at once, and with "
+            f"{last} hosts they were busy {machine[last]:.2f} of {cores}"
+        )
     else:
         limit = "not reached: the machine still had idle CPU"
-    fsync_ratio = _mean(rows, 'group_commits_per_second') / max(1e-9, _mean(rows, 'commits_per_second'))
-    fsyncs = (f"group commit had little to group at these rates: {fsync_ratio:.2f} fsyncs per transaction here; "
-              "a busier primary shares one fsync among several commits" if fsync_ratio > 0.9 else
-              f"group commit helps: {fsync_ratio:.2f} fsyncs per transaction here")
+    fsync_ratio = _mean(rows, "group_commits_per_second") / max(1e-9, _mean(rows, "commits_per_second"))
+    fsyncs = (
+        f"group commit had little to group at these rates: {fsync_ratio:.2f} fsyncs per transaction here; "
+        "a busier primary shares one fsync among several commits"
+        if fsync_ratio > 0.9
+        else f"group commit helps: {fsync_ratio:.2f} fsyncs per transaction here"
+    )
     hey_avg = HEY_JOBS_PER_DAY / 86_400
     return f"""### Where the one primary becomes the limit, and the arithmetic for bigger machines
 
-From {first} to more hosts with {groups[first][0]['threads_per_host']} threads each, throughput went
+From {first} to more hosts with {groups[first][0]["threads_per_host"]} threads each, throughput went
 {scaling}; the machine's CPU went from {machine[first]:.2f} to {machine[last]:.2f} of its {cores} cores, the
 primary's from {primary[first]:.2f} to {primary[last]:.2f}. The limit here is {limit}. The primary itself
 was never the bottleneck on this machine: it used at most {max(primary.values()):.2f} cores. What carries
@@ -301,7 +361,7 @@ hosts or on this machine's load:
   **{run_ms:.3f} ms of primary CPU and {run_commits:.3f} transactions per job**, since claims and
   completions are batched and one transaction carries several jobs under load;
 - enqueueing it one at a time (one transaction per API request or `jobqueue enqueue`):
-  **{enq['primary_cpu_ms_per_job']:.3f} ms and {enq['commits_per_job']:.2f} transactions per job**
+  **{enq["primary_cpu_ms_per_job"]:.3f} ms and {enq["commits_per_job"]:.2f} transactions per job**
   (`enqueue_many` batches them instead);
 - together about **{job_ms:.3f} ms of primary CPU and {job_commits:.2f} commits per job**, so one
   primary core carries about {1000 / job_ms:,.0f} jobs/s end to end, and the fsyncs behind

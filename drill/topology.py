@@ -49,8 +49,10 @@ class Topology:
         for name in ("db1", "db2", *[f"app{i}" for i in range(1, app_hosts + 1)]):
             self.net.add_host(name)
         self.app_names = [f"app{i}" for i in range(1, app_hosts + 1)]
-        servers = [self.net.mariadb(name, workdir / name, "--max-connections=600", general_log=general_log,
-                                    flavour=flavour) for name in ("db1", "db2")]
+        servers = [
+            self.net.mariadb(name, workdir / name, "--max-connections=600", general_log=general_log, flavour=flavour)
+            for name in ("db1", "db2")
+        ]
         self.db1, self.db2 = servers
         self.cluster = ReplicationCluster(servers, semi_sync_timeout_ms=SEMI_SYNC_TIMEOUT_MS)
 
@@ -79,9 +81,22 @@ class Topology:
         primary.create_database(name)
         primary.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{name}`.* TO '{APP_USER}'@'%'")
         primary.execute(f"GRANT ALL PRIVILEGES ON `{name}`.* TO '{MIGRATE_USER}'@'%'")
-        out = self.net.run(self.app_names[0], [sys.executable, "-m", "jobqueue.cli", "--database-url",
-                                               self.candidate_urls(name, MIGRATE_USER, MIGRATE_PASSWORD), "init-db"],
-                           capture_output=True, text=True, env=base_env(), cwd=REPO, timeout=180)
+        out = self.net.run(
+            self.app_names[0],
+            [
+                sys.executable,
+                "-m",
+                "jobqueue.cli",
+                "--database-url",
+                self.candidate_urls(name, MIGRATE_USER, MIGRATE_PASSWORD),
+                "init-db",
+            ],
+            capture_output=True,
+            text=True,
+            env=base_env(),
+            cwd=REPO,
+            timeout=180,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"init-db failed ({out.returncode}): {out.stdout}{out.stderr}")
         self.cluster.wait_caught_up()
@@ -141,18 +156,30 @@ class AppHost:
         return f"http://{self.address}:{WEB_PORT}"
 
     def start_web(self, web_workers: int, embedded_workers: int, threads: int = 4) -> Proc:
-        env = dict(self.env, JOBQUEUE_BIND=f"{self.address}:{WEB_PORT}", JOBQUEUE_WEB_WORKERS=str(web_workers),
-                   JOBQUEUE_EMBEDDED_WORKERS=str(embedded_workers), JOBQUEUE_WEB_THREADS=str(threads))
-        self.web = Proc(f"{self.name}-gunicorn",
-                        [*self.prefix, sys.executable, "-m", "gunicorn", "-c", str(REPO / "jobqueue/web/gunicorn_conf.py")],
-                        env, self.logs / f"{self.name}-gunicorn.log")
+        env = dict(
+            self.env,
+            JOBQUEUE_BIND=f"{self.address}:{WEB_PORT}",
+            JOBQUEUE_WEB_WORKERS=str(web_workers),
+            JOBQUEUE_EMBEDDED_WORKERS=str(embedded_workers),
+            JOBQUEUE_WEB_THREADS=str(threads),
+        )
+        self.web = Proc(
+            f"{self.name}-gunicorn",
+            [*self.prefix, sys.executable, "-m", "gunicorn", "-c", str(REPO / "jobqueue/web/gunicorn_conf.py")],
+            env,
+            self.logs / f"{self.name}-gunicorn.log",
+        )
         return self.web
 
     def start_worker(self, *args: str) -> Proc:
         self._seq += 1
         name = f"{self.name}-w{self._seq}"
-        p = Proc(name, [*self.prefix, sys.executable, "-m", "jobqueue.cli", "worker", "--name", name, *args],
-                 self.env, self.logs / f"worker-{name}.log")
+        p = Proc(
+            name,
+            [*self.prefix, sys.executable, "-m", "jobqueue.cli", "worker", "--name", name, *args],
+            self.env,
+            self.logs / f"worker-{name}.log",
+        )
         p.host = self.name
         self.workers.append(p)
         self.all_workers.append(p)
@@ -165,8 +192,11 @@ class AppHost:
 
     def pids(self) -> set[int]:
         """Every process of this host running now."""
-        return {w.pid for w in self.workers if w.alive()} | set(self.web_pids()) | (
-            {self.web.pid} if self.web is not None and self.web.alive() else set())
+        return (
+            {w.pid for w in self.workers if w.alive()}
+            | set(self.web_pids())
+            | ({self.web.pid} if self.web is not None and self.web.alive() else set())
+        )
 
     def wait_web_ready(self, web_workers: int, timeout: float = 120) -> None:
         """Until /healthz answers and every web process has started its embedded worker."""

@@ -17,13 +17,36 @@ if TYPE_CHECKING:
     from .core.models import Enqueued, Explanation, Job, Reason, Status
     from .core.tasks import JobContext, task
 
-__all__ = ["Enqueued", "Explanation", "Job", "JobCancelled", "JobContext", "JobFailed", "JobNotFound", "JobQueue", "Reason", "Status", "create_app", "set_default", "task"]
+__all__ = [
+    "Enqueued",
+    "Explanation",
+    "Job",
+    "JobCancelled",
+    "JobContext",
+    "JobFailed",
+    "JobNotFound",
+    "JobQueue",
+    "Reason",
+    "Status",
+    "create_app",
+    "set_default",
+    "task",
+]
 
-_LAZY = {"JobQueue": "jobqueue.core.client", "set_default": "jobqueue.core.client", "task": "jobqueue.core.tasks",
-         "JobContext": "jobqueue.core.tasks", "Enqueued": "jobqueue.core.models", "Job": "jobqueue.core.models",
-         "Explanation": "jobqueue.core.models", "Reason": "jobqueue.core.models",
-         "Status": "jobqueue.core.models", "JobFailed": "jobqueue.core.errors",
-         "JobCancelled": "jobqueue.core.errors", "JobNotFound": "jobqueue.core.errors"}
+_LAZY = {
+    "JobQueue": "jobqueue.core.client",
+    "set_default": "jobqueue.core.client",
+    "task": "jobqueue.core.tasks",
+    "JobContext": "jobqueue.core.tasks",
+    "Enqueued": "jobqueue.core.models",
+    "Job": "jobqueue.core.models",
+    "Explanation": "jobqueue.core.models",
+    "Reason": "jobqueue.core.models",
+    "Status": "jobqueue.core.models",
+    "JobFailed": "jobqueue.core.errors",
+    "JobCancelled": "jobqueue.core.errors",
+    "JobNotFound": "jobqueue.core.errors",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,9 @@ import click
 from .core.cli import main, pause_collector
 
 # Commands that live above the core: name -> ("module:attribute", the line `--help` shows).
-LAZY_COMMANDS = {"serve": ("jobqueue.web.cli:serve", "Run the dashboard under gunicorn with embedded workers and the reaper.")}
+LAZY_COMMANDS = {
+    "serve": ("jobqueue.web.cli:serve", "Run the dashboard under gunicorn with embedded workers and the reaper.")
+}
 
 
 class _Lazy(click.Command):
@@ -39,17 +41,23 @@ class _Jobqueue(click.Group):
         return super().get_command(ctx, name)
 
 
-cli = _Jobqueue(name="jobqueue", commands=main.commands, params=main.params, callback=main.callback,
-                help=main.help, context_settings=main.context_settings)
+cli = _Jobqueue(
+    name="jobqueue",
+    commands=main.commands,
+    params=main.params,
+    callback=main.callback,
+    help=main.help,
+    context_settings=main.context_settings,
+)
 
 
 def run() -> None:
     """Console entry point."""
-    pause_collector()   # until the command has what it needs (jobqueue.core.cli.started)
+    pause_collector()  # until the command has what it needs (jobqueue.core.cli.started)
     try:
         cli(obj={})
     finally:
-        gc.freeze()   # exiting: the interpreter need not scan what is left
+        gc.freeze()  # exiting: the interpreter need not scan what is left
 
 
 if __name__ == "__main__":

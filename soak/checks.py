@@ -23,8 +23,8 @@ class Spec:
     """One job the soak tried to enqueue."""
 
     task_key: str
-    kind: str                     # noop | sleep | flaky | doomed
-    via: str                      # api | cli
+    kind: str  # noop | sleep | flaky | doomed
+    via: str  # api | cli
     max_attempts: int
 
 
@@ -50,21 +50,21 @@ class Execution:
 
 @dataclass
 class Observed:
-    specs: dict[str, Spec]                          # every task_key we tried to enqueue
-    acked: dict[str, int]                           # task_key -> id the queue acknowledged
-    rows: list[Row]                                 # job_queue at the end
-    results: list[tuple[str, int, int]]             # job_result: (task_key, job_id, attempt)
-    attempt_rows: list[tuple[int, int, str, str]]   # job_attempt: (job_id, attempt, outcome, error)
+    specs: dict[str, Spec]  # every task_key we tried to enqueue
+    acked: dict[str, int]  # task_key -> id the queue acknowledged
+    rows: list[Row]  # job_queue at the end
+    results: list[tuple[str, int, int]]  # job_result: (task_key, job_id, attempt)
+    attempt_rows: list[tuple[int, int, str, str]]  # job_attempt: (job_id, attempt, outcome, error)
     executions: list[Execution]
-    attempts_backwards: list[dict[str, Any]] = field(default_factory=list)   # from the monitor
+    attempts_backwards: list[dict[str, Any]] = field(default_factory=list)  # from the monitor
     terminal_regressions: list[dict[str, Any]] = field(default_factory=list)  # from the monitor
-    cancelled: set[str] = field(default_factory=set)   # task_keys the soak cancelled (answered changed)
-    paused_claims: list[dict[str, Any]] = field(default_factory=list)   # from the monitor: claims while paused
+    cancelled: set[str] = field(default_factory=set)  # task_keys the soak cancelled (answered changed)
+    paused_claims: list[dict[str, Any]] = field(default_factory=list)  # from the monitor: claims while paused
     killed_pids: set[int] = field(default_factory=set)
     stopped_pids: set[int] = field(default_factory=set)
     terminated_pids: set[int] = field(default_factory=set)
     partitioned_pids: set[int] = field(default_factory=set)
-    forced: set[tuple[str, int]] = field(default_factory=set)   # (task_key, attempt) requeued while running
+    forced: set[tuple[str, int]] = field(default_factory=set)  # (task_key, attempt) requeued while running
     # (task_key, attempt) -> why it was superseded, when the caller knows better than the pids
     # (the failover drill: an attempt in flight when the primary died).
     explained: dict[tuple[str, int], str] = field(default_factory=dict)
@@ -78,7 +78,7 @@ class Findings:
     examples: dict[str, list[Any]] = field(default_factory=dict)
     by_kind: dict[str, Counter] = field(default_factory=dict)
     duplicate_causes: Counter = field(default_factory=Counter)
-    unexpected_failures: Counter = field(default_factory=Counter)   # reason (first line) -> n
+    unexpected_failures: Counter = field(default_factory=Counter)  # reason (first line) -> n
 
     # What must be zero for a pass, with how the report names it.
     MUST_BE_ZERO = {
@@ -173,14 +173,19 @@ def check(obs: Observed) -> Findings:
         # transaction of its own, before the completion; an attempt that recorded it and then
         # lost its lease (taken back by the reaper) left it, and if no later attempt lived to
         # complete, the job failed with its attempts used up by expired leases.
-        died_after_recording = (row is not None and row.status == "failed"
-                                and (row.last_error or "").startswith("lease expired")
-                                and all(pair in reaped for pair in result_attempts))
+        died_after_recording = (
+            row is not None
+            and row.status == "failed"
+            and (row.last_error or "").startswith("lease expired")
+            and all(pair in reaped for pair in result_attempts)
+        )
         if row is None or (row.status not in ("done", "cancelled") and not died_after_recording):
             f.add("results_not_done", f"{key}: result row but job is {row.status if row else 'missing'}")
         elif died_after_recording:
-            f.add("results_of_reaped_attempts", f"{key}: recorded by attempt {result_attempts[0][1]}, then its "
-                                                "lease ran out; later attempts died too")
+            f.add(
+                "results_of_reaped_attempts",
+                f"{key}: recorded by attempt {result_attempts[0][1]}, then its lease ran out; later attempts died too",
+            )
         spec = obs.specs.get(key)
         if spec and spec.kind == "doomed":
             f.add("doomed_not_failed", f"{key} has a result")
@@ -198,8 +203,10 @@ def check(obs: Observed) -> Findings:
         expected = set(range(1, row.attempts + (0 if row.status == "done" else 1)))
         seen = [a for a, _, _ in history.get(row.id, [])]
         if sorted(seen) != sorted(expected):
-            f.add("attempt_history_gaps",
-                  f"{row.task_key}: {row.status} after {row.attempts} attempts, job_attempt has {sorted(seen)}")
+            f.add(
+                "attempt_history_gaps",
+                f"{row.task_key}: {row.status} after {row.attempts} attempts, job_attempt has {sorted(seen)}",
+            )
     f.counts["attempt_rows"] = len(obs.attempt_rows)
 
     # --- executions: duplicates are counted and explained; the same attempt twice is a bug -------

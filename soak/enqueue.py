@@ -19,8 +19,14 @@ from testkit.procs import REPO
 class Enqueuers:
     """The enqueue half of `Soak` (soak/run.py): its web port, token, URL and records."""
 
-    def _http(self, method: str, path: str, body: dict | None, timeout: float = 10,
-              conn: http.client.HTTPConnection | None = None) -> tuple[int, dict]:
+    def _http(
+        self,
+        method: str,
+        path: str,
+        body: dict | None,
+        timeout: float = 10,
+        conn: http.client.HTTPConnection | None = None,
+    ) -> tuple[int, dict]:
         own = conn is None
         conn = conn or http.client.HTTPConnection("127.0.0.1", self.web_port, timeout=timeout)
         try:
@@ -29,8 +35,9 @@ class Enqueuers:
             if own:
                 conn.close()
 
-    def enqueue_api(self, spec: Spec, payload: dict, delay: float, conn_box: list, deadline_s: float = 180
-                    ) -> tuple[str, dict | None]:
+    def enqueue_api(
+        self, spec: Spec, payload: dict, delay: float, conn_box: list, deadline_s: float = 180
+    ) -> tuple[str, dict | None]:
         """POST until the queue answers 200/201; the same task_key on every try. ('ok', body),
         ('rejected', body) for a 4xx, ('gave_up', None)."""
         body = {"task": "soak", "task_key": spec.task_key, "payload": payload, "max_attempts": spec.max_attempts}
@@ -61,9 +68,25 @@ class Enqueuers:
             pause = next_pause(pause)
 
     def enqueue_cli(self, spec: Spec, payload: dict, delay: float, deadline_s: float = 180) -> tuple[str, dict | None]:
-        argv = [sys.executable, "-m", "jobqueue.cli", "--database-url", self.url, "--log-level", "WARNING",
-                "enqueue", "soak", "--key", spec.task_key, "--payload", json.dumps(payload),
-                "--max-attempts", str(spec.max_attempts), "--tasks", "soak.tasks"]
+        argv = [
+            sys.executable,
+            "-m",
+            "jobqueue.cli",
+            "--database-url",
+            self.url,
+            "--log-level",
+            "WARNING",
+            "enqueue",
+            "soak",
+            "--key",
+            spec.task_key,
+            "--payload",
+            json.dumps(payload),
+            "--max-attempts",
+            str(spec.max_attempts),
+            "--tasks",
+            "soak.tasks",
+        ]
         if delay:
             argv += ["--delay", str(delay)]
         deadline = time.monotonic() + deadline_s
@@ -80,7 +103,7 @@ class Enqueuers:
                     answer = json.loads(out.stdout.strip().splitlines()[-1])
                     answer["_tries"] = tries
                     return "ok", answer
-                if out.returncode not in (1, 75):   # 75: no writable primary right now, try again
+                if out.returncode not in (1, 75):  # 75: no writable primary right now, try again
                     return "rejected", {"code": out.returncode, "stderr": out.stderr[-500:]}
                 self.enqueue_retries[f"cli exit {out.returncode}"] += 1
             if time.monotonic() > deadline:
@@ -114,10 +137,14 @@ class Enqueuers:
                     break
                 self.record_ack(spec, *self.enqueue_cli(spec, payload, delay))
 
-        threads = [threading.Thread(target=self.guarded(api_loop), name=f"api-{i}", daemon=True)
-                   for i in range(self.plan.api_threads)]
-        threads += [threading.Thread(target=self.guarded(cli_loop), name=f"cli-{i}", daemon=True)
-                    for i in range(self.plan.cli_threads)]
+        threads = [
+            threading.Thread(target=self.guarded(api_loop), name=f"api-{i}", daemon=True)
+            for i in range(self.plan.api_threads)
+        ]
+        threads += [
+            threading.Thread(target=self.guarded(cli_loop), name=f"cli-{i}", daemon=True)
+            for i in range(self.plan.cli_threads)
+        ]
         for t in threads:
             t.start()
         return threads
@@ -128,4 +155,3 @@ class Enqueuers:
         if via_api:
             return self.enqueue_api(spec, payload, delay, box)
         return self.enqueue_cli(spec, payload, delay)
-

@@ -12,7 +12,8 @@ import time
 import pymysql
 
 from soak.plan import DB_NAME, LEASE_SECONDS
-from soak.two_primaries import NAME as TWIN_WORKER, Spell
+from soak.two_primaries import NAME as TWIN_WORKER
+from soak.two_primaries import Spell
 from testkit.faults import NotNow, Proc, gunicorn_children
 
 
@@ -50,8 +51,10 @@ class ProcessFaults:
         def check_exit():
             code = victim.proc.poll()
             if code != 0:
-                self.unexpected_exits.append(f"worker {victim.name} (pid {victim.pid}) after SIGTERM: "
-                                             f"{'still running' if code is None else f'exit {code}'}")
+                self.unexpected_exits.append(
+                    f"worker {victim.name} (pid {victim.pid}) after SIGTERM: "
+                    f"{'still running' if code is None else f'exit {code}'}"
+                )
             self.note(f"worker {victim.name} exited with {code} after SIGTERM")
 
         # A worker's shutdown is bounded by its grace, then the release writes and the last
@@ -66,8 +69,10 @@ class ProcessFaults:
             raise NotNow("no started worker to stop")
         victim = self.rng.choice(choices)
         self.stop_worker(victim)
-        self.note(f"SIGSTOP worker {victim.name} (pid {victim.pid}) for {self.plan.stop_seconds:g} s "
-                  f"(lease {LEASE_SECONDS} s)")
+        self.note(
+            f"SIGSTOP worker {victim.name} (pid {victim.pid}) for {self.plan.stop_seconds:g} s "
+            f"(lease {LEASE_SECONDS} s)"
+        )
         later(self.plan.stop_seconds, lambda: self.continue_worker(victim))
 
     def stop_worker(self, victim: Proc) -> None:
@@ -87,8 +92,9 @@ class ProcessFaults:
         conn = self._connect()
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT id, task_key, attempts FROM job_queue WHERE status = 'running' "
-                            "ORDER BY started_at LIMIT 20")
+                cur.execute(
+                    "SELECT id, task_key, attempts FROM job_queue WHERE status = 'running' ORDER BY started_at LIMIT 20"
+                )
                 running = cur.fetchall()
         finally:
             conn.close()
@@ -127,8 +133,10 @@ class ProcessFaults:
             raise NotNow("the twin server or its worker is still starting")
         spell = Spell(self._db_now(), time.time())
         twin.writable(True)
-        self.note(f"two primaries: the twin is writable for {self.plan.two_primaries_seconds:g} s "
-                  f"(worker {TWIN_WORKER} lists both)")
+        self.note(
+            f"two primaries: the twin is writable for {self.plan.two_primaries_seconds:g} s "
+            f"(worker {TWIN_WORKER} lists both)"
+        )
 
         def back():
             # Read before the flip: on a loaded host the read may take seconds, and claims after the
@@ -138,18 +146,36 @@ class ProcessFaults:
             twin.spells.append(spell)
             self.note("two primaries: the twin is read-only again")
             if self.twin_worker not in self.workers:
-                self.workers.append(self.twin_worker)   # a worker like the others from now on
+                self.workers.append(self.twin_worker)  # a worker like the others from now on
 
         later(self.plan.two_primaries_seconds, back)
 
     def start_twin_worker(self) -> None:
         """The worker whose candidates are "<primary> <twin>", as soon as the twin is ready: it
         claims on the primary like the others until the two_primaries fault."""
-        self.twin_worker = Proc(TWIN_WORKER, [
-            sys.executable, "-m", "jobqueue.cli", "--database-url", f"{self.url} {self.twin.url()}", "worker",
-            "--name", TWIN_WORKER, "--concurrency", str(self.plan.concurrency), "--lease-seconds",
-            str(LEASE_SECONDS), "--grace-seconds", str(self.plan.grace_seconds), "--tasks", "soak.tasks"],
-            self.base_env(), self.logs / f"worker-{TWIN_WORKER}.log")
+        self.twin_worker = Proc(
+            TWIN_WORKER,
+            [
+                sys.executable,
+                "-m",
+                "jobqueue.cli",
+                "--database-url",
+                f"{self.url} {self.twin.url()}",
+                "worker",
+                "--name",
+                TWIN_WORKER,
+                "--concurrency",
+                str(self.plan.concurrency),
+                "--lease-seconds",
+                str(LEASE_SECONDS),
+                "--grace-seconds",
+                str(self.plan.grace_seconds),
+                "--tasks",
+                "soak.tasks",
+            ],
+            self.base_env(),
+            self.logs / f"worker-{TWIN_WORKER}.log",
+        )
         self.all_workers.append(self.twin_worker)
 
     def _db_now(self):
@@ -171,8 +197,10 @@ class ProcessFaults:
         for w in victims:
             self.partitioned_pids.add(w.pid)
         self.proxy.cut()
-        self.note(f"partition: {', '.join(w.name for w in victims)} cut off from the database for "
-                  f"{self.plan.partition_seconds:g} s (lease {LEASE_SECONDS} s)")
+        self.note(
+            f"partition: {', '.join(w.name for w in victims)} cut off from the database for "
+            f"{self.plan.partition_seconds:g} s (lease {LEASE_SECONDS} s)"
+        )
 
         def heal():
             self.proxy.heal()
@@ -186,8 +214,9 @@ class ProcessFaults:
             with conn.cursor() as cur:
                 with self.lock:
                     own = set(self.own_connection_ids)
-                cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = %s AND COMMAND <> 'Daemon'",
-                            (DB_NAME,))
+                cur.execute(
+                    "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = %s AND COMMAND <> 'Daemon'", (DB_NAME,)
+                )
                 ids = [r[0] for r in cur.fetchall() if r[0] not in own]
                 if not ids:
                     raise NotNow("no connection to kill")
@@ -227,11 +256,15 @@ class ProcessFaults:
                 # Locked by primary key: a locking read that sorts (ORDER BY priority, id over the
                 # ready rows of every queue is a filesort) locks every row it reads, not the few
                 # it returns, and so held all ready rows instead of hold_rows of them.
-                cur.execute("SELECT id FROM job_queue WHERE status = 'ready' ORDER BY priority, id "
-                            f"LIMIT {int(self.plan.hold_rows)}")
+                cur.execute(
+                    "SELECT id FROM job_queue WHERE status = 'ready' ORDER BY priority, id "
+                    f"LIMIT {int(self.plan.hold_rows)}"
+                )
                 ids = [row[0] for row in cur.fetchall()] or [0]
-                cur.execute(f"SELECT id, attempts FROM job_queue FORCE INDEX (PRIMARY) WHERE id IN "
-                            f"({','.join(map(str, ids))}) AND status = 'ready' FOR UPDATE SKIP LOCKED")
+                cur.execute(
+                    f"SELECT id, attempts FROM job_queue FORCE INDEX (PRIMARY) WHERE id IN "
+                    f"({','.join(map(str, ids))}) AND status = 'ready' FOR UPDATE SKIP LOCKED"
+                )
                 held = cur.fetchall()
         except BaseException:
             conn.close()
@@ -239,8 +272,10 @@ class ProcessFaults:
         if not held:
             conn.close()
             raise NotNow("no ready rows to hold")
-        self.note(f"holding {len(held)} ready rows {[r[0] for r in held]} in a paused transaction "
-                  f"for {self.plan.hold_seconds:g} s")
+        self.note(
+            f"holding {len(held)} ready rows {[r[0] for r in held]} in a paused transaction "
+            f"for {self.plan.hold_seconds:g} s"
+        )
 
         def release():
             try:
@@ -262,8 +297,9 @@ class ProcessFaults:
                     check.close()
                 for job_id, attempts in held:
                     if now.get(job_id) != (attempts, "ready"):
-                        self.held_touched.append(f"job {job_id}: held as ready/attempts {attempts}, "
-                                                 f"now {now.get(job_id)}")
+                        self.held_touched.append(
+                            f"job {job_id}: held as ready/attempts {attempts}, now {now.get(job_id)}"
+                        )
             except pymysql.MySQLError as exc:
                 self.fault_errors.append(f"hold check: {exc}")
             try:
@@ -283,4 +319,3 @@ class ProcessFaults:
         os.kill(pid, signal.SIGKILL)
         self.killed_pids.add(pid)
         self.note(f"SIGKILL gunicorn worker pid {pid} (the master starts another)")
-

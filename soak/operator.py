@@ -20,8 +20,14 @@ class OperatorFaults:
     """The `fault_<kind>` methods of `Soak` (soak/run.py) that act as an operator would."""
 
     def _cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "jobqueue.cli", "--database-url", self.url, "--log-level", "WARNING",
-                               *args], capture_output=True, text=True, env=self.base_env(), cwd=REPO, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "jobqueue.cli", "--database-url", self.url, "--log-level", "WARNING", *args],
+            capture_output=True,
+            text=True,
+            env=self.base_env(),
+            cwd=REPO,
+            timeout=timeout,
+        )
 
     def _until_ok(self, what: str, attempt, deadline_s: float = 60, *, record: bool = True) -> bool:
         """Call `attempt()` (True when done) until it succeeds, through restarts and killed
@@ -42,6 +48,7 @@ class OperatorFaults:
         """Pause the queue through the API; resume it `pause_seconds` later with `jobqueue resume`.
         From PAUSE_NOTICE_SECONDS after the pause answered until the resume is sent, the monitor
         must see no attempt start."""
+
         def pause() -> bool:
             status, answer = self._http("POST", f"/api/queues/{QUEUE}/pause", {})
             return status == 200 and answer.get("paused") is True
@@ -76,7 +83,7 @@ class OperatorFaults:
         n = self.plan.cancel_api_keys + self.plan.cancel_cli_keys
         if len(known) < n * 3:
             raise NotNow("too few acknowledged keys to cancel yet")
-        recent = known[-n * 5:]
+        recent = known[-n * 5 :]
         sample = self.rng.sample(recent, n - 2) + self.rng.sample(known[: -n * 5], 2)
 
         def cancel():
@@ -89,14 +96,22 @@ class OperatorFaults:
                         if box[0] is None:
                             box[0] = http.client.HTTPConnection("127.0.0.1", self.web_port, timeout=15)
                         try:
-                            status, answer = self._http("POST", f"/api/jobs/{job_id}/cancel", {"reason": "soak"},
-                                                        conn=box[0])
+                            status, answer = self._http(
+                                "POST", f"/api/jobs/{job_id}/cancel", {"reason": "soak"}, conn=box[0]
+                            )
                         except (OSError, http.client.HTTPException):
                             box[0].close()
                             box[0] = None
                             raise
-                        outcome = ("ok" if status == 200 else "done" if status == 409 else "busy" if status == 423
-                                   else f"http {status}")
+                        outcome = (
+                            "ok"
+                            if status == 200
+                            else "done"
+                            if status == 409
+                            else "busy"
+                            if status == 423
+                            else f"http {status}"
+                        )
                         changed = status == 200 and answer.get("changed")
                     else:
                         out = self._cli("cancel", str(job_id), "--reason", "soak")
@@ -159,7 +174,14 @@ class OperatorFaults:
                     with self.lock:
                         self.take_back_done += 1
                     return
-                except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired, pymysql.MySQLError) as exc:
+                except (
+                    RuntimeError,
+                    OSError,
+                    ValueError,
+                    KeyError,
+                    subprocess.TimeoutExpired,
+                    pymysql.MySQLError,
+                ) as exc:
                     self.note(f"take back round {n}, try {attempt} spoilt: {str(exc)[:200]}")
                     if time.monotonic() > deadline:
                         return
@@ -185,13 +207,42 @@ class OperatorFaults:
             # The first runs long enough that the CLI's action lands while it runs, even on a loaded
             # machine (the CLI alone took over 6 s there); the others are short.
             payload = {"seconds": 12 if i == 0 else 1, "log": str(folder / f"{queue}-{i}.log")}
-            out = self._take_back_cli("enqueue", "record_runs", "--key", f"{queue}-{i}", "--queue", queue,
-                                      "--payload", json.dumps(payload), "--tasks", "testkit.tasks")
+            out = self._take_back_cli(
+                "enqueue",
+                "record_runs",
+                "--key",
+                f"{queue}-{i}",
+                "--queue",
+                queue,
+                "--payload",
+                json.dumps(payload),
+                "--tasks",
+                "testkit.tasks",
+            )
             ids.append(int(json.loads(out.stdout.strip().splitlines()[-1])["id"]))
-        worker = Proc(f"take-back-{queue}", [sys.executable, "-m", "jobqueue.cli", "--database-url", self.take_back_url,
-                                             "worker", "--name", queue, "--concurrency", "1", "--prefetch", "2",
-                                             "--queues", queue, "--tasks", "testkit.tasks"],
-                      self.base_env(), self.logs / f"worker-take-back-{queue}.log")
+        worker = Proc(
+            f"take-back-{queue}",
+            [
+                sys.executable,
+                "-m",
+                "jobqueue.cli",
+                "--database-url",
+                self.take_back_url,
+                "worker",
+                "--name",
+                queue,
+                "--concurrency",
+                "1",
+                "--prefetch",
+                "2",
+                "--queues",
+                queue,
+                "--tasks",
+                "testkit.tasks",
+            ],
+            self.base_env(),
+            self.logs / f"worker-take-back-{queue}.log",
+        )
 
         def starts(i: int) -> list[tuple[int, float]]:
             path = folder / f"{queue}-{i}.log"
@@ -199,8 +250,10 @@ class OperatorFaults:
             return [(int(p[1]), float(p[3])) for p in (line.split() for line in lines) if p and p[0] == "start"]
 
         def all_running() -> bool:
-            rows = self.server.execute(f"SELECT COUNT(*) FROM job_queue WHERE status = 'running' AND id IN "
-                                       f"({','.join(map(str, ids))})", "soak_take_back")
+            rows = self.server.execute(
+                f"SELECT COUNT(*) FROM job_queue WHERE status = 'running' AND id IN ({','.join(map(str, ids))})",
+                "soak_take_back",
+            )
             return rows[0][0] == 3
 
         try:
@@ -220,8 +273,10 @@ class OperatorFaults:
             late = [at - answered for attempt, at in starts(1) if attempt == 1 and at >= answered]
             with self.lock:
                 if late:
-                    self.take_back_late.append(f"queue {queue} `{' '.join(action)}` job {ids[1]}: attempt 1 started "
-                                               f"{late[0]:.3f} s after the command answered")
+                    self.take_back_late.append(
+                        f"queue {queue} `{' '.join(action)}` job {ids[1]}: attempt 1 started "
+                        f"{late[0]:.3f} s after the command answered"
+                    )
             self.note(f"take back in queue {queue}: {'LATE START' if late else 'no start after the action'}")
         finally:
             code = worker.terminate(30)
@@ -233,9 +288,23 @@ class OperatorFaults:
                 self.unexpected_exits.append(f"take-back worker {worker.name} exited with {code}")
 
     def _take_back_cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        out = subprocess.run([sys.executable, "-m", "jobqueue.cli", "--database-url", self.take_back_url,
-                              "--log-level", "WARNING", *args], capture_output=True, text=True, env=self.base_env(),
-                             cwd=REPO, timeout=timeout)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "jobqueue.cli",
+                "--database-url",
+                self.take_back_url,
+                "--log-level",
+                "WARNING",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            env=self.base_env(),
+            cwd=REPO,
+            timeout=timeout,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"jobqueue {' '.join(args[:2])}: exit {out.returncode}: {out.stderr[-300:]}")
         return out
@@ -263,21 +332,22 @@ class OperatorFaults:
         except BaseException:
             hold.close()
             raise
-        time.sleep(0.5)   # the workers' next claims reach the held row and wait there
+        time.sleep(0.5)  # the workers' next claims reach the held row and wait there
         victim = self.rng.choice(victims)
         self.stop_worker(victim)
         window = [float("inf"), float("inf")]
         with self.lock:
-            self.pause_windows.append(window)   # open from the answer on, see pause() below
+            self.pause_windows.append(window)  # open from the answer on, see pause() below
 
         def pause() -> None:
             def once() -> bool:
                 status, answer = self._http("POST", f"/api/queues/{QUEUE}/pause", {}, timeout=30)
                 return status == 200 and answer.get("paused") is True
+
             ok = self._until_ok("pause during a stalled claim", once, 60)
             with self.lock:
                 if not ok:
-                    window[1] = time.monotonic()   # never opened
+                    window[1] = time.monotonic()  # never opened
                     return
                 window[0] = time.monotonic() + PAUSE_NOTICE_SECONDS
             self.note(f"paused queue {QUEUE} during a stalled claim")
@@ -288,12 +358,14 @@ class OperatorFaults:
             self._resume()
 
         self.spawn(pause, "stalled-pause")
-        time.sleep(0.3)   # the pause is queued behind the hold
+        time.sleep(0.3)  # the pause is queued behind the hold
         try:
             hold.rollback()
         except pymysql.MySQLError:
-            pass   # the session is gone (a restart): its lock went with it
+            pass  # the session is gone (a restart): its lock went with it
         hold.close()
-        self.note(f"held the queue_state row of {QUEUE} 0.8 s, SIGSTOP worker {victim.name} (pid {victim.pid}) in "
-                  f"its claim, paused, released the hold")
+        self.note(
+            f"held the queue_state row of {QUEUE} 0.8 s, SIGSTOP worker {victim.name} (pid {victim.pid}) in "
+            f"its claim, paused, released the hold"
+        )
         later(self.plan.stop_seconds / 2, lambda: self.continue_worker(victim))

@@ -69,7 +69,7 @@ class PartitionProxy:
         peers = {a: b, b: a}
         try:
             while not self._closed.is_set():
-                self._open.wait()   # while cut, nothing moves either way; buffers keep what arrived
+                self._open.wait()  # while cut, nothing moves either way; buffers keep what arrived
                 ready, _, _ = select.select([a, b], [], [], 0.2)
                 for s in ready:
                     if not self._open.is_set():

@@ -10,11 +10,26 @@ from soak.checks import Spec
 
 DB_NAME = "soak"
 LEASE_SECONDS = 3
-FAULT_KINDS = ("sigkill_worker", "sigterm_worker", "sigstop_worker", "kill_connection", "db_restart", "hold_rows",
-               "sigkill_web_worker", "replay", "force_requeue", "read_only_flip", "partition_worker", "pause_queue",
-               "cancel", "take_back_prefetched", "pause_stalled_claim", "two_primaries")
+FAULT_KINDS = (
+    "sigkill_worker",
+    "sigterm_worker",
+    "sigstop_worker",
+    "kill_connection",
+    "db_restart",
+    "hold_rows",
+    "sigkill_web_worker",
+    "replay",
+    "force_requeue",
+    "read_only_flip",
+    "partition_worker",
+    "pause_queue",
+    "cancel",
+    "take_back_prefetched",
+    "pause_stalled_claim",
+    "two_primaries",
+)
 QUEUE = "default"
-PAUSE_NOTICE_SECONDS = 2.0   # a pause takes effect in every process within this (docs/operations.md: about a second)
+PAUSE_NOTICE_SECONDS = 2.0  # a pause takes effect in every process within this (docs/operations.md: about a second)
 
 
 @dataclass
@@ -33,20 +48,20 @@ class Plan:
     stop_seconds: float = 2 * LEASE_SECONDS
     conn_kill_every: tuple[float, float] = (1.5, 4.0)
     conn_kills_each: tuple[int, int] = (1, 3)
-    restart_at: float = 0.45                 # fraction of the fault window
+    restart_at: float = 0.45  # fraction of the fault window
     restart_down_seconds: float = 1.5
-    crash_db: bool = False                   # SIGKILL the server instead of a clean stop
-    server: str = "mariadb"                  # the throwaway server's flavour: mariadb, mysql, mariadb11
+    crash_db: bool = False  # SIGKILL the server instead of a clean stop
+    server: str = "mariadb"  # the throwaway server's flavour: mariadb, mysql, mariadb11
     holds: int = 3
     hold_rows: int = 5
     hold_seconds: float = 5.0
     web_kills: int = 2
     graceful_restarts: int = 3
-    grace_seconds: float = 8.0               # longer than the lease: renewals must go on through it
-    force_requeues: int = 6                  # an operator's forced requeue of a running job
-    read_only_flips: int = 2                 # the primary turned read-only for a moment
+    grace_seconds: float = 8.0  # longer than the lease: renewals must go on through it
+    force_requeues: int = 6  # an operator's forced requeue of a running job
+    read_only_flips: int = 2  # the primary turned read-only for a moment
     read_only_seconds: float = 2.0
-    partitions: int = 2                      # one worker cut off from the database past its lease
+    partitions: int = 2  # one worker cut off from the database past its lease
     partition_seconds: float = 2 * LEASE_SECONDS + 1
     replays: int = 5
     pauses: int = 3
@@ -54,21 +69,41 @@ class Plan:
     cancels: int = 5
     cancel_api_keys: int = 20
     cancel_cli_keys: int = 2
-    take_backs: int = 3                      # an operator's action on a job prefetched, not started
-    stalled_pauses: int = 2                  # a pause sent while claims stall in their transaction
+    take_backs: int = 3  # an operator's action on a job prefetched, not started
+    stalled_pauses: int = 2  # a pause sent while claims stall in their transaction
     replay_api_keys: int = 40
     replay_cli_keys: int = 2
     drain_timeout: float = 600.0
-    two_primaries: int = 1                   # a twin made writable in one worker's candidate list
+    two_primaries: int = 1  # a twin made writable in one worker's candidate list
     two_primaries_seconds: float = 12.0
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(jobs=1200, cli_jobs=30, fault_seconds=30.0, kill_every=(3.0, 5.0), stops=1, pauses=2,
-                   pause_seconds=4.0, cancels=2, cancel_api_keys=10, cancel_cli_keys=1,
-                   conn_kill_every=(2.0, 4.0), holds=2, web_kills=1, graceful_restarts=1, replays=2, replay_api_keys=20,
-                   replay_cli_keys=1, drain_timeout=60.0, force_requeues=2, read_only_flips=1, partitions=1,
-                   take_backs=2, stalled_pauses=1)
+        return cls(
+            jobs=1200,
+            cli_jobs=30,
+            fault_seconds=30.0,
+            kill_every=(3.0, 5.0),
+            stops=1,
+            pauses=2,
+            pause_seconds=4.0,
+            cancels=2,
+            cancel_api_keys=10,
+            cancel_cli_keys=1,
+            conn_kill_every=(2.0, 4.0),
+            holds=2,
+            web_kills=1,
+            graceful_restarts=1,
+            replays=2,
+            replay_api_keys=20,
+            replay_cli_keys=1,
+            drain_timeout=60.0,
+            force_requeues=2,
+            read_only_flips=1,
+            partitions=1,
+            take_backs=2,
+            stalled_pauses=1,
+        )
 
 
 def job_specs(plan: Plan, rng: random.Random) -> list[tuple[Spec, dict, float]]:
@@ -83,8 +118,10 @@ def job_specs(plan: Plan, rng: random.Random) -> list[tuple[Spec, dict, float]]:
             # SIGTERM must keep renewing them to the end; a very few outlast the grace too, and
             # are released (their handlers told, and stopping).
             r = rng.random()
-            payload["seconds"] = round(rng.uniform(8.5, 10.0) if r < 0.004 else rng.uniform(3.5, 6.0) if r < 0.05
-                                       else rng.uniform(0.01, 0.4), 3)
+            payload["seconds"] = round(
+                rng.uniform(8.5, 10.0) if r < 0.004 else rng.uniform(3.5, 6.0) if r < 0.05 else rng.uniform(0.01, 0.4),
+                3,
+            )
         elif kind == "flaky":
             payload["fail_times"] = rng.randint(1, 2)
         max_attempts = 2 if kind == "doomed" else 4
@@ -108,18 +145,27 @@ def fault_schedule(plan: Plan, rng: random.Random) -> list[tuple[float, str]]:
         t += rng.uniform(*plan.conn_kill_every)
     events.append((window * plan.restart_at, "db_restart"))
     # Stops, holds and web kills land while the queue is busy, away from the restart and the end.
-    for kind, n in (("sigstop_worker", plan.stops), ("hold_rows", plan.holds), ("sigkill_web_worker", plan.web_kills),
-                    ("sigterm_worker", plan.graceful_restarts), ("replay", plan.replays),
-                    ("force_requeue", plan.force_requeues), ("read_only_flip", plan.read_only_flips),
-                    ("partition_worker", plan.partitions), ("pause_queue", plan.pauses), ("cancel", plan.cancels),
-                    ("take_back_prefetched", plan.take_backs), ("pause_stalled_claim", plan.stalled_pauses)):
+    for kind, n in (
+        ("sigstop_worker", plan.stops),
+        ("hold_rows", plan.holds),
+        ("sigkill_web_worker", plan.web_kills),
+        ("sigterm_worker", plan.graceful_restarts),
+        ("replay", plan.replays),
+        ("force_requeue", plan.force_requeues),
+        ("read_only_flip", plan.read_only_flips),
+        ("partition_worker", plan.partitions),
+        ("pause_queue", plan.pauses),
+        ("cancel", plan.cancels),
+        ("take_back_prefetched", plan.take_backs),
+        ("pause_stalled_claim", plan.stalled_pauses),
+    ):
         for j in range(n):
             lo, hi = window * (0.05 + 0.8 * j / n), window * (0.05 + 0.8 * (j + 1) / n)
             at = rng.uniform(lo, hi)
             if abs(at - window * plan.restart_at) < 4:
                 at = (at + 5) if at >= window * plan.restart_at else (at - 5)
             events.append((max(0.5, min(at, window - plan.stop_seconds - 1)), kind))
-    for _ in range(plan.two_primaries):   # after the others: the same seed keeps their schedule
+    for _ in range(plan.two_primaries):  # after the others: the same seed keeps their schedule
         events.append((two_primaries_start(events, plan, rng), "two_primaries"))
     return sorted(events)
 
@@ -129,9 +175,9 @@ def two_primaries_start(events: list[tuple[float, str]], plan: Plan, rng: random
     which would leave the twin the only writable candidate (a real failover to it, where claiming
     on the twin is right), and after the twin server had time to start."""
     window = plan.fault_seconds
-    span = plan.two_primaries_seconds + 5   # the twin's worker may take a few seconds to start
+    span = plan.two_primaries_seconds + 5  # the twin's worker may take a few seconds to start
     busy = [t for t, kind in events if kind in ("read_only_flip", "db_restart", "two_primaries")]
-    lo = max(15.0, window * 0.05)   # the twin and its worker start meanwhile
+    lo = max(15.0, window * 0.05)  # the twin and its worker start meanwhile
     for _ in range(200):
         at = rng.uniform(lo, max(lo, window * 0.9))
         if not any(at - 8 <= t <= at + span for t in busy):

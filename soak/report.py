@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from soak.checks import Observed, check
 from soak.plan import LEASE_SECONDS, PAUSE_NOTICE_SECONDS, Plan
@@ -14,8 +14,15 @@ from testkit.faults import Outcome
 from testkit.throwaway import describe_flavour
 
 
-def judge(soak, schedule: list[tuple[float, str]], obs: Observed, twin_check: dict, drained: bool,
-          codes: dict[str, int | None], times: dict[str, float]) -> Outcome:
+def judge(
+    soak,
+    schedule: list[tuple[float, str]],
+    obs: Observed,
+    twin_check: dict,
+    drained: bool,
+    codes: dict[str, int | None],
+    times: dict[str, float],
+) -> Outcome:
     """The verdict, its figures and the problems found; results.json and faults.log in the workdir."""
     plan, seed = soak.plan, soak.seed
     fault_start, fault_end = times["fault_start"], times["fault_end"]
@@ -42,8 +49,9 @@ def judge(soak, schedule: list[tuple[float, str]], obs: Observed, twin_check: di
         "duration_seconds": round(wall, 1),
         "fault_window_seconds": round(fault_end - fault_start, 1),
         "enqueue_seconds": round(getattr(soak, "enqueue_seconds", float("nan")), 1),
-        "throughput_under_faults": round((terminal_at_fault_end - terminal_at_fault_start)
-                                         / max(1e-9, fault_end - fault_start), 1),
+        "throughput_under_faults": round(
+            (terminal_at_fault_end - terminal_at_fault_start) / max(1e-9, fault_end - fault_start), 1
+        ),
         "throughput_overall": round(finished / max(1e-9, wall), 1),
         "exit_codes": codes,
         "log_events": dict(soak.log_counts()),
@@ -51,30 +59,44 @@ def judge(soak, schedule: list[tuple[float, str]], obs: Observed, twin_check: di
     numbers["two_primaries"] = twin_check["numbers"]
     problems, bad_codes, missing = soak.common_problems(findings, drained, codes, schedule)
     problems.update(twin_check["problems"])
-    for name, items in (("held_rows_touched", soak.held_touched), ("actions_gave_up", soak.actions_gave_up),
-                        ("started_after_take_back", soak.take_back_late)):
+    for name, items in (
+        ("held_rows_touched", soak.held_touched),
+        ("actions_gave_up", soak.actions_gave_up),
+        ("started_after_take_back", soak.take_back_late),
+    ):
         if items:
             problems[name] = len(items)
     if soak.take_back_rounds and not soak.take_back_done:
         problems["take_back_never_done"] = len(soak.take_back_rounds)
     numbers["problems"] = problems
     numbers["details"] = {
-        "enqueue_gave_up": soak.enqueue_gave_up[:10], "enqueue_rejected": soak.enqueue_rejected[:10],
-        "replay_mismatches": soak.replay_mismatches[:10], "held_rows_touched": soak.held_touched[:10],
+        "enqueue_gave_up": soak.enqueue_gave_up[:10],
+        "enqueue_rejected": soak.enqueue_rejected[:10],
+        "replay_mismatches": soak.replay_mismatches[:10],
+        "held_rows_touched": soak.held_touched[:10],
         "actions_gave_up": soak.actions_gave_up[:10],
-        "take_back_rounds": soak.take_back_rounds, "take_back_done": soak.take_back_done,
+        "take_back_rounds": soak.take_back_rounds,
+        "take_back_done": soak.take_back_done,
         "started_after_take_back": soak.take_back_late,
-        "unexpected_exits": soak.unexpected_exits, "nonzero_exit_codes": bad_codes, "faults_not_injected": missing,
+        "unexpected_exits": soak.unexpected_exits,
+        "nonzero_exit_codes": bad_codes,
+        "faults_not_injected": missing,
     }
-    return soak.conclude("SOAK", f"{plan.jobs} jobs, {sum(numbers['faults'].values())} faults, {numbers['lost']} lost, "
-                                 f"{numbers['duplicate_results']} duplicate results, {numbers['duplicate_executions']} "
-                                 f"duplicate executions, {numbers['throughput_under_faults']} jobs/s under faults",
-                         problems, numbers, table)
+    return soak.conclude(
+        "SOAK",
+        f"{plan.jobs} jobs, {sum(numbers['faults'].values())} faults, {numbers['lost']} lost, "
+        f"{numbers['duplicate_results']} duplicate results, {numbers['duplicate_executions']} "
+        f"duplicate executions, {numbers['throughput_under_faults']} jobs/s under faults",
+        problems,
+        numbers,
+        table,
+    )
 
 
 def by_kind(n: dict) -> str:
-    return ", ".join(f"{k} {sum(v.values())} ({'/'.join(f'{s} {c}' for s, c in sorted(v.items()))})"
-                     for k, v in n["by_kind"].items())
+    return ", ".join(
+        f"{k} {sum(v.values())} ({'/'.join(f'{s} {c}' for s, c in sorted(v.items()))})" for k, v in n["by_kind"].items()
+    )
 
 
 def listed(d: dict) -> str:
@@ -87,8 +109,11 @@ def outcome_rows(n: dict) -> list[tuple[str, str]]:
     return [
         ("**lost** (must be 0)", str(n["lost"])),
         ("**duplicate results** (must be 0)", str(n["duplicate_results"])),
-        ("duplicate executions", f"{n['duplicate_executions']} task_keys ({n['extra_executions']} extra runs of "
-                                 f"{n['executions']}); superseded runs by cause: {causes}"),
+        (
+            "duplicate executions",
+            f"{n['duplicate_executions']} task_keys ({n['extra_executions']} extra runs of "
+            f"{n['executions']}); superseded runs by cause: {causes}",
+        ),
     ]
 
 
@@ -102,51 +127,87 @@ def monitor_rows(n: dict) -> list[tuple[str, str]]:
 def failed_not_doomed(n: dict) -> str:
     return f"{n['failed_not_doomed']}" + (
         f" ({'; '.join(f'{k[:60]}: {v}' for k, v in n['unexpected_failure_reasons'].items())})"
-        if n["unexpected_failure_reasons"] else "")
+        if n["unexpected_failure_reasons"]
+        else ""
+    )
 
 
 def markdown_table(rows: list[tuple[str, str]]) -> str:
     width = max(len(r[0]) for r in rows)
-    return "\n".join([f"| {'measure':<{width}} | value |", f"|{'-' * (width + 2)}|-------|"]
-                     + [f"| {a:<{width}} | {b} |" for a, b in rows])
+    return "\n".join(
+        [f"| {'measure':<{width}} | value |", f"|{'-' * (width + 2)}|-------|"]
+        + [f"| {a:<{width}} | {b} |" for a, b in rows]
+    )
 
 
 def table(n: dict) -> str:
     rows = [
-        ("jobs enqueued", f"{n['jobs']} ({n['jobs_api']} via HTTP API, {n['jobs_cli']} via CLI), {n['acked']} acknowledged"),
+        (
+            "jobs enqueued",
+            f"{n['jobs']} ({n['jobs_api']} via HTTP API, {n['jobs_cli']} via CLI), {n['acked']} acknowledged",
+        ),
         ("jobs by kind (final status)", by_kind(n)),
-        ("faults injected", f"{listed(n['faults'])}; {n['connections_killed']} connections killed, "
-                            f"{n['replayed_keys']} task_keys replayed, database {'crash' if n['db_crash'] else 'restart'} "
-                            f"outage {n['restart_outage_seconds']} s"),
+        (
+            "faults injected",
+            f"{listed(n['faults'])}; {n['connections_killed']} connections killed, "
+            f"{n['replayed_keys']} task_keys replayed, database {'crash' if n['db_crash'] else 'restart'} "
+            f"outage {n['restart_outage_seconds']} s",
+        ),
         *outcome_rows(n),
         ("late writes refused by the fence (stopped workers)", str(n["fenced_late_writes"])),
-        ("pauses (claims while paused, must be 0)", f"{len(n['pause_windows_seconds'])} pauses of "
-                                                    f"{'/'.join(f'{s:g}' for s in n['pause_windows_seconds'])} s; "
-                                                    f"{n['claims_while_paused']} claims"),
-        ("cancellations", f"{n['cancelled']} jobs cancelled; answers {json.dumps(n['cancel_answers'], sort_keys=True)}"),
+        (
+            "pauses (claims while paused, must be 0)",
+            f"{len(n['pause_windows_seconds'])} pauses of "
+            f"{'/'.join(f'{s:g}' for s in n['pause_windows_seconds'])} s; "
+            f"{n['claims_while_paused']} claims",
+        ),
+        (
+            "cancellations",
+            f"{n['cancelled']} jobs cancelled; answers {json.dumps(n['cancel_answers'], sort_keys=True)}",
+        ),
         *monitor_rows(n),
-        ("failed but not doomed", failed_not_doomed(n)
-                                  + (f"; {n['results_of_reaped_attempts']} of them with a result recorded by an attempt "
-                                     "whose lease then ran out" if n.get("results_of_reaped_attempts") else "")),
-        ("throughput", f"{n['throughput_under_faults']} jobs/s under faults ({n['fault_window_seconds']} s window), "
-                       f"{n['throughput_overall']} jobs/s overall"),
+        (
+            "failed but not doomed",
+            failed_not_doomed(n)
+            + (
+                f"; {n['results_of_reaped_attempts']} of them with a result recorded by an attempt "
+                "whose lease then ran out"
+                if n.get("results_of_reaped_attempts")
+                else ""
+            ),
+        ),
+        (
+            "throughput",
+            f"{n['throughput_under_faults']} jobs/s under faults ({n['fault_window_seconds']} s window), "
+            f"{n['throughput_overall']} jobs/s overall",
+        ),
         ("duration", f"{n['duration_seconds']} s (enqueue {n['enqueue_seconds']} s)"),
         ("exit codes after SIGTERM", listed(n["exit_codes"])),
-        ("problems", ", ".join(f"{k}={v}" + (f" ({'; '.join(map(str, n['details'][k][:3]))})"
-                                             if isinstance(n["details"].get(k), list) and n["details"][k] else "")
-                               for k, v in n["problems"].items()) or "none"),
+        (
+            "problems",
+            ", ".join(
+                f"{k}={v}"
+                + (
+                    f" ({'; '.join(map(str, n['details'][k][:3]))})"
+                    if isinstance(n["details"].get(k), list) and n["details"][k]
+                    else ""
+                )
+                for k, v in n["problems"].items()
+            )
+            or "none",
+        ),
     ]
     return markdown_table(rows)
 
 
 def markdown(outcome: Outcome, command: str, plan: Plan) -> str:
     n = outcome.numbers
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"""# Soak: last result
 
 `{command}` on {when} ({platform.machine()}, {os.cpu_count()} cores shared with other work: load
-average {n['load_average_1min'][0]} at the start, {n['load_average_1min'][1]} at the end; Python
-{platform.python_version()}, {describe_flavour(plan.server)}), seed {n['seed']}.
+average {n["load_average_1min"][0]} at the start, {n["load_average_1min"][1]} at the end; Python
+{platform.python_version()}, {describe_flavour(plan.server)}), seed {n["seed"]}.
 
 **{outcome.verdict}**
 
@@ -157,11 +218,10 @@ Set-up: a throwaway server ({plan.server}); {plan.workers} `jobqueue worker --co
 {plan.embedded_workers} embedded workers each; faults for {plan.fault_seconds:g} s on a seeded
 schedule, then a drain. See docs/soak-and-drill.md for what each check means.
 
-Enqueue retries (same task_key): {json.dumps(n['enqueue_retries'], sort_keys=True)}. Fresh keys
+Enqueue retries (same task_key): {json.dumps(n["enqueue_retries"], sort_keys=True)}. Fresh keys
 acknowledged with `duplicate: true` because an earlier try had committed but its answer was lost
-(the job exists once either way): {json.dumps(n['fresh_keys_acknowledged_as_duplicate'], sort_keys=True)}.
+(the job exists once either way): {json.dumps(n["fresh_keys_acknowledged_as_duplicate"], sort_keys=True)}.
 Log events across all processes:
-{json.dumps(n['log_events'], sort_keys=True)}. Exit codes: {json.dumps(n['exit_codes'], sort_keys=True)}.
-Faults that could not be injected when due: {len(n['fault_errors'])}{(': ' + '; '.join(n['fault_errors'][:5])) if n['fault_errors'] else ''}.
+{json.dumps(n["log_events"], sort_keys=True)}. Exit codes: {json.dumps(n["exit_codes"], sort_keys=True)}.
+Faults that could not be injected when due: {len(n["fault_errors"])}{(": " + "; ".join(n["fault_errors"][:5])) if n["fault_errors"] else ""}.
 """
-

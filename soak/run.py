@@ -65,7 +65,7 @@ from soak.partition import PartitionProxy
 from soak.plan import DB_NAME, FAULT_KINDS, LEASE_SECONDS, QUEUE, Plan, fault_schedule, job_specs
 from soak.report import judge, markdown
 from soak.two_primaries import TwinServer
-from testkit.faults import FaultRun, close_quietly, Outcome, Proc, count_events, rerun_command, seed_and_workdir
+from testkit.faults import FaultRun, Outcome, Proc, close_quietly, count_events, rerun_command, seed_and_workdir
 from testkit.procs import REPO, free_port
 from testkit.throwaway import FLAVOURS, ThrowawayServer
 
@@ -87,16 +87,16 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
         # What the faults did.
         self.stopped_pids: set[int] = set()
         self.terminated_pids: set[int] = set()
-        self.forced: set[tuple[str, int]] = set()     # (task_key, attempt) an operator requeued while running
+        self.forced: set[tuple[str, int]] = set()  # (task_key, attempt) an operator requeued while running
         self.proxy: PartitionProxy | None = None
         self.read_only_since: float | None = None
         self.read_only_grace_until = 0.0
         self.refused_while_read_only = 0
         self.held_touched: list[str] = []
         # Pauses and cancellations.
-        self.pause_windows: list[list[float]] = []    # [claims forbidden from, until] (monotonic)
+        self.pause_windows: list[list[float]] = []  # [claims forbidden from, until] (monotonic)
         self.paused_claims: list[dict] = []
-        self.actions_gave_up: list[str] = []   # a resume or a cancel that never went through
+        self.actions_gave_up: list[str] = []  # a resume or a cancel that never went through
         self.cancelled: set[str] = set()
         self.cancel_answers: Counter = Counter()
         self.own_connection_ids: set[int] = set()
@@ -107,9 +107,9 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
         self.take_back_url = ""
         self.take_back_busy = False
         self.take_back_rounds: list[str] = []
-        self.take_back_done = 0                   # rounds that got to take a job back
-        self.take_back_late: list[str] = []       # a handler started after the action answered
-        self.resumes_in_flight = 0                # resumes sent that have not answered yet
+        self.take_back_done = 0  # rounds that got to take a job back
+        self.take_back_late: list[str] = []  # a handler started after the action answered
+        self.resumes_in_flight = 0  # resumes sent that have not answered yet
 
     # --- set-up ----------------------------------------------------------------------------------
     # --- set-up ----------------------------------------------------------------------------------
@@ -117,8 +117,14 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
     def start_database(self) -> None:
         self.server.start()
         self.url = self.server.create_database(DB_NAME)
-        out = subprocess.run([sys.executable, "-m", "jobqueue.cli", "--database-url", self.url, "init-db"],
-                             capture_output=True, text=True, env=self.base_env(), cwd=REPO, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "jobqueue.cli", "--database-url", self.url, "init-db"],
+            capture_output=True,
+            text=True,
+            env=self.base_env(),
+            cwd=REPO,
+            timeout=120,
+        )
         if out.returncode != 0:
             raise RuntimeError(f"init-db failed: {out.stdout}{out.stderr}")
 
@@ -139,11 +145,30 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
         # Every other worker names its queue (it reads the paused set), the rest take every queue
         # (their list of ready queues leaves paused ones out): pauses must hold for both.
         queues = ["--queues", QUEUE] if self.worker_seq % 2 == 0 else []
-        p = Proc(name, [sys.executable, "-m", "jobqueue.cli", "--database-url", url, "worker",
-                        "--name", name, "--concurrency", str(self.plan.concurrency),
-                        "--lease-seconds", str(LEASE_SECONDS), "--grace-seconds", str(self.plan.grace_seconds),
-                        "--tasks", "soak.tasks", *queues],
-                 self.base_env(), self.logs / f"worker-{name}.log")
+        p = Proc(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "jobqueue.cli",
+                "--database-url",
+                url,
+                "worker",
+                "--name",
+                name,
+                "--concurrency",
+                str(self.plan.concurrency),
+                "--lease-seconds",
+                str(LEASE_SECONDS),
+                "--grace-seconds",
+                str(self.plan.grace_seconds),
+                "--tasks",
+                "soak.tasks",
+                *queues,
+            ],
+            self.base_env(),
+            self.logs / f"worker-{name}.log",
+        )
         p.proxied = proxied
         self.workers.append(p)
         self.all_workers.append(p)
@@ -154,20 +179,26 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
 
         self.web_port = free_port()
         env = self.base_env()
-        env.update({
-            "JOBQUEUE_DATABASE_URL": self.url,
-            "JOBQUEUE_BIND": f"127.0.0.1:{self.web_port}",
-            "JOBQUEUE_WEB_WORKERS": str(self.plan.web_workers),
-            "JOBQUEUE_WEB_THREADS": "4",
-            "JOBQUEUE_EMBEDDED_WORKERS": str(self.plan.embedded_workers),
-            "JOBQUEUE_USERS": f"soak:admin:{generate_password_hash(secrets.token_urlsafe(16))}",
-            "JOBQUEUE_SECRET_KEY": secrets.token_hex(32),
-            "JOBQUEUE_API_TOKENS": f"soak:admin:{self.token}",
-            "JOBQUEUE_LEASE_SECONDS": str(LEASE_SECONDS),
-            "JOBQUEUE_GRACE_SECONDS": "1",
-        })
-        self.web = Proc("gunicorn", [sys.executable, "-m", "gunicorn", "-c", str(REPO / "jobqueue/web/gunicorn_conf.py")],
-                        env, self.logs / "gunicorn.log")
+        env.update(
+            {
+                "JOBQUEUE_DATABASE_URL": self.url,
+                "JOBQUEUE_BIND": f"127.0.0.1:{self.web_port}",
+                "JOBQUEUE_WEB_WORKERS": str(self.plan.web_workers),
+                "JOBQUEUE_WEB_THREADS": "4",
+                "JOBQUEUE_EMBEDDED_WORKERS": str(self.plan.embedded_workers),
+                "JOBQUEUE_USERS": f"soak:admin:{generate_password_hash(secrets.token_urlsafe(16))}",
+                "JOBQUEUE_SECRET_KEY": secrets.token_hex(32),
+                "JOBQUEUE_API_TOKENS": f"soak:admin:{self.token}",
+                "JOBQUEUE_LEASE_SECONDS": str(LEASE_SECONDS),
+                "JOBQUEUE_GRACE_SECONDS": "1",
+            }
+        )
+        self.web = Proc(
+            "gunicorn",
+            [sys.executable, "-m", "gunicorn", "-c", str(REPO / "jobqueue/web/gunicorn_conf.py")],
+            env,
+            self.logs / "gunicorn.log",
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -183,8 +214,17 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
     # --- the monitor -----------------------------------------------------------------------------
 
     def _connect(self, own: bool = True) -> pymysql.Connection:
-        conn = pymysql.connect(host="127.0.0.1", port=self.server.port, user="root", password="", database=DB_NAME,
-                               autocommit=True, connect_timeout=5, read_timeout=30, write_timeout=30)
+        conn = pymysql.connect(
+            host="127.0.0.1",
+            port=self.server.port,
+            user="root",
+            password="",
+            database=DB_NAME,
+            autocommit=True,
+            connect_timeout=5,
+            read_timeout=30,
+            write_timeout=30,
+        )
         with conn.cursor() as cur:
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
             cur.execute("SELECT CONNECTION_ID()")
@@ -213,22 +253,30 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
             except pymysql.MySQLError:
                 close_quietly(conn)
                 conn = None
-                previous_start = None   # the next sample has no comparable predecessor
+                previous_start = None  # the next sample has no comparable predecessor
                 self.monitor_stop.wait(0.5)
                 continue
             # Both samples inside a pause window (after its notice time): any attempt started
             # between them was a claim from the paused queue.
             with self.lock:
                 in_pause = previous_start is not None and any(
-                    start <= previous_start and read_at <= end for start, end in self.pause_windows)
+                    start <= previous_start and read_at <= end for start, end in self.pause_windows
+                )
             counts: Counter = Counter()
             for job_id, attempts, status, owner, started_at in rows:
                 counts[status] += 1
                 before = self.watch(job_id, attempts, status)
                 if in_pause and attempts > (before[0] if before else 0):
-                    self.paused_claims.append({"id": job_id, "attempt": attempts, **({} if before else {"new": True}),
-                                               "owner": owner, "started_at": str(started_at),
-                                               "pause": self._pause_stamp(conn)})
+                    self.paused_claims.append(
+                        {
+                            "id": job_id,
+                            "attempt": attempts,
+                            **({} if before else {"new": True}),
+                            "owner": owner,
+                            "started_at": str(started_at),
+                            "pause": self._pause_stamp(conn),
+                        }
+                    )
             previous_start = started
             self.monitor_samples += 1
             self.status_counts = counts
@@ -274,7 +322,6 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
             self.web.fate = "exited"
             self.unexpected_exits.append(f"gunicorn exited with {self.web.proc.returncode}")
 
-
     # --- drain and stop --------------------------------------------------------------------------
 
     def drain(self) -> bool:
@@ -292,7 +339,7 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
         codes: dict[str, int | None] = {}
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not all(w.started() for w in self.workers if w.alive()):
-            time.sleep(0.2)   # a replacement still importing has no SIGTERM handler yet
+            time.sleep(0.2)  # a replacement still importing has no SIGTERM handler yet
         for w in self.workers:
             w.sigterm()
         for w in self.workers:
@@ -318,13 +365,23 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
                 attempt_rows = [(r[0], r[1], r[2], r[3] or "") for r in cur.fetchall()]
         finally:
             conn.close()
-        return Observed(specs=self.specs, acked=dict(self.acked), rows=rows, results=results,
-                        attempt_rows=attempt_rows, executions=read_executions(self.exec_log),
-                        attempts_backwards=self.attempts_backwards, terminal_regressions=self.terminal_regressions,
-                        cancelled=set(self.cancelled), paused_claims=list(self.paused_claims),
-                        killed_pids=self.killed_pids, stopped_pids=self.stopped_pids,
-                        terminated_pids=self.terminated_pids, partitioned_pids=self.partitioned_pids,
-                        forced=self.forced)
+        return Observed(
+            specs=self.specs,
+            acked=dict(self.acked),
+            rows=rows,
+            results=results,
+            attempt_rows=attempt_rows,
+            executions=read_executions(self.exec_log),
+            attempts_backwards=self.attempts_backwards,
+            terminal_regressions=self.terminal_regressions,
+            cancelled=set(self.cancelled),
+            paused_claims=list(self.paused_claims),
+            killed_pids=self.killed_pids,
+            stopped_pids=self.stopped_pids,
+            terminated_pids=self.terminated_pids,
+            partitioned_pids=self.partitioned_pids,
+            forced=self.forced,
+        )
 
     def fenced_late_writes(self) -> int:
         """lease_lost lines in the logs of workers that were stopped or cut off past their lease:
@@ -337,11 +394,24 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
 
     def log_counts(self) -> Counter:
         paths = [w.log_path for w in self.all_workers] + ([self.web.log_path] if self.web else [])
-        return count_events(paths, ("lease_lost", "reclaimed", "sql_error", "db_retry", "duplicate_result",
-                                    "finish_abandoned", "handler_lease_lost", "released", "claim_mismatch"))
+        return count_events(
+            paths,
+            (
+                "lease_lost",
+                "reclaimed",
+                "sql_error",
+                "db_retry",
+                "duplicate_result",
+                "finish_abandoned",
+                "handler_lease_lost",
+                "released",
+                "claim_mismatch",
+            ),
+        )
 
 
 # --- the whole run ---------------------------------------------------------------------------------
+
 
 def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
     soak = Soak(plan, seed, workdir, log=say)
@@ -386,7 +456,7 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
         drained = soak.drain()
         drain_end = time.monotonic()
         if soak.twin_worker is not None and soak.twin_worker.fate == "running" and soak.twin_worker not in soak.workers:
-            soak.workers.append(soak.twin_worker)   # the fault never ran: stopped like the others
+            soak.workers.append(soak.twin_worker)  # the fault never ran: stopped like the others
             # (after it ran, the twin worker is one of soak.workers, or was killed by a fault
             # and replaced: its exit code is that fault's, not a stop's)
         codes = soak.stop_all()
@@ -415,8 +485,13 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
             soak.twin.cleanup()
         soak.server.cleanup()
         shutil.rmtree(workdir / "mariadb" / "data", ignore_errors=True)
-    times.update(fault_start=fault_start, fault_end=fault_end, terminal_at_fault_start=terminal_at_fault_start,
-                 terminal_at_fault_end=terminal_at_fault_end, drain_end=drain_end)
+    times.update(
+        fault_start=fault_start,
+        fault_end=fault_end,
+        terminal_at_fault_start=terminal_at_fault_start,
+        terminal_at_fault_end=terminal_at_fault_end,
+        drain_end=drain_end,
+    )
     return judge(soak, schedule, obs, twin_check, drained, codes, times)
 
 
@@ -426,12 +501,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None, help="fault schedule and job mix (default: random)")
     parser.add_argument("--fault-seconds", type=float, default=None)
-    parser.add_argument("--db-crash", action="store_true",
-                        help="restart the database by SIGKILL (crash recovery) instead of a clean stop")
-    parser.add_argument("--server", choices=sorted(FLAVOURS), default="mariadb",
-                        help="the throwaway server: the machine's MariaDB, or the MySQL or MariaDB 11.8 root")
-    parser.add_argument("--out", default=None,
-                        help="markdown report (default docs/soak.md; with --quick, none)")
+    parser.add_argument(
+        "--db-crash",
+        action="store_true",
+        help="restart the database by SIGKILL (crash recovery) instead of a clean stop",
+    )
+    parser.add_argument(
+        "--server",
+        choices=sorted(FLAVOURS),
+        default="mariadb",
+        help="the throwaway server: the machine's MariaDB, or the MySQL or MariaDB 11.8 root",
+    )
+    parser.add_argument("--out", default=None, help="markdown report (default docs/soak.md; with --quick, none)")
     parser.add_argument("--workdir", default=None, help="logs and results.json (default test-artifacts/soak-<time>)")
     args = parser.parse_args(argv)
 

@@ -28,16 +28,16 @@ from pathlib import Path
 from jobqueue.core.db import PEER_CHECK_SECONDS
 from testkit.throwaway import ThrowawayServer
 
-NAME = "twin"        # the worker's --name: its lease owners read host:pid:twin:slot
+NAME = "twin"  # the worker's --name: its lease owners read host:pid:twin:slot
 DECOYS = 20
-MAX_DETECTION_SECONDS = 2 * PEER_CHECK_SECONDS + 2   # a look's period, and a loaded machine's slowness
+MAX_DETECTION_SECONDS = 2 * PEER_CHECK_SECONDS + 2  # a look's period, and a loaded machine's slowness
 SEEN = re.compile(r"^(\S+ \S+),(\d+) ERROR jobqueue.worker event=split_brain ", re.M)
 
 
 @dataclass
 class Spell:
-    writable_at: datetime        # the primary's clock, when the twin was made writable
-    writable_wall: float         # time.time() then
+    writable_at: datetime  # the primary's clock, when the twin was made writable
+    writable_wall: float  # time.time() then
     read_only_at: datetime | None = None
 
 
@@ -61,19 +61,31 @@ class TwinServer:
     def start(self, env: dict, repo: Path, then) -> None:
         """Start, migrate and seed the twin in a thread of its own (it takes seconds), read-only;
         then call `then()`."""
+
         def run() -> None:
             try:
                 self.server.start()
                 url = self.server.create_database(self.database)
-                out = subprocess.run([sys.executable, "-m", "jobqueue.cli", "--database-url", url, "init-db"],
-                                     capture_output=True, text=True, env=env, cwd=repo, timeout=120)
+                out = subprocess.run(
+                    [sys.executable, "-m", "jobqueue.cli", "--database-url", url, "init-db"],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    cwd=repo,
+                    timeout=120,
+                )
                 if out.returncode != 0:
                     raise RuntimeError(f"init-db on the twin failed: {out.stdout}{out.stderr}")
-                values = ", ".join(f"('twin-decoy-{n}', 'soak', 'default', 0, '{{\"kind\": \"noop\"}}', 'ready', "
-                                   "UTC_TIMESTAMP(6), 0, 4, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))" for n in range(DECOYS))
-                self.server.execute("INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, "
-                                    f"run_at, attempts, max_attempts, created_at, updated_at) VALUES {values}",
-                                    database=self.database)
+                values = ", ".join(
+                    f"('twin-decoy-{n}', 'soak', 'default', 0, '{{\"kind\": \"noop\"}}', 'ready', "
+                    "UTC_TIMESTAMP(6), 0, 4, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
+                    for n in range(DECOYS)
+                )
+                self.server.execute(
+                    "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, "
+                    f"run_at, attempts, max_attempts, created_at, updated_at) VALUES {values}",
+                    database=self.database,
+                )
                 self.server.execute("SET GLOBAL read_only = ON")
                 then()
             except Exception as exc:
@@ -91,8 +103,9 @@ class TwinServer:
 
     def check(self, primary, worker_log: str) -> dict:
         """Numbers and problems, read from the primary (a pymysql connection) and the twin."""
-        claimed_on_twin = self.server.execute("SELECT COUNT(*) FROM job_queue WHERE attempts > 0 OR status <> 'ready'",
-                                              database=self.database)[0][0]
+        claimed_on_twin = self.server.execute(
+            "SELECT COUNT(*) FROM job_queue WHERE attempts > 0 OR status <> 'ready'", database=self.database
+        )[0][0]
         registered_on_twin = self.server.execute("SELECT COUNT(*) FROM worker_process", database=self.database)[0][0]
         owner = f"%:{NAME}:%"
         forbidden, delays, late = 0, [], 0
@@ -106,8 +119,10 @@ class TwinServer:
                     delay = MAX_DETECTION_SECONDS
                 # From the line on (on the primary's clock, the same host's), no claim may start.
                 since, until = spell.writable_at + timedelta(seconds=delay), spell.read_only_at
-                for sql in ("SELECT COUNT(*) FROM job_queue WHERE lease_owner LIKE %s AND started_at BETWEEN %s AND %s",
-                            "SELECT COUNT(*) FROM job_attempt WHERE worker LIKE %s AND started_at BETWEEN %s AND %s"):
+                for sql in (
+                    "SELECT COUNT(*) FROM job_queue WHERE lease_owner LIKE %s AND started_at BETWEEN %s AND %s",
+                    "SELECT COUNT(*) FROM job_attempt WHERE worker LIKE %s AND started_at BETWEEN %s AND %s",
+                ):
                     cur.execute(sql, (owner, since, until))
                     forbidden += cur.fetchone()[0]
             cur.execute("SELECT COUNT(*) FROM job_queue WHERE lease_owner LIKE %s", (owner,))
@@ -119,15 +134,19 @@ class TwinServer:
             problems["claimed_while_two_primaries"] = forbidden
         if late:
             problems["split_brain_not_seen_in_time"] = late
-        return {"problems": problems,
-                "numbers": {"spells": len(self.spells), "detection_seconds": delays,
-                            "writable_seconds": [round((s.read_only_at - s.writable_at).total_seconds(), 1)
-                                                 for s in self.spells],
-                            "claimed_on_twin": claimed_on_twin, "registered_on_twin": registered_on_twin,
-                            "claimed_on_primary_while_both_writable": forbidden,
-                            "jobs_last_claimed_by_the_twin_worker": claimed_by_twin_worker,
-                            "split_brain_log_lines": worker_log.count("event=split_brain ")}}
+        return {
+            "problems": problems,
+            "numbers": {
+                "spells": len(self.spells),
+                "detection_seconds": delays,
+                "writable_seconds": [round((s.read_only_at - s.writable_at).total_seconds(), 1) for s in self.spells],
+                "claimed_on_twin": claimed_on_twin,
+                "registered_on_twin": registered_on_twin,
+                "claimed_on_primary_while_both_writable": forbidden,
+                "jobs_last_claimed_by_the_twin_worker": claimed_by_twin_worker,
+                "split_brain_log_lines": worker_log.count("event=split_brain "),
+            },
+        }
 
     def cleanup(self) -> None:
         self.server.cleanup()
-

@@ -42,7 +42,7 @@ class Proc:
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         self.pid = self.proc.pid
-        self.fate = "running"          # running | killed | terminated | stopped-then-continued | exited
+        self.fate = "running"  # running | killed | terminated | stopped-then-continued | exited
         self.stopped = False
         self.sigterm_sent = False
         self._started = False
@@ -96,8 +96,9 @@ def gunicorn_children(master_pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
-def http_json(conn: http.client.HTTPConnection, token: str, method: str, path: str, body: dict | None
-              ) -> tuple[int, dict]:
+def http_json(
+    conn: http.client.HTTPConnection, token: str, method: str, path: str, body: dict | None
+) -> tuple[int, dict]:
     """One request with the API token: (status, the answer's JSON, or its first bytes as "raw")."""
     headers = {"Authorization": f"Bearer {token}"}
     data = None
@@ -189,7 +190,7 @@ class FaultRun:
         self.killed_pids: set[int] = set()
         self.partitioned_pids: set[int] = set()
         self.unexpected_exits: list[str] = []
-        self.action_threads: list[threading.Thread] = []   # replays, cancels, resumes
+        self.action_threads: list[threading.Thread] = []  # replays, cancels, resumes
         # The monitor's view.
         self.monitor_stop = threading.Event()
         self.last_seen: dict[int, tuple[int, str]] = {}
@@ -217,11 +218,13 @@ class FaultRun:
 
     def guarded(self, fn):
         """`fn` for a thread of the harness: a crash is reported (and fails the run), not lost."""
+
         def run():
             try:
                 fn()
             except Exception:
                 self.fault_errors.append(f"thread {threading.current_thread().name} crashed:\n{traceback.format_exc()}")
+
         return run
 
     def spawn(self, fn, name: str) -> threading.Thread:
@@ -236,8 +239,9 @@ class FaultRun:
             if outcome == "ok":
                 self.acked[spec.task_key] = int(answer["id"])
                 if answer.get("duplicate"):
-                    self.fresh_duplicates["after a client retry" if answer.get("_tries", 1) > 1
-                                          else "in one request"] += 1
+                    self.fresh_duplicates[
+                        "after a client retry" if answer.get("_tries", 1) > 1 else "in one request"
+                    ] += 1
             elif outcome == "rejected":
                 self.enqueue_rejected.append(f"{spec.task_key} via {spec.via}: {answer}")
             else:
@@ -250,30 +254,39 @@ class FaultRun:
         if before is not None:
             if attempts < before[0]:
                 self.attempts_backwards.append({"id": job_id, "from": before[0], "to": attempts})
-            if before[1] in self.TERMINAL and status != before[1] \
-                    and not (before[1] == "failed" and status == "cancelled"):
+            if (
+                before[1] in self.TERMINAL
+                and status != before[1]
+                and not (before[1] == "failed" and status == "cancelled")
+            ):
                 self.terminal_regressions.append({"id": job_id, "from": before[1], "to": status})
         self.last_seen[job_id] = (attempts, status)
         return before
 
     def progress(self) -> None:
         c = self.status_counts
-        self.say(f"[{time.monotonic() - self.t0:6.1f}s] acked {len(self.acked)}/{len(self.specs)}  "
-                 + " ".join(f"{s} {c.get(s, 0)}" for s in ("ready", "scheduled", "running", "done", "failed"))
-                 + f"  faults {sum(v for k, v in self.faults.items() if k in self.FAULT_KINDS)}"
-                 + self.progress_suffix())
+        self.say(
+            f"[{time.monotonic() - self.t0:6.1f}s] acked {len(self.acked)}/{len(self.specs)}  "
+            + " ".join(f"{s} {c.get(s, 0)}" for s in ("ready", "scheduled", "running", "done", "failed"))
+            + f"  faults {sum(v for k, v in self.faults.items() if k in self.FAULT_KINDS)}"
+            + self.progress_suffix()
+        )
 
     # --- the schedule ----------------------------------------------------------------------------
 
     def announce(self, name: str, schedule: list[tuple[float, str]], window: float) -> None:
         """schedule.json in the workdir, and the run's first line."""
         (self.workdir / "schedule.json").write_text(
-            json.dumps([{"at": round(t, 2), "fault": k} for t, k in schedule], indent=1))
-        self.say(f"{name}: {self.plan.jobs} jobs, seed {self.seed}, {len(schedule)} scheduled faults over {window:g} s; "
-                 f"logs in {self.workdir}")
+            json.dumps([{"at": round(t, 2), "fault": k} for t, k in schedule], indent=1)
+        )
+        self.say(
+            f"{name}: {self.plan.jobs} jobs, seed {self.seed}, {len(schedule)} scheduled faults over {window:g} s; "
+            f"logs in {self.workdir}"
+        )
 
-    def run_faults(self, schedule: list[tuple[float, str]], start: float | None = None,
-                   with_traceback: bool = False) -> None:
+    def run_faults(
+        self, schedule: list[tuple[float, str]], start: float | None = None, with_traceback: bool = False
+    ) -> None:
         """Run the schedule (seconds after `start`, fault kind) in real time; durational faults
         (stops, holds, cut links) end from the same loop."""
         start = time.monotonic() if start is None else start
@@ -314,9 +327,10 @@ class FaultRun:
                     continue
                 self.fault_errors.append(f"{kind}: {exc} ({NOT_NOW_TRIES} tries)")
                 self.note(f"{kind} not injected: {exc}")
-            except Exception as exc:   # a fault that could not be injected is reported, not fatal
-                self.fault_errors.append(f"{kind}: {type(exc).__name__}: {exc}"
-                                         + (f"\n{traceback.format_exc()}" if with_traceback else ""))
+            except Exception as exc:  # a fault that could not be injected is reported, not fatal
+                self.fault_errors.append(
+                    f"{kind}: {type(exc).__name__}: {exc}" + (f"\n{traceback.format_exc()}" if with_traceback else "")
+                )
                 self.note(f"{kind} not injected: {exc}")
             self.check_unexpected_exits()
 
@@ -404,22 +418,29 @@ class FaultRun:
     def conclude(self, name: str, summary: str, problems: dict, numbers: dict, table) -> Outcome:
         """The verdict line (`<name> PASS: <summary>`), results.json and faults.log in the workdir."""
         passed = not problems
-        verdict = (f"{name} {'PASS' if passed else 'FAIL'}: {summary}"
-                   + ("" if passed else f"; problems: {', '.join(f'{k}={v}' for k, v in problems.items())}"))
-        (self.workdir / "results.json").write_text(json.dumps({"verdict": verdict, "passed": passed, **numbers},
-                                                              indent=1, default=str))
+        verdict = f"{name} {'PASS' if passed else 'FAIL'}: {summary}" + (
+            "" if passed else f"; problems: {', '.join(f'{k}={v}' for k, v in problems.items())}"
+        )
+        (self.workdir / "results.json").write_text(
+            json.dumps({"verdict": verdict, "passed": passed, **numbers}, indent=1, default=str)
+        )
         (self.workdir / "faults.log").write_text("\n".join(self.fault_log) + "\n")
         return Outcome(passed, verdict, table(numbers), numbers)
 
-    def common_problems(self, findings, drained: bool, codes: dict, schedule: list[tuple[float, str]]
-                        ) -> tuple[dict, dict, list[str]]:
+    def common_problems(
+        self, findings, drained: bool, codes: dict, schedule: list[tuple[float, str]]
+    ) -> tuple[dict, dict, list[str]]:
         """The problems every run judges the same way: (problems, non-zero exit codes, faults
         scheduled but never injected)."""
         problems = dict(findings.violations())
         if not drained:
             problems["drain_timed_out"] = 1
-        for name, items in (("enqueue_gave_up", self.enqueue_gave_up), ("enqueue_rejected", self.enqueue_rejected),
-                            ("replay_mismatches", self.replay_mismatches), ("unexpected_exits", self.unexpected_exits)):
+        for name, items in (
+            ("enqueue_gave_up", self.enqueue_gave_up),
+            ("enqueue_rejected", self.enqueue_rejected),
+            ("replay_mismatches", self.replay_mismatches),
+            ("unexpected_exits", self.unexpected_exits),
+        ):
             if items:
                 problems[name] = len(items)
         bad_codes = {k: v for k, v in codes.items() if v != 0}

@@ -12,7 +12,15 @@ def hold_rows(engine, ids):
     conn.begin()
     # FORCE INDEX: on a table this small the optimizer would rather scan the whole table, and a
     # locking scan locks every row it reads, not only the matching ones.
-    got = conn.execute(sa.text("SELECT id FROM job_queue FORCE INDEX (PRIMARY) WHERE id IN :ids FOR UPDATE")
-                       .bindparams(sa.bindparam("ids", expanding=True)), {"ids": list(ids)}).scalars().all()
+    got = (
+        conn.execute(
+            sa.text("SELECT id FROM job_queue FORCE INDEX (PRIMARY) WHERE id IN :ids FOR UPDATE").bindparams(
+                sa.bindparam("ids", expanding=True)
+            ),
+            {"ids": list(ids)},
+        )
+        .scalars()
+        .all()
+    )
     assert sorted(got) == sorted(ids)
     return conn

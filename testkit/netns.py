@@ -86,10 +86,10 @@ def netns_unavailable_reason() -> str | None:
 
 @dataclass(frozen=True)
 class Host:
-    name: str          # as the test calls it: "app", "db"
-    netns: str         # the namespace: jqt-<token>-<name>
-    address: str       # its eth0 address in the network's /24
-    veth: str          # the bridge side of its veth pair, in the root namespace
+    name: str  # as the test calls it: "app", "db"
+    netns: str  # the namespace: jqt-<token>-<name>
+    address: str  # its eth0 address in the network's /24
+    veth: str  # the bridge side of its veth pair, in the root namespace
 
 
 class HostNetwork:
@@ -100,13 +100,13 @@ class HostNetwork:
         if reason:
             raise RuntimeError(reason)
         self.token = secrets.token_hex(3)
-        self.prefix = f"jqt-{self.token}-"            # every namespace's name starts with it
-        self.bridge = f"jqt{self.token}br"            # interface names are limited to 15 bytes
+        self.prefix = f"jqt-{self.token}-"  # every namespace's name starts with it
+        self.bridge = f"jqt{self.token}br"  # interface names are limited to 15 bytes
         self.hosts: dict[str, Host] = {}
         self._processes: list[subprocess.Popen] = []
         self._servers: list[ThrowawayMariaDB] = []
         self._cleaned = False
-        atexit.register(self.cleanup)                 # registered first: a failure below still cleans up
+        atexit.register(self.cleanup)  # registered first: a failure below still cleans up
         self.subnet = _pick_free_subnet()
         self.root_address = str(self.subnet.network_address + 1)
         _ip("link", "add", "name", self.bridge, "type", "bridge")
@@ -126,9 +126,13 @@ class HostNetwork:
         number = len(self.hosts)
         if number >= 250:
             raise ValueError("at most 250 hosts in one /24")
-        host = Host(name=name, netns=self.prefix + name, address=str(self.subnet.network_address + 2 + number),
-                    veth=f"jqt{self.token}v{number}")
-        self.hosts[name] = host   # before creating: cleanup() removes a half-made host too
+        host = Host(
+            name=name,
+            netns=self.prefix + name,
+            address=str(self.subnet.network_address + 2 + number),
+            veth=f"jqt{self.token}v{number}",
+        )
+        self.hosts[name] = host  # before creating: cleanup() removes a half-made host too
         _ip("netns", "add", host.netns)
         _ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
         _ip("link", "set", host.veth, "addrgenmode", "none", "master", self.bridge)
@@ -167,8 +171,9 @@ class HostNetwork:
     def mariadb(self, name: str, base_dir: Path | str, *extra_args: str, **options) -> ThrowawayMariaDB:
         """A ThrowawayMariaDB (not started) that runs on that host and binds to its address;
         stopped at cleanup() if still running."""
-        server = ThrowawayMariaDB(base_dir, *extra_args, host=self.address(name),
-                                  command_prefix=self.exec_prefix(name), **options)
+        server = ThrowawayMariaDB(
+            base_dir, *extra_args, host=self.address(name), command_prefix=self.exec_prefix(name), **options
+        )
         self._servers.append(server)
         return server
 
@@ -197,12 +202,12 @@ class HostNetwork:
         self._cleaned = True
         atexit.unregister(self.cleanup)
         for server in self._servers:
-            server.cleanup()          # a clean shutdown while its namespace still exists
+            server.cleanup()  # a clean shutdown while its namespace still exists
         for process in self._processes:
             _end(process)
         for host in self.hosts.values():
             _remove_namespace(host.netns)
-            _ip("link", "del", host.veth, check=False)   # gone with the namespace, unless a process held it
+            _ip("link", "del", host.veth, check=False)  # gone with the namespace, unless a process held it
         _ip("link", "del", self.bridge, check=False)
 
     def __enter__(self) -> HostNetwork:
@@ -217,6 +222,7 @@ class HostNetwork:
 
 
 # --- helpers -------------------------------------------------------------------------------------
+
 
 def _ip(*args: str, check: bool = True) -> str:
     result = subprocess.run([IP, *args], capture_output=True, text=True, timeout=30)
@@ -276,8 +282,8 @@ def remove_stale_networks() -> list[str]:
         if not match or not alias.startswith(_ALIAS):
             continue
         try:
-            os.kill(int(alias[len(_ALIAS):]), 0)
-            continue                              # its creator still runs
+            os.kill(int(alias[len(_ALIAS) :]), 0)
+            continue  # its creator still runs
         except ProcessLookupError:
             pass
         except PermissionError:

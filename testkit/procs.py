@@ -24,8 +24,14 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 def jobqueue(url: str, *args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run one `jobqueue` command to completion."""
-    return subprocess.run([sys.executable, "-m", "jobqueue.cli", "--database-url", url, *args],
-                          capture_output=True, text=True, env=env or cli_env(), cwd=REPO, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "jobqueue.cli", "--database-url", url, *args],
+        capture_output=True,
+        text=True,
+        env=env or cli_env(),
+        cwd=REPO,
+        timeout=timeout,
+    )
 
 
 class WorkerProcess:
@@ -39,9 +45,24 @@ class WorkerProcess:
         self.log_path = log_dir / f"worker-{name}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jobqueue.cli", "--database-url", url, "worker", "--name", name,
-             "--tasks", "testkit.tasks", *args],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+            [
+                sys.executable,
+                "-m",
+                "jobqueue.cli",
+                "--database-url",
+                url,
+                "worker",
+                "--name",
+                name,
+                "--tasks",
+                "testkit.tasks",
+                *args,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+        )
 
     def log(self) -> str:
         return self.log_path.read_text()
@@ -55,8 +76,9 @@ class WorkerProcess:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.05)
-        raise AssertionError(f"{pattern!r} not in the log of worker {self.name} "
-                             f"(exit code {self.proc.poll()}):\n{self.log()[-3000:]}")
+        raise AssertionError(
+            f"{pattern!r} not in the log of worker {self.name} (exit code {self.proc.poll()}):\n{self.log()[-3000:]}"
+        )
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -108,9 +130,20 @@ def free_port() -> int:
 class GunicornServer:
     """The dashboard for real: gunicorn with our config file, embedded workers and the reaper."""
 
-    def __init__(self, url: str, log_dir: Path, *, web_workers: int = 2, embedded_workers: int = 2,
-                 extra_env: dict | None = None, tls: tuple[Path, Path] | None = None, name: str = "gunicorn",
-                 app_uri: str | None = None, chdir: Path | None = None, ready_path: str = "/healthz"):
+    def __init__(
+        self,
+        url: str,
+        log_dir: Path,
+        *,
+        web_workers: int = 2,
+        embedded_workers: int = 2,
+        extra_env: dict | None = None,
+        tls: tuple[Path, Path] | None = None,
+        name: str = "gunicorn",
+        app_uri: str | None = None,
+        chdir: Path | None = None,
+        ready_path: str = "/healthz",
+    ):
         import ssl
         import urllib.request
 
@@ -120,9 +153,14 @@ class GunicornServer:
         self.ssl_context = ssl._create_unverified_context() if tls else None
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "w")
-        env = cli_env(JOBQUEUE_DATABASE_URL=url, JOBQUEUE_BIND=f"127.0.0.1:{self.port}", JOBQUEUE_LOG_LEVEL="DEBUG",
-                      JOBQUEUE_WEB_WORKERS=str(web_workers), JOBQUEUE_EMBEDDED_WORKERS=str(embedded_workers),
-                      JOBQUEUE_TASKS="testkit.tasks")
+        env = cli_env(
+            JOBQUEUE_DATABASE_URL=url,
+            JOBQUEUE_BIND=f"127.0.0.1:{self.port}",
+            JOBQUEUE_LOG_LEVEL="DEBUG",
+            JOBQUEUE_WEB_WORKERS=str(web_workers),
+            JOBQUEUE_EMBEDDED_WORKERS=str(embedded_workers),
+            JOBQUEUE_TASKS="testkit.tasks",
+        )
         if tls:
             env.update(JOBQUEUE_TLS_CERT=str(tls[0]), JOBQUEUE_TLS_KEY=str(tls[1]))
         env.update(extra_env or {})
@@ -130,8 +168,9 @@ class GunicornServer:
         command = [sys.executable, "-m", "gunicorn", "-c", str(REPO / "jobqueue/web/gunicorn_conf.py")]
         if chdir is not None:
             command += ["--chdir", str(chdir)]
-        self.proc = subprocess.Popen(command + ([app_uri] if app_uri else []),
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        self.proc = subprocess.Popen(
+            command + ([app_uri] if app_uri else []), stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO
+        )
         deadline = time.monotonic() + 30
         while True:
             try:

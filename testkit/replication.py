@@ -90,34 +90,47 @@ HEARTBEAT_USER = "testkit_heartbeat"
 HEARTBEAT_PASSWORD = "heartbeat-pw"
 HEARTBEAT_DATABASE = "testkit_heartbeat"
 
+
 @dataclass(frozen=True)
 class _Dialect:
     """What differs between MariaDB and MySQL in setting up and watching replication."""
+
     mysql: bool
 
     def binlog_args(self) -> list[str]:
         """The same on every server, so that any replica can become the primary."""
-        common = ["--log-bin=binlog",          # fixed names: the default ones carry the host name
-                  "--relay-log=relay-bin",
-                  "--binlog-format=ROW"]
+        common = [
+            "--log-bin=binlog",  # fixed names: the default ones carry the host name
+            "--relay-log=relay-bin",
+            "--binlog-format=ROW",
+        ]
         if self.mysql:
-            return [*common, "--log-replica-updates", "--gtid-mode=ON", "--enforce-gtid-consistency=ON",
-                    "--plugin-load-add=mysql_clone.so"]     # demote(rebuild=True)
-        return [*common,
-                "--log-slave-updates",       # a replica's binlog holds what it applied: it can serve replicas
-                "--gtid-strict-mode=ON"]     # out-of-order or extra GTIDs are an error, not silent divergence
+            return [
+                *common,
+                "--log-replica-updates",
+                "--gtid-mode=ON",
+                "--enforce-gtid-consistency=ON",
+                "--plugin-load-add=mysql_clone.so",
+            ]  # demote(rebuild=True)
+        return [
+            *common,
+            "--log-slave-updates",  # a replica's binlog holds what it applied: it can serve replicas
+            "--gtid-strict-mode=ON",
+        ]  # out-of-order or extra GTIDs are an error, not silent divergence
 
     def semi_sync_args(self, role: str, timeout_ms: int) -> list[str]:
         primary = role == "primary"
         source, replica = ("source", "replica") if self.mysql else ("master", "slave")
-        plugins = ["--plugin-load-add=semisync_source.so", "--plugin-load-add=semisync_replica.so"] if self.mysql else []
+        plugins = (
+            ["--plugin-load-add=semisync_source.so", "--plugin-load-add=semisync_replica.so"] if self.mysql else []
+        )
         return [
             *plugins,
             f"--rpl-semi-sync-{source}-enabled={'ON' if primary else 'OFF'}",
             f"--rpl-semi-sync-{replica}-enabled={'OFF' if primary else 'ON'}",
             f"--rpl-semi-sync-{source}-timeout={timeout_ms}",
-            f"--rpl-semi-sync-{source}-wait-no-{replica}=OFF",   # see the module docstring
-            f"--rpl-semi-sync-{source}-wait-point=AFTER_SYNC",   # acked before the commit is visible
+            f"--rpl-semi-sync-{source}-wait-no-{replica}=OFF",  # see the module docstring
+            f"--rpl-semi-sync-{source}-wait-point=AFTER_SYNC",  # acked before the commit is visible
         ]
 
     def semi_sync_variable(self, role: str) -> str:
@@ -134,13 +147,17 @@ class _Dialect:
 
     def change_source(self, primary: ThrowawayServer) -> str:
         if self.mysql:
-            return (f"CHANGE REPLICATION SOURCE TO SOURCE_HOST='{primary.host}', SOURCE_PORT={primary.port}, "
-                    f"SOURCE_USER='{REPLICATION_USER}', SOURCE_PASSWORD='{REPLICATION_PASSWORD}', "
-                    # MySQL gives up reconnecting after 10 tries (MariaDB after 100,000).
-                    "SOURCE_AUTO_POSITION=1, SOURCE_CONNECT_RETRY=1, SOURCE_RETRY_COUNT=86400, GET_SOURCE_PUBLIC_KEY=1")
-        return (f"CHANGE MASTER TO MASTER_HOST='{primary.host}', MASTER_PORT={primary.port}, "
-                f"MASTER_USER='{REPLICATION_USER}', MASTER_PASSWORD='{REPLICATION_PASSWORD}', "
-                "MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1")
+            return (
+                f"CHANGE REPLICATION SOURCE TO SOURCE_HOST='{primary.host}', SOURCE_PORT={primary.port}, "
+                f"SOURCE_USER='{REPLICATION_USER}', SOURCE_PASSWORD='{REPLICATION_PASSWORD}', "
+                # MySQL gives up reconnecting after 10 tries (MariaDB after 100,000).
+                "SOURCE_AUTO_POSITION=1, SOURCE_CONNECT_RETRY=1, SOURCE_RETRY_COUNT=86400, GET_SOURCE_PUBLIC_KEY=1"
+            )
+        return (
+            f"CHANGE MASTER TO MASTER_HOST='{primary.host}', MASTER_PORT={primary.port}, "
+            f"MASTER_USER='{REPLICATION_USER}', MASTER_PASSWORD='{REPLICATION_PASSWORD}', "
+            "MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1"
+        )
 
     def replica(self, verb: str) -> str:
         """STOP / START / RESET ... ALL / SHOW ... STATUS, with an optional tail (SQL_THREAD)."""
@@ -164,16 +181,18 @@ def dialect(server: ThrowawayServer) -> _Dialect:
 
 # --- what a server reports -----------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ReplicaStatus:
     """The parts of SHOW SLAVE STATUS / SHOW REPLICA STATUS (and the GTID variables) that tests
     look at, under MariaDB's names; on MySQL the positions are GTID sets."""
-    seconds_behind_master: int | None   # NULL (None) whenever the SQL or IO thread is not running
-    io_running: str                     # "Yes", "No" or "Connecting"
-    sql_running: str                    # "Yes" or "No"
-    gtid_io_pos: str                    # received by the IO thread (MySQL: Retrieved_Gtid_Set)
-    gtid_slave_pos: str                 # applied by the SQL thread (MySQL: gtid_executed)
-    gtid_binlog_pos: str                # in this server's own binlog (MySQL: gtid_executed)
+
+    seconds_behind_master: int | None  # NULL (None) whenever the SQL or IO thread is not running
+    io_running: str  # "Yes", "No" or "Connecting"
+    sql_running: str  # "Yes" or "No"
+    gtid_io_pos: str  # received by the IO thread (MySQL: Retrieved_Gtid_Set)
+    gtid_slave_pos: str  # applied by the SQL thread (MySQL: gtid_executed)
+    gtid_binlog_pos: str  # in this server's own binlog (MySQL: gtid_executed)
     master_host: str
     master_port: int
     last_io_error: str
@@ -204,17 +223,28 @@ def replica_status(server: ThrowawayServer) -> ReplicaStatus | None:
     if mysql:
         return ReplicaStatus(
             seconds_behind_master=row["Seconds_Behind_Source"],
-            io_running=row["Replica_IO_Running"], sql_running=row["Replica_SQL_Running"],
-            gtid_io_pos=_gtid_set(row["Retrieved_Gtid_Set"]), gtid_slave_pos=_gtid_set(gtid["slave_pos"]),
+            io_running=row["Replica_IO_Running"],
+            sql_running=row["Replica_SQL_Running"],
+            gtid_io_pos=_gtid_set(row["Retrieved_Gtid_Set"]),
+            gtid_slave_pos=_gtid_set(gtid["slave_pos"]),
             gtid_binlog_pos=_gtid_set(gtid["binlog_pos"]),
-            master_host=row["Source_Host"], master_port=int(row["Source_Port"]),
-            last_io_error=row["Last_IO_Error"], last_sql_error=row["Last_SQL_Error"])
+            master_host=row["Source_Host"],
+            master_port=int(row["Source_Port"]),
+            last_io_error=row["Last_IO_Error"],
+            last_sql_error=row["Last_SQL_Error"],
+        )
     return ReplicaStatus(
         seconds_behind_master=row["Seconds_Behind_Master"],
-        io_running=row["Slave_IO_Running"], sql_running=row["Slave_SQL_Running"],
-        gtid_io_pos=row["Gtid_IO_Pos"], gtid_slave_pos=gtid["slave_pos"], gtid_binlog_pos=gtid["binlog_pos"],
-        master_host=row["Master_Host"], master_port=int(row["Master_Port"]),
-        last_io_error=row["Last_IO_Error"], last_sql_error=row["Last_SQL_Error"])
+        io_running=row["Slave_IO_Running"],
+        sql_running=row["Slave_SQL_Running"],
+        gtid_io_pos=row["Gtid_IO_Pos"],
+        gtid_slave_pos=gtid["slave_pos"],
+        gtid_binlog_pos=gtid["binlog_pos"],
+        master_host=row["Master_Host"],
+        master_port=int(row["Master_Port"]),
+        last_io_error=row["Last_IO_Error"],
+        last_sql_error=row["Last_SQL_Error"],
+    )
 
 
 def gtid_binlog_pos(server: ThrowawayServer) -> str:
@@ -223,7 +253,7 @@ def gtid_binlog_pos(server: ThrowawayServer) -> str:
 
 
 def _gtid_set(value: str) -> str:
-    return value.replace("\n", "")    # MySQL breaks a long GTID set over lines
+    return value.replace("\n", "")  # MySQL breaks a long GTID set over lines
 
 
 def _extra_gtids(server: ThrowawayServer, primary: ThrowawayServer) -> str:
@@ -231,8 +261,9 @@ def _extra_gtids(server: ThrowawayServer, primary: ThrowawayServer) -> str:
     GTID_SUBTRACT; on MariaDB, per domain and server id, the sequence numbers past the primary's
     (gtid_binlog_state keeps the last of each; with gtid_strict_mode they only grow)."""
     if server.is_mysql:
-        return _gtid_set(server.execute(
-            f"SELECT GTID_SUBTRACT(@@GLOBAL.gtid_executed, '{gtid_binlog_pos(primary)}')")[0][0])
+        return _gtid_set(
+            server.execute(f"SELECT GTID_SUBTRACT(@@GLOBAL.gtid_executed, '{gtid_binlog_pos(primary)}')")[0][0]
+        )
 
     def last(s: ThrowawayServer) -> dict[tuple[str, str], int]:
         state = s.execute("SELECT @@GLOBAL.gtid_binlog_state")[0][0] or ""
@@ -253,15 +284,17 @@ def _extra_gtids(server: ThrowawayServer, primary: ThrowawayServer) -> str:
 
 # --- what a server executed ----------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class LoggedCommand:
     """One entry of a general log."""
-    run: int               # 0 for the first start of the server, 1 after the first restart, ...
-    thread_id: int         # connection id (they start again at each run)
-    command: str           # "Connect", "Query", "Execute", "Quit", "Init DB", "Connect Out", ...
-    argument: str          # the statement for Query/Execute, may span lines
-    user: str | None       # "root@127.0.0.1" from the thread's Connect line; None for server
-                           # threads (a replica's SQL thread) that never log a Connect
+
+    run: int  # 0 for the first start of the server, 1 after the first restart, ...
+    thread_id: int  # connection id (they start again at each run)
+    command: str  # "Connect", "Query", "Execute", "Quit", "Init DB", "Connect Out", ...
+    argument: str  # the statement for Query/Execute, may span lines
+    user: str | None  # "root@127.0.0.1" from the thread's Connect line; None for server
+    # threads (a replica's SQL thread) that never log a Connect
 
 
 # An entry starts with a date and time (MariaDB: only when the second changed, else two tabs;
@@ -282,7 +315,7 @@ def read_general_log(source: ThrowawayServer | Path | str) -> list[LoggedCommand
     entries: list[LoggedCommand] = []
     run = -1
     users: dict[int, str] = {}
-    pending: list | None = None    # [run, thread, command, argument lines, user]
+    pending: list | None = None  # [run, thread, command, argument lines, user]
 
     def flush():
         if pending is not None:
@@ -314,8 +347,9 @@ def read_general_log(source: ThrowawayServer | Path | str) -> list[LoggedCommand
     return entries
 
 
-def executed_statements(server: ThrowawayServer, pattern: str | None = None, *,
-                        clients_only: bool = True, include_heartbeat: bool = False) -> list[str]:
+def executed_statements(
+    server: ThrowawayServer, pattern: str | None = None, *, clients_only: bool = True, include_heartbeat: bool = False
+) -> list[str]:
     """The statements the server ran (Query and Execute entries of its general log), in order;
     with `pattern`, only those matching that regular expression (case-insensitive, searched).
     `clients_only` leaves out server threads: what a replica's SQL thread applied. The cluster's
@@ -325,19 +359,22 @@ def executed_statements(server: ThrowawayServer, pattern: str | None = None, *,
     """
     wanted = re.compile(pattern, re.IGNORECASE | re.DOTALL) if pattern else None
     heartbeat_user = HEARTBEAT_USER + "@"
-    return [e.argument for e in read_general_log(server)
-            if e.command in ("Query", "Execute")
-            and (e.user is not None or not clients_only)
-            and (include_heartbeat or not (e.user or "").startswith(heartbeat_user))
-            and (wanted is None or wanted.search(e.argument))]
+    return [
+        e.argument
+        for e in read_general_log(server)
+        if e.command in ("Query", "Execute")
+        and (e.user is not None or not clients_only)
+        and (include_heartbeat or not (e.user or "").startswith(heartbeat_user))
+        and (wanted is None or wanted.search(e.argument))
+    ]
 
 
 @dataclass(frozen=True)
 class BinlogEvent:
     log_name: str
     pos: int
-    event_type: str       # "Gtid", "Query", "Table_map", "Write_rows_v1", "Xid", ...
-    server_id: int        # the server where the transaction was first written
+    event_type: str  # "Gtid", "Query", "Table_map", "Write_rows_v1", "Xid", ...
+    server_id: int  # the server where the transaction was first written
     end_log_pos: int
     info: str
 
@@ -354,13 +391,20 @@ def binlog_events(server: ThrowawayServer) -> list[BinlogEvent]:
 
 # --- the cluster ---------------------------------------------------------------------------------
 
+
 class ReplicationCluster:
     """A primary and replicas. `servers` are ThrowawayServer objects not started yet (build them
     with create(), or yourself to put them on other addresses or in network namespaces); the first
     becomes the primary. Their own extra_args are kept; the replication arguments are added."""
 
-    def __init__(self, servers: Sequence[ThrowawayServer], *, semi_sync: bool = True,
-                 semi_sync_timeout_ms: int = 1000, heartbeat_interval: float | None = 0.2):
+    def __init__(
+        self,
+        servers: Sequence[ThrowawayServer],
+        *,
+        semi_sync: bool = True,
+        semi_sync_timeout_ms: int = 1000,
+        heartbeat_interval: float | None = 0.2,
+    ):
         if len(servers) < 2:
             raise ValueError("a primary and at least one replica")
         self.servers = list(servers)
@@ -375,19 +419,27 @@ class ReplicationCluster:
         self.primary = self.servers[0]
         self.replicas = self.servers[1:]
         self.heartbeat_interval = heartbeat_interval
-        self._primary_lock = threading.Lock()   # the heartbeat writes only to the current primary
+        self._primary_lock = threading.Lock()  # the heartbeat writes only to the current primary
         self._heartbeat: _Heartbeat | None = None
-        self.timings: dict[str, float] = {}     # seconds: "start", "promote", "demote"
-        self.discarded: dict[ThrowawayServer, str] = {}   # GTIDs a rebuilt old primary had alone
+        self.timings: dict[str, float] = {}  # seconds: "start", "promote", "demote"
+        self.discarded: dict[ThrowawayServer, str] = {}  # GTIDs a rebuilt old primary had alone
 
     @classmethod
-    def create(cls, base_dir: Path | str, replicas: int = 1, *extra_args: str, general_log: bool = False,
-               flavour: str = "mariadb", **options) -> ReplicationCluster:
+    def create(
+        cls,
+        base_dir: Path | str,
+        replicas: int = 1,
+        *extra_args: str,
+        general_log: bool = False,
+        flavour: str = "mariadb",
+        **options,
+    ) -> ReplicationCluster:
         """Servers under base_dir/primary, base_dir/replica-1, ... on 127.0.0.1."""
         base_dir = Path(base_dir)
         names = ["primary"] + [f"replica-{n}" for n in range(1, replicas + 1)]
-        servers = [ThrowawayServer(base_dir / name, *extra_args, general_log=general_log, flavour=flavour)
-                   for name in names]
+        servers = [
+            ThrowawayServer(base_dir / name, *extra_args, general_log=general_log, flavour=flavour) for name in names
+        ]
         return cls(servers, **options)
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -403,8 +455,9 @@ class ReplicationCluster:
         self.primary.execute(f"CREATE USER '{REPLICATION_USER}'@'%' IDENTIFIED BY '{REPLICATION_PASSWORD}'")
         self.primary.execute(f"GRANT REPLICATION SLAVE ON *.* TO '{REPLICATION_USER}'@'%'")
         self.primary.execute(f"CREATE DATABASE {HEARTBEAT_DATABASE}")
-        self.primary.execute(f"CREATE TABLE {HEARTBEAT_DATABASE}.heartbeat "
-                             "(server_id INT UNSIGNED PRIMARY KEY, ts DATETIME(6) NOT NULL)")
+        self.primary.execute(
+            f"CREATE TABLE {HEARTBEAT_DATABASE}.heartbeat (server_id INT UNSIGNED PRIMARY KEY, ts DATETIME(6) NOT NULL)"
+        )
         self.primary.execute(f"CREATE USER '{HEARTBEAT_USER}'@'%' IDENTIFIED BY '{HEARTBEAT_PASSWORD}'")
         self.primary.execute(f"GRANT INSERT, UPDATE, SELECT ON {HEARTBEAT_DATABASE}.* TO '{HEARTBEAT_USER}'@'%'")
         for replica in self.replicas:
@@ -413,7 +466,7 @@ class ReplicationCluster:
         if self.heartbeat_interval:
             self._heartbeat = _Heartbeat(self, self.heartbeat_interval)
             self._heartbeat.write_once()
-            self.wait_caught_up(timeout=timeout)   # lag_seconds() has a heartbeat to read from the start
+            self.wait_caught_up(timeout=timeout)  # lag_seconds() has a heartbeat to read from the start
         self.timings["start"] = time.monotonic() - started
         return self
 
@@ -446,16 +499,17 @@ class ReplicationCluster:
         if self._heartbeat is None:
             raise RuntimeError("no heartbeat: the cluster was made with heartbeat_interval=None")
         rows = self._replica(replica).execute(
-            f"SELECT TIMESTAMPDIFF(MICROSECOND, MAX(ts), UTC_TIMESTAMP(6)) FROM {HEARTBEAT_DATABASE}.heartbeat")
+            f"SELECT TIMESTAMPDIFF(MICROSECOND, MAX(ts), UTC_TIMESTAMP(6)) FROM {HEARTBEAT_DATABASE}.heartbeat"
+        )
         if rows[0][0] is None:
-            return float("inf")        # no heartbeat applied yet (start() waits for the first)
+            return float("inf")  # no heartbeat applied yet (start() waits for the first)
         return max(0.0, rows[0][0] / 1e6)
 
     def wait_caught_up(self, replica: ThrowawayServer | None = None, timeout: float = 30.0) -> None:
         """Until the replica (every replica by default) applied all that the primary has binlogged
         now; TimeoutError with its status if it does not within `timeout`."""
         target = gtid_binlog_pos(self.primary)
-        for each in ([replica] if replica is not None else self.replicas):
+        for each in [replica] if replica is not None else self.replicas:
             _wait_for_gtid(each, target, timeout)
 
     def stop_sql_thread(self, replica: ThrowawayServer | None = None) -> None:
@@ -502,7 +556,7 @@ class ReplicationCluster:
         new = self._replica(replica)
         old = self.primary
         if self.status(new).sql_running != "Yes":
-            new.execute(self.dialect.replica("START % SQL_THREAD"))   # a test may have stopped it
+            new.execute(self.dialect.replica("START % SQL_THREAD"))  # a test may have stopped it
         try:
             # Fence a primary that still runs (a planned switchover), then take all it has.
             old.execute("SET GLOBAL read_only = ON")
@@ -527,8 +581,13 @@ class ReplicationCluster:
         self.timings["promote"] = time.monotonic() - started
         return new
 
-    def demote(self, old_primary: ThrowawayServer, new_primary: ThrowawayServer | None = None,
-               timeout: float = 30.0, rebuild: bool = False) -> None:
+    def demote(
+        self,
+        old_primary: ThrowawayServer,
+        new_primary: ThrowawayServer | None = None,
+        timeout: float = 30.0,
+        rebuild: bool = False,
+    ) -> None:
         """Bring a former primary back as a read-only replica of the (already promoted) new one,
         from its own GTID position. A dead one (SIGKILLed, stopped) is started with --read-only
         first. Raises if it does not replicate and catch up (an extra transaction, see above).
@@ -554,11 +613,13 @@ class ReplicationCluster:
                 old_primary.execute(f"SET GLOBAL {self.dialect.semi_sync_variable('primary')} = OFF")
                 old_primary.execute(f"SET GLOBAL {self.dialect.semi_sync_variable('replica')} = ON")
         else:
-            old_primary.start()          # with --read-only; InnoDB crash recovery if it was killed
+            old_primary.start()  # with --read-only; InnoDB crash recovery if it was killed
         extra = _extra_gtids(old_primary, new_primary)
         if extra and not rebuild:
-            raise RuntimeError(f"{old_primary} holds transactions {extra} that {new_primary} never got: "
-                               "rebuild it (demote(rebuild=True) copies the new primary's data)")
+            raise RuntimeError(
+                f"{old_primary} holds transactions {extra} that {new_primary} never got: "
+                "rebuild it (demote(rebuild=True) copies the new primary's data)"
+            )
         if extra:
             if self.dialect.mysql:
                 self._clone(old_primary, new_primary)
@@ -593,7 +654,7 @@ class ReplicationCluster:
         try:
             server.execute(f"CLONE INSTANCE FROM 'root'@'{donor.host}':{donor.port} IDENTIFIED BY ''")
         except pymysql.err.OperationalError as exc:
-            if exc.args[0] != 3707:      # "Restart server failed (mysqld is not managed by supervisor process)"
+            if exc.args[0] != 3707:  # "Restart server failed (mysqld is not managed by supervisor process)"
                 raise
         server.proc.wait(60)
         server.proc = None
@@ -607,9 +668,23 @@ class ReplicationCluster:
         system = {"mysql", "information_schema", "performance_schema", "sys"}
         databases = [r[0] for r in donor.execute("SHOW DATABASES") if r[0] not in system]
         dump = subprocess.run(
-            ["mariadb-dump", "--no-defaults", "--skip-ssl", f"--host={donor.host}", f"--port={donor.port}", "--user=root",
-             "--single-transaction", "--gtid", "--master-data=2", "--databases", *databases],
-            capture_output=True, check=True, timeout=300)
+            [
+                "mariadb-dump",
+                "--no-defaults",
+                "--skip-ssl",
+                f"--host={donor.host}",
+                f"--port={donor.port}",
+                "--user=root",
+                "--single-transaction",
+                "--gtid",
+                "--master-data=2",
+                "--databases",
+                *databases,
+            ],
+            capture_output=True,
+            check=True,
+            timeout=300,
+        )
         position = re.search(rb"gtid_slave_pos='([^']*)'", dump.stdout)
         if position is None:
             raise RuntimeError(f"no GTID position in the dump of {donor}")
@@ -617,8 +692,13 @@ class ReplicationCluster:
         for (name,) in server.execute("SHOW DATABASES"):
             if name not in system:
                 server.execute(f"DROP DATABASE `{name}`")
-        subprocess.run(["mariadb", "--no-defaults", "--skip-ssl", f"--host={server.host}", f"--port={server.port}",
-                        "--user=root"], input=dump.stdout, capture_output=True, check=True, timeout=300)
+        subprocess.run(
+            ["mariadb", "--no-defaults", "--skip-ssl", f"--host={server.host}", f"--port={server.port}", "--user=root"],
+            input=dump.stdout,
+            capture_output=True,
+            check=True,
+            timeout=300,
+        )
         server.execute("RESET MASTER")
         server.execute(f"SET GLOBAL gtid_slave_pos = '{position.group(1).decode()}'")
 
@@ -684,13 +764,23 @@ class _Heartbeat:
             if self._conn_to is not primary:
                 self._close()
             if self._conn is None:
-                self._conn = pymysql.connect(host=primary.host, port=primary.port, user=HEARTBEAT_USER,
-                                             password=HEARTBEAT_PASSWORD, autocommit=True, connect_timeout=2,
-                                             read_timeout=5, write_timeout=5, ssl_disabled=True)
+                self._conn = pymysql.connect(
+                    host=primary.host,
+                    port=primary.port,
+                    user=HEARTBEAT_USER,
+                    password=HEARTBEAT_PASSWORD,
+                    autocommit=True,
+                    connect_timeout=2,
+                    read_timeout=5,
+                    write_timeout=5,
+                    ssl_disabled=True,
+                )
                 self._conn_to = primary
             with self._conn.cursor() as cur:
-                cur.execute(f"INSERT INTO {HEARTBEAT_DATABASE}.heartbeat (server_id, ts) "
-                            "VALUES (@@server_id, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE ts = VALUES(ts)")
+                cur.execute(
+                    f"INSERT INTO {HEARTBEAT_DATABASE}.heartbeat (server_id, ts) "
+                    "VALUES (@@server_id, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE ts = VALUES(ts)"
+                )
 
     def _run(self) -> None:
         while not self._stopping.wait(self.interval):
@@ -717,6 +807,16 @@ class _Heartbeat:
             self._close()
 
 
-__all__ = ["ReplicationCluster", "ReplicaStatus", "replica_status", "gtid_binlog_pos", "LoggedCommand",
-           "read_general_log", "executed_statements", "BinlogEvent", "binlog_events",
-           "REPLICATION_USER", "REPLICATION_PASSWORD"]
+__all__ = [
+    "ReplicationCluster",
+    "ReplicaStatus",
+    "replica_status",
+    "gtid_binlog_pos",
+    "LoggedCommand",
+    "read_general_log",
+    "executed_statements",
+    "BinlogEvent",
+    "binlog_events",
+    "REPLICATION_USER",
+    "REPLICATION_PASSWORD",
+]

@@ -10,7 +10,7 @@ def seq_rows(n: int) -> str:
     MySQL returns in another order unless told (id 8000 got seq 7091)."""
     digits = "(SELECT 0 AS d UNION ALL " + " UNION ALL ".join(f"SELECT {i}" for i in range(1, 10)) + ")"
     places = max(1, len(str(max(n - 1, 0))))
-    value = " + ".join(f"d{i}.d * {10 ** i}" for i in range(places))
+    value = " + ".join(f"d{i}.d * {10**i}" for i in range(places))
     joined = " CROSS JOIN ".join(f"{digits} AS d{i}" for i in range(places))
     return f"(SELECT 1 + {value} AS seq FROM {joined} WHERE 1 + {value} <= {n}) AS seq_rows ORDER BY seq"
 
@@ -45,6 +45,7 @@ def statements_sent(engine, run, wanted=lambda statement: True) -> list[str]:
     def grab(c, cursor, statement, params, context, executemany):
         if wanted(statement):
             sent.append(cursor.mogrify(statement, params))
+
     sa.event.listen(engine, "before_cursor_execute", grab)
     try:
         run()

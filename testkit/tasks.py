@@ -73,6 +73,8 @@ def runs(path) -> list[tuple[str, int]]:
     except FileNotFoundError:
         return []
     return [(parts[0], int(parts[1])) for parts in (line.split() for line in lines) if parts]
+
+
 def _append(path: str, line: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:

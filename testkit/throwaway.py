@@ -65,16 +65,18 @@ from pathlib import Path
 import pymysql
 
 MARIADBD = os.environ.get("JOBQUEUE_TEST_MARIADBD", "/usr/sbin/mariadbd")
-INSTALL_DB = os.environ.get("JOBQUEUE_TEST_MARIADB_INSTALL_DB", shutil.which("mariadb-install-db") or "mariadb-install-db")
+INSTALL_DB = os.environ.get(
+    "JOBQUEUE_TEST_MARIADB_INSTALL_DB", shutil.which("mariadb-install-db") or "mariadb-install-db"
+)
 SERVER_CACHE = Path(os.environ.get("JOBQUEUE_SERVER_CACHE", "/var/cache/jobqueue-servers"))
 
 
 @dataclass(frozen=True)
 class Flavour:
-    name: str                  # as tests/conftest.py names the servers: mariadb, mysql, mariadb11
-    root: Path | None          # the chroot it runs in; None: the host's own
-    mysql: bool                # MySQL rather than MariaDB
-    init_args: tuple[str, ...]     # InnoDB sizes, to the initialisation and to every start
+    name: str  # as tests/conftest.py names the servers: mariadb, mysql, mariadb11
+    root: Path | None  # the chroot it runs in; None: the host's own
+    mysql: bool  # MySQL rather than MariaDB
+    init_args: tuple[str, ...]  # InnoDB sizes, to the initialisation and to every start
     server_args: tuple[str, ...]
 
     @property
@@ -89,7 +91,7 @@ class Flavour:
 _MARIADB_INIT = ("--innodb-buffer-pool-size=32M", "--innodb-log-file-size=16M")
 _MARIADB_SERVER = (
     "--skip-name-resolve",
-    "--innodb-buffer-pool-dump-at-shutdown=OFF",   # shutdown in ~0.1 s instead of ~1 s
+    "--innodb-buffer-pool-dump-at-shutdown=OFF",  # shutdown in ~0.1 s instead of ~1 s
     "--innodb-buffer-pool-load-at-startup=OFF",
     "--max-connections=200",
 )
@@ -102,6 +104,7 @@ FLAVOURS = {
     "mysql": Flavour("mysql", SERVER_CACHE / "sid-3307", True, _MYSQL_INIT, _MYSQL_SERVER),
     "mariadb11": Flavour("mariadb11", SERVER_CACHE / "trixie-3308", False, _MARIADB_INIT, _MARIADB_SERVER),
 }
+
 
 def describe_flavour(name: str) -> str:
     """Where a throwaway server of that flavour comes from, for a report."""
@@ -125,9 +128,17 @@ def free_port() -> int:
 
 
 class ThrowawayServer:
-    def __init__(self, base_dir: Path | str, *extra_args: str, flavour: str = "mariadb", port: int | None = None,
-                 startup_timeout: float = 30.0, host: str = "127.0.0.1",
-                 command_prefix: Sequence[str] = (), general_log: bool = False):
+    def __init__(
+        self,
+        base_dir: Path | str,
+        *extra_args: str,
+        flavour: str = "mariadb",
+        port: int | None = None,
+        startup_timeout: float = 30.0,
+        host: str = "127.0.0.1",
+        command_prefix: Sequence[str] = (),
+        general_log: bool = False,
+    ):
         if flavour not in FLAVOURS:
             raise ValueError(f"flavour {flavour!r}: choose from {', '.join(FLAVOURS)}")
         self.flavour = FLAVOURS[flavour]
@@ -136,7 +147,7 @@ class ThrowawayServer:
         root = self.flavour.root
         if root is None:
             self.run_dir = self.base_dir
-            self._inside = str(self.base_dir)             # the same path: no chroot
+            self._inside = str(self.base_dir)  # the same path: no chroot
             self._sockdir = tempfile.mkdtemp(prefix="jqdb-")
             socket_inside = os.path.join(self._sockdir, "mariadbd.sock")
         else:
@@ -154,9 +165,9 @@ class ThrowawayServer:
         self.general_log_file = self.run_dir / "general.log"
         self._socket_inside = socket_inside
         self.socket = self._host_path(socket_inside)
-        self.extra_args = list(extra_args)   # change between stop() and start() to restart differently
-        self.host = host                     # the address it binds to and clients connect to
-        self.command_prefix = list(command_prefix)   # e.g. ["ip", "netns", "exec", name]
+        self.extra_args = list(extra_args)  # change between stop() and start() to restart differently
+        self.host = host  # the address it binds to and clients connect to
+        self.command_prefix = list(command_prefix)  # e.g. ["ip", "netns", "exec", name]
         self.general_log = general_log
         self.port = port or free_port()
         self._port_chosen = port is not None
@@ -187,13 +198,22 @@ class ThrowawayServer:
             return
         started = time.monotonic()
         if self.flavour.root is None:
-            _run_init([INSTALL_DB, "--no-defaults", f"--datadir={self.datadir}",
-                       "--auth-root-authentication-method=normal", "--skip-test-db", "--user=root",
-                       *self.flavour.init_args], "mariadb-install-db")
+            _run_init(
+                [
+                    INSTALL_DB,
+                    "--no-defaults",
+                    f"--datadir={self.datadir}",
+                    "--auth-root-authentication-method=normal",
+                    "--skip-test-db",
+                    "--user=root",
+                    *self.flavour.init_args,
+                ],
+                "mariadb-install-db",
+            )
         else:
             template = _template(self.flavour)
             subprocess.run(["cp", "-a", "--reflink=auto", str(template), str(self.datadir)], check=True)
-            (self.datadir / "auto.cnf").unlink(missing_ok=True)   # MySQL: a server_uuid of its own
+            (self.datadir / "auto.cnf").unlink(missing_ok=True)  # MySQL: a server_uuid of its own
         self.install_seconds = time.monotonic() - started
 
     def start(self) -> ThrowawayServer:
@@ -203,18 +223,36 @@ class ThrowawayServer:
         for attempt in range(3):
             started = time.monotonic()
             log_offset = self.error_log.stat().st_size if self.error_log.exists() else 0
-            general_log = (["--general-log=ON", f"--general-log-file={self._in_root(self.general_log_file)}"]
-                           if self.general_log else [])
+            general_log = (
+                ["--general-log=ON", f"--general-log-file={self._in_root(self.general_log_file)}"]
+                if self.general_log
+                else []
+            )
             # With a command prefix of `ip netns exec NAME`, ip exec()s the next command after
             # entering the namespace, and chroot exec()s the server: self.proc is the server
             # itself and signals reach it directly.
             self.proc = subprocess.Popen(
-                [*self.command_prefix, *self._chroot(),
-                 self.flavour.daemon, "--no-defaults", "--user=root", f"--datadir={self._in_root(self.datadir)}",
-                 f"--socket={self._socket_inside}", f"--port={self.port}", f"--bind-address={self.host}",
-                 f"--pid-file={self._inside}/mysqld.pid", f"--log-error={self._in_root(self.error_log)}",
-                 *self.flavour.init_args, *self.flavour.server_args, *general_log, *self.extra_args],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                [
+                    *self.command_prefix,
+                    *self._chroot(),
+                    self.flavour.daemon,
+                    "--no-defaults",
+                    "--user=root",
+                    f"--datadir={self._in_root(self.datadir)}",
+                    f"--socket={self._socket_inside}",
+                    f"--port={self.port}",
+                    f"--bind-address={self.host}",
+                    f"--pid-file={self._inside}/mysqld.pid",
+                    f"--log-error={self._in_root(self.error_log)}",
+                    *self.flavour.init_args,
+                    *self.flavour.server_args,
+                    *general_log,
+                    *self.extra_args,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             _running.add(self)
             try:
                 self._wait_until_ready(log_offset)
@@ -292,7 +330,7 @@ class ThrowawayServer:
     def __exit__(self, *exc) -> None:
         self.cleanup()
 
-# --- talking to it ---------------------------------------------------------------------------
+    # --- talking to it ---------------------------------------------------------------------------
 
     def url(self, database: str = "") -> str:
         return f"mysql+pymysql://root@{self.host}:{self.port}/{database}"
@@ -301,13 +339,28 @@ class ThrowawayServer:
         # No TLS: MySQL 8+ and MariaDB 11.4+ offer it by default and PyMySQL 2.x then negotiates
         # it on every connection, a new SSL context each (tens of ms, seconds on a busy machine,
         # which made a promotion in the drill take 20 s instead of 2).
-        return pymysql.connect(host=self.host, port=self.port, user="root", password="", database=database,
-                               autocommit=True, connect_timeout=connect_timeout, ssl_disabled=True)
+        return pymysql.connect(
+            host=self.host,
+            port=self.port,
+            user="root",
+            password="",
+            database=database,
+            autocommit=True,
+            connect_timeout=connect_timeout,
+            ssl_disabled=True,
+        )
 
     def connect_socket(self, database: str | None = None) -> pymysql.Connection:
         """Over the unix socket (as root@localhost): works whatever the network does."""
-        return pymysql.connect(unix_socket=self.socket, user="root", password="", database=database,
-                               autocommit=True, connect_timeout=5, ssl_disabled=True)
+        return pymysql.connect(
+            unix_socket=self.socket,
+            user="root",
+            password="",
+            database=database,
+            autocommit=True,
+            connect_timeout=5,
+            ssl_disabled=True,
+        )
 
     def execute(self, sql: str, database: str | None = None) -> list[tuple]:
         conn = self.connect(database)
@@ -348,12 +401,14 @@ class ThrowawayServer:
                 break
             except (OSError, pymysql.err.OperationalError):
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.flavour.daemon} did not accept connections within {self.startup_timeout}s:\n"
-                                       f"{self._log_tail(log_offset)}") from None
+                    raise RuntimeError(
+                        f"{self.flavour.daemon} did not accept connections within {self.startup_timeout}s:\n"
+                        f"{self._log_tail(log_offset)}"
+                    ) from None
                 time.sleep(0.02)
         if not self.host.startswith("127.") and not self.is_mysql:
             self._allow_root_from_network()
-        self.connect().close()   # and over TCP, as clients will connect
+        self.connect().close()  # and over TCP, as clients will connect
 
     def _allow_root_from_network(self) -> None:
         """The installer creates root only for localhost and 127.0.0.1 (--skip-name-resolve makes
@@ -384,7 +439,7 @@ class _PortTaken(Exception):
     pass
 
 
-ThrowawayMariaDB = ThrowawayServer   # the name tests and tools used before the other flavours
+ThrowawayMariaDB = ThrowawayServer  # the name tests and tools used before the other flavours
 
 
 def _run_init(argv: list[str], what: str) -> None:
@@ -416,12 +471,33 @@ def _template(flavour: Flavour) -> Path:
         if flavour.mysql:
             (base / "init.sql").write_text(_MYSQL_INIT_SQL)
             init_file = "/" + str((base / "init.sql").relative_to(flavour.root))
-            _run_init([*chroot, flavour.daemon, "--no-defaults", "--initialize-insecure", "--user=root",
-                       f"--datadir={inside}", f"--init-file={init_file}", *flavour.init_args], "mysqld --initialize")
+            _run_init(
+                [
+                    *chroot,
+                    flavour.daemon,
+                    "--no-defaults",
+                    "--initialize-insecure",
+                    "--user=root",
+                    f"--datadir={inside}",
+                    f"--init-file={init_file}",
+                    *flavour.init_args,
+                ],
+                "mysqld --initialize",
+            )
         else:
-            _run_init([*chroot, "mariadb-install-db", "--no-defaults", f"--datadir={inside}",
-                       "--auth-root-authentication-method=normal", "--skip-test-db", "--user=root",
-                       *flavour.init_args], "mariadb-install-db")
+            _run_init(
+                [
+                    *chroot,
+                    "mariadb-install-db",
+                    "--no-defaults",
+                    f"--datadir={inside}",
+                    "--auth-root-authentication-method=normal",
+                    "--skip-test-db",
+                    "--user=root",
+                    *flavour.init_args,
+                ],
+                "mariadb-install-db",
+            )
         building.rename(template)
         return template
 

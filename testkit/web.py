@@ -32,23 +32,40 @@ def tokens_setting() -> str:
 
 def app_config(url: str, **extra) -> dict:
     """create_app(test_config) for a test app on `url` with no embedded workers."""
-    return {"DATABASE_URL": url, "SECRET_KEY": "test-secret", "USERS": users_setting(),
-            "API_TOKENS": tokens_setting(), "EMBEDDED_WORKERS": 0, "SECURE_COOKIES": "1", "TESTING": True,
-            # Tests write through the repository and read the pages at once: no shared counts.
-            "COUNTS_CACHE_SECONDS": 0, **extra}
+    return {
+        "DATABASE_URL": url,
+        "SECRET_KEY": "test-secret",
+        "USERS": users_setting(),
+        "API_TOKENS": tokens_setting(),
+        "EMBEDDED_WORKERS": 0,
+        "SECURE_COOKIES": "1",
+        "TESTING": True,
+        # Tests write through the repository and read the pages at once: no shared counts.
+        "COUNTS_CACHE_SECONDS": 0,
+        **extra,
+    }
 
 
 def server_env(url: str) -> dict[str, str]:
     """The environment of a gunicorn server under test (see procs.GunicornServer)."""
-    return {"JOBQUEUE_USERS": users_setting(), "JOBQUEUE_SECRET_KEY": "s3cret-for-tests",
-            "JOBQUEUE_API_TOKENS": tokens_setting(), "JOBQUEUE_LEASE_SECONDS": "10",
-            "JOBQUEUE_GRACE_SECONDS": "1", "JOBQUEUE_COUNTS_CACHE_SECONDS": "0"}
+    return {
+        "JOBQUEUE_USERS": users_setting(),
+        "JOBQUEUE_SECRET_KEY": "s3cret-for-tests",
+        "JOBQUEUE_API_TOKENS": tokens_setting(),
+        "JOBQUEUE_LEASE_SECONDS": "10",
+        "JOBQUEUE_GRACE_SECONDS": "1",
+        "JOBQUEUE_COUNTS_CACHE_SECONDS": "0",
+    }
 
 
 def api_post(base: str, path: str, body, token: str = ADMIN_TOKEN) -> dict:
     """POST JSON to a running server with a bearer token; the decoded answer."""
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    req = urllib.request.Request(
+        base + path,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         return json.loads(r.read())
 
@@ -69,10 +86,15 @@ class AuthActions:
         self.token: str | None = None
 
     def login(self, user: str = "alice", password: str | None = None, **kw):
-        response = self.client.post("/login", data={"username": user,
-                                                    "password": self.PASSWORDS.get(user, "") if password is None
-                                                    else password,
-                                                    "csrf_token": csrf_token(self.client)}, **kw)
+        response = self.client.post(
+            "/login",
+            data={
+                "username": user,
+                "password": self.PASSWORDS.get(user, "") if password is None else password,
+                "csrf_token": csrf_token(self.client),
+            },
+            **kw,
+        )
         self.token = csrf_token(self.client)
         return response
 
@@ -86,8 +108,9 @@ class AuthActions:
         return self.client.post(path, data=data or {}, headers=headers, **kw)
 
     def api(self, method: str, path: str, token: str = ADMIN_TOKEN, **kw):
-        return self.client.open(path, method=method, headers={"Authorization": f"Bearer {token}",
-                                                              **kw.pop("headers", {})}, **kw)
+        return self.client.open(
+            path, method=method, headers={"Authorization": f"Bearer {token}", **kw.pop("headers", {})}, **kw
+        )
 
 
 @contextlib.contextmanager
@@ -142,15 +165,17 @@ class WebClient:
         self.ssl_context = ssl_context
         self.cookies: dict[str, str] = {}
 
-    def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
-                timeout: float = 30):
+    def request(
+        self, method: str, path: str, body: bytes | None = None, headers: dict | None = None, timeout: float = 30
+    ):
         """(status, headers, text)."""
         import http.client
 
         source = (self.source, 0) if self.source else None
         if self.https:
-            conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout, source_address=source,
-                                               context=self.ssl_context)
+            conn = http.client.HTTPSConnection(
+                self.host, self.port, timeout=timeout, source_address=source, context=self.ssl_context
+            )
         else:
             conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout, source_address=source)
         try:
@@ -178,8 +203,13 @@ class WebClient:
     def post(self, path: str, form: dict[str, str], **kw):
         import urllib.parse
 
-        return self.request("POST", path, body=urllib.parse.urlencode(form).encode(),
-                            headers={"Content-Type": "application/x-www-form-urlencoded", **kw.pop("headers", {})}, **kw)
+        return self.request(
+            "POST",
+            path,
+            body=urllib.parse.urlencode(form).encode(),
+            headers={"Content-Type": "application/x-www-form-urlencoded", **kw.pop("headers", {})},
+            **kw,
+        )
 
     def csrf_token(self, path: str = "/login") -> str:
         return re.search(r'name="csrf_token" value="([^"]+)"', self.get(path)[2]).group(1)

@@ -32,7 +32,6 @@ from sqlalchemy.pool import NullPool
 from jobqueue.core.db import create_engine
 from jobqueue.core.migrate import init_db
 from jobqueue.core.task_modules import load_task_modules
-
 from testkit.netns import HostNetwork, netns_unavailable_reason
 from testkit.replication import ReplicationCluster
 from testkit.throwaway import ThrowawayMariaDB, ThrowawayServer
@@ -43,16 +42,22 @@ SERVERS = {
     "mysql": os.environ.get("JOBQUEUE_TEST_SERVER_MYSQL", "mysql+pymysql://root@127.0.0.1:3307"),
     "mariadb11": os.environ.get("JOBQUEUE_TEST_SERVER_MARIADB11", "mysql+pymysql://root@127.0.0.1:3308"),
 }
-MYSQL_SERVER = SERVERS["mariadb"]   # tests that need one server, whichever (the old name)
+MYSQL_SERVER = SERVERS["mariadb"]  # tests that need one server, whichever (the old name)
 
 load_task_modules(["testkit.tasks"])
 
 
 def pytest_addoption(parser):
-    parser.addoption("--servers", default=os.environ.get("JOBQUEUE_TEST_SERVERS", ",".join(SERVERS)),
-                     help=f"comma-separated servers the database tests run on (of {', '.join(SERVERS)})")
-    parser.addoption("--server-tests-only", action="store_true",
-                     help="only the tests that run on a server, a throwaway one of its flavour included (no unit or SQLite-only tests)")
+    parser.addoption(
+        "--servers",
+        default=os.environ.get("JOBQUEUE_TEST_SERVERS", ",".join(SERVERS)),
+        help=f"comma-separated servers the database tests run on (of {', '.join(SERVERS)})",
+    )
+    parser.addoption(
+        "--server-tests-only",
+        action="store_true",
+        help="only the tests that run on a server, a throwaway one of its flavour included (no unit or SQLite-only tests)",
+    )
 
 
 def selected_servers(config) -> list[str]:
@@ -86,8 +91,12 @@ def pytest_collection_modifyitems(config, items):
     if not config.getoption("--server-tests-only"):
         return
     servers = set(selected_servers(config))
-    kept = [item for item in items if getattr(item, "callspec", None) is not None
-            and ({item.callspec.params.get("db_server"), item.callspec.params.get("db_backend")} & servers)]
+    kept = [
+        item
+        for item in items
+        if getattr(item, "callspec", None) is not None
+        and ({item.callspec.params.get("db_server"), item.callspec.params.get("db_backend")} & servers)
+    ]
     config.hook.pytest_deselected(items=[item for item in items if item not in kept])
     items[:] = kept
 
@@ -109,8 +118,11 @@ def _server_up(server: str) -> None:
         except sa.exc.OperationalError as exc:
             _answered[server] = f"{exc.orig}"
     if _answered[server] is not None:
-        pytest.fail(f"the {server} server at {SERVERS[server]} does not answer ({_answered[server]}); "
-                    "scripts/ensure-services starts it, or leave it out with --servers", pytrace=False)
+        pytest.fail(
+            f"the {server} server at {SERVERS[server]} does not answer ({_answered[server]}); "
+            "scripts/ensure-services starts it, or leave it out with --servers",
+            pytrace=False,
+        )
 
 
 @pytest.fixture
@@ -208,7 +220,7 @@ def throwaway_server(db_server, tmp_path):
 
     def start(*extra_args: str, **options) -> ThrowawayServer:
         server = ThrowawayServer(tmp_path / f"{db_server}-{len(servers)}", *extra_args, flavour=db_server, **options)
-        servers.append(server)   # before start(): a server that fails halfway is still cleaned up
+        servers.append(server)  # before start(): a server that fails halfway is still cleaned up
         return server.start()
 
     yield start
@@ -242,9 +254,10 @@ def replication_cluster(db_server, tmp_path):
     clusters: list[ReplicationCluster] = []
 
     def start(replicas: int = 1, *extra_args: str, **options) -> ReplicationCluster:
-        cluster = ReplicationCluster.create(tmp_path / f"replication-{len(clusters)}", replicas, *extra_args,
-                                            flavour=db_server, **options)
-        clusters.append(cluster)   # before start(): a cluster that fails halfway is still cleaned up
+        cluster = ReplicationCluster.create(
+            tmp_path / f"replication-{len(clusters)}", replicas, *extra_args, flavour=db_server, **options
+        )
+        clusters.append(cluster)  # before start(): a cluster that fails halfway is still cleaned up
         return cluster.start()
 
     yield start
@@ -267,7 +280,7 @@ def host_network():
 
     def make(*names: str) -> HostNetwork:
         network = HostNetwork()
-        networks.append(network)   # before the hosts: one that fails halfway is still removed
+        networks.append(network)  # before the hosts: one that fails halfway is still removed
         for name in names:
             network.add_host(name)
         return network

@@ -13,9 +13,12 @@ import importlib.util
 import sys
 import warnings
 
-warnings.warn("the package 'webapp' is now 'jobqueue': write `import jobqueue` "
-              "(`from jobqueue import JobQueue, task`); `webapp` goes away in the next release",
-              DeprecationWarning, stacklevel=2)
+warnings.warn(
+    "the package 'webapp' is now 'jobqueue': write `import jobqueue` "
+    "(`from jobqueue import JobQueue, task`); `webapp` goes away in the next release",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -27,7 +30,7 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec):
-        module = importlib.import_module("jobqueue" + spec.name[len("webapp"):])
+        module = importlib.import_module("jobqueue" + spec.name[len("webapp") :])
         spec.loader_state = module.__spec__
         return module
 

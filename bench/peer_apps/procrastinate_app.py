@@ -15,4 +15,3 @@ app = App(connector=PsycopgConnector(conninfo=os.environ.get("BENCH_PG_DSN", "")
 @app.task(name="noop")
 async def noop() -> None:
     pass
-

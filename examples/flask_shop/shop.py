@@ -78,9 +78,9 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     # transaction. (init_dashboard reads JOBQUEUE_* settings from here, else the environment.)
     app.config.setdefault("JOBQUEUE_DATABASE_URL", app.config["SQLALCHEMY_DATABASE_URI"])
     db.init_app(app)
-    CSRFProtect(app)          # before init_dashboard: it exempts the queue's API (bearer tokens) from it
+    CSRFProtect(app)  # before init_dashboard: it exempts the queue's API (bearer tokens) from it
     with app.app_context():
-        app.extensions["shop_queue"] = JobQueue(db.engine)   # the shop's own pool
+        app.extensions["shop_queue"] = JobQueue(db.engine)  # the shop's own pool
     init_dashboard(app, "/jobs-admin", authorize=dashboard_role, user_name=lambda req: session["staff"])
     app.register_blueprint(_routes(app))
     return app
@@ -100,18 +100,26 @@ def place_order(customer: str, product_id: int, quantity: int) -> Order:
     product = db.session.get(Product, product_id)
     if product is None:
         abort(404)
-    order = Order(customer=customer, product_id=product_id, quantity=quantity,
-                  amount_cents=quantity * product.price_cents)
+    order = Order(
+        customer=customer, product_id=product_id, quantity=quantity, amount_cents=quantity * product.price_cents
+    )
     db.session.add(order)
-    db.session.flush()                         # the order's id, for its job's key
+    db.session.flush()  # the order's id, for its job's key
     queue: JobQueue = current_app.extensions["shop_queue"]
-    queue.enqueue(export_orders, f"order-{order.id}",
-                  {"orders": [{"id": order.id, "amount": f"{order.amount_cents / 100:.2f}"}]}, conn=db.session)
-    taken = db.session.execute(update(Product).where(Product.id == product_id, Product.stock >= quantity)
-                               .values(stock=Product.stock - quantity))
+    queue.enqueue(
+        export_orders,
+        f"order-{order.id}",
+        {"orders": [{"id": order.id, "amount": f"{order.amount_cents / 100:.2f}"}]},
+        conn=db.session,
+    )
+    taken = db.session.execute(
+        update(Product)
+        .where(Product.id == product_id, Product.stock >= quantity)
+        .values(stock=Product.stock - quantity)
+    )
     if taken.rowcount != 1:
         raise OutOfStock(product.name)
-    db.session.commit()                        # the order and its job, together
+    db.session.commit()  # the order and its job, together
     return order
 
 
@@ -136,7 +144,7 @@ def _routes(app: Flask):
         try:
             placed = place_order(customer, product_id, quantity)
         except OutOfStock as exc:
-            db.session.rollback()              # no order, and no job for it
+            db.session.rollback()  # no order, and no job for it
             flash(f"Sorry, not enough {exc} left.")
             return redirect(url_for("shop.index"), 303)
         flash(f"Order {placed.id} placed.")

@@ -26,8 +26,14 @@ class IdleBackoff:
     A delayed job or retry that comes due earlier shortens any of these.
     """
 
-    def __init__(self, minimum: float = 0.05, cap: float = 2.0, contended: float = 0.02,
-                 contended_cap: float = 0.5, rng: random.Random | None = None):
+    def __init__(
+        self,
+        minimum: float = 0.05,
+        cap: float = 2.0,
+        contended: float = 0.02,
+        contended_cap: float = 0.5,
+        rng: random.Random | None = None,
+    ):
         self.minimum = minimum
         self.cap = cap
         self.contended = contended

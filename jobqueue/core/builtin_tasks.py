@@ -26,7 +26,7 @@ def sleep(payload: dict[str, Any], ctx: JobContext) -> None:
     when its lease is lost (an operator failed, requeued or cancelled it, or it was reaped)."""
     seconds = payload.get("seconds", 1)
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= 3600:
-        raise PermanentError("sleep needs {\"seconds\": a number in 0..3600}")
+        raise PermanentError('sleep needs {"seconds": a number in 0..3600}')
     if ctx.lease_lost.wait(seconds):
         raise LeaseLostError(f"job {ctx.job_id} attempt {ctx.attempt}: lease lost after sleeping part of {seconds} s")
 
@@ -68,10 +68,10 @@ def export_orders(payload: dict[str, Any], ctx: JobContext) -> None:
     if orders is None:
         rows = payload.get("rows", 3)
         if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= 1_000_000:
-            raise PermanentError("export_orders needs \"orders\": [...] or \"rows\": 0..1000000")
+            raise PermanentError('export_orders needs "orders": [...] or "rows": 0..1000000')
         orders = [{"id": i, "amount": f"{(i * 7919) % 10000 / 100:.2f}"} for i in range(1, rows + 1)]
     if not isinstance(orders, list) or not all(isinstance(o, dict) for o in orders):
-        raise PermanentError("export_orders: \"orders\" must be a list of objects")
+        raise PermanentError('export_orders: "orders" must be a list of objects')
 
     buf = io.StringIO()
     writer = csv.writer(buf)

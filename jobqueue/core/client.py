@@ -23,9 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from . import repository
-
-from . import service
+from . import repository, service
 from .models import Enqueued, Explanation, Job, Status
 from .repository.operator import ActionResult, JobFilter
 from .settings import Settings
@@ -38,12 +36,17 @@ if TYPE_CHECKING:
     from .validation import NewJob
 
 
-
 class JobQueue:
     """A handle on one queue database: enqueue, look, act. Thread-safe; one per application."""
 
-    def __init__(self, url_or_engine: str | Engine | None = None, *, settings: Settings | None = None,
-                 registry: Registry = TASKS, pool_size: int = 5) -> None:
+    def __init__(
+        self,
+        url_or_engine: str | Engine | None = None,
+        *,
+        settings: Settings | None = None,
+        registry: Registry = TASKS,
+        pool_size: int = 5,
+    ) -> None:
         from .db import create_engine
 
         self.registry = registry
@@ -78,13 +81,23 @@ class JobQueue:
         if isinstance(conn, Connection):
             yield conn
             return
-        yield conn.connection()   # an ORM Session: the Connection of its current transaction
+        yield conn.connection()  # an ORM Session: the Connection of its current transaction
 
     # --- enqueue -----------------------------------------------------------------------------
 
-    def enqueue(self, task: str | TaskFunction, task_key: str, payload: Mapping[str, Any] | None = None, *,
-                queue: str | None = None, priority: int = 0, delay: float = 0, max_attempts: int | None = None,
-                conn: Connection | Session | None = None, allow_unregistered: bool = False) -> Enqueued:
+    def enqueue(
+        self,
+        task: str | TaskFunction,
+        task_key: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        priority: int = 0,
+        delay: float = 0,
+        max_attempts: int | None = None,
+        conn: Connection | Session | None = None,
+        allow_unregistered: bool = False,
+    ) -> Enqueued:
         """Add one job (idempotent by task_key: a known key writes nothing, duplicate=True).
         With `conn`, in the caller's transaction.
 
@@ -93,16 +106,31 @@ class JobQueue:
         refused as a likely typo, unless `allow_unregistered` (its worker has not started yet)."""
         name = task if isinstance(task, str) else task.task_name
         with self._connection(conn) as c:
-            return service.enqueue(c, name, task_key, dict(payload) if payload is not None else None, queue=queue,
-                                      priority=priority, delay=delay, max_attempts=max_attempts,
-                                      registry=self.registry, allow_unregistered=allow_unregistered)
+            return service.enqueue(
+                c,
+                name,
+                task_key,
+                dict(payload) if payload is not None else None,
+                queue=queue,
+                priority=priority,
+                delay=delay,
+                max_attempts=max_attempts,
+                registry=self.registry,
+                allow_unregistered=allow_unregistered,
+            )
 
-    def enqueue_many(self, jobs: Iterable[NewJob | Mapping[str, Any]], *,
-                     conn: Connection | Session | None = None, allow_unregistered: bool = False) -> list[Enqueued]:
+    def enqueue_many(
+        self,
+        jobs: Iterable[NewJob | Mapping[str, Any]],
+        *,
+        conn: Connection | Session | None = None,
+        allow_unregistered: bool = False,
+    ) -> list[Enqueued]:
         """Add many jobs in one transaction (the caller's, with `conn`); all are validated first."""
         with self._connection(conn) as c:
-            return service.enqueue_many(c, [self._spec(j) for j in jobs], registry=self.registry,
-                                           allow_unregistered=allow_unregistered)
+            return service.enqueue_many(
+                c, [self._spec(j) for j in jobs], registry=self.registry, allow_unregistered=allow_unregistered
+            )
 
     @staticmethod
     def _spec(job: NewJob | Mapping[str, Any]) -> NewJob | Mapping[str, Any]:
@@ -116,8 +144,16 @@ class JobQueue:
         with self.engine.connect() as c:
             return repository.reads.get_job(c, job_id)
 
-    def list(self, *, status: Status | str | None = None, queue: str | None = None, task: str | None = None,
-             key: str | None = None, before: int | None = None, limit: int = 50) -> list[Job]:
+    def list(
+        self,
+        *,
+        status: Status | str | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        key: str | None = None,
+        before: int | None = None,
+        limit: int = 50,
+    ) -> list[Job]:
         """Jobs newest first, with the dashboard's filters; keyset pages (`before` an id)."""
         job_filter = JobFilter(status=Status(status) if status else None, queue=queue, task=task, key_prefix=key)
         with self.engine.connect() as c:
@@ -143,8 +179,11 @@ class JobQueue:
         if outcome.status is Status.DONE:
             return outcome.result
         if outcome.status is Status.CANCELLED:
-            raise JobCancelled(f"job {task_key!r} was cancelled: {outcome.error or 'no reason given'}",
-                               task_key=task_key, error=outcome.error)
+            raise JobCancelled(
+                f"job {task_key!r} was cancelled: {outcome.error or 'no reason given'}",
+                task_key=task_key,
+                error=outcome.error,
+            )
         if outcome.status is Status.FAILED:
             first = (outcome.error or "no error recorded").splitlines()[0]
             raise JobFailed(f"job {task_key!r} failed: {first}", task_key=task_key, error=outcome.error)

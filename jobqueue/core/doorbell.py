@@ -37,7 +37,7 @@ class _State:
     off_until: float = float("-inf")
 
 
-_states: "weakref.WeakKeyDictionary[Engine, _State]" = weakref.WeakKeyDictionary()
+_states: weakref.WeakKeyDictionary[Engine, _State] = weakref.WeakKeyDictionary()
 _states_lock = threading.Lock()
 _refused_log = RateLimited(600.0)
 
@@ -77,9 +77,14 @@ def ring_for(engine: Engine, queues: Iterable[str]) -> int:
         except SQLAlchemyError as exc:
             state.off_until = now + OFF_SECONDS
             if _refused_log.allow("refused") is not None:
-                event(log, logging.WARNING, "doorbell_off", seconds=OFF_SECONDS,
-                      reason=f"{type(exc).__name__}: {exc}"[:300],
-                      detail="other processes' idle workers find new jobs on their next poll instead")
+                event(
+                    log,
+                    logging.WARNING,
+                    "doorbell_off",
+                    seconds=OFF_SECONDS,
+                    reason=f"{type(exc).__name__}: {exc}"[:300],
+                    detail="other processes' idle workers find new jobs on their next poll instead",
+                )
             return 0
 
 

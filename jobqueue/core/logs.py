@@ -175,7 +175,7 @@ def _listener_class():
                 with out.lock:
                     out.stream.write(text)
                     out.flush()
-            except Exception:   # what logging does: report on stderr, never raise into the app
+            except Exception:  # what logging does: report on stderr, never raise into the app
                 out.handleError(records[0])
 
     return Listener

@@ -22,8 +22,26 @@ import threading
 from typing import Any
 
 # Buckets that suit a 5 ms no-op job and a 10-minute export alike (seconds).
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-                    600.0, 1800.0, 3600.0)
+DURATION_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+)
 # A claim transaction: a fraction of a millisecond when quiet, seconds when the server struggles.
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -31,46 +49,80 @@ _COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "CLAIMS": ("jobqueue_claims", "Claim transactions attempted", ("queue",)),
     "CLAIMED": ("jobqueue_jobs_claimed", "Jobs taken by claims", ("queue",)),
     "EMPTY_CLAIMS": ("jobqueue_empty_claims", "Claims that returned nothing, by cause", ("kind", "queues")),
-    "PROBES": ("jobqueue_idle_probes", "Reads an idle worker made instead of a claim, by what they found",
-               ("kind", "queues")),
+    "PROBES": (
+        "jobqueue_idle_probes",
+        "Reads an idle worker made instead of a claim, by what they found",
+        ("kind", "queues"),
+    ),
     "SKIPPED": ("jobqueue_rows_skipped", "Ready rows a claim passed by because another transaction held them", ()),
     "COMPLETED": ("jobqueue_jobs_completed", "Jobs finished successfully", ("queue",)),
     "RETRIED": ("jobqueue_jobs_retried", "Handler errors scheduled for another attempt", ("queue",)),
     "FAILED": ("jobqueue_jobs_failed", "Jobs failed for good", ("queue",)),
     "RENEWALS": ("jobqueue_lease_renewals", "Leases renewed", ()),
-    "LEASES_LOST": ("jobqueue_leases_lost", "Leases a worker lost (fence refused a write, or its local deadline passed)",
-                    ("operation",)),
+    "LEASES_LOST": (
+        "jobqueue_leases_lost",
+        "Leases a worker lost (fence refused a write, or its local deadline passed)",
+        ("operation",),
+    ),
     "RECLAIMED": ("jobqueue_jobs_reclaimed", "Expired leases returned by the reaper", ("to_status",)),
     "RELEASED": ("jobqueue_jobs_released", "Jobs handed back to ready on shutdown", ()),
     "PROMOTED": ("jobqueue_jobs_promoted", "Delayed jobs and retries made ready", ()),
     "ENQUEUED": ("jobqueue_jobs_enqueued", "Jobs accepted", ("queue",)),
     "DUPLICATE_ENQUEUES": ("jobqueue_duplicate_enqueues", "Enqueues of a known task_key (nothing written)", ()),
-    "DUPLICATE_RESULTS": ("jobqueue_duplicate_results", "Results recorded again for a known task_key (nothing written)", ()),
-    "TRANSIENT_RETRIES": ("jobqueue_transient_retries",
-                          "Transactions retried after a deadlock, lock-wait timeout or lost connection",
-                          ("kind", "operation")),
+    "DUPLICATE_RESULTS": (
+        "jobqueue_duplicate_results",
+        "Results recorded again for a known task_key (nothing written)",
+        (),
+    ),
+    "TRANSIENT_RETRIES": (
+        "jobqueue_transient_retries",
+        "Transactions retried after a deadlock, lock-wait timeout or lost connection",
+        ("kind", "operation"),
+    ),
     "SQL_ERRORS": ("jobqueue_sql_errors", "Database errors seen by the worker loop", ("operation",)),
-    "NOT_PRIMARY": ("jobqueue_not_primary", "Claims and writes refused because the server was not a writable primary",
-                    ("operation",)),
+    "NOT_PRIMARY": (
+        "jobqueue_not_primary",
+        "Claims and writes refused because the server was not a writable primary",
+        ("operation",),
+    ),
     "LOGINS": ("jobqueue_login_attempts", "Dashboard sign-in attempts: ok, failed, throttled", ("outcome",)),
-    "LOGINS_THROTTLED": ("jobqueue_logins_throttled",
-                         "Sign-in attempts refused by the throttle, by the limit that held (address, address_user)",
-                         ("limit",)),
-    "SESSIONS_ENDED": ("jobqueue_sessions_ended",
-                       "Dashboard sessions ended: logout, signed_out_all, idle, expired, credential_changed, ...",
-                       ("reason",)),
-    "OPERATOR_ACTIONS": ("jobqueue_operator_actions", "Operator requeue, fail and cancel actions", ("action", "outcome")),
+    "LOGINS_THROTTLED": (
+        "jobqueue_logins_throttled",
+        "Sign-in attempts refused by the throttle, by the limit that held (address, address_user)",
+        ("limit",),
+    ),
+    "SESSIONS_ENDED": (
+        "jobqueue_sessions_ended",
+        "Dashboard sessions ended: logout, signed_out_all, idle, expired, credential_changed, ...",
+        ("reason",),
+    ),
+    "OPERATOR_ACTIONS": (
+        "jobqueue_operator_actions",
+        "Operator requeue, fail and cancel actions",
+        ("action", "outcome"),
+    ),
     "CANCELLED": ("jobqueue_jobs_cancelled", "Jobs cancelled by an operator", ()),
-    "CONCURRENCY_LIMITED": ("jobqueue_concurrency_limited",
-                            "Ready jobs a claim left alone because their concurrency key was full", ()),
+    "CONCURRENCY_LIMITED": (
+        "jobqueue_concurrency_limited",
+        "Ready jobs a claim left alone because their concurrency key was full",
+        (),
+    ),
     "PRUNED": ("jobqueue_jobs_pruned", "Finished jobs deleted by retention", ("status",)),
 }
 
 _HISTOGRAMS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
-    "ATTEMPT_SECONDS": ("jobqueue_attempt_duration_seconds", "Run time of attempts, from handler start to its end",
-                        ("task", "outcome"), DURATION_BUCKETS),
-    "START_DELAY_SECONDS": ("jobqueue_start_delay_seconds", "Wait from a job's run_at to its claim",
-                            ("queue",), DURATION_BUCKETS),
+    "ATTEMPT_SECONDS": (
+        "jobqueue_attempt_duration_seconds",
+        "Run time of attempts, from handler start to its end",
+        ("task", "outcome"),
+        DURATION_BUCKETS,
+    ),
+    "START_DELAY_SECONDS": (
+        "jobqueue_start_delay_seconds",
+        "Wait from a job's run_at to its claim",
+        ("queue",),
+        DURATION_BUCKETS,
+    ),
     "CLAIM_SECONDS": ("jobqueue_claim_duration_seconds", "Claim transactions, from BEGIN to COMMIT", (), CLAIM_BUCKETS),
 }
 
@@ -157,11 +209,17 @@ def make_all() -> None:
 # The per-minute activity each process writes to `worker_stats` (see repository.processes.heartbeat),
 # read from the counters above so that nothing is counted twice by hand.
 _STAT_SOURCES = {
-    "completed": ("COMPLETED", {}), "failed": ("FAILED", {}), "retried": ("RETRIED", {}),
-    "reclaimed": ("RECLAIMED", {}), "lease_lost": ("LEASES_LOST", {}), "claims": ("CLAIMS", {}),
-    "claimed": ("CLAIMED", {}), "empty_idle": ("EMPTY_CLAIMS", {"kind": "idle"}),
+    "completed": ("COMPLETED", {}),
+    "failed": ("FAILED", {}),
+    "retried": ("RETRIED", {}),
+    "reclaimed": ("RECLAIMED", {}),
+    "lease_lost": ("LEASES_LOST", {}),
+    "claims": ("CLAIMS", {}),
+    "claimed": ("CLAIMED", {}),
+    "empty_idle": ("EMPTY_CLAIMS", {"kind": "idle"}),
     "empty_contended": ("EMPTY_CLAIMS", {"kind": "contended"}),
-    "empty_waiting": ("EMPTY_CLAIMS", {"kind": "waiting_on_leases"}), "skipped": ("SKIPPED", {}),
+    "empty_waiting": ("EMPTY_CLAIMS", {"kind": "waiting_on_leases"}),
+    "skipped": ("SKIPPED", {}),
     "sql_errors": ("SQL_ERRORS", {}),
 }
 
@@ -175,7 +233,7 @@ def stat_totals() -> dict[str, int]:
         total = 0.0
         with _lock:
             metric = _made.get(name)
-        for family in (metric.collect() if metric is not None and _enabled else ()):
+        for family in metric.collect() if metric is not None and _enabled else ():
             for sample in family.samples:
                 if sample.name.endswith("_total") and all(sample.labels.get(k) == v for k, v in match.items()):
                     total += sample.value

@@ -58,11 +58,22 @@ class Job:
     def as_dict(self) -> dict[str, Any]:
         """The job as the JSON API and `jobqueue show --json` give it."""
         return {
-            "id": self.id, "task_key": self.task_key, "task": self.task_name, "queue": self.queue,
-            "priority": self.priority, "status": self.status.value, "attempts": self.attempts,
-            "max_attempts": self.max_attempts, "payload": self.payload, "lease_owner": self.lease_owner,
-            "lease_until": iso(self.lease_until), "run_at": iso(self.run_at), "started_at": iso(self.started_at),
-            "last_error": self.last_error, "created_at": iso(self.created_at), "updated_at": iso(self.updated_at),
+            "id": self.id,
+            "task_key": self.task_key,
+            "task": self.task_name,
+            "queue": self.queue,
+            "priority": self.priority,
+            "status": self.status.value,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "payload": self.payload,
+            "lease_owner": self.lease_owner,
+            "lease_until": iso(self.lease_until),
+            "run_at": iso(self.run_at),
+            "started_at": iso(self.started_at),
+            "last_error": self.last_error,
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
             "finished_at": iso(self.finished_at),
         }
 
@@ -88,8 +99,14 @@ class JobResult:
 
     def as_dict(self) -> dict[str, Any]:
         """`jobqueue result --json` and GET /api/jobs/<id>/result."""
-        return {"id": self.id, "task_key": self.task_key, "status": self.status.value, "result": self.result,
-                "error": self.error, "finished_at": iso(self.finished_at)}
+        return {
+            "id": self.id,
+            "task_key": self.task_key,
+            "status": self.status.value,
+            "result": self.result,
+            "error": self.error,
+            "finished_at": iso(self.finished_at),
+        }
 
 
 @dataclass(frozen=True)
@@ -109,7 +126,7 @@ class Lease:
 class ClaimedJob:
     job: Job
     lease: Lease
-    start_delay: float | None = None        # seconds from the job's run_at to the claim, by the database's clock
+    start_delay: float | None = None  # seconds from the job's run_at to the claim, by the database's clock
 
 
 @dataclass(frozen=True)
@@ -118,13 +135,13 @@ class ClaimCycle:
     same COMMIT, what became of each of them."""
 
     claimed: list[ClaimedJob]
-    completed: dict[tuple[int, int], Outcome]    # (job_id, attempt) -> OK, LEASE_LOST or BUSY
+    completed: dict[tuple[int, int], Outcome]  # (job_id, attempt) -> OK, LEASE_LOST or BUSY
     losses: list[LeaseLoss]
-    skipped: int                                 # ready rows passed by: held by other transactions
-    queues: list[str]                            # queues whose pick ran
-    asked: int                                   # how many jobs the claim asked for
-    report: EmptyClaimReport | None = None       # why it took fewer than it asked for
-    limited: int = 0                             # ready rows left alone: their concurrency key was full
+    skipped: int  # ready rows passed by: held by other transactions
+    queues: list[str]  # queues whose pick ran
+    asked: int  # how many jobs the claim asked for
+    report: EmptyClaimReport | None = None  # why it took fewer than it asked for
+    limited: int = 0  # ready rows left alone: their concurrency key was full
 
 
 @dataclass(frozen=True)
@@ -133,12 +150,13 @@ class Enqueued:
     task_key: str
     duplicate: bool
     status: Status | None = None
-    queue: str | None = None        # the job's queue, for a job this call wrote
+    queue: str | None = None  # the job's queue, for a job this call wrote
 
     # Frozen as declared; the fields set in one step (a batch makes 1,000), not one
     # object.__setattr__ each as dataclass's frozen __init__ does.
-    def __init__(self, id: int, task_key: str, duplicate: bool, status: Status | None = None,
-                 queue: str | None = None) -> None:
+    def __init__(
+        self, id: int, task_key: str, duplicate: bool, status: Status | None = None, queue: str | None = None
+    ) -> None:
         vars(self).update(id=id, task_key=task_key, duplicate=duplicate, status=status, queue=queue)
 
 
@@ -149,7 +167,7 @@ class LeaseLoss:
     lease: Lease
     operation: str
     task_key: str | None
-    now_status: str                 # "missing" when the row is gone
+    now_status: str  # "missing" when the row is gone
     now_owner: str | None
     now_attempt: int | None
 
@@ -157,8 +175,8 @@ class LeaseLoss:
 class EmptyClaim(str, enum.Enum):
     """Why a claim came back with nothing. None of these is an error."""
 
-    IDLE = "idle"                # nothing ready for these queues
-    CONTENDED = "contended"      # ready rows exist, all locked by other transactions
+    IDLE = "idle"  # nothing ready for these queues
+    CONTENDED = "contended"  # ready rows exist, all locked by other transactions
     WAITING = "waiting_on_leases"  # nothing ready, but running jobs may come back when leases expire
     LIMITED = "concurrency_limited"  # ready rows exist, but their concurrency keys are full
 
@@ -166,7 +184,7 @@ class EmptyClaim(str, enum.Enum):
 @dataclass(frozen=True)
 class EmptyClaimReport:
     kind: EmptyClaim
-    skipped: int = 0                        # ready rows seen but locked by others
+    skipped: int = 0  # ready rows seen but locked by others
     next_lease_expiry: datetime | None = None
     next_scheduled: datetime | None = None  # earliest delayed job or retry in these queues
     db_now: datetime | None = None
@@ -177,8 +195,8 @@ class Outcome(str, enum.Enum):
 
     OK = "ok"
     LEASE_LOST = "lease_lost"
-    BUSY = "busy"                   # the row was held by another transaction this instant; try again
-    PAUSED = "paused"               # start: the job's queue is paused; its lease is still held
+    BUSY = "busy"  # the row was held by another transaction this instant; try again
+    PAUSED = "paused"  # start: the job's queue is paused; its lease is still held
 
 
 @dataclass(frozen=True)

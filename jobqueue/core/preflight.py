@@ -26,13 +26,21 @@ from .errors import UnsupportedDatabase
 
 MIN_MYSQL = (8, 0, 1)
 MIN_MARIADB = (10, 6, 0)
-QUEUE_TABLES = ("job_queue", "job_result", "job_attempt", "worker_process", "worker_stats", "audit_log", "web_session",
-                "login_throttle")
+QUEUE_TABLES = (
+    "job_queue",
+    "job_result",
+    "job_attempt",
+    "worker_process",
+    "worker_stats",
+    "audit_log",
+    "web_session",
+    "login_throttle",
+)
 
 
 @dataclass(frozen=True)
 class ServerInfo:
-    flavour: str                 # "mysql", "mariadb" or "sqlite"
+    flavour: str  # "mysql", "mariadb" or "sqlite"
     version: tuple[int, int, int]
     version_string: str
 
@@ -54,7 +62,7 @@ def parse_version(version_string: str) -> ServerInfo:
     flavour = "mariadb" if "mariadb" in version_string.lower() else "mysql"
     text = version_string
     if flavour == "mariadb" and text.startswith("5.5.5-"):
-        text = text[len("5.5.5-"):]
+        text = text[len("5.5.5-") :]
     m = re.match(r"(\d+)\.(\d+)\.(\d+)", text)
     if not m:
         raise UnsupportedDatabase(f"cannot read the server version from {version_string!r}")
@@ -63,8 +71,11 @@ def parse_version(version_string: str) -> ServerInfo:
 
 def server_info(conn: Connection) -> ServerInfo:
     if not is_mysql(conn):
-        return ServerInfo("sqlite", tuple(int(x) for x in conn.exec_driver_sql("select sqlite_version()").scalar().split(".")),  # type: ignore[arg-type]
-                          "SQLite")
+        return ServerInfo(
+            "sqlite",
+            tuple(int(x) for x in conn.exec_driver_sql("select sqlite_version()").scalar().split(".")),  # type: ignore[arg-type]
+            "SQLite",
+        )
     return parse_version(conn.exec_driver_sql("SELECT VERSION()").scalar())
 
 
@@ -72,12 +83,15 @@ def server_info(conn: Connection) -> ServerInfo:
 # None), so that workers (check_*: raise) and `jobqueue doctor` (a "problem" verdict) refuse for
 # exactly the same reasons.
 
+
 def version_refusal(info: ServerInfo) -> str | None:
     if info.flavour == "sqlite" or info.supports_skip_locked:
         return None
     need = "MariaDB 10.6" if info.flavour == "mariadb" else "MySQL 8.0.1"
-    return (f"{info.flavour} {'.'.join(map(str, info.version))} does not support SELECT ... FOR UPDATE SKIP LOCKED; "
-            f"the queue needs {need} or newer")
+    return (
+        f"{info.flavour} {'.'.join(map(str, info.version))} does not support SELECT ... FOR UPDATE SKIP LOCKED; "
+        f"the queue needs {need} or newer"
+    )
 
 
 def check_version(info: ServerInfo) -> None:
@@ -87,16 +101,19 @@ def check_version(info: ServerInfo) -> None:
 @dataclass(frozen=True)
 class TableStatus:
     engine: str
-    approx_rows: int | None      # InnoDB's estimate, as the optimizer sees it
+    approx_rows: int | None  # InnoDB's estimate, as the optimizer sees it
 
 
 def table_status(conn: Connection) -> dict[str, TableStatus]:
     """The queue tables that exist in the current database, with engine and estimated size."""
     # Fresh on MySQL too: the engine sets information_schema_stats_expiry = 0 on every connection.
-    rows = conn.execute(sa.text(
-        "SELECT TABLE_NAME, ENGINE, TABLE_ROWS FROM information_schema.TABLES "
-        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN :names"
-    ).bindparams(sa.bindparam("names", expanding=True)), {"names": list(QUEUE_TABLES)}).all()
+    rows = conn.execute(
+        sa.text(
+            "SELECT TABLE_NAME, ENGINE, TABLE_ROWS FROM information_schema.TABLES "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN :names"
+        ).bindparams(sa.bindparam("names", expanding=True)),
+        {"names": list(QUEUE_TABLES)},
+    ).all()
     return {name: TableStatus(engine or "", None if n is None else int(n)) for name, engine, n in rows}
 
 
@@ -109,8 +126,10 @@ def engine_refusal(engines: dict[str, str]) -> str | None:
     if not wrong:
         return None
     listed = ", ".join(f"{t} is {e or 'unknown'}" for t, e in sorted(wrong.items()))
-    return (f"queue tables must use InnoDB, which has the row locks SKIP LOCKED relies on ({listed}); "
-            "convert with ALTER TABLE ... ENGINE=InnoDB")
+    return (
+        f"queue tables must use InnoDB, which has the row locks SKIP LOCKED relies on ({listed}); "
+        "convert with ALTER TABLE ... ENGINE=InnoDB"
+    )
 
 
 def check_engines(conn: Connection) -> None:
@@ -122,8 +141,12 @@ def variables(conn: Connection, names: Sequence[str], scope: str = "SESSION") ->
     sessions start (GLOBAL); a name the server does not have is left out (MySQL and MariaDB name
     some differently)."""
     assert scope in ("SESSION", "GLOBAL")
-    rows = conn.execute(sa.text(f"SHOW {scope} VARIABLES WHERE Variable_name IN :names")
-                        .bindparams(sa.bindparam("names", expanding=True)), {"names": list(names)}).all()
+    rows = conn.execute(
+        sa.text(f"SHOW {scope} VARIABLES WHERE Variable_name IN :names").bindparams(
+            sa.bindparam("names", expanding=True)
+        ),
+        {"names": list(names)},
+    ).all()
     return {str(name).lower(): str(value) for name, value in rows}
 
 
@@ -151,8 +174,10 @@ def writable_refusal(flags: dict[str, bool]) -> str | None:
     on = [name for name, value in flags.items() if value]
     if not on:
         return None
-    return (f"the server is read-only ({', '.join(on)} is ON): this looks like a replica; point the queue at the "
-            "writable primary, claims are never attempted on a replica")
+    return (
+        f"the server is read-only ({', '.join(on)} is ON): this looks like a replica; point the queue at the "
+        "writable primary, claims are never attempted on a replica"
+    )
 
 
 def check_writable(conn: Connection) -> None:
@@ -164,8 +189,8 @@ def check_writable(conn: Connection) -> None:
 @dataclass(frozen=True)
 class BinlogSettings:
     log_bin: bool
-    format: str            # this session's binlog_format: STATEMENT, MIXED or ROW
-    global_format: str     # what new sessions start with
+    format: str  # this session's binlog_format: STATEMENT, MIXED or ROW
+    global_format: str  # what new sessions start with
 
     @property
     def statement_based(self) -> bool:
@@ -176,16 +201,21 @@ def binlog_settings(conn: Connection, known: Mapping[str, str] | None = None) ->
     """This session's binary logging (from `known`, session variables already read, if given)
     and the format new sessions get."""
     values = known if known is not None else variables(conn, BINLOG_VARIABLES)
-    return BinlogSettings(log_bin=is_on(values.get("log_bin")), format=(values.get("binlog_format") or "").upper(),
-                          global_format=(variable(conn, "binlog_format", "GLOBAL") or "").upper())
+    return BinlogSettings(
+        log_bin=is_on(values.get("log_bin")),
+        format=(values.get("binlog_format") or "").upper(),
+        global_format=(variable(conn, "binlog_format", "GLOBAL") or "").upper(),
+    )
 
 
 def binlog_refusal(binlog: BinlogSettings) -> str | None:
     if not (binlog.log_bin and binlog.statement_based):
         return None
-    return ("the server writes statement-based binary logs (binlog_format=STATEMENT, log_bin=ON): SKIP LOCKED "
-            "and NOWAIT are unsafe for statement-based replication, and at READ COMMITTED InnoDB refuses to "
-            "log the queue's writes at all (error 1665); set binlog_format=ROW (or MIXED) on the server")
+    return (
+        "the server writes statement-based binary logs (binlog_format=STATEMENT, log_bin=ON): SKIP LOCKED "
+        "and NOWAIT are unsafe for statement-based replication, and at READ COMMITTED InnoDB refuses to "
+        "log the queue's writes at all (error 1665); set binlog_format=ROW (or MIXED) on the server"
+    )
 
 
 def check_binlog(conn: Connection) -> None:

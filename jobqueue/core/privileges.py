@@ -43,10 +43,10 @@ PERFORMANCE_SCHEMA_TABLES = ("data_locks", "threads", "events_statements_current
 
 @dataclass(frozen=True)
 class Grant:
-    privileges: frozenset[str]     # upper case, single spaces; "ALL" is read as "ALL PRIVILEGES"
-    database: str | None           # None: every database (*.*)
-    table: str | None              # None: every table of `database`
-    columns_only: frozenset[str]   # privileges granted on some columns only
+    privileges: frozenset[str]  # upper case, single spaces; "ALL" is read as "ALL PRIVILEGES"
+    database: str | None  # None: every database (*.*)
+    table: str | None  # None: every table of `database`
+    columns_only: frozenset[str]  # privileges granted on some columns only
 
     @property
     def is_global(self) -> bool:
@@ -56,7 +56,7 @@ class Grant:
 @dataclass(frozen=True)
 class Grants:
     grants: tuple[Grant, ...]
-    roles: tuple[str, ...]         # roles granted to the account, whose privileges are not listed
+    roles: tuple[str, ...]  # roles granted to the account, whose privileges are not listed
 
     def global_privileges(self) -> frozenset[str]:
         return frozenset().union(*(g.privileges for g in self.grants if g.is_global))
@@ -104,7 +104,7 @@ def _top_level(text: str, keyword: str, start: int = 0) -> int:
             if ch == "\\" and quote != "`":
                 i += 1
             elif ch == quote:
-                if i + 1 < len(text) and text[i + 1] == quote:   # a doubled quote is the quote itself
+                if i + 1 < len(text) and text[i + 1] == quote:  # a doubled quote is the quote itself
                     i += 1
                 else:
                     quote = None
@@ -161,15 +161,15 @@ def parse_grant(line: str) -> Grant | str | None:
     text = line.strip()
     if not text.upper().startswith("GRANT "):
         return None
-    body = text[len("GRANT "):]
+    body = text[len("GRANT ") :]
     on = _top_level(" " + body, "ON")
     to = _top_level(" " + body, "TO")
     if on == -1 or (to != -1 and to < on):
         # GRANT `role`@`host` TO `user`@`host`: a role; its privileges are not on this line.
-        return body[: to].strip() if to > 0 else body.strip()
+        return body[:to].strip() if to > 0 else body.strip()
     privileges_text = body[:on].strip()
     to_after = _top_level(" " + body, "TO", on + 1)
-    target = body[on + 3: to_after if to_after != -1 else len(body)].strip()
+    target = body[on + 3 : to_after if to_after != -1 else len(body)].strip()
     if privileges_text.upper() == "PROXY":
         return None
     m = _TARGET.match(target)
@@ -178,7 +178,7 @@ def parse_grant(line: str) -> Grant | str | None:
     database = _identifier(m.group(1)) if m.group(2) is not None else None
     table = _identifier(m.group(2)) if m.group(2) is not None else None
     if m.group(2) is None and m.group(1) != "*":
-        return None       # a stored routine or an unexpected form: no table privileges
+        return None  # a stored routine or an unexpected form: no table privileges
     whole, columns = set(), set()
     for item in _split_privileges(privileges_text):
         name = _normal(item.split("(", 1)[0])

@@ -20,9 +20,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
-from . import repository
-
-from . import service
+from . import repository, service
 from .logs import event
 
 log = logging.getLogger("jobqueue.reaper")

@@ -23,23 +23,24 @@ import logging
 import re
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from .errors import ValidationError
 from .logs import RateLimited, event
 
 log = logging.getLogger("jobqueue.recurring")
 
-NAME = re.compile(r"[A-Za-z0-9_.\-]{1,50}")     # fullmatch: "$" would let a final newline through
+NAME = re.compile(r"[A-Za-z0-9_.\-]{1,50}")  # fullmatch: "$" would let a final newline through
 ALIASES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
 KEY_PREFIX = "recurring:"
-REREAD_SECONDS = 30.0      # how stale a process's idea of the next due tick may get (one small read)
+REREAD_SECONDS = 30.0  # how stale a process's idea of the next due tick may get (one small read)
 
 
 def check_name(name: object) -> str:
     if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise ValidationError("a recurring job's name must be 1-50 characters of letters, digits, '_', '.' or '-'",
-                              "name")
+        raise ValidationError(
+            "a recurring job's name must be 1-50 characters of letters, digits, '_', '.' or '-'", "name"
+        )
     return name
 
 
@@ -55,8 +56,11 @@ def parse_cron(expr: object) -> str:
         if text.lower() not in ALIASES:
             raise ValidationError(f"unknown cron alias {text!r}; use one of {', '.join(ALIASES)}", "cron")
     elif len(text.split(" ")) != 5:
-        raise ValidationError(f"cron {text!r} must have 5 fields (minute hour day-of-month month day-of-week), "
-                              f"it has {len(text.split(' '))}", "cron")
+        raise ValidationError(
+            f"cron {text!r} must have 5 fields (minute hour day-of-month month day-of-week), "
+            f"it has {len(text.split(' '))}",
+            "cron",
+        )
     else:
         chance = _CHANCE.search(text)
         if chance is not None:
@@ -64,12 +68,14 @@ def parse_cron(expr: object) -> str:
             raise ValidationError(
                 f"cron {text!r}: {letter!r} ({'random' if letter == 'R' else 'hashed'}) picks a tick that differs "
                 "from process to process, so each process would enqueue a run of its own; write the minute or "
-                "hour out (e.g. '17 * * * *')", "cron")
-    from croniter import croniter   # here, not at import: 40 ms a one-shot command need not pay
+                "hour out (e.g. '17 * * * *')",
+                "cron",
+            )
+    from croniter import croniter  # here, not at import: 40 ms a one-shot command need not pay
     from croniter.croniter import CroniterError
 
     try:
-        croniter(text, datetime(2026, 1, 1, tzinfo=timezone.utc)).get_next(datetime)
+        croniter(text, datetime(2026, 1, 1, tzinfo=UTC)).get_next(datetime)
     except (CroniterError, ValueError, KeyError) as exc:
         raise ValidationError(f"cron {text!r} is not valid: {exc}", "cron") from None
     return text
@@ -81,7 +87,7 @@ _CHANCE = re.compile(r"(?:^|[ ,/-])([HhRr])")
 
 
 def _aware(when: datetime) -> datetime:
-    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def latest_tick(expr: str, now: datetime) -> datetime:
@@ -90,7 +96,7 @@ def latest_tick(expr: str, now: datetime) -> datetime:
 
     # croniter's get_prev is strictly before its base: a microsecond later counts `now` itself.
     tick = croniter(expr, _aware(now) + timedelta(microseconds=1)).get_prev(datetime)
-    return tick.astimezone(timezone.utc).replace(tzinfo=None)
+    return tick.astimezone(UTC).replace(tzinfo=None)
 
 
 def next_tick(expr: str, after: datetime) -> datetime:
@@ -98,7 +104,7 @@ def next_tick(expr: str, after: datetime) -> datetime:
     from croniter import croniter
 
     tick = croniter(expr, _aware(after)).get_next(datetime)
-    return tick.astimezone(timezone.utc).replace(tzinfo=None)
+    return tick.astimezone(UTC).replace(tzinfo=None)
 
 
 def run_key(name: str, tick: datetime) -> str:
@@ -111,8 +117,15 @@ class RecurringRunner:
     earliest next tick of the enabled schedules at most every REREAD_SECONDS, and enqueues when
     that tick has come (judged by the database clock, offset onto this host's monotonic clock)."""
 
-    def __init__(self, engine, *, registry=None, name: str = "recurring", reread_seconds: float = REREAD_SECONDS,
-                 clock=time.monotonic):
+    def __init__(
+        self,
+        engine,
+        *,
+        registry=None,
+        name: str = "recurring",
+        reread_seconds: float = REREAD_SECONDS,
+        clock=time.monotonic,
+    ):
         from .tasks import TASKS
 
         self.engine = engine
@@ -121,7 +134,7 @@ class RecurringRunner:
         self.reread_seconds = reread_seconds
         self.clock = clock
         self._read_at = float("-inf")
-        self._due_at = float("inf")    # monotonic time of the earliest next tick
+        self._due_at = float("inf")  # monotonic time of the earliest next tick
         self._synced = False
         self._lock = threading.Lock()
         self._error_log = RateLimited(60.0)

@@ -33,30 +33,41 @@ from collections.abc import Sequence
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import logs, repository
-from .repository.replicas import Pause, ReplicaReport
 from .db import create_engine
 from .errors import TransientDatabaseError
+from .repository.replicas import Pause, ReplicaReport
 from .settings import Settings
 
 log = logging.getLogger("jobqueue.replicas")
 
-CHECK_INTERVAL_SECONDS = 1.0    # re-reading while paused: the lag is counted in whole seconds
-FRESH_SECONDS = 0.5             # between batches a reading this young is reused (same whole second)
-RETRY_SECONDS = 10.0            # a replica that did not answer is skipped this long
-STATEMENT_SECONDS = 3.0         # SHOW SLAVE STATUS answers in a millisecond; a stuck server must not hold a bulk
+CHECK_INTERVAL_SECONDS = 1.0  # re-reading while paused: the lag is counted in whole seconds
+FRESH_SECONDS = 0.5  # between batches a reading this young is reused (same whole second)
+RETRY_SECONDS = 10.0  # a replica that did not answer is skipped this long
+STATEMENT_SECONDS = 3.0  # SHOW SLAVE STATUS answers in a millisecond; a stuck server must not hold a bulk
 
 
 class ReplicaWatch:
     """The watched replicas of one process: an engine each (one pooled connection, READ ONLY
     sessions, statements bounded), read on demand."""
 
-    def __init__(self, urls: Sequence[str], lag_limit: int, *, settings: Settings | None = None,
-                 check_interval: float = CHECK_INTERVAL_SECONDS, retry_seconds: float = RETRY_SECONDS):
+    def __init__(
+        self,
+        urls: Sequence[str],
+        lag_limit: int,
+        *,
+        settings: Settings | None = None,
+        check_interval: float = CHECK_INTERVAL_SECONDS,
+        retry_seconds: float = RETRY_SECONDS,
+    ):
         self.lag_limit = lag_limit
         self.check_interval = check_interval
         self.retry_seconds = retry_seconds
-        self.engines = [create_engine(url, pool_size=1, settings=settings, read_only=True,
-                                      statement_timeout_seconds=STATEMENT_SECONDS) for url in urls]
+        self.engines = [
+            create_engine(
+                url, pool_size=1, settings=settings, read_only=True, statement_timeout_seconds=STATEMENT_SECONDS
+            )
+            for url in urls
+        ]
         self.addresses = [engine.candidates.address(0) for engine in self.engines]
         self._down_until = [0.0] * len(self.engines)
         self._last_error: list[str | None] = [None] * len(self.engines)
@@ -90,7 +101,7 @@ class ReplicaWatch:
             error = str(getattr(exc, "orig", None) or exc).splitlines()[0][:200]
             self._down_until[i] = time.monotonic() + self.retry_seconds
             self._last_error[i] = error
-            self.engines[i].dispose()   # its pooled connection is dead too
+            self.engines[i].dispose()  # its pooled connection is dead too
             logs.event(log, logging.WARNING, "replica_unreachable", address=address, error=error)
             return ReplicaReport(address, None, error)
 

@@ -16,8 +16,9 @@ from .models import JobResult
 POLL_SECONDS = 1.0
 
 
-def wait_for(engine: Engine, *, task_key: str | None = None, job_id: int | None = None,
-             timeout: float | None = 0.0) -> JobResult:
+def wait_for(
+    engine: Engine, *, task_key: str | None = None, job_id: int | None = None, timeout: float | None = 0.0
+) -> JobResult:
     """The job's outcome once it finished, or where it stands when `timeout` seconds passed
     (0: at once; None: no limit). JobNotFound for an unknown key or id. A connection is taken
     from the pool for each read only, so long waits do not hold one."""
@@ -31,7 +32,7 @@ def wait_for(engine: Engine, *, task_key: str | None = None, job_id: int | None 
             if left <= 0:
                 break
             done.wait(min(POLL_SECONDS, left))
-            done.clear()   # set again only by another completion: never a busy loop
+            done.clear()  # set again only by another completion: never a busy loop
             outcome = _read(engine, outcome.task_key, None)
     return outcome
 

@@ -24,16 +24,14 @@ from datetime import timedelta
 
 from sqlalchemy.engine import Engine
 
-from . import repository
-
-from . import service
+from . import repository, service
 from .logs import event
 from .settings import Settings, current
 
 log = logging.getLogger("jobqueue.retention")
 
 PRUNE_EVERY_SECONDS = 3600.0
-CHECK_SECONDS = 60.0   # the longest a process waits before asking again after an error
+CHECK_SECONDS = 60.0  # the longest a process waits before asking again after an error
 PRUNE_LOG_RETENTION = timedelta(days=30)
 
 
@@ -42,8 +40,15 @@ class Pruner:
     looks at the database when a pass may be due, and at most every CHECK_SECONDS), the pass
     itself in a daemon thread."""
 
-    def __init__(self, engine: Engine, *, name: str = "pruner", every_seconds: float = PRUNE_EVERY_SECONDS,
-                 settings: Settings | None = None, clock=time.monotonic):
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        name: str = "pruner",
+        every_seconds: float = PRUNE_EVERY_SECONDS,
+        settings: Settings | None = None,
+        clock=time.monotonic,
+    ):
         self.engine = engine
         self.name = name
         self.every_seconds = every_seconds
@@ -68,17 +73,17 @@ class Pruner:
         now = self.clock()
         if now < self._next_check:
             return False
-        self._next_check = now + min(self.every_seconds, CHECK_SECONDS)   # after an error, or when due
+        self._next_check = now + min(self.every_seconds, CHECK_SECONDS)  # after an error, or when due
         try:
             with self.engine.connect() as conn:
                 wait = repository.retention.prune_due_in(conn, self.every_seconds)
-        except Exception as exc:   # a database error: counted and logged, asked again later
+        except Exception as exc:  # a database error: counted and logged, asked again later
             self._failed(exc)
             return False
         if wait > 0:
             self._next_check = now + max(wait, min(self.every_seconds, CHECK_SECONDS))
             return False
-        self._next_check = now + self.every_seconds   # the next pass is due that long after this one
+        self._next_check = now + self.every_seconds  # the next pass is due that long after this one
         self._thread = threading.Thread(target=self._run, name="jobqueue-pruner", daemon=True)
         self._thread.start()
         return True
@@ -86,7 +91,7 @@ class Pruner:
     def _run(self) -> None:
         try:
             self.run_once()
-        except Exception as exc:   # a database error: counted and logged, tried again later
+        except Exception as exc:  # a database error: counted and logged, tried again later
             self._failed(exc)
 
     def _failed(self, exc: Exception) -> None:
@@ -95,8 +100,14 @@ class Pruner:
         self._next_check = min(self._next_check, self.clock() + min(self.every_seconds, CHECK_SECONDS))
 
         metrics.SQL_ERRORS.labels(operation="prune").inc()
-        event(log, logging.ERROR, "sql_error", operation="prune", by=self.name,
-              error=f"{type(exc).__name__}: {str(getattr(exc, 'orig', None) or exc)[:300]}")
+        event(
+            log,
+            logging.ERROR,
+            "sql_error",
+            operation="prune",
+            by=self.name,
+            error=f"{type(exc).__name__}: {str(getattr(exc, 'orig', None) or exc)[:300]}",
+        )
 
     def run_if_due(self) -> repository.retention.PruneCounts | None:
         """One pass now if no process started one within `every_seconds`."""
@@ -108,9 +119,15 @@ class Pruner:
     def run_once(self) -> repository.retention.PruneCounts:
         settings = self.settings or current()
         with self.engine.connect() as conn:
-            counts = service.prune(conn, done_days=settings.keep_done_days, failed_days=settings.keep_failed_days,
-                                      keys_days=settings.keep_keys_days, by=self.name, stop=self._stop.is_set,
-                                      sleep=self._stop.wait)
+            counts = service.prune(
+                conn,
+                done_days=settings.keep_done_days,
+                failed_days=settings.keep_failed_days,
+                keys_days=settings.keep_keys_days,
+                by=self.name,
+                stop=self._stop.is_set,
+                sleep=self._stop.wait,
+            )
             repository.maintenance.prune_history(conn)
             repository.retention.forget_prune_runs(conn, PRUNE_LOG_RETENTION)
         self.last = counts

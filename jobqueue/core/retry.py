@@ -22,12 +22,12 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    attempts: int | None = None           # at most this many calls (None: no limit)
-    seconds: float | None = None          # stop retrying once this much time has passed (None: no limit)
-    first_delay: float = 0.01             # pause after the first failure
-    max_delay: float = 2.0                # pauses double up to this
+    attempts: int | None = None  # at most this many calls (None: no limit)
+    seconds: float | None = None  # stop retrying once this much time has passed (None: no limit)
+    first_delay: float = 0.01  # pause after the first failure
+    max_delay: float = 2.0  # pauses double up to this
     jitter: tuple[float, float] = (0.5, 1.5)
-    attempts_by_kind: Mapping[str, int] = field(default_factory=dict)   # tighter limits for some kinds
+    attempts_by_kind: Mapping[str, int] = field(default_factory=dict)  # tighter limits for some kinds
 
     def delay(self, retry_number: int, rng: random.Random | None = None) -> float:
         """Pause before retry `retry_number` (1 for the first retry)."""
@@ -46,11 +46,16 @@ class RetriesExhausted(Exception):
         self.last = last
 
 
-def call(fn: Callable[[], T], policy: RetryPolicy, classify: Callable[[BaseException], str | None], *,
-         on_retry: Callable[[str, int, float, BaseException], None] | None = None,
-         give_up: Callable[[], bool] | None = None,
-         sleep: Callable[[float], object] = time.sleep,
-         clock: Callable[[], float] = time.monotonic) -> T:
+def call(
+    fn: Callable[[], T],
+    policy: RetryPolicy,
+    classify: Callable[[BaseException], str | None],
+    *,
+    on_retry: Callable[[str, int, float, BaseException], None] | None = None,
+    give_up: Callable[[], bool] | None = None,
+    sleep: Callable[[float], object] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
     """`fn()`, retried while `classify(error)` names a kind worth retrying and the policy allows.
 
     An error `classify` answers None for is raised at once. When the policy runs out (or
@@ -71,8 +76,12 @@ def call(fn: Callable[[], T], policy: RetryPolicy, classify: Callable[[BaseExcep
             per_kind[kind] = per_kind.get(kind, 0) + 1
             limit = policy.attempts_by_kind.get(kind, policy.attempts)
             out_of_time = policy.seconds is not None and clock() - started >= policy.seconds
-            if (limit is not None and per_kind[kind] >= limit) or (policy.attempts is not None and attempt >= policy.attempts) \
-                    or out_of_time or (give_up is not None and give_up()):
+            if (
+                (limit is not None and per_kind[kind] >= limit)
+                or (policy.attempts is not None and attempt >= policy.attempts)
+                or out_of_time
+                or (give_up is not None and give_up())
+            ):
                 raise RetriesExhausted(kind, attempt, exc) from exc
             delay = policy.delay(attempt)
             if on_retry is not None:

@@ -56,8 +56,7 @@ def _as_text(dialect) -> bool:
 
 
 StatusType = sa.Enum(
-    *[s.value for s in Status], name="job_status", native_enum=True, create_constraint=False,
-    validate_strings=True,
+    *[s.value for s in Status], name="job_status", native_enum=True, create_constraint=False, validate_strings=True
 )
 
 job_queue = sa.Table(
@@ -128,10 +127,10 @@ job_attempt = sa.Table(
 worker_process = sa.Table(
     "worker_process",
     metadata,
-    sa.Column("id", sa.String(64), primary_key=True),        # host:pid[:name], the lease-owner prefix
+    sa.Column("id", sa.String(64), primary_key=True),  # host:pid[:name], the lease-owner prefix
     sa.Column("host", sa.String(255), nullable=False),
     sa.Column("pid", sa.Integer(), nullable=False),
-    sa.Column("kind", sa.String(20), nullable=False),         # worker | embedded
+    sa.Column("kind", sa.String(20), nullable=False),  # worker | embedded
     sa.Column("concurrency", sa.Integer(), nullable=False),
     sa.Column("queues", sa.String(1000), nullable=False),
     sa.Column("started_at", Timestamp, nullable=False),
@@ -139,15 +138,27 @@ worker_process = sa.Table(
     sa.Column("stopped_at", Timestamp, nullable=True),
     sa.Column("jobs_in_hand", sa.Integer(), nullable=False),
     sa.Column("processed", sa.BigInteger(), nullable=False),
-    sa.Column("state", sa.Text(), nullable=True),             # JSON: claiming or not and why, what each slot holds
+    sa.Column("state", sa.Text(), nullable=True),  # JSON: claiming or not and why, what each slot holds
     sa.Index("ix_worker_heartbeat", "last_heartbeat"),
 )
 
 # What each process did per minute: the overview's throughput chart and activity panels read
 # these few rows instead of scanning job_queue. Each process writes only its own rows, so the
 # flush never contends with another process.
-STAT_COLUMNS = ("completed", "failed", "retried", "reclaimed", "lease_lost", "claims", "claimed",
-                "empty_idle", "empty_contended", "empty_waiting", "skipped", "sql_errors")
+STAT_COLUMNS = (
+    "completed",
+    "failed",
+    "retried",
+    "reclaimed",
+    "lease_lost",
+    "claims",
+    "claimed",
+    "empty_idle",
+    "empty_contended",
+    "empty_waiting",
+    "skipped",
+    "sql_errors",
+)
 worker_stats = sa.Table(
     "worker_stats",
     metadata,
@@ -165,7 +176,7 @@ audit_log = sa.Table(
     sa.Column("actor", sa.String(100), nullable=False),
     sa.Column("action", sa.String(20), nullable=False),
     sa.Column("job_id", sa.BigInteger(), nullable=True),
-    sa.Column("selection", sa.Text(), nullable=True),     # for bulk actions: the ids or the filter
+    sa.Column("selection", sa.Text(), nullable=True),  # for bulk actions: the ids or the filter
     sa.Column("before_status", sa.String(20), nullable=True),
     sa.Column("after_status", sa.String(20), nullable=True),
     sa.Column("count", sa.Integer(), nullable=False),
@@ -198,7 +209,7 @@ login_throttle = sa.Table(
     "login_throttle",
     metadata,
     sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("scope", sa.String(20), nullable=False),        # address | address_user
+    sa.Column("scope", sa.String(20), nullable=False),  # address | address_user
     sa.Column("failures", sa.Integer(), nullable=False),
     sa.Column("blocked_until", Timestamp, nullable=True),
     sa.Column("expires_at", Timestamp, nullable=False),
@@ -227,11 +238,11 @@ recurring_job = sa.Table(
     sa.Column("cron", sa.String(100), nullable=False),
     sa.Column("task_name", sa.String(100), nullable=False),
     sa.Column("payload", JsonText(), nullable=False),
-    sa.Column("queue", sa.String(64), nullable=True),         # None: the task's queue
+    sa.Column("queue", sa.String(64), nullable=True),  # None: the task's queue
     sa.Column("enabled", sa.Boolean(), nullable=False),
     sa.Column("source", sa.String(10), nullable=False),
     sa.Column("next_run_at", Timestamp, nullable=False),
-    sa.Column("last_run_at", Timestamp, nullable=True),       # the last tick enqueued
+    sa.Column("last_run_at", Timestamp, nullable=True),  # the last tick enqueued
     sa.Column("last_job_id", sa.BigInteger(), nullable=True),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("updated_at", Timestamp, nullable=False),

@@ -59,27 +59,52 @@ log = logging.getLogger("jobqueue.repository")
 
 # --- enqueue -------------------------------------------------------------------------------------
 
-def enqueue(conn: Connection, task_name: str, task_key: str, payload: dict | None = None, *,
-            queue: str | None = None, priority: int = 0, delay: float = 0,
-            max_attempts: int | None = None, registry: Registry = TASKS,
-            allow_unregistered: bool = False) -> Enqueued:
+
+def enqueue(
+    conn: Connection,
+    task_name: str,
+    task_key: str,
+    payload: dict | None = None,
+    *,
+    queue: str | None = None,
+    priority: int = 0,
+    delay: float = 0,
+    max_attempts: int | None = None,
+    registry: Registry = TASKS,
+    allow_unregistered: bool = False,
+) -> Enqueued:
     """Add one job. A known task_key writes nothing and returns the existing id, duplicate=True.
     The task is looked up in `registry`, then among the tasks workers registered (KnownTasks);
     `allow_unregistered` takes a name found in neither, with the default options."""
-    result = _enqueue.enqueue(conn, task_name, task_key, payload, queue=queue, priority=priority, delay=delay,
-                              max_attempts=max_attempts, registry=KnownTasks(conn, base=registry),
-                              allow_unregistered=allow_unregistered)
+    result = _enqueue.enqueue(
+        conn,
+        task_name,
+        task_key,
+        payload,
+        queue=queue,
+        priority=priority,
+        delay=delay,
+        max_attempts=max_attempts,
+        registry=KnownTasks(conn, base=registry),
+        allow_unregistered=allow_unregistered,
+    )
     engine = conn.engine
     _after_commit(conn, lambda: _report_enqueued([result], engine))
     return result
 
 
-def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *,
-                 registry: Registry = TASKS, allow_unregistered: bool = False) -> list[Enqueued]:
+def enqueue_many(
+    conn: Connection,
+    jobs: Iterable[NewJob | Mapping[str, Any]],
+    *,
+    registry: Registry = TASKS,
+    allow_unregistered: bool = False,
+) -> list[Enqueued]:
     """Add many jobs in one transaction (multi-row INSERT); all validated before any is written
     (task names as `enqueue` looks them up)."""
-    results = _enqueue.enqueue_many(conn, jobs, registry=KnownTasks(conn, base=registry),
-                                    allow_unregistered=allow_unregistered)
+    results = _enqueue.enqueue_many(
+        conn, jobs, registry=KnownTasks(conn, base=registry), allow_unregistered=allow_unregistered
+    )
     engine = conn.engine
     _after_commit(conn, lambda: _report_enqueued(results, engine))
     return results
@@ -123,8 +148,14 @@ def _report_enqueued(results: list[Enqueued], engine: Engine | None = None) -> N
     for res in results:
         if res.duplicate:
             duplicates += 1
-            event(log, logging.INFO, "duplicate_enqueue", job_id=res.id, task_key=res.task_key,
-                  detail="task_key already known; nothing written")
+            event(
+                log,
+                logging.INFO,
+                "duplicate_enqueue",
+                job_id=res.id,
+                task_key=res.task_key,
+                detail="task_key already known; nothing written",
+            )
         else:
             written[res.queue] = written.get(res.queue, 0) + 1
     # One increment per queue, not per job: a batch of 1,000 spent a tenth of its time here.
@@ -143,8 +174,10 @@ def _report_enqueued(results: list[Enqueued], engine: Engine | None = None) -> N
 
 # --- claim ---------------------------------------------------------------------------------------
 
-def claim(conn: Connection, worker_id: str | Sequence[str], limit: int, queues: Sequence[str], *,
-          lease_seconds: float) -> list[ClaimedJob]:
+
+def claim(
+    conn: Connection, worker_id: str | Sequence[str], limit: int, queues: Sequence[str], *, lease_seconds: float
+) -> list[ClaimedJob]:
     """Take up to `limit` ready jobs from `queues` (in that order) in one short transaction;
     `worker_id` is the lease owner, or one per slot. Only jobs the guarded UPDATE took come back."""
     cycle = _claim.claim(conn, worker_id, limit, queues, lease_seconds=lease_seconds)
@@ -152,13 +185,27 @@ def claim(conn: Connection, worker_id: str | Sequence[str], limit: int, queues: 
     return cycle.claimed
 
 
-def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], *, lease_seconds: float,
-                completions: Sequence[Lease] = (), classify_queues: Sequence[str] | None = None,
-                refill: bool = True) -> ClaimCycle:
+def claim_cycle(
+    conn: Connection,
+    owners: Sequence[str],
+    queues: Sequence[str],
+    *,
+    lease_seconds: float,
+    completions: Sequence[Lease] = (),
+    classify_queues: Sequence[str] | None = None,
+    refill: bool = True,
+) -> ClaimCycle:
     """Complete `completions` and claim for `owners` (and, with `refill`, the completed jobs'
     slots) in one COMMIT."""
-    cycle = _claim.claim_cycle(conn, owners, queues, lease_seconds=lease_seconds, completions=completions,
-                               classify_queues=classify_queues, refill=refill)
+    cycle = _claim.claim_cycle(
+        conn,
+        owners,
+        queues,
+        lease_seconds=lease_seconds,
+        completions=completions,
+        classify_queues=classify_queues,
+        refill=refill,
+    )
     _report_cycle(cycle)
     return cycle
 
@@ -177,12 +224,23 @@ def _report_cycle(cycle: ClaimCycle) -> None:
 
 # --- fenced lease writes -------------------------------------------------------------------------
 
+
 def _report_losses(losses: Iterable[LeaseLoss]) -> None:
     for loss in losses:
         metrics.LEASES_LOST.labels(operation=loss.operation).inc()
-        event(log, logging.WARNING, "lease_lost", operation=loss.operation, job_id=loss.lease.job_id,
-              task_key=loss.task_key, attempt=loss.lease.attempt, worker=loss.lease.owner,
-              now_status=loss.now_status, now_owner=loss.now_owner, now_attempt=loss.now_attempt)
+        event(
+            log,
+            logging.WARNING,
+            "lease_lost",
+            operation=loss.operation,
+            job_id=loss.lease.job_id,
+            task_key=loss.task_key,
+            attempt=loss.lease.attempt,
+            worker=loss.lease.owner,
+            now_status=loss.now_status,
+            now_owner=loss.now_owner,
+            now_attempt=loss.now_attempt,
+        )
 
 
 def renew(conn: Connection, leases: Sequence[Lease], lease_seconds: float) -> dict[Lease, Outcome]:
@@ -258,22 +316,39 @@ def record_result(conn: Connection, lease: Lease, task_key: str, result: Any) ->
         raise LeaseLostError(f"job {lease.job_id} attempt {lease.attempt}: lease lost; result not recorded") from None
     if not written:
         metrics.DUPLICATE_RESULTS.inc()
-        event(log, logging.WARNING, "duplicate_result", job_id=lease.job_id, task_key=task_key,
-              attempt=lease.attempt, worker=lease.owner,
-              detail="result already recorded for this task_key; nothing written")
+        event(
+            log,
+            logging.WARNING,
+            "duplicate_result",
+            job_id=lease.job_id,
+            task_key=task_key,
+            attempt=lease.attempt,
+            worker=lease.owner,
+            detail="result already recorded for this task_key; nothing written",
+        )
     return written
 
 
 # --- maintenance ---------------------------------------------------------------------------------
 
-def reap(conn: Connection, *, batch_size: int = REAP_BATCH, max_batches: int = 100,
-         keep: Sequence[tuple[int, int]] = ()) -> ReapResult:
+
+def reap(
+    conn: Connection, *, batch_size: int = REAP_BATCH, max_batches: int = 100, keep: Sequence[tuple[int, int]] = ()
+) -> ReapResult:
     """Expired leases back to ready (or failed when attempts are used up); attempts kept. `keep`:
     the caller's own leases whose final write is pending (see maintenance.reap)."""
     result = _maintenance.reap(conn, batch_size=batch_size, max_batches=max_batches, keep=keep)
     for job in result.jobs:
-        event(log, logging.WARNING, "reclaimed", job_id=job.job_id, task_key=job.task_key, attempt=job.attempt,
-              worker=job.owner, to=job.to)
+        event(
+            log,
+            logging.WARNING,
+            "reclaimed",
+            job_id=job.job_id,
+            task_key=job.task_key,
+            attempt=job.attempt,
+            worker=job.owner,
+            to=job.to,
+        )
     if result.reclaimed:
         metrics.RECLAIMED.labels(to_status="ready").inc(result.reclaimed)
         wakeup.notify()
@@ -293,6 +368,7 @@ def promote_due(conn: Connection, *, batch_size: int = PROMOTE_BATCH, max_batche
 
 # --- operator actions ----------------------------------------------------------------------------
 
+
 def _operator_action(action: str, job_id: int, actor: str, run) -> ActionResult:
     try:
         result = run()
@@ -305,21 +381,31 @@ def _operator_action(action: str, job_id: int, actor: str, run) -> ActionResult:
         event(log, logging.INFO, "operator_refused", action=action, job_id=job_id, actor=actor, reason=str(exc))
         raise
     metrics.OPERATOR_ACTIONS.labels(action=action, outcome="ok" if result.changed else "noop").inc()
-    event(log, logging.INFO, "operator_" + action, job_id=job_id, actor=actor, before=result.before.value,
-          after=result.after.value, changed=result.changed)
+    event(
+        log,
+        logging.INFO,
+        "operator_" + action,
+        job_id=job_id,
+        actor=actor,
+        before=result.before.value,
+        after=result.after.value,
+        changed=result.changed,
+    )
     if result.changed:
-        forget_counts()     # the operator's next page shows what they did
+        forget_counts()  # the operator's next page shows what they did
     if result.changed and result.after.value == "ready":
         wakeup.notify()
     return result
 
 
-def requeue_job(conn: Connection, job_id: int, *, force: bool = False, again: bool = False,
-                actor: str = "operator") -> ActionResult:
+def requeue_job(
+    conn: Connection, job_id: int, *, force: bool = False, again: bool = False, actor: str = "operator"
+) -> ActionResult:
     """Put a job back to ready now (NOWAIT); a running job with a valid lease needs `force`, a
     done job `again` (its handler runs again; its task_key keeps its one result row)."""
-    return _operator_action("requeue", job_id, actor,
-                            lambda: _operator.requeue_job(conn, job_id, force=force, again=again, actor=actor))
+    return _operator_action(
+        "requeue", job_id, actor, lambda: _operator.requeue_job(conn, job_id, force=force, again=again, actor=actor)
+    )
 
 
 def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor: str = "operator") -> ActionResult:
@@ -335,20 +421,56 @@ def cancel_job(conn: Connection, job_id: int, reason: str | None = None, *, acto
     return result
 
 
-def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int] | None = None,
-                job_filter: JobFilter | None = None, after_id: int | None = None, reason: str | None = None,
-                force: bool = False, batch_size: int = 500, deadline: float | None = None,
-                pace: Callable[[float | None], Pause] | None = None) -> BulkResult:
+def bulk_action(
+    conn: Connection,
+    action: str,
+    *,
+    actor: str,
+    ids: Sequence[int] | None = None,
+    job_filter: JobFilter | None = None,
+    after_id: int | None = None,
+    reason: str | None = None,
+    force: bool = False,
+    batch_size: int = 500,
+    deadline: float | None = None,
+    pace: Callable[[float | None], Pause] | None = None,
+) -> BulkResult:
     """Requeue, fail or cancel many jobs in bounded SKIP LOCKED batches, each after `pace` (the
     replicas' lag) allows it (see operator.bulk_action)."""
-    result = _operator.bulk_action(conn, action, actor=actor, ids=ids, job_filter=job_filter, after_id=after_id,
-                                   reason=reason, force=force, batch_size=batch_size, deadline=deadline, pace=pace)
+    result = _operator.bulk_action(
+        conn,
+        action,
+        actor=actor,
+        ids=ids,
+        job_filter=job_filter,
+        after_id=after_id,
+        reason=reason,
+        force=force,
+        batch_size=batch_size,
+        deadline=deadline,
+        pace=pace,
+    )
     if result.paused_seconds or (not result.finished and result.replica_note):
-        event(log, logging.INFO, f"operator_bulk_{action}_paused", actor=actor, seconds=round(result.paused_seconds, 1),
-              replicas=result.replica_note)
+        event(
+            log,
+            logging.INFO,
+            f"operator_bulk_{action}_paused",
+            actor=actor,
+            seconds=round(result.paused_seconds, 1),
+            replicas=result.replica_note,
+        )
     metrics.OPERATOR_ACTIONS.labels(action=f"bulk_{action}", outcome="ok").inc(result.changed)
-    event(log, logging.INFO, f"operator_bulk_{action}", actor=actor, selection=result.selection,
-          changed=result.changed, busy=result.busy, skipped=result.skipped, finished=result.finished)
+    event(
+        log,
+        logging.INFO,
+        f"operator_bulk_{action}",
+        actor=actor,
+        selection=result.selection,
+        changed=result.changed,
+        busy=result.busy,
+        skipped=result.skipped,
+        finished=result.finished,
+    )
     if result.changed:
         forget_counts()
     if result.changed and action == "requeue":
@@ -360,6 +482,7 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
 
 # --- locks ----------------------------------------------------------------------------------------
 
+
 def kill_connection(conn: Connection, connection_id: int, *, actor: str) -> Transaction:
     """End a connection that holds job_queue rows (KILL CONNECTION), audited; InvalidState for
     any other connection."""
@@ -367,18 +490,34 @@ def kill_connection(conn: Connection, connection_id: int, *, actor: str) -> Tran
         found = _locks.kill_connection(conn, connection_id, actor=actor)
     except InvalidState as exc:
         metrics.OPERATOR_ACTIONS.labels(action="kill", outcome="refused").inc()
-        event(log, logging.INFO, "operator_refused", action="kill", connection_id=connection_id, actor=actor,
-              reason=str(exc))
+        event(
+            log,
+            logging.INFO,
+            "operator_refused",
+            action="kill",
+            connection_id=connection_id,
+            actor=actor,
+            reason=str(exc),
+        )
         raise
     metrics.OPERATOR_ACTIONS.labels(action="kill", outcome="ok").inc()
-    event(log, logging.WARNING, "operator_kill", connection_id=connection_id, actor=actor, account=found.account,
-          jobs=",".join(map(str, found.jobs)) or None, age_seconds=found.age_seconds)
+    event(
+        log,
+        logging.WARNING,
+        "operator_kill",
+        connection_id=connection_id,
+        actor=actor,
+        account=found.account,
+        jobs=",".join(map(str, found.jobs)) or None,
+        age_seconds=found.age_seconds,
+    )
     if found.jobs:
-        wakeup.notify()   # the rows it held are claimable again
+        wakeup.notify()  # the rows it held are claimable again
     return found
 
 
 # --- queues: pause and resume ----------------------------------------------------------------------
+
 
 def pause_queue(conn: Connection, queue: str, *, actor: str) -> QueueState:
     """Stop claims from `queue` (within about a second, in every process); enqueue still works."""
@@ -399,13 +538,31 @@ def resume_queue(conn: Connection, queue: str, *, actor: str) -> QueueState:
 
 # --- recurring jobs --------------------------------------------------------------------------------
 
-def upsert_recurring(conn: Connection, name: str, *, cron: str, task: str, payload: dict | None = None,
-                     queue: str | None = None, actor: str, registry: Registry = TASKS) -> tuple[dict, bool]:
+
+def upsert_recurring(
+    conn: Connection,
+    name: str,
+    *,
+    cron: str,
+    task: str,
+    payload: dict | None = None,
+    queue: str | None = None,
+    actor: str,
+    registry: Registry = TASKS,
+) -> tuple[dict, bool]:
     """Add a recurring job or replace its definition; validated first, nothing written on error."""
-    row, created = _recurring.upsert_recurring(conn, name, cron=cron, task=task, payload=payload, queue=queue,
-                                               actor=actor, registry=registry)
-    event(log, logging.INFO, "recurring_added" if created else "recurring_changed", schedule=name, cron=row["cron"],
-          task=task, actor=actor)
+    row, created = _recurring.upsert_recurring(
+        conn, name, cron=cron, task=task, payload=payload, queue=queue, actor=actor, registry=registry
+    )
+    event(
+        log,
+        logging.INFO,
+        "recurring_added" if created else "recurring_changed",
+        schedule=name,
+        cron=row["cron"],
+        task=task,
+        actor=actor,
+    )
     return row, created
 
 
@@ -438,17 +595,38 @@ def enqueue_due_recurring(conn: Connection, *, now=None, registry: Registry = TA
 
 # --- retention -------------------------------------------------------------------------------------
 
-def prune(conn: Connection, *, done_days: float | None, failed_days: float | None, keys_days: float | None = None,
-          dry_run: bool = False, by: str = "operator", **options) -> PruneCounts:
+
+def prune(
+    conn: Connection,
+    *,
+    done_days: float | None,
+    failed_days: float | None,
+    keys_days: float | None = None,
+    dry_run: bool = False,
+    by: str = "operator",
+    **options,
+) -> PruneCounts:
     """Delete finished jobs past their keep time in batches of at most 1,000 with pauses; their
     attempts and results go with them, their task_keys stay in pruned_key."""
-    counts = _retention.prune(conn, done_days=done_days, failed_days=failed_days, keys_days=keys_days,
-                              dry_run=dry_run, by=by, **options)
+    counts = _retention.prune(
+        conn, done_days=done_days, failed_days=failed_days, keys_days=keys_days, dry_run=dry_run, by=by, **options
+    )
     if not dry_run and (counts.done or counts.failed or counts.cancelled or counts.keys_expired):
         metrics.PRUNED.labels(status="done").inc(counts.done)
         metrics.PRUNED.labels(status="failed").inc(counts.failed)
         metrics.PRUNED.labels(status="cancelled").inc(counts.cancelled)
-        event(log, logging.INFO, "pruned", by=by, done=counts.done, failed=counts.failed, cancelled=counts.cancelled,
-              attempts=counts.attempts, keys_expired=counts.keys_expired, batches=counts.batches,
-              seconds=f"{counts.seconds:.1f}", finished=counts.finished)
+        event(
+            log,
+            logging.INFO,
+            "pruned",
+            by=by,
+            done=counts.done,
+            failed=counts.failed,
+            cancelled=counts.cancelled,
+            attempts=counts.attempts,
+            keys_expired=counts.keys_expired,
+            batches=counts.batches,
+            seconds=f"{counts.seconds:.1f}",
+            finished=counts.finished,
+        )
     return counts

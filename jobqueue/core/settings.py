@@ -44,11 +44,13 @@ def _number(kind: type, low: float | None = None, high: float | None = None) -> 
         try:
             value = kind(raw.strip())
         except ValueError:
-            raise SettingsError(f"{PREFIX}{name} must be {'a whole number' if kind is int else 'a number'}; "
-                                f"got {raw!r}") from None
-        if value != value or (low is not None and value < low) or (high is not None and value > high):   # NaN too
+            raise SettingsError(
+                f"{PREFIX}{name} must be {'a whole number' if kind is int else 'a number'}; got {raw!r}"
+            ) from None
+        if value != value or (low is not None and value < low) or (high is not None and value > high):  # NaN too
             raise SettingsError(f"{PREFIX}{name} must be in {low:g}..{high:g}; got {raw!r}")
         return value
+
     return parse
 
 
@@ -71,8 +73,10 @@ def _server_urls(name: str, raw: str) -> tuple[str, ...]:
         scheme = url.split("://", 1)[0] if "://" in url else ""
         if scheme.split("+", 1)[0] not in ("mysql", "mariadb"):
             # Only the scheme is echoed: the URL may carry a password.
-            raise SettingsError(f"{PREFIX}{name} takes MySQL/MariaDB server URLs separated by spaces "
-                                f"(mysql+pymysql://user:pass@host:port); got one starting {scheme or url[:8]!r}")
+            raise SettingsError(
+                f"{PREFIX}{name} takes MySQL/MariaDB server URLs separated by spaces "
+                f"(mysql+pymysql://user:pass@host:port); got one starting {scheme or url[:8]!r}"
+            )
     return urls
 
 
@@ -89,120 +93,191 @@ def _log_level(name: str, raw: str) -> str:
 
 @dataclass(frozen=True)
 class Setting:
-    name: str                  # without the JOBQUEUE_ prefix
-    attribute: str             # the Settings field
+    name: str  # without the JOBQUEUE_ prefix
+    attribute: str  # the Settings field
     parse: Callable[[str, str], Any]
     default: Any
     doc: str
-    shown_default: str = ""    # for the docs, when the default is not a plain value
+    shown_default: str = ""  # for the docs, when the default is not a plain value
 
 
-def setting(name: str, parse: Callable[[str, str], Any], default: Any, doc: str, shown_default: str = "", *,
-            secret: bool = False) -> Any:
+def setting(
+    name: str,
+    parse: Callable[[str, str], Any],
+    default: Any,
+    doc: str,
+    shown_default: str = "",
+    *,
+    secret: bool = False,
+) -> Any:
     """A Settings field and everything said of it, declared once: the environment, app.config,
     the command line's defaults (cli.setting_option) and the docs' table all read it from here."""
-    return field(default=default, repr=not secret,
-                 metadata={"setting": Setting(name, "", parse, default, doc, shown_default)})
+    return field(
+        default=default, repr=not secret, metadata={"setting": Setting(name, "", parse, default, doc, shown_default)}
+    )
 
 
 @dataclass(frozen=True)
 class Settings:
     # the queue
-    database_urls: tuple[str, ...] = setting("DATABASE_URL", _words, (),
+    database_urls: tuple[str, ...] = setting(
+        "DATABASE_URL",
+        _words,
+        (),
         "the database: `mysql+pymysql://user:pass@host/db` (`mysql://` works too) or `sqlite:///path`; "
         "several URLs separated by spaces name candidate primaries, and the queue uses the one that is "
         "writable",
-        "SQLite under `./instance/`")
-    read_url: str | None = setting("READ_URL", _text, None,
+        "SQLite under `./instance/`",
+    )
+    read_url: str | None = setting(
+        "READ_URL",
+        _text,
+        None,
         "a replica for the dashboard's read-only pages (overview, jobs, job detail, workers, audit log), "
         "its lag shown on each; claims, enqueues, operator actions, health checks and the API always use "
         "the primary",
-        "none: every page reads from the primary")
-    replica_urls: tuple[str, ...] = setting("REPLICA_URLS", _server_urls, (),
+        "none: every page reads from the primary",
+    )
+    replica_urls: tuple[str, ...] = setting(
+        "REPLICA_URLS",
+        _server_urls,
+        (),
         "read-only replicas of the primary, separated by spaces: their lag and replication threads are "
         "shown on the health panel, `/api/health` and `jobqueue doctor`, and bulk actions pause while one"
         " is behind by more than `JOBQUEUE_REPLICA_LAG_LIMIT`",
-        "none: nothing is watched, bulk actions never pause")
-    replica_lag_limit: int = setting("REPLICA_LAG_LIMIT", _number(int, 1, 3600), 5,
-        "seconds a watched replica may be behind before bulk actions wait for it (re-checking) between "
-        "batches")
-    instance_path: str | None = setting("INSTANCE_PATH", _text, None,
-        "folder of the default SQLite database",
-        "`./instance`")
-    lock_wait_seconds: int = setting("LOCK_WAIT_SECONDS", _number(int, 1, 3600), 5,
-        "how long a fenced write or an operator action waits for a row lock (`innodb_lock_wait_timeout`)")
-    task_modules: tuple[str, ...] | None = setting("TASKS", _csv, None,
-        "comma-separated modules that register tasks",
-        "none")
-    max_payload_bytes: int = setting("MAX_PAYLOAD_BYTES", _number(int, 2, 16 * 1024 * 1024), 64 * 1024,
-        "largest payload accepted, as compact JSON")
-    export_dir: str | None = setting("EXPORT_DIR", _text, None,
-        "where the built-in `export_orders` task writes its files",
-        "`./instance/exports`")
+        "none: nothing is watched, bulk actions never pause",
+    )
+    replica_lag_limit: int = setting(
+        "REPLICA_LAG_LIMIT",
+        _number(int, 1, 3600),
+        5,
+        "seconds a watched replica may be behind before bulk actions wait for it (re-checking) between batches",
+    )
+    instance_path: str | None = setting(
+        "INSTANCE_PATH", _text, None, "folder of the default SQLite database", "`./instance`"
+    )
+    lock_wait_seconds: int = setting(
+        "LOCK_WAIT_SECONDS",
+        _number(int, 1, 3600),
+        5,
+        "how long a fenced write or an operator action waits for a row lock (`innodb_lock_wait_timeout`)",
+    )
+    task_modules: tuple[str, ...] | None = setting(
+        "TASKS", _csv, None, "comma-separated modules that register tasks", "none"
+    )
+    max_payload_bytes: int = setting(
+        "MAX_PAYLOAD_BYTES", _number(int, 2, 16 * 1024 * 1024), 64 * 1024, "largest payload accepted, as compact JSON"
+    )
+    export_dir: str | None = setting(
+        "EXPORT_DIR", _text, None, "where the built-in `export_orders` task writes its files", "`./instance/exports`"
+    )
     log_level: str = setting("LOG_LEVEL", _log_level, _INFO, "DEBUG, INFO, WARNING or ERROR")
-    lease_seconds: float = setting("LEASE_SECONDS", _number(float, 1, 86400), 60.0,
+    lease_seconds: float = setting(
+        "LEASE_SECONDS",
+        _number(float, 1, 86400),
+        60.0,
         "how long a claimed job is leased to its worker, renewed every third of it (embedded workers, "
-        "and the default of `jobqueue worker --lease-seconds`)")
-    grace_seconds: float = setting("GRACE_SECONDS", _number(float, 0, 86400), 20.0,
+        "and the default of `jobqueue worker --lease-seconds`)",
+    )
+    grace_seconds: float = setting(
+        "GRACE_SECONDS",
+        _number(float, 0, 86400),
+        20.0,
         "on shutdown, how long running jobs may finish before they are released (embedded workers, and "
-        "the default of `jobqueue worker --grace-seconds`)")
-    metrics_addr: str | None = setting("METRICS_ADDR", _text, "127.0.0.1",
-        "address of `jobqueue worker --metrics-port`")
+        "the default of `jobqueue worker --grace-seconds`)",
+    )
+    metrics_addr: str | None = setting(
+        "METRICS_ADDR", _text, "127.0.0.1", "address of `jobqueue worker --metrics-port`"
+    )
     # retention
-    keep_done_days: float = setting("KEEP_DONE_DAYS", _number(float, 0, 36500), 7.0,
-        "days a `done` job is kept before it is pruned (0: forever)")
-    keep_failed_days: float = setting("KEEP_FAILED_DAYS", _number(float, 0, 36500), 30.0,
-        "days a `failed` or `cancelled` job is kept before it is pruned (0: forever)")
-    keep_keys_days: float = setting("KEEP_KEYS_DAYS", _number(float, 0, 36500), 365.0,
-        "days a pruned job's task_key is still answered `duplicate: true` (0: forever)")
+    keep_done_days: float = setting(
+        "KEEP_DONE_DAYS", _number(float, 0, 36500), 7.0, "days a `done` job is kept before it is pruned (0: forever)"
+    )
+    keep_failed_days: float = setting(
+        "KEEP_FAILED_DAYS",
+        _number(float, 0, 36500),
+        30.0,
+        "days a `failed` or `cancelled` job is kept before it is pruned (0: forever)",
+    )
+    keep_keys_days: float = setting(
+        "KEEP_KEYS_DAYS",
+        _number(float, 0, 36500),
+        365.0,
+        "days a pruned job's task_key is still answered `duplicate: true` (0: forever)",
+    )
     # the web process
-    users: str | None = setting("USERS", _secret, None,
+    users: str | None = setting(
+        "USERS",
+        _secret,
+        None,
         "dashboard users, `name:role:hash` separated by `;` (see Security)",
         "none: the dashboard refuses to start",
-        secret=True)
-    secret_key: str | None = setting("SECRET_KEY", _secret, None,
+        secret=True,
+    )
+    secret_key: str | None = setting(
+        "SECRET_KEY",
+        _secret,
+        None,
         "signs session cookies; the same in every web process",
         "none (generated in development mode)",
-        secret=True)
-    api_tokens: str | None = setting("API_TOKENS", _secret, None,
-        "API bearer tokens, `name:role:token` separated by `;`",
-        "none",
-        secret=True)
+        secret=True,
+    )
+    api_tokens: str | None = setting(
+        "API_TOKENS", _secret, None, "API bearer tokens, `name:role:token` separated by `;`", "none", secret=True
+    )
     dev: bool = setting("DEV", parse_bool, False, "development mode: localhost only, a generated admin login")
-    dev_password: str | None = setting("DEV_PASSWORD", _secret, None,
-        "the development admin's password",
-        "generated",
-        secret=True)
-    secure_cookies: bool | None = setting("SECURE_COOKIES", parse_bool, None,
+    dev_password: str | None = setting(
+        "DEV_PASSWORD", _secret, None, "the development admin's password", "generated", secret=True
+    )
+    secure_cookies: bool | None = setting(
+        "SECURE_COOKIES",
+        parse_bool,
+        None,
         "`Secure` session cookies (HTTPS only); set 0 for plain HTTP outside development mode",
-        "1, or 0 in development mode")
-    session_idle_minutes: int = setting("SESSION_IDLE_MINUTES", _number(int, 1, 7 * 24 * 60), 60,
-        "a dashboard session not used for this long ends (checked on the server, every process and host)")
-    session_max_hours: float = setting("SESSION_MAX_HOURS", _number(float, 0.1, 24 * 30), 12.0,
-        "a dashboard session ends this long after sign-in, however busy it is")
-    tls_cert: str | None = setting("TLS_CERT", _text, None,
+        "1, or 0 in development mode",
+    )
+    session_idle_minutes: int = setting(
+        "SESSION_IDLE_MINUTES",
+        _number(int, 1, 7 * 24 * 60),
+        60,
+        "a dashboard session not used for this long ends (checked on the server, every process and host)",
+    )
+    session_max_hours: float = setting(
+        "SESSION_MAX_HOURS",
+        _number(float, 0.1, 24 * 30),
+        12.0,
+        "a dashboard session ends this long after sign-in, however busy it is",
+    )
+    tls_cert: str | None = setting(
+        "TLS_CERT",
+        _text,
+        None,
         "PEM certificate (chain) for gunicorn to serve HTTPS itself; with `JOBQUEUE_TLS_KEY`",
-        "none: plain HTTP")
+        "none: plain HTTP",
+    )
     tls_key: str | None = setting("TLS_KEY", _text, None, "the certificate's PEM private key", "none")
-    embedded_workers: int = setting("EMBEDDED_WORKERS", _number(int, 0, 256), 2,
-        "job threads in each web process (0: none)")
-    embedded_queues: tuple[str, ...] | None = setting("EMBEDDED_QUEUES", _csv, None,
-        "comma-separated queues for them",
-        "all")
-    bind: str | None = setting("BIND", _text, None,
-        "gunicorn's address",
-        "`127.0.0.1:8000`, or `0.0.0.0:$PORT` when `PORT` is set")
+    embedded_workers: int = setting(
+        "EMBEDDED_WORKERS", _number(int, 0, 256), 2, "job threads in each web process (0: none)"
+    )
+    embedded_queues: tuple[str, ...] | None = setting(
+        "EMBEDDED_QUEUES", _csv, None, "comma-separated queues for them", "all"
+    )
+    bind: str | None = setting(
+        "BIND", _text, None, "gunicorn's address", "`127.0.0.1:8000`, or `0.0.0.0:$PORT` when `PORT` is set"
+    )
     web_workers: int = setting("WEB_WORKERS", _number(int, 1, 64), 2, "gunicorn worker processes")
     web_threads: int = setting("WEB_THREADS", _number(int, 1, 256), 4, "threads in each")
-    counts_cache_seconds: float = setting("COUNTS_CACHE_SECONDS", _number(float, 0, 3600), 2.0,
+    counts_cache_seconds: float = setting(
+        "COUNTS_CACHE_SECONDS",
+        _number(float, 0, 3600),
+        2.0,
         "how long a web process reuses its ready / running / scheduled counts for every tab, `/metrics` "
         "and `/api/stats` (done, failed and cancelled: 15 times as long, recounted on a thread of the web"
         " process while requests keep the last figures; 0: count at every request); on MariaDB, counts "
-        "that are due are not read again while `job_queue` took no write")
-    access_log: str | None = setting("ACCESS_LOG", _text, None,
-        "gunicorn access log (`-` for standard error)",
-        "none")
-    port: int | None = None        # PORT, as platforms that run a Procfile set it
+        "that are due are not read again while `job_queue` took no write",
+    )
+    access_log: str | None = setting("ACCESS_LOG", _text, None, "gunicorn access log (`-` for standard error)", "none")
+    port: int | None = None  # PORT, as platforms that run a Procfile set it
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -221,8 +296,13 @@ class Settings:
             if setting is None:
                 raise TypeError(f"unknown setting {key!r}")
             # Text is parsed as the environment's would be; anything else is already typed.
-            values[setting.attribute] = (setting.default if value is None else
-                                         setting.parse(setting.name, value) if isinstance(value, str) else value)
+            values[setting.attribute] = (
+                setting.default
+                if value is None
+                else setting.parse(setting.name, value)
+                if isinstance(value, str)
+                else value
+            )
         port = env.get("PORT")
         if port and "port" not in values:
             values["port"] = _number(int, 1, 65535)("PORT", port)
@@ -237,8 +317,11 @@ class Settings:
         return self.database_urls[0] if self.database_urls else None
 
 
-SETTINGS: tuple[Setting, ...] = tuple(dataclasses.replace(f.metadata["setting"], attribute=f.name)
-                                      for f in dataclasses.fields(Settings) if "setting" in f.metadata)
+SETTINGS: tuple[Setting, ...] = tuple(
+    dataclasses.replace(f.metadata["setting"], attribute=f.name)
+    for f in dataclasses.fields(Settings)
+    if "setting" in f.metadata
+)
 BY_NAME = {s.name: s for s in SETTINGS}
 BY_ATTRIBUTE = {s.attribute: s for s in SETTINGS}
 DEFAULTS = Settings()

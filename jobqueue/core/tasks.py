@@ -45,10 +45,10 @@ class TaskSpec:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     retry_base_seconds: float = 1.0
     retry_cap_seconds: float = 3600.0
-    timeout_seconds: float | None = None       # an attempt running longer fails as `timeout`
-    cron: str | None = None                    # a recurring job named after the task (UTC)
-    concurrency_key: str | None = None         # payload field whose value limits concurrency
-    concurrency_limit: int | None = None       # jobs per value running at once (default 1)
+    timeout_seconds: float | None = None  # an attempt running longer fails as `timeout`
+    cron: str | None = None  # a recurring job named after the task (UTC)
+    concurrency_key: str | None = None  # payload field whose value limits concurrency
+    concurrency_limit: int | None = None  # jobs per value running at once (default 1)
 
     def __post_init__(self) -> None:
         if self.timeout_seconds is not None and not self.timeout_seconds > 0:
@@ -56,15 +56,18 @@ class TaskSpec:
         if self.concurrency_limit is not None:
             if self.concurrency_key is None:
                 raise ValueError(f"task {self.name!r}: concurrency_limit needs a concurrency_key")
-            if isinstance(self.concurrency_limit, bool) or not isinstance(self.concurrency_limit, int) \
-                    or self.concurrency_limit < 1:
+            if (
+                isinstance(self.concurrency_limit, bool)
+                or not isinstance(self.concurrency_limit, int)
+                or self.concurrency_limit < 1
+            ):
                 raise ValueError(f"task {self.name!r}: concurrency_limit must be a whole number >= 1")
         if self.concurrency_key is not None and self.concurrency_limit is None:
             object.__setattr__(self, "concurrency_limit", 1)
         if self.cron is not None:
             from .recurring import parse_cron
 
-            parse_cron(self.cron)   # a bad expression fails at import, not at the first tick
+            parse_cron(self.cron)  # a bad expression fails at import, not at the first tick
 
 
 def handled_elsewhere(payload: dict[str, Any], ctx: JobContext) -> Any:
@@ -143,17 +146,37 @@ class TaskFunction(Protocol):
     def enqueue(self, task_key: str, payload: dict[str, Any] | None = None, **options: Any) -> Enqueued: ...
 
 
-def task(name: str | None = None, *, queue: str = DEFAULT_QUEUE, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-         retry_base_seconds: float = 1.0, retry_cap_seconds: float = 3600.0, timeout_seconds: float | None = None,
-         cron: str | None = None, concurrency_key: str | None = None, concurrency_limit: int | None = None,
-         registry: Registry = TASKS) -> Callable[[Handler], TaskFunction]:
+def task(
+    name: str | None = None,
+    *,
+    queue: str = DEFAULT_QUEUE,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    retry_base_seconds: float = 1.0,
+    retry_cap_seconds: float = 3600.0,
+    timeout_seconds: float | None = None,
+    cron: str | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
+    registry: Registry = TASKS,
+) -> Callable[[Handler], TaskFunction]:
     """Register `fn(payload, ctx)` as the handler of task `name` (default: the function's name)."""
 
     def decorate(fn: Handler) -> TaskFunction:
         task_name = name or fn.__name__
-        registry.register(TaskSpec(task_name, fn, queue, max_attempts, retry_base_seconds, retry_cap_seconds,
-                                   timeout_seconds=timeout_seconds, cron=cron, concurrency_key=concurrency_key,
-                                   concurrency_limit=concurrency_limit))
+        registry.register(
+            TaskSpec(
+                task_name,
+                fn,
+                queue,
+                max_attempts,
+                retry_base_seconds,
+                retry_cap_seconds,
+                timeout_seconds=timeout_seconds,
+                cron=cron,
+                concurrency_key=concurrency_key,
+                concurrency_limit=concurrency_limit,
+            )
+        )
 
         def enqueue(task_key: str, payload: dict[str, Any] | None = None, **options: Any) -> Enqueued:
             from .client import default_client
@@ -162,7 +185,7 @@ def task(name: str | None = None, *, queue: str = DEFAULT_QUEUE, max_attempts: i
 
         made = cast(TaskFunction, fn)
         made.task_name = task_name
-        made.enqueue = enqueue   # type: ignore[method-assign]
+        made.enqueue = enqueue  # type: ignore[method-assign]
         return made
 
     return decorate
@@ -241,5 +264,16 @@ class JobContext:
         return self._record_result(result)
 
 
-__all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_QUEUE", "Handler", "JobContext", "LeaseLost", "LeaseLostError", "Registry", "TASKS",
-           "TaskFunction", "TaskSpec", "task"]
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_QUEUE",
+    "Handler",
+    "JobContext",
+    "LeaseLost",
+    "LeaseLostError",
+    "Registry",
+    "TASKS",
+    "TaskFunction",
+    "TaskSpec",
+    "task",
+]

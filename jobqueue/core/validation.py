@@ -21,16 +21,17 @@ from .tasks import TASKS, Registry, TaskSpec, handled_elsewhere
 # payload that can never be stored.
 MAX_PAYLOAD_DEPTH = 20
 MAX_DELAY_SECONDS = 366 * 24 * 3600
-PRIORITY_RANGE = (-32768, 32767)   # SMALLINT; lower runs first
+PRIORITY_RANGE = (-32768, 32767)  # SMALLINT; lower runs first
 MAX_ATTEMPTS_RANGE = (1, 1000)
-QUEUE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")     # fullmatch: "$" would let a final newline through
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # fullmatch: "$" would let a final newline through
 
 
 # Jobs per batch: a POST /api/jobs array at most, and a transaction of `jobqueue enqueue-many`.
 MAX_BATCH_JOBS = 1000
 # The fields of one job, as POST /api/jobs and `jobqueue enqueue-many` take them.
-ENQUEUE_FIELDS = frozenset({"task", "task_key", "payload", "queue", "priority", "delay", "max_attempts",
-                            "allow_unregistered"})
+ENQUEUE_FIELDS = frozenset(
+    {"task", "task_key", "payload", "queue", "priority", "delay", "max_attempts", "allow_unregistered"}
+)
 
 
 def job_spec(value: Any) -> dict[str, Any]:
@@ -53,6 +54,7 @@ class NewJob(NamedTuple):
     """A job checked by new_job, ready to be written (immutable). A named tuple rather than a
     dataclass: one object per job instead of an object and its __dict__, so half the objects the
     garbage collector tracks (a batch of 1,000 builds 1,000: 1-2 us of the 5 a job may take)."""
+
     task_name: str
     task_key: str
     payload: dict[str, Any]
@@ -60,7 +62,7 @@ class NewJob(NamedTuple):
     priority: int
     delay_seconds: float
     max_attempts: int
-    concurrency_key: str | None = None      # "<task>:<value of payload[spec.concurrency_key]>"
+    concurrency_key: str | None = None  # "<task>:<value of payload[spec.concurrency_key]>"
     concurrency_limit: int | None = None
     # The payload's text as stored (json.dumps of `payload`, the form SQLAlchemy's JSON type
     # always stored, which the dashboard's search matches), made by check_payload. None for a
@@ -146,8 +148,17 @@ def _stored_text() -> Callable[[Any], str]:
     make = json.encoder.c_make_encoder
     if make is None:
         return _STORED.encode
-    encode = make(None, _STORED.default, json.encoder.encode_basestring_ascii, _STORED.indent, _STORED.key_separator,
-                  _STORED.item_separator, _STORED.sort_keys, _STORED.skipkeys, _STORED.allow_nan)
+    encode = make(
+        None,
+        _STORED.default,
+        json.encoder.encode_basestring_ascii,
+        _STORED.indent,
+        _STORED.key_separator,
+        _STORED.item_separator,
+        _STORED.sort_keys,
+        _STORED.skipkeys,
+        _STORED.allow_nan,
+    )
     return lambda payload: "".join(encode(payload, 0))
 
 
@@ -165,7 +176,7 @@ def checked_payload(payload: Any, limit: int | None = None) -> tuple[dict[str, A
     try:
         stored = _stored(payload)
     except RecursionError:
-        stored = None   # nested far too deep: _depth below says how deep
+        stored = None  # nested far too deep: _depth below says how deep
     except (TypeError, ValueError) as exc:
         _check_depth(payload)
         raise ValidationError(f"payload is not valid JSON: {exc}", "payload") from None
@@ -183,8 +194,9 @@ def checked_payload(payload: Any, limit: int | None = None) -> tuple[dict[str, A
         try:
             size = len(_COMPACT.encode(payload).encode("utf-8"))
         except UnicodeEncodeError:
-            raise ValidationError("payload holds a lone surrogate (such as \\ud800), which is not valid Unicode",
-                                  "payload") from None
+            raise ValidationError(
+                "payload holds a lone surrogate (such as \\ud800), which is not valid Unicode", "payload"
+            ) from None
         if size > limit:
             raise PayloadTooLarge(f"payload is {size} bytes, over the limit of {limit}", "payload")
     # What we store is exactly what the handler will read back: the payload itself when it holds
@@ -218,8 +230,9 @@ def _as_read_back(value: Any) -> bool:
 def _check_depth(payload: dict[str, Any]) -> None:
     depth = _depth(payload)
     if depth > MAX_PAYLOAD_DEPTH:
-        raise ValidationError(f"payload is nested {depth} levels deep; at most {MAX_PAYLOAD_DEPTH} are allowed",
-                              "payload")
+        raise ValidationError(
+            f"payload is nested {depth} levels deep; at most {MAX_PAYLOAD_DEPTH} are allowed", "payload"
+        )
 
 
 def _depth(value: Any, limit: int = MAX_PAYLOAD_DEPTH + 1) -> int:
@@ -237,20 +250,31 @@ def _depth(value: Any, limit: int = MAX_PAYLOAD_DEPTH + 1) -> int:
     return deepest
 
 
-MAX_TASK_NAME_CHARS = 100   # job_queue.task_name
+MAX_TASK_NAME_CHARS = 100  # job_queue.task_name
 
 
 def check_task_name(name: str) -> str:
     """A task name no code registered (allow_unregistered): one that fits the column and prints."""
     if len(name) > MAX_TASK_NAME_CHARS or not name.isprintable() or name != name.strip():
-        raise ValidationError(f"task name must be 1-{MAX_TASK_NAME_CHARS} printable characters, without spaces "
-                              "around it", "task")
+        raise ValidationError(
+            f"task name must be 1-{MAX_TASK_NAME_CHARS} printable characters, without spaces around it", "task"
+        )
     return name
 
 
-def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = None, priority: Any = 0,
-            delay: Any = 0, max_attempts: Any = None, registry: Registry = TASKS,
-            max_payload: int | None = None, allow_unregistered: bool = False) -> NewJob:
+def new_job(
+    task_name: Any,
+    task_key: Any,
+    payload: Any = None,
+    *,
+    queue: Any = None,
+    priority: Any = 0,
+    delay: Any = 0,
+    max_attempts: Any = None,
+    registry: Registry = TASKS,
+    max_payload: int | None = None,
+    allow_unregistered: bool = False,
+) -> NewJob:
     """The job, checked; `max_payload` is the payload size limit (default: the settings').
     A task that `registry` does not know is refused, unless `allow_unregistered`: then it takes
     the default queue and attempts, and the worker that imports it decides the rest."""
@@ -263,9 +287,12 @@ def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = 
         spec = TaskSpec(check_task_name(task_name), handled_elsewhere)
     if spec is None:
         known = ", ".join(registry.names()) or "none"
-        raise ValidationError(f"unknown task {task_name!r}: neither this process nor any worker registered it "
-                              f"(registered: {known}); to enqueue it before its worker starts, allow it "
-                              "(allow_unregistered=True, --allow-unregistered, \"allow_unregistered\": true)", "task")
+        raise ValidationError(
+            f"unknown task {task_name!r}: neither this process nor any worker registered it "
+            f"(registered: {known}); to enqueue it before its worker starts, allow it "
+            '(allow_unregistered=True, --allow-unregistered, "allow_unregistered": true)',
+            "task",
+        )
     task_key = check_task_key(task_key)
     payload, payload_json = checked_payload(payload, max_payload)
 
@@ -275,19 +302,34 @@ def new_job(task_name: Any, task_key: Any, payload: Any = None, *, queue: Any = 
     if not _is_int(priority) or not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
         raise ValidationError(f"priority must be an integer in {PRIORITY_RANGE[0]}..{PRIORITY_RANGE[1]}", "priority")
 
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay) \
-            or not 0 <= delay <= MAX_DELAY_SECONDS:
+    if (
+        isinstance(delay, bool)
+        or not isinstance(delay, (int, float))
+        or not math.isfinite(delay)
+        or not 0 <= delay <= MAX_DELAY_SECONDS
+    ):
         raise ValidationError(f"delay must be a number of seconds in 0..{MAX_DELAY_SECONDS}", "delay")
 
     max_attempts = spec.max_attempts if max_attempts is None else _whole(max_attempts)
     if not _is_int(max_attempts) or not MAX_ATTEMPTS_RANGE[0] <= max_attempts <= MAX_ATTEMPTS_RANGE[1]:
-        raise ValidationError(f"max_attempts must be an integer in {MAX_ATTEMPTS_RANGE[0]}..{MAX_ATTEMPTS_RANGE[1]}",
-                              "max_attempts")
+        raise ValidationError(
+            f"max_attempts must be an integer in {MAX_ATTEMPTS_RANGE[0]}..{MAX_ATTEMPTS_RANGE[1]}", "max_attempts"
+        )
     key = None
     if spec.concurrency_key is not None:
         key = concurrency_key_of(task_name, spec.concurrency_key, payload)
-    return NewJob(task_name, task_key, payload, queue, priority, float(delay), max_attempts, key,
-                  spec.concurrency_limit if key is not None else None, payload_json)
+    return NewJob(
+        task_name,
+        task_key,
+        payload,
+        queue,
+        priority,
+        float(delay),
+        max_attempts,
+        key,
+        spec.concurrency_limit if key is not None else None,
+        payload_json,
+    )
 
 
 MAX_KEY_CHARS = 200
@@ -297,12 +339,15 @@ def concurrency_key_of(task_name: str, field: str, payload: dict[str, Any]) -> s
     """The job's concurrency key, `<task>:<payload[field]>`; a payload without the field is
     refused (the job could not be placed under its limit). Long values are hashed to fit."""
     if field not in payload:
-        raise ValidationError(f"payload lacks {field!r}: task {task_name!r} limits how many jobs with the same "
-                              f"{field!r} run at once", "payload")
+        raise ValidationError(
+            f"payload lacks {field!r}: task {task_name!r} limits how many jobs with the same {field!r} run at once",
+            "payload",
+        )
     value = payload[field]
-    if value is None or isinstance(value, (bool, dict, list)):   # bool: the API documents string or number
-        raise ValidationError(f"payload[{field!r}] must be a string or a number (it is task {task_name!r}'s "
-                              "concurrency key)", "payload")
+    if value is None or isinstance(value, (bool, dict, list)):  # bool: the API documents string or number
+        raise ValidationError(
+            f"payload[{field!r}] must be a string or a number (it is task {task_name!r}'s concurrency key)", "payload"
+        )
     text = value if isinstance(value, str) else json.dumps(value)
     key = f"{task_name}:{text}"
     if len(key) > MAX_KEY_CHARS:
@@ -315,19 +360,18 @@ def concurrency_key_of(task_name: str, field: str, payload: dict[str, Any]) -> s
 MAX_FILTER_CHARS = 100
 MAX_SEARCH_CHARS = 200
 MAX_LIST_LIMIT = 500
-_WHOLE_NUMBER = re.compile(r"[0-9]{1,18}")   # ASCII digits only: str.isdigit() takes "²", int() does not
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() takes "²", int() does not
 
 
 @dataclass(frozen=True)
 class JobQuery:
-    job_filter: Any          # repository.operator.JobFilter
+    job_filter: Any  # repository.operator.JobFilter
     before: int | None
     after: int | None
     limit: int
 
 
-def whole_number(value: Any, name: str, *, low: int = 0, high: int = 10 ** 18 - 1, strict: bool = False
-                 ) -> int | None:
+def whole_number(value: Any, name: str, *, low: int = 0, high: int = 10**18 - 1, strict: bool = False) -> int | None:
     """A positive whole number given as text or int (None when absent, or empty unless `strict`);
     ValidationError otherwise."""
     if value is None or (isinstance(value, str) and not value.strip() and not strict):
@@ -378,10 +422,12 @@ def job_query(args: Any, *, default_limit: int = 50, max_limit: int = MAX_LIST_L
     if before is not None and after is not None:
         raise ValidationError("give before or after, not both", "after")
     limit = whole_number(args.get("limit"), "limit", low=1, high=max_limit, strict=strict)
-    job_filter = JobFilter(status=Status(status) if status else None,
-                           queue=_filter_text(args.get("queue"), "queue", MAX_FILTER_CHARS, strict),
-                           task=_filter_text(args.get("task"), "task", MAX_FILTER_CHARS, strict),
-                           key_prefix=_filter_text(args.get("key"), "key", 80, strict),
-                           search=_filter_text(args.get("q"), "q", MAX_SEARCH_CHARS, strict),
-                           min_id=whole_number(args.get("min_id"), "min_id", strict=strict))
+    job_filter = JobFilter(
+        status=Status(status) if status else None,
+        queue=_filter_text(args.get("queue"), "queue", MAX_FILTER_CHARS, strict),
+        task=_filter_text(args.get("task"), "task", MAX_FILTER_CHARS, strict),
+        key_prefix=_filter_text(args.get("key"), "key", 80, strict),
+        search=_filter_text(args.get("q"), "q", MAX_SEARCH_CHARS, strict),
+        min_id=whole_number(args.get("min_id"), "min_id", strict=strict),
+    )
     return JobQuery(job_filter, before, after, limit or default_limit)

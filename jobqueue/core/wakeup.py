@@ -17,7 +17,7 @@ class Wake(threading.Event):
         self.new_work = False
 
 
-_listeners: "weakref.WeakSet[Wake]" = weakref.WeakSet()
+_listeners: weakref.WeakSet[Wake] = weakref.WeakSet()
 _lock = threading.Lock()
 
 

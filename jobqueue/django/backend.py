@@ -27,7 +27,7 @@ How a job reads as a TaskResult (get_result):
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -35,22 +35,33 @@ from django.utils import timezone
 from django.utils.crypto import get_random_string
 from django.utils.module_loading import import_string
 
-from ..core import repository
-
-from ..core import service
+from ..core import repository, service
 from ..core.models import Job, Status
 from ..core.tasks import DEFAULT_MAX_ATTEMPTS, TASKS, TaskSpec
 from ..core.validation import MAX_TASK_NAME_CHARS
 from .connection import lent_engine
-from .framework import (BaseTaskBackend, InvalidTask, Task, TaskError, TaskResult, TaskResultDoesNotExist,
-                        TaskResultStatus, task_enqueued)
+from .framework import (
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_enqueued,
+)
 
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_DELAY = timedelta(days=366)
 
-STATUSES = {Status.SCHEDULED: TaskResultStatus.READY, Status.READY: TaskResultStatus.READY,
-            Status.RUNNING: TaskResultStatus.RUNNING, Status.DONE: TaskResultStatus.SUCCESSFUL,
-            Status.FAILED: TaskResultStatus.FAILED, Status.CANCELLED: TaskResultStatus.FAILED}
+STATUSES = {
+    Status.SCHEDULED: TaskResultStatus.READY,
+    Status.READY: TaskResultStatus.READY,
+    Status.RUNNING: TaskResultStatus.RUNNING,
+    Status.DONE: TaskResultStatus.SUCCESSFUL,
+    Status.FAILED: TaskResultStatus.FAILED,
+    Status.CANCELLED: TaskResultStatus.FAILED,
+}
 
 # Attempts that ended without the task raising, as the exception a TaskError names.
 ATTEMPT_ERRORS = {"timeout": "builtins.TimeoutError", "lease_expired": "jobqueue.core.errors.LeaseLostError"}
@@ -60,7 +71,7 @@ _TRACEBACK = "Traceback (most recent call last):"
 
 class JobQueueBackend(BaseTaskBackend):
     supports_defer = True
-    supports_async_task = True      # run on the worker's thread through async_to_sync
+    supports_async_task = True  # run on the worker's thread through async_to_sync
     supports_get_result = True
     supports_priority = True
 
@@ -71,7 +82,7 @@ class JobQueueBackend(BaseTaskBackend):
         self.retry_base_seconds = float(self.options.get("RETRY_BASE_SECONDS", 1.0))
         from .worker import find_task
 
-        TASKS.add_finder(find_task)   # a worker finds each task by the module path its jobs name
+        TASKS.add_finder(find_task)  # a worker finds each task by the module path its jobs name
 
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)
@@ -83,21 +94,32 @@ class JobQueueBackend(BaseTaskBackend):
     def spec(self, task: Task) -> TaskSpec:
         from .worker import run_task
 
-        return TaskSpec(task.module_path, run_task, task.queue_name, self.max_attempts,
-                        retry_base_seconds=self.retry_base_seconds)
+        return TaskSpec(
+            task.module_path, run_task, task.queue_name, self.max_attempts, retry_base_seconds=self.retry_base_seconds
+        )
 
     # --- enqueue -------------------------------------------------------------------------------
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
-        result = TaskResult(task=task, id=get_random_string(32), status=TaskResultStatus.READY, enqueued_at=None,
-                            started_at=None, last_attempted_at=None, finished_at=None, args=args, kwargs=kwargs,
-                            backend=self.alias, errors=[], worker_ids=[])
+        result = TaskResult(
+            task=task,
+            id=get_random_string(32),
+            status=TaskResultStatus.READY,
+            enqueued_at=None,
+            started_at=None,
+            last_attempted_at=None,
+            finished_at=None,
+            args=args,
+            kwargs=kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
         payload: dict[str, Any] = {"args": result.args, "kwargs": result.kwargs}
         delay = 0.0
         if task.run_after is not None:
-            run_after = task.run_after if timezone.is_aware(task.run_after) else \
-                timezone.make_aware(task.run_after)
+            run_after = task.run_after if timezone.is_aware(task.run_after) else timezone.make_aware(task.run_after)
             if run_after - timezone.now() > MAX_DELAY:
                 raise InvalidTask("run_after is more than 366 days away")
             payload["run_after"] = run_after.isoformat()
@@ -106,8 +128,16 @@ class JobQueueBackend(BaseTaskBackend):
         if task.module_path not in TASKS:
             TASKS.register(self.spec(task))
         with repository_connection(self.database) as conn:
-            made = service.enqueue(conn, task.module_path, result.id, payload, queue=task.queue_name,
-                                      priority=-task.priority, delay=delay, max_attempts=self.max_attempts)
+            made = service.enqueue(
+                conn,
+                task.module_path,
+                result.id,
+                payload,
+                queue=task.queue_name,
+                priority=-task.priority,
+                delay=delay,
+                max_attempts=self.max_attempts,
+            )
             job = repository.reads.get_job(conn, made.id)
         assert job is not None
         stored = self.result_of(job, [], None)
@@ -129,19 +159,30 @@ class JobQueueBackend(BaseTaskBackend):
         """A job, its attempt history and its recorded result, as Django's TaskResult."""
         run_after = job.payload.get("run_after")
         task = task_named(job.task_name).using(
-            priority=-job.priority, queue_name=job.queue, backend=self.alias,
-            run_after=datetime.fromisoformat(run_after) if run_after else None)
+            priority=-job.priority,
+            queue_name=job.queue,
+            backend=self.alias,
+            run_after=datetime.fromisoformat(run_after) if run_after else None,
+        )
         status = STATUSES[job.status]
         starts = [a["started_at"] for a in attempts if a["started_at"]] + ([job.started_at] if job.started_at else [])
         first_start = min(starts, default=None)
         result = TaskResult(
-            task=task, id=job.task_key, status=status, enqueued_at=aware(job.created_at),
-            started_at=aware(first_start), last_attempted_at=aware(job.started_at),
-            finished_at=aware(job.finished_at) if status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+            task=task,
+            id=job.task_key,
+            status=status,
+            enqueued_at=aware(job.created_at),
+            started_at=aware(first_start),
+            last_attempted_at=aware(job.started_at),
+            finished_at=aware(job.finished_at)
+            if status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
             else None,
-            args=job.payload.get("args", []), kwargs=job.payload.get("kwargs", {}), backend=self.alias,
+            args=job.payload.get("args", []),
+            kwargs=job.payload.get("kwargs", {}),
+            backend=self.alias,
             errors=[error for error in map(task_error, attempts) if error is not None],
-            worker_ids=worker_ids(job, attempts))
+            worker_ids=worker_ids(job, attempts),
+        )
         if status == TaskResultStatus.SUCCESSFUL and stored is not None:
             object.__setattr__(result, "_return_value", stored["result"].get("return_value"))
         return result
@@ -176,7 +217,7 @@ def aware(value: datetime | None) -> datetime | None:
     """A database time (naive UTC) as Django wants it: aware UTC with USE_TZ, else naive local."""
     if value is None:
         return None
-    value = value.replace(tzinfo=dt_timezone.utc)
+    value = value.replace(tzinfo=UTC)
     return value if settings.USE_TZ else timezone.make_naive(value)
 
 
@@ -185,7 +226,7 @@ def task_error(attempt: dict[str, Any]) -> TaskError | None:
     if attempt["outcome"] in ATTEMPT_ERRORS:
         return TaskError(exception_class_path=ATTEMPT_ERRORS[attempt["outcome"]], traceback=error)
     if attempt["outcome"] not in ("retry", "fail"):
-        return None   # released at a worker's stop, or ended by an operator: the task raised nothing
+        return None  # released at a worker's stop, or ended by an operator: the task raised nothing
     head = error.split(": ", 1)[0]
     path = head if _CLASS_PATH.fullmatch(head) else "Exception"
     if "." not in path:

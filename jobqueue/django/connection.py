@@ -20,11 +20,10 @@ import threading
 from urllib.parse import quote
 
 import sqlalchemy as sa
+from django.db import connections, transaction
 from sqlalchemy.dialects.mysql.pymysql import MySQLDialect_pymysql
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import Pool
-
-from django.db import connections, transaction
 
 
 class DjangoTransactions(MySQLDialect_pymysql):
@@ -62,7 +61,7 @@ class LentConnections(Pool):
         pass
 
     def _close_connection(self, connection, *, terminate: bool = False) -> None:
-        pass   # Django's connection: Django closes it
+        pass  # Django's connection: Django closes it
 
     def status(self) -> str:
         return f"LentConnections({self.alias!r})"
@@ -102,14 +101,17 @@ def require_mysql(alias: str) -> None:
 
     django_connection = connections[alias]
     if django_connection.vendor != "mysql":
-        raise ImproperlyConfigured(f"jobqueue.django: DATABASES[{alias!r}] is {django_connection.vendor}; "
-                                   "the queue runs on MySQL or MariaDB")
+        raise ImproperlyConfigured(
+            f"jobqueue.django: DATABASES[{alias!r}] is {django_connection.vendor}; the queue runs on MySQL or MariaDB"
+        )
     import pymysql
 
     django_connection.ensure_connection()
     if not isinstance(django_connection.connection, pymysql.connections.Connection):
-        raise ImproperlyConfigured(f"jobqueue.django: DATABASES[{alias!r}] must use PyMySQL: call "
-                                   "pymysql.install_as_MySQLdb() at the top of your settings module")
+        raise ImproperlyConfigured(
+            f"jobqueue.django: DATABASES[{alias!r}] must use PyMySQL: call "
+            "pymysql.install_as_MySQLdb() at the top of your settings module"
+        )
 
 
 def database_url(alias: str) -> str:

@@ -53,12 +53,21 @@ def flask_app(prefix: str):
             app.config.update(
                 # Its own session cookie (the CSRF token), signed with a key derived from Django's.
                 SECRET_KEY=hashlib.sha256(b"jobqueue.django:" + settings.SECRET_KEY.encode()).hexdigest(),
-                SESSION_COOKIE_NAME="jobqueue_session", SESSION_COOKIE_PATH=prefix, SESSION_COOKIE_HTTPONLY=True,
-                SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_SECURE=settings.SESSION_COOKIE_SECURE,
-                JOBQUEUE_DATABASE_URL=database_url(alias), JOBQUEUE_EMBEDDED_WORKERS=0,
-                **{f"JOBQUEUE_{k}": v for k, v in options.items() if k != "BACKEND"})
-            init_dashboard(app, prefix, authorize=lambda request: role(request.environ[USER]),
-                           user_name=lambda request: request.environ[USER].get_username())
+                SESSION_COOKIE_NAME="jobqueue_session",
+                SESSION_COOKIE_PATH=prefix,
+                SESSION_COOKIE_HTTPONLY=True,
+                SESSION_COOKIE_SAMESITE="Lax",
+                SESSION_COOKIE_SECURE=settings.SESSION_COOKIE_SECURE,
+                JOBQUEUE_DATABASE_URL=database_url(alias),
+                JOBQUEUE_EMBEDDED_WORKERS=0,
+                **{f"JOBQUEUE_{k}": v for k, v in options.items() if k != "BACKEND"},
+            )
+            init_dashboard(
+                app,
+                prefix,
+                authorize=lambda request: role(request.environ[USER]),
+                user_name=lambda request: request.environ[USER].get_username(),
+            )
             _apps[prefix] = app
         return _apps[prefix]
 
@@ -67,15 +76,21 @@ def flask_app(prefix: str):
 def dashboard(request: HttpRequest, rest: str = "") -> HttpResponse:
     user = request.user
     prefix = request.path[: len(request.path) - len(rest)].rstrip("/")
-    if not rest.startswith("api/"):   # the API takes bearer tokens, never the session
+    if not rest.startswith("api/"):  # the API takes bearer tokens, never the session
         if not user.is_authenticated:
             return redirect_to_login(request.get_full_path())
         if role(user) is None:
             return HttpResponseForbidden("Staff only.")
     environ = dict(request.environ)
-    environ.update({USER: user, "SCRIPT_NAME": request.META.get("SCRIPT_NAME", ""),
-                    "PATH_INFO": request.path_info, "wsgi.input": io.BytesIO(request.body),
-                    "CONTENT_LENGTH": str(len(request.body))})
+    environ.update(
+        {
+            USER: user,
+            "SCRIPT_NAME": request.META.get("SCRIPT_NAME", ""),
+            "PATH_INFO": request.path_info,
+            "wsgi.input": io.BytesIO(request.body),
+            "CONTENT_LENGTH": str(len(request.body)),
+        }
+    )
     answer: dict[str, Any] = {}
 
     def start_response(status: str, headers: list[tuple[str, str]], exc_info=None):

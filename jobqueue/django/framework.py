@@ -19,5 +19,18 @@ except ImportError:
     from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[no-redef]
     from django_tasks.utils import normalize_json  # type: ignore[no-redef]
 
-__all__ = ["BaseTaskBackend", "InvalidTask", "Task", "TaskContext", "TaskError", "TaskResult", "TaskResultDoesNotExist",
-           "TaskResultStatus", "normalize_json", "task_backends", "task_enqueued", "task_finished", "task_started"]
+__all__ = [
+    "BaseTaskBackend",
+    "InvalidTask",
+    "Task",
+    "TaskContext",
+    "TaskError",
+    "TaskResult",
+    "TaskResultDoesNotExist",
+    "TaskResultStatus",
+    "normalize_json",
+    "task_backends",
+    "task_enqueued",
+    "task_finished",
+    "task_started",
+]

@@ -48,7 +48,7 @@ def run_task(payload: dict[str, Any], ctx: JobContext) -> None:
     backend = task.get_backend()
     close_old_connections()
     try:
-        result = backend.get_result(ctx.task_key)   # RUNNING, this attempt counted
+        result = backend.get_result(ctx.task_key)  # RUNNING, this attempt counted
         task_started.send(type(backend), task_result=result)
         args, kwargs = payload.get("args", []), payload.get("kwargs", {})
         try:
@@ -60,7 +60,7 @@ def run_task(payload: dict[str, Any], ctx: JobContext) -> None:
         except Exception as exc:
             if ctx.attempt >= ctx.max_attempts or isinstance(exc, PermanentError):
                 object.__setattr__(result, "status", TaskResultStatus.FAILED)
-                task_finished.send(type(backend), task_result=result)   # in the handler: exc_info is there
+                task_finished.send(type(backend), task_result=result)  # in the handler: exc_info is there
             raise
         ctx.record_result({"return_value": value})
         object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
@@ -79,5 +79,3 @@ def setup() -> None:
     from .framework import task_backends
 
     task_backends.all()
-
-

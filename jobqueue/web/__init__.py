@@ -26,8 +26,14 @@ __all__ = ["create_app", "init_dashboard"]
 
 
 class BigIntConverter(IntegerConverter):
-    def __init__(self, url_map: Map, fixed_digits: int = 0, min: int | None = None, max: int | None = 2 ** 63 - 1,
-                 signed: bool = False):
+    def __init__(
+        self,
+        url_map: Map,
+        fixed_digits: int = 0,
+        min: int | None = None,
+        max: int | None = 2**63 - 1,
+        signed: bool = False,
+    ):
         super().__init__(url_map, fixed_digits=fixed_digits, min=min, max=max, signed=signed)
 
 
@@ -77,7 +83,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     settings = load_settings(test_config)
 
     app = Flask(__name__, template_folder=None, static_folder=None)
-    body_limit = settings.core.max_payload_bytes + 16 * 1024   # the payload plus room for the other fields
+    body_limit = settings.core.max_payload_bytes + 16 * 1024  # the payload plus room for the other fields
     app.config.from_mapping(
         SECRET_KEY=settings.secret_key,
         SESSION_COOKIE_NAME="jobqueue_session",
@@ -87,7 +93,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         PERMANENT_SESSION_LIFETIME=timedelta(seconds=settings.session_max_seconds),
         MAX_CONTENT_LENGTH=body_limit,
         MAX_FORM_MEMORY_SIZE=body_limit,
-        WTF_CSRF_TIME_LIMIT=None,   # valid for the session's life: a dashboard stays open all night
+        WTF_CSRF_TIME_LIMIT=None,  # valid for the session's life: a dashboard stays open all night
     )
     app.config.update({k: v for k, v in test_config.items() if k not in SETTING_KEYS})
     _install(app, settings, "", None)
@@ -98,8 +104,13 @@ def _remote_user(request: Request) -> str:
     return request.remote_user or "host-user"
 
 
-def init_dashboard(app: Flask, url_prefix: str = "/jobs-admin", *, authorize: Callable[[Request], str | None],
-                   user_name: Callable[[Request], str] | None = None) -> None:
+def init_dashboard(
+    app: Flask,
+    url_prefix: str = "/jobs-admin",
+    *,
+    authorize: Callable[[Request], str | None],
+    user_name: Callable[[Request], str] | None = None,
+) -> None:
     """Mount the dashboard, its health page and the JSON API in an application's own Flask app
     under `url_prefix`, behind the application's own login.
 
@@ -117,7 +128,10 @@ def init_dashboard(app: Flask, url_prefix: str = "/jobs-admin", *, authorize: Ca
     """
     if not url_prefix.startswith("/") or url_prefix.endswith("/"):
         raise ValueError("url_prefix starts with '/' and does not end with one, e.g. '/jobs-admin'")
-    overrides: dict[str, Any] = {k[len("JOBQUEUE_"):]: v for k, v in app.config.items()
-                                 if k.startswith("JOBQUEUE_") and k[len("JOBQUEUE_"):] in SETTING_KEYS}
+    overrides: dict[str, Any] = {
+        k[len("JOBQUEUE_") :]: v
+        for k, v in app.config.items()
+        if k.startswith("JOBQUEUE_") and k[len("JOBQUEUE_") :] in SETTING_KEYS
+    }
     settings = load_settings(overrides, hosted=True)
     _install(app, settings, url_prefix, HostAccess(authorize, user_name or _remote_user))

@@ -36,19 +36,16 @@ POST /api/prune                {done_older_than, failed_older_than, dry_run}: co
 from __future__ import annotations
 
 import json
-from typing import Any
-
 import time
+from typing import Any
 
 from flask import Blueprint, current_app, g, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from ..core import repository
-
-from ..core import service
-from ..core.repository import stats as stats_sql
+from ..core import repository, service
 from ..core.errors import JobBusy, JobQueueError, NotFound, PayloadTooLarge, ValidationError, answer_for
 from ..core.models import Job, Status, iso
+from ..core.repository import stats as stats_sql
 from ..core.results import wait_for
 from ..core.tasks import TASKS
 from ..core.validation import ENQUEUE_FIELDS, MAX_BATCH_JOBS, check_reason, job_query, job_spec, max_payload_bytes
@@ -59,7 +56,7 @@ from .state import db, extension
 bp = Blueprint("api", __name__, url_prefix="/api")
 
 LIST_ARGS = {"status", "queue", "task", "key", "q", "before", "limit"}
-MAX_RESULT_WAIT = openapi.MAX_RESULT_WAIT   # a long poll holds one of the web process's threads
+MAX_RESULT_WAIT = openapi.MAX_RESULT_WAIT  # a long poll holds one of the web process's threads
 
 
 def job_json(job: Job) -> dict[str, Any]:
@@ -132,16 +129,24 @@ def enqueue():
     body = json_object(fields=ENQUEUE_FIELDS, required=True)
     try:
         with db() as conn:
-            res = service.enqueue(conn, body.get("task"), body.get("task_key"), body.get("payload"),
-                                     queue=body.get("queue"), priority=body.get("priority", 0),
-                                     delay=body.get("delay", 0), max_attempts=body.get("max_attempts"),
-                                     allow_unregistered=body.get("allow_unregistered", False))
+            res = service.enqueue(
+                conn,
+                body.get("task"),
+                body.get("task_key"),
+                body.get("payload"),
+                queue=body.get("queue"),
+                priority=body.get("priority", 0),
+                delay=body.get("delay", 0),
+                max_attempts=body.get("max_attempts"),
+                allow_unregistered=body.get("allow_unregistered", False),
+            )
     except ValidationError as exc:
         answer = answer_for(exc)
         return error(answer.http_status, answer.message, **answer.extra)
     # The status is the job's (a pruned job's key: the status its record kept).
-    return jsonify({"id": res.id, "task_key": res.task_key, "duplicate": res.duplicate,
-                    "status": res.status.value}), (200 if res.duplicate else 201)
+    return jsonify({"id": res.id, "task_key": res.task_key, "duplicate": res.duplicate, "status": res.status.value}), (
+        200 if res.duplicate else 201
+    )
 
 
 def _json_body() -> Any:
@@ -169,15 +174,15 @@ def _enqueue_batch(items: list[Any]):
     with db() as conn:
         known = repository.task_definitions.KnownTasks(conn)
         for index, item in enumerate(items):
-            if not isinstance(item, dict):   # as for a body that is not an object
-                return error(400, f"job {index}: a job must be a JSON object, got {type(item).__name__}",
-                             index=index)
+            if not isinstance(item, dict):  # as for a body that is not an object
+                return error(400, f"job {index}: a job must be a JSON object, got {type(item).__name__}", index=index)
             try:
                 jobs.append(repository.enqueue.validate_job(job_spec(item), limit=limit, registry=known))
             except ValidationError as exc:
                 answer = answer_for(exc)
-                return error(answer.http_status, f"job {index}: {answer.message}", index=index,
-                             **{"field": None, **answer.extra})
+                return error(
+                    answer.http_status, f"job {index}: {answer.message}", index=index, **{"field": None, **answer.extra}
+                )
         results = service.enqueue_many(conn, jobs)
     body = [{"id": r.id, "task_key": r.task_key, "duplicate": r.duplicate, "status": r.status.value} for r in results]
     return jsonify(body), (201 if any(not r.duplicate for r in results) else 200)
@@ -205,8 +210,11 @@ def list_jobs():
 @bp.get("/openapi.json")
 def openapi_document():
     """This API's contract (OpenAPI 3.1); public, like any API's documentation."""
-    keyed = {name: spec.concurrency_key for name in TASKS.names()
-             if (spec := TASKS.get(name)) is not None and spec.concurrency_key is not None}
+    keyed = {
+        name: spec.concurrency_key
+        for name in TASKS.names()
+        if (spec := TASKS.get(name)) is not None and spec.concurrency_key is not None
+    }
     document = openapi.document(TASKS.names(), keyed)
     if extension().url_prefix:
         # Mounted in a host app (init_dashboard): the paths are relative to its prefix.
@@ -225,8 +233,9 @@ def get_job(job_id: int):
         attempts = repository.reads.list_attempts(conn, job_id)
     data = job_json(job)
     data["result"] = result["result"] if result else None
-    data["attempt_history"] = [{**a, "started_at": iso(a["started_at"]), "finished_at": iso(a["finished_at"])}
-                               for a in attempts]
+    data["attempt_history"] = [
+        {**a, "started_at": iso(a["started_at"]), "finished_at": iso(a["finished_at"])} for a in attempts
+    ]
     return jsonify(data)
 
 
@@ -263,8 +272,10 @@ def explain(job_id: int):
 
 def hide_statements(explanation: dict[str, Any]) -> dict[str, Any]:
     """An explanation without other connections' SQL text (it may carry data): for viewers."""
-    return {**explanation, "reasons": [{**r, "statement": None} if "statement" in r else r
-                                       for r in explanation["reasons"]]}
+    return {
+        **explanation,
+        "reasons": [{**r, "statement": None} if "statement" in r else r for r in explanation["reasons"]],
+    }
 
 
 @bp.get("/stats")
@@ -272,9 +283,14 @@ def hide_statements(explanation: dict[str, Any]) -> dict[str, Any]:
 def stats():
     with db() as conn:
         summaries, now = extension().counts.summaries(conn)
-    queues = {q.queue: {**q.counts, "oldest_ready_age_seconds":
-                        round((now - q.oldest_ready).total_seconds(), 3) if q.oldest_ready else None,
-                        "capped": sorted(q.capped)} for q in summaries}
+    queues = {
+        q.queue: {
+            **q.counts,
+            "oldest_ready_age_seconds": round((now - q.oldest_ready).total_seconds(), 3) if q.oldest_ready else None,
+            "capped": sorted(q.capped),
+        }
+        for q in summaries
+    }
     totals = {s.value: sum(q.counts[s.value] for q in summaries) for s in Status}
     return jsonify({"queues": queues, "totals": totals, "now": iso(now)})
 
@@ -289,8 +305,9 @@ def _operator(job_id: int, action):
         if isinstance(exc, JobBusy):
             response.headers["Retry-After"] = "1"
         return response
-    return jsonify({"id": result.job_id, "before": result.before.value, "after": result.after.value,
-                    "changed": result.changed})
+    return jsonify(
+        {"id": result.job_id, "before": result.before.value, "after": result.after.value, "changed": result.changed}
+    )
 
 
 @bp.post("/jobs/<bigint:job_id>/requeue")
@@ -301,8 +318,7 @@ def requeue(job_id: int):
     for name, value in (("force", force), ("again", again)):
         if not isinstance(value, bool):
             return error(422, f"{name} must be true or false", field=name)
-    return _operator(job_id, lambda conn: service.requeue_job(conn, job_id, force=force, again=again,
-                                                                 actor=_actor()))
+    return _operator(job_id, lambda conn: service.requeue_job(conn, job_id, force=force, again=again, actor=_actor()))
 
 
 @bp.post("/jobs/<bigint:job_id>/fail")
@@ -327,9 +343,16 @@ def cancel(job_id: int):
 
 # --- queues ----------------------------------------------------------------------------------------
 
+
 def queue_json(row: dict[str, Any]) -> dict[str, Any]:
-    return {"queue": row["queue"], "paused": row["paused"], "changed_at": iso(row["changed_at"]),
-            "changed_by": row["changed_by"], "counts": row["counts"], "capped": row["capped"]}
+    return {
+        "queue": row["queue"],
+        "paused": row["paused"],
+        "changed_at": iso(row["changed_at"]),
+        "changed_by": row["changed_by"],
+        "counts": row["counts"],
+        "capped": row["capped"],
+    }
 
 
 @bp.get("/queues")
@@ -372,9 +395,17 @@ def queue_scale(queue: str):
             signal = stats_sql.scale_signal(conn, queue)
     except ValidationError as exc:
         return error(422, str(exc), field=exc.field)
-    return jsonify({"queue": signal.queue, "ready": signal.ready, "running": signal.running,
-                    "oldest_ready_age_seconds": signal.oldest_ready_age_seconds, "capped": sorted(signal.capped),
-                    "cap": stats_sql.SCALE_CAP, "now": iso(signal.now)})
+    return jsonify(
+        {
+            "queue": signal.queue,
+            "ready": signal.ready,
+            "running": signal.running,
+            "oldest_ready_age_seconds": signal.oldest_ready_age_seconds,
+            "capped": sorted(signal.capped),
+            "cap": stats_sql.SCALE_CAP,
+            "now": iso(signal.now),
+        }
+    )
 
 
 # --- recurring jobs ------------------------------------------------------------------------------
@@ -383,10 +414,20 @@ RECURRING_FIELDS = {"name", "cron", "task", "payload", "queue"}
 
 
 def schedule_json(row: dict[str, Any]) -> dict[str, Any]:
-    return {"name": row["name"], "cron": row["cron"], "task": row["task_name"], "payload": row["payload"],
-            "queue": row["queue"], "enabled": row["enabled"], "source": row["source"],
-            "next_run_at": iso(row["next_run_at"]), "last_run_at": iso(row["last_run_at"]),
-            "last_job_id": row["last_job_id"], "updated_by": row["updated_by"], "updated_at": iso(row["updated_at"])}
+    return {
+        "name": row["name"],
+        "cron": row["cron"],
+        "task": row["task_name"],
+        "payload": row["payload"],
+        "queue": row["queue"],
+        "enabled": row["enabled"],
+        "source": row["source"],
+        "next_run_at": iso(row["next_run_at"]),
+        "last_run_at": iso(row["last_run_at"]),
+        "last_job_id": row["last_job_id"],
+        "updated_by": row["updated_by"],
+        "updated_at": iso(row["updated_at"]),
+    }
 
 
 @bp.get("/recurring")
@@ -403,9 +444,15 @@ def add_recurring():
     body = json_object(fields=RECURRING_FIELDS, required=True)
     try:
         with db() as conn:
-            row, created = service.upsert_recurring(conn, body.get("name"), cron=body.get("cron"),
-                                                       task=body.get("task"), payload=body.get("payload"),
-                                                       queue=body.get("queue"), actor=_actor())
+            row, created = service.upsert_recurring(
+                conn,
+                body.get("name"),
+                cron=body.get("cron"),
+                task=body.get("task"),
+                payload=body.get("payload"),
+                queue=body.get("queue"),
+                actor=_actor(),
+            )
     except ValidationError as exc:
         return error(413 if isinstance(exc, PayloadTooLarge) else 422, str(exc), field=exc.field)
     return jsonify({**schedule_json(row), "created": created}), (201 if created else 200)
@@ -425,6 +472,7 @@ def enable_recurring(name: str):
     def act(conn):
         row, changed = service.set_recurring_enabled(conn, name, True, actor=_actor())
         return jsonify({**schedule_json(row), "changed": changed})
+
     return _schedule_action(act)
 
 
@@ -434,6 +482,7 @@ def disable_recurring(name: str):
     def act(conn):
         row, changed = service.set_recurring_enabled(conn, name, False, actor=_actor())
         return jsonify({**schedule_json(row), "changed": changed})
+
     return _schedule_action(act)
 
 
@@ -443,6 +492,7 @@ def remove_recurring(name: str):
     def act(conn):
         service.remove_recurring(conn, name, actor=_actor())
         return jsonify({"name": name, "removed": True})
+
     return _schedule_action(act)
 
 
@@ -452,13 +502,25 @@ PRUNE_TIME_BUDGET = 10.0
 
 
 def retention_json(settings, last: dict[str, Any] | None) -> dict[str, Any]:
-    return {"keep_done_days": settings.keep_done_days, "keep_failed_days": settings.keep_failed_days,
-            "keep_keys_days": settings.keep_keys_days,
-            "last_prune": None if last is None else {
-                "started_at": iso(last["started_at"]), "finished_at": iso(last["finished_at"]), "by": last["run_by"],
-                "done": last["done_rows"], "failed": last["failed_rows"], "cancelled": last["cancelled_rows"],
-                "attempts": last["attempt_rows"], "keys_expired": last["keys_expired"], "batches": last["batches"],
-                "seconds": last["seconds"]}}
+    return {
+        "keep_done_days": settings.keep_done_days,
+        "keep_failed_days": settings.keep_failed_days,
+        "keep_keys_days": settings.keep_keys_days,
+        "last_prune": None
+        if last is None
+        else {
+            "started_at": iso(last["started_at"]),
+            "finished_at": iso(last["finished_at"]),
+            "by": last["run_by"],
+            "done": last["done_rows"],
+            "failed": last["failed_rows"],
+            "cancelled": last["cancelled_rows"],
+            "attempts": last["attempt_rows"],
+            "keys_expired": last["keys_expired"],
+            "batches": last["batches"],
+            "seconds": last["seconds"],
+        },
+    }
 
 
 @bp.get("/retention")
@@ -496,7 +558,13 @@ def prune():
         return error(422, str(exc), field=exc.field)
     deadline = time.monotonic() + PRUNE_TIME_BUDGET
     with db() as conn:
-        counts = service.prune(conn, done_days=done_days, failed_days=failed_days,
-                                  keys_days=settings.keep_keys_days, dry_run=dry_run,
-                                  by=_actor(), stop=lambda: time.monotonic() > deadline)
+        counts = service.prune(
+            conn,
+            done_days=done_days,
+            failed_days=failed_days,
+            keys_days=settings.keep_keys_days,
+            dry_run=dry_run,
+            by=_actor(),
+            stop=lambda: time.monotonic() > deadline,
+        )
     return jsonify(counts.as_dict())

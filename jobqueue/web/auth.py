@@ -18,8 +18,7 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flask import (Blueprint, abort, current_app, flash, g, jsonify, redirect, render_template, request,
-                   session, url_for)
+from flask import Blueprint, abort, current_app, flash, g, jsonify, redirect, render_template, request, session, url_for
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from ..core import metrics, repository
@@ -36,7 +35,7 @@ log = logging.getLogger("jobqueue.web.auth")
 # attempts than a pair: several people may sign in from behind one NAT.
 ADDRESS_USER_RULE = ThrottleRule("address_user", free=5, first_delay=2.0, max_delay=900.0, forget=900.0)
 ADDRESS_RULE = ThrottleRule("address", free=20, first_delay=2.0, max_delay=900.0, forget=900.0)
-TOUCH_EVERY_SECONDS = 60.0     # a session's last_seen_at is written at most this often (idle limit: an hour)
+TOUCH_EVERY_SECONDS = 60.0  # a session's last_seen_at is written at most this often (idle limit: an hour)
 PRUNE_EVERY_SECONDS = 60.0
 
 
@@ -73,8 +72,10 @@ def client_address() -> str:
 
 def throttle_keys(address: str, user_name: str) -> list[ThrottleKey]:
     # The address first: while it is blocked no (address, user) row is made (login_attempt).
-    return [ThrottleKey(digest("address", address), ADDRESS_RULE),
-            ThrottleKey(digest("address_user", address, user_name), ADDRESS_USER_RULE)]
+    return [
+        ThrottleKey(digest("address", address), ADDRESS_RULE),
+        ThrottleKey(digest("address_user", address, user_name), ADDRESS_USER_RULE),
+    ]
 
 
 def _shown(name: str) -> str:
@@ -83,6 +84,7 @@ def _shown(name: str) -> str:
 
 
 # --- sessions ------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class HostAccess:
@@ -118,7 +120,7 @@ def _signed_in_user() -> User | None:
     if not name and not token:
         return None
     if not name or not isinstance(token, str):
-        session.clear()          # a cookie from before sessions were kept on the server
+        session.clear()  # a cookie from before sessions were kept on the server
         return None
     user = settings().users.get(name)
     session_id = digest("session", token)
@@ -133,8 +135,15 @@ def _signed_in_user() -> User | None:
             repository.sessions.end_session(conn, session_id, reason)
             metrics.SESSIONS_ENDED.labels(reason=reason).inc()
             event(log, logging.INFO, "session_ended", user=_shown(name), reason=reason)
-    event(log, logging.INFO, "session_refused", user=_shown(name), reason=reason, addr=request.remote_addr,
-          path=request.path)
+    event(
+        log,
+        logging.INFO,
+        "session_refused",
+        user=_shown(name),
+        reason=reason,
+        addr=request.remote_addr,
+        path=request.path,
+    )
     session.clear()
     return None
 
@@ -163,8 +172,9 @@ def _maybe_prune() -> None:
         return
     ext.sign_in_pruned_at = now
     with db() as conn:
-        repository.sessions.prune_sign_in(conn, idle_seconds=settings().session_idle_seconds,
-                                 max_seconds=settings().session_max_seconds)
+        repository.sessions.prune_sign_in(
+            conn, idle_seconds=settings().session_idle_seconds, max_seconds=settings().session_max_seconds
+        )
 
 
 def login_required(view):
@@ -183,7 +193,9 @@ def login_required(view):
                 response = current_app.make_response(("", 401))
                 response.headers["HX-Redirect"] = url_for("jobqueue.auth.login", next=request.path)
                 return response
-            return redirect(url_for("jobqueue.auth.login", next=request.full_path if request.query_string else request.path))
+            return redirect(
+                url_for("jobqueue.auth.login", next=request.full_path if request.query_string else request.path)
+            )
         g.user = user
         return view(*args, **kwargs)
 
@@ -227,7 +239,7 @@ def bearer_token() -> ApiToken | None:
     header = request.headers.get("Authorization", "")
     if not header.startswith("Bearer "):
         return None
-    given = header[len("Bearer "):].strip().encode()
+    given = header[len("Bearer ") :].strip().encode()
     found = None
     for token in settings().api_tokens:
         if hmac.compare_digest(given, token.token.encode()):
@@ -237,8 +249,11 @@ def bearer_token() -> ApiToken | None:
 
 def token_refusal() -> str:
     """Why a request has no valid token: none was sent, or the one sent matches none."""
-    return "invalid bearer token" if request.headers.get("Authorization", "").startswith("Bearer ") \
+    return (
+        "invalid bearer token"
+        if request.headers.get("Authorization", "").startswith("Bearer ")
         else "missing bearer token"
+    )
 
 
 def _api_error(status: int, message: str, headers: dict | None = None):
@@ -290,10 +305,21 @@ def login():
         wait = max(1, math.ceil(gate.wait_seconds))
         metrics.LOGINS.labels(outcome="throttled").inc()
         metrics.LOGINS_THROTTLED.labels(limit=gate.limit).inc()
-        event(log, logging.WARNING, "login_throttled", user=_shown(name), addr=request.remote_addr, limit=gate.limit,
-              retry_after=wait)
+        event(
+            log,
+            logging.WARNING,
+            "login_throttled",
+            user=_shown(name),
+            addr=request.remote_addr,
+            limit=gate.limit,
+            retry_after=wait,
+        )
         response = current_app.make_response(
-            (render_template("jobqueue/auth/login.html", error=f"Too many failed attempts; try again in {wait} s."), 429))
+            (
+                render_template("jobqueue/auth/login.html", error=f"Too many failed attempts; try again in {wait} s."),
+                429,
+            )
+        )
         response.headers["Retry-After"] = str(wait)
         return response
     user = settings().users.get(name)
@@ -301,8 +327,13 @@ def login():
         token = secrets.token_urlsafe(32)
         with db() as conn:
             repository.sessions.login_succeeded(conn, keys)
-            repository.sessions.start_session(conn, digest("session", token), user_name=user.name,
-                                     credential=credential_of(user), address=request.remote_addr)
+            repository.sessions.start_session(
+                conn,
+                digest("session", token),
+                user_name=user.name,
+                credential=credential_of(user),
+                address=request.remote_addr,
+            )
         session.clear()
         session["user"] = user.name
         session["sid"] = token
@@ -333,14 +364,23 @@ def logout():
 def sessions():
     """Open sessions: your own, or (admin) everyone's, with "sign out everywhere"."""
     with db() as conn:
-        rows = repository.sessions.list_sessions(conn, idle_seconds=settings().session_idle_seconds,
-                                        max_seconds=settings().session_max_seconds,
-                                        user_name=None if g.user.can_act else g.user.name)
+        rows = repository.sessions.list_sessions(
+            conn,
+            idle_seconds=settings().session_idle_seconds,
+            max_seconds=settings().session_max_seconds,
+            user_name=None if g.user.can_act else g.user.name,
+        )
         now = repository.reads.database_now(conn)
     current = digest("session", session.get("sid", ""))
-    return render_template("jobqueue/auth/sessions.html", sessions=rows, now=now, current=current,
-                           users=sorted(settings().users), idle_minutes=round(settings().session_idle_seconds / 60),
-                           max_hours=f"{settings().session_max_seconds / 3600:g}")
+    return render_template(
+        "jobqueue/auth/sessions.html",
+        sessions=rows,
+        now=now,
+        current=current,
+        users=sorted(settings().users),
+        idle_minutes=round(settings().session_idle_seconds / 60),
+        max_hours=f"{settings().session_max_seconds / 3600:g}",
+    )
 
 
 @bp.post("/sessions/end")

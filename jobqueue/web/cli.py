@@ -9,27 +9,44 @@ import sys
 
 import click
 
-from ..core.cli import (answers_errors, engine_of, enqueue_demo, fail, setting_option, settings_of, tasks_option,
-                        url_option)
+from ..core.cli import (
+    answers_errors,
+    engine_of,
+    enqueue_demo,
+    fail,
+    setting_option,
+    settings_of,
+    tasks_option,
+    url_option,
+)
 from ..core.errors import EXIT_BAD_INPUT
 from .config import ConfigError, load_settings
 
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), default=None,
-              help="Port [env PORT; default 8000]")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port [env PORT; default 8000]")
 @setting_option("web_workers", "--web-workers", type=click.IntRange(1, 64), help="gunicorn worker processes")
-@setting_option("embedded_workers", "--embedded-workers", type=click.IntRange(0, 256),
-                help="Job threads inside each web process")
+@setting_option(
+    "embedded_workers", "--embedded-workers", type=click.IntRange(0, 256), help="Job threads inside each web process"
+)
 @click.option("--dev", is_flag=True, help="Development mode: localhost only, a generated admin login and API token")
 @click.option("--demo", is_flag=True, help="Enqueue demo jobs first")
 @tasks_option
 @url_option
 @click.pass_context
 @answers_errors
-def serve(ctx: click.Context, host: str, port: int | None, web_workers: int, embedded_workers: int,
-          dev: bool, demo: bool, tasks: str | None, database_url: str | None) -> None:
+def serve(
+    ctx: click.Context,
+    host: str,
+    port: int | None,
+    web_workers: int,
+    embedded_workers: int,
+    dev: bool,
+    demo: bool,
+    tasks: str | None,
+    database_url: str | None,
+) -> None:
     """Run the dashboard under gunicorn with embedded workers and the reaper."""
     from ..core.logs import flush
     from ..core.migrate import init_db
@@ -77,8 +94,10 @@ def serve(ctx: click.Context, host: str, port: int | None, web_workers: int, emb
     else:
         banner.append(f"login: one of {', '.join(sorted(web.users))} (from JOBQUEUE_USERS)")
     if dev and web.api_tokens:
-        banner.append(f"API token: {web.api_tokens[0].token}   (curl -H 'Authorization: Bearer ...' "
-                      f"http://{shown}:{port}/api/stats)")
+        banner.append(
+            f"API token: {web.api_tokens[0].token}   (curl -H 'Authorization: Bearer ...' "
+            f"http://{shown}:{port}/api/stats)"
+        )
     # gunicorn prints this once its workers are up (gunicorn_conf.when_ready), after its own lines.
     env["_JOBQUEUE_SERVE_BANNER"] = "\n".join(banner)
     conf = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gunicorn_conf.py")

@@ -102,8 +102,9 @@ def parse_tokens(text: str) -> tuple[ApiToken, ...]:
     return tuple(tokens)
 
 
-def load_settings(overrides: dict | None = None, *, settings: Settings | None = None,
-                  hosted: bool = False) -> WebSettings:
+def load_settings(
+    overrides: dict | None = None, *, settings: Settings | None = None, hosted: bool = False
+) -> WebSettings:
     """The web process's settings, from the process's Settings (the environment) with
     `overrides` by JOBQUEUE_* name without the prefix (create_app's test_config). `hosted`: the
     dashboard is mounted in another app (init_dashboard), whose login and session secret are
@@ -124,19 +125,28 @@ def load_settings(overrides: dict | None = None, *, settings: Settings | None = 
             raise ConfigError(
                 "no users configured: the dashboard is closed by default. Set JOBQUEUE_USERS to "
                 "'name:admin:<hash>' (make a hash with `jobqueue hash-password`), or run "
-                "`jobqueue serve --dev` for a development server on localhost only.")
+                "`jobqueue serve --dev` for a development server on localhost only."
+            )
         # Development mode on localhost: one admin whose password is given (jobqueue serve
         # --dev passes the same one to every gunicorn worker) or made up and logged.
         dev_password = base.dev_password or secrets.token_urlsafe(12)
         # Each process salts its own hash; the credential comes from the password every process
         # was given, so a session made by one process holds in the others.
-        users = {"admin": User("admin", "admin", generate_password_hash(dev_password),
-                               credential=digest("dev-credential", dev_password))}
+        users = {
+            "admin": User(
+                "admin",
+                "admin",
+                generate_password_hash(dev_password),
+                credential=digest("dev-credential", dev_password),
+            )
+        }
     secret = base.secret_key or ""
     if not secret and not hosted:
         if not base.dev:
-            raise ConfigError("JOBQUEUE_SECRET_KEY is not set: sessions need a secret shared by every web "
-                              "process (for example: python -c 'import secrets; print(secrets.token_hex(32))')")
+            raise ConfigError(
+                "JOBQUEUE_SECRET_KEY is not set: sessions need a secret shared by every web "
+                "process (for example: python -c 'import secrets; print(secrets.token_hex(32))')"
+            )
         secret = secrets.token_hex(32)
     return WebSettings(
         core=base,

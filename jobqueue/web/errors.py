@@ -11,9 +11,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException
 
 from ..core.errors import JobQueueError, NotPrimary, TransientDatabaseError, answer_for
+from ..core.logs import event
 from .config import ConfigError
 from .security import wants_json
-from ..core.logs import event
 
 log = logging.getLogger("jobqueue.web")
 
@@ -30,6 +30,7 @@ def page(code: int, message: str, headers: dict | None = None, **extra):
 
 def init_app(app: Flask | Blueprint) -> None:
     """Error pages for the app (standalone) or, mounted, for the queue's blueprint only."""
+
     @app.errorhandler(CSRFError)
     def _csrf(exc):
         event(log, logging.WARNING, "csrf_refused", path=request.path, reason=exc.description)

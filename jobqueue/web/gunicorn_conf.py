@@ -70,7 +70,7 @@ def when_ready(server):
         deadline = time.monotonic() + 60
         while len(os.listdir(_READY_DIR)) < server.num_workers and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.2)         # the last worker's own lines, written just before its marker
+        time.sleep(0.2)  # the last worker's own lines, written just before its marker
         sys.stderr.write("\n" + _BANNER + "\n\n")
         sys.stderr.flush()
         shutil.rmtree(_READY_DIR, ignore_errors=True)

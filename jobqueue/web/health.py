@@ -26,7 +26,7 @@ _cache: dict[int, tuple[float, dict[str, Any]]] = {}
 _lock = threading.Lock()
 
 
-ALIVE_SECONDS = 45   # a heartbeat every 15 s: three missed ones make a process silent
+ALIVE_SECONDS = 45  # a heartbeat every 15 s: three missed ones make a process silent
 
 
 def workers_report() -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
@@ -40,24 +40,42 @@ def workers_report() -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
         alive = p["stopped_at"] is None and (now - p["last_heartbeat"]).total_seconds() <= ALIVE_SECONDS
         if p["stopped_at"] is not None and (now - p["stopped_at"]).total_seconds() > 3600:
             continue
-        workers.append({"id": p["id"], "host": p["host"], "pid": p["pid"], "kind": p["kind"], "queues": p["queues"],
-                        "alive": alive, "state": p["state"].get("state"), "detail": p["state"].get("detail"),
-                        "jobs_in_hand": p["jobs_in_hand"], "slots": p["slots"],
-                        "last_heartbeat_seconds_ago": round((now - p["last_heartbeat"]).total_seconds(), 1)})
+        workers.append(
+            {
+                "id": p["id"],
+                "host": p["host"],
+                "pid": p["pid"],
+                "kind": p["kind"],
+                "queues": p["queues"],
+                "alive": alive,
+                "state": p["state"].get("state"),
+                "detail": p["state"].get("detail"),
+                "jobs_in_hand": p["jobs_in_hand"],
+                "slots": p["slots"],
+                "last_heartbeat_seconds_ago": round((now - p["last_heartbeat"]).total_seconds(), 1),
+            }
+        )
     paused = [w for w in workers if w["alive"] and w["state"] in NOT_CLAIMING]
     return workers, (_not_claiming_check(paused) if paused else None)
 
 
 def _not_claiming_check(paused: list[dict[str, Any]]) -> dict[str, Any]:
     if any(w["state"] == "split_brain" for w in paused):
-        advice = ("two candidate primaries are writable (split brain): make the old primary read-only "
-                  "(read_only=ON, and super_read_only=ON on MySQL); the workers resume on their own")
+        advice = (
+            "two candidate primaries are writable (split brain): make the old primary read-only "
+            "(read_only=ON, and super_read_only=ON on MySQL); the workers resume on their own"
+        )
     else:
-        advice = ("point the workers at the writable primary (JOBQUEUE_DATABASE_URL may list several "
-                  "candidates); they resume on their own once one answers")
-    return {"name": "workers", "verdict": "problem",
-            "detail": "; ".join(f"{w['id']} is not claiming ({w['state']}: {w['detail']})" for w in paused)[:2000],
-            "advice": advice}
+        advice = (
+            "point the workers at the writable primary (JOBQUEUE_DATABASE_URL may list several "
+            "candidates); they resume on their own once one answers"
+        )
+    return {
+        "name": "workers",
+        "verdict": "problem",
+        "detail": "; ".join(f"{w['id']} is not claiming ({w['state']}: {w['detail']})" for w in paused)[:2000],
+        "advice": advice,
+    }
 
 
 def run_health(force: bool = False) -> dict[str, Any]:
@@ -88,8 +106,13 @@ def run_health(force: bool = False) -> dict[str, Any]:
         checks += [doctor.check_replica(r, replicas.lag_limit).as_dict() for r in reports]
     verdicts = {c["verdict"] for c in checks}
     status = "problem" if "problem" in verdicts else "warning" if "warning" in verdicts else "ok"
-    return {**result, "status": status, "checks": checks, "workers": workers,
-            "replicas": [r.as_dict() for r in reports]}
+    return {
+        **result,
+        "status": status,
+        "checks": checks,
+        "workers": workers,
+        "replicas": [r.as_dict() for r in reports],
+    }
 
 
 def _doctor_checks(force: bool) -> dict[str, Any]:
@@ -102,12 +125,21 @@ def _doctor_checks(force: bool) -> dict[str, Any]:
     try:
         checks = doctor.run_checks(extension().engine)
         verdicts = {c.verdict for c in checks}
-        status = ("problem" if doctor.Verdict.PROBLEM in verdicts else
-                  "warning" if doctor.Verdict.WARNING in verdicts else "ok")
+        status = (
+            "problem"
+            if doctor.Verdict.PROBLEM in verdicts
+            else "warning"
+            if doctor.Verdict.WARNING in verdicts
+            else "ok"
+        )
         result = {"status": status, "checks": [c.as_dict() for c in checks], "error": None}
     except (SQLAlchemyError, TransientDatabaseError) as exc:
         # Not cached: the next look should see the database come back.
-        return {"status": "error", "checks": [], "error": f"database unavailable: {getattr(exc, 'orig', None) or exc}"[:300]}
+        return {
+            "status": "error",
+            "checks": [],
+            "error": f"database unavailable: {getattr(exc, 'orig', None) or exc}"[:300],
+        }
     with _lock:
         _cache[key] = (now, result)
     return result
@@ -167,11 +199,17 @@ class QueueCollector:
 
         with self.engine.connect() as conn:
             queues, now = repository.stats.list_queues(conn, counts=self.counts)
-        jobs = GaugeMetricFamily("jobqueue_queue_jobs", "Jobs by queue and status (capped: ready, running, scheduled "
-                                 "and failed at 100,000 per pair, done and cancelled at 10,000)",
-                                 labels=["queue", "status"])
-        oldest = GaugeMetricFamily("jobqueue_queue_oldest_ready_age_seconds",
-                                   "How long the oldest ready job of each queue has waited", labels=["queue"])
+        jobs = GaugeMetricFamily(
+            "jobqueue_queue_jobs",
+            "Jobs by queue and status (capped: ready, running, scheduled "
+            "and failed at 100,000 per pair, done and cancelled at 10,000)",
+            labels=["queue", "status"],
+        )
+        oldest = GaugeMetricFamily(
+            "jobqueue_queue_oldest_ready_age_seconds",
+            "How long the oldest ready job of each queue has waited",
+            labels=["queue"],
+        )
         paused = GaugeMetricFamily("jobqueue_queue_paused", "1 while a queue is paused", labels=["queue"])
         for q in queues:
             for status, n in q["counts"].items():

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.engine import Engine
@@ -35,8 +35,13 @@ class Runtime:
         self.engine = engine
         self.settings = settings
         self.worker: Worker | None = None
-        self.maintenance = Maintenance(engine, name="web", on_error=_sql_error, settings=settings.core,
-                                       reap_every=reap_interval(settings.lease_seconds))
+        self.maintenance = Maintenance(
+            engine,
+            name="web",
+            on_error=_sql_error,
+            settings=settings.core,
+            reap_every=reap_interval(settings.lease_seconds),
+        )
         self.scheduler: BackgroundScheduler | None = None
         self._lock = threading.Lock()
         self.refused: str | None = None
@@ -53,20 +58,35 @@ class Runtime:
         with self._lock:
             if self.scheduler is not None:
                 return
-            scheduler = BackgroundScheduler(timezone=timezone.utc, job_defaults={
-                "coalesce": True, "max_instances": 1, "misfire_grace_time": 30})
+            scheduler = BackgroundScheduler(
+                timezone=UTC, job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30}
+            )
             n = self.settings.embedded_workers
             if n > 0:
-                self.worker = Worker(self.engine, WorkerConfig(
-                    concurrency=n, queues=self.settings.embedded_queues, lease_seconds=self.settings.lease_seconds,
-                    reap_in_loop=False, kind="embedded", name="web", grace_seconds=self.settings.grace_seconds,
-                    # A web process outlives a failover: wait for a writable primary.
-                    refuse_read_only_at_start=False))
-                scheduler.add_job(self._run_worker, id="jobqueue-worker", next_run_time=datetime.now(timezone.utc))
+                self.worker = Worker(
+                    self.engine,
+                    WorkerConfig(
+                        concurrency=n,
+                        queues=self.settings.embedded_queues,
+                        lease_seconds=self.settings.lease_seconds,
+                        reap_in_loop=False,
+                        kind="embedded",
+                        name="web",
+                        grace_seconds=self.settings.grace_seconds,
+                        # A web process outlives a failover: wait for a writable primary.
+                        refuse_read_only_at_start=False,
+                    ),
+                )
+                scheduler.add_job(self._run_worker, id="jobqueue-worker", next_run_time=datetime.now(UTC))
             for step in self.maintenance.timed():
-                scheduler.add_job(self._run_step, "interval", args=(step,), seconds=step.every,
-                                  id=f"jobqueue-{step.name}",
-                                  next_run_time=datetime.now(timezone.utc) if step.at_start else None)
+                scheduler.add_job(
+                    self._run_step,
+                    "interval",
+                    args=(step,),
+                    seconds=step.every,
+                    id=f"jobqueue-{step.name}",
+                    next_run_time=datetime.now(UTC) if step.at_start else None,
+                )
             scheduler.start()
             self.scheduler = scheduler
         event(log, logging.INFO, "embedded_started", workers=n, reap_every=f"{self.maintenance.reap_every:g}")
@@ -114,7 +134,7 @@ class Runtime:
             return
         if self.worker is not None:
             self.worker.stop("web process stopping")
-        self.maintenance.stop(timeout=0)   # a retention pass in progress stops after its current batch
+        self.maintenance.stop(timeout=0)  # a retention pass in progress stops after its current batch
         # Waits for the worker's loop to return: its shutdown releases what is still running.
         scheduler.shutdown(wait=True)
         event(log, logging.INFO, "embedded_stopped")

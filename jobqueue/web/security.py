@@ -12,37 +12,45 @@ import logging
 from flask import Blueprint, Flask, current_app, g, jsonify, render_template, request
 from flask_wtf.csrf import CSRFProtect, generate_csrf
 
-from .state import extension
 from ..core.logs import event
+from .state import extension
 
 log = logging.getLogger("jobqueue.web")
 
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'"
+)
 
 # Flask-WTF's checker, applied by our own hook to the queue's requests only (CSRFProtect.init_app
 # would apply it to every view of a host app). The API takes bearer tokens only (never the
 # session cookie), which is what keeps it out of reach of cross-site requests.
 csrf = CSRFProtect()
-CSRF_DEFAULTS = {"WTF_CSRF_ENABLED": True, "WTF_CSRF_METHODS": {"POST", "PUT", "PATCH", "DELETE"},
-                 "WTF_CSRF_FIELD_NAME": "csrf_token", "WTF_CSRF_HEADERS": ["X-CSRFToken", "X-CSRF-Token"],
-                 "WTF_CSRF_TIME_LIMIT": 3600, "WTF_CSRF_SSL_STRICT": True}
+CSRF_DEFAULTS = {
+    "WTF_CSRF_ENABLED": True,
+    "WTF_CSRF_METHODS": {"POST", "PUT", "PATCH", "DELETE"},
+    "WTF_CSRF_FIELD_NAME": "csrf_token",
+    "WTF_CSRF_HEADERS": ["X-CSRFToken", "X-CSRF-Token"],
+    "WTF_CSRF_TIME_LIMIT": 3600,
+    "WTF_CSRF_SSL_STRICT": True,
+}
 
 
 def wants_json() -> bool:
-    return (request.path.startswith(extension().url_prefix + "/api/")
-            or request.accept_mimetypes.best == "application/json")
+    return (
+        request.path.startswith(extension().url_prefix + "/api/") or request.accept_mimetypes.best == "application/json"
+    )
 
 
 def init_app(app: Flask, scope: Flask | Blueprint) -> None:
     from . import api
 
     csrf.exempt(api.bp)
-    for key, value in CSRF_DEFAULTS.items():   # Flask-WTF's own defaults; a host's settings stay
+    for key, value in CSRF_DEFAULTS.items():  # Flask-WTF's own defaults; a host's settings stay
         app.config.setdefault(key, value)
     host_csrf = app.extensions.get("csrf")
     if isinstance(host_csrf, CSRFProtect):
-        host_csrf.exempt(api.bp)               # the host's CSRFProtect would refuse the API's POSTs
+        host_csrf.exempt(api.bp)  # the host's CSRFProtect would refuse the API's POSTs
 
     @scope.before_request
     def _check_csrf():
@@ -66,8 +74,9 @@ def init_app(app: Flask, scope: Flask | Blueprint) -> None:
             except ValueError:
                 loopback = False
             if not loopback:
-                return render_template("jobqueue/error.html", code=403,
-                                       message="Development mode serves localhost only."), 403
+                return render_template(
+                    "jobqueue/error.html", code=403, message="Development mode serves localhost only."
+                ), 403
 
     @scope.before_request
     def _refuse_writes_on_an_unsafe_server():

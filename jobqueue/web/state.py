@@ -7,9 +7,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from flask import Flask, current_app, g
 from sqlalchemy.engine import Connection, Engine
@@ -38,16 +39,16 @@ READ_REPLICA_RETRY_SECONDS = 10.0
 
 @dataclass
 class QueueExtension:
-    engine: Engine                 # web requests: statements and lock waits bounded
+    engine: Engine  # web requests: statements and lock waits bounded
     settings: WebSettings
-    runtime: Runtime               # embedded workers and the reaper, on an engine of their own
-    sign_in_pruned_at: float = 0.0      # when this process last pruned sessions and throttle rows
-    read_engine: Engine | None = None   # JOBQUEUE_READ_URL: read-only pages, READ ONLY sessions
+    runtime: Runtime  # embedded workers and the reaper, on an engine of their own
+    sign_in_pruned_at: float = 0.0  # when this process last pruned sessions and throttle rows
+    read_engine: Engine | None = None  # JOBQUEUE_READ_URL: read-only pages, READ ONLY sessions
     read_engine_down_until: float = 0.0  # after a failed connect, pages skip the replica a while
-    url_prefix: str = ""                # where the blueprints are mounted ("" standalone)
-    access: HostAccess | None = None    # mounted in a host app: its login decides (init_dashboard)
+    url_prefix: str = ""  # where the blueprints are mounted ("" standalone)
+    access: HostAccess | None = None  # mounted in a host app: its login decides (init_dashboard)
     replicas: ReplicaWatch | None = None  # JOBQUEUE_REPLICA_URLS: health and the pacing of bulk actions
-    counts: repository.stats.CountsCache | None = None       # queue counts on the primary, shared by every request
+    counts: repository.stats.CountsCache | None = None  # queue counts on the primary, shared by every request
     read_counts: repository.stats.CountsCache | None = None  # the same from the replica of JOBQUEUE_READ_URL
     _refusal: tuple[float, str | None] = (0.0, None)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -85,24 +86,41 @@ class QueueExtension:
 
 def init_app(app: Flask, settings: WebSettings, *, url_prefix: str = "", access: HostAccess | None = None) -> None:
     if access is None:
-        logs.setup(settings.core.log_level)   # hosted, the host app's logging takes our lines
+        logs.setup(settings.core.log_level)  # hosted, the host app's logging takes our lines
     use(settings.core)
     load_task_modules(settings.core.task_modules)
-    engine = create_engine(settings.core.database_urls or None, pool_size=8, settings=settings.core,
-                           lock_wait_seconds=min(settings.core.lock_wait_seconds, REQUEST_LOCK_WAIT_SECONDS),
-                           statement_timeout_seconds=REQUEST_STATEMENT_SECONDS)
-    runtime_engine = create_engine(settings.core.database_urls or None, pool_size=max(4, settings.embedded_workers + 4),
-                                   settings=settings.core)
+    engine = create_engine(
+        settings.core.database_urls or None,
+        pool_size=8,
+        settings=settings.core,
+        lock_wait_seconds=min(settings.core.lock_wait_seconds, REQUEST_LOCK_WAIT_SECONDS),
+        statement_timeout_seconds=REQUEST_STATEMENT_SECONDS,
+    )
+    runtime_engine = create_engine(
+        settings.core.database_urls or None, pool_size=max(4, settings.embedded_workers + 4), settings=settings.core
+    )
     read_engine = None
     if settings.core.read_url:
-        read_engine = create_engine(settings.core.read_url, pool_size=4, settings=settings.core, read_only=True,
-                                    lock_wait_seconds=REQUEST_LOCK_WAIT_SECONDS,
-                                    statement_timeout_seconds=REQUEST_STATEMENT_SECONDS)
+        read_engine = create_engine(
+            settings.core.read_url,
+            pool_size=4,
+            settings=settings.core,
+            read_only=True,
+            lock_wait_seconds=REQUEST_LOCK_WAIT_SECONDS,
+            statement_timeout_seconds=REQUEST_STATEMENT_SECONDS,
+        )
     seconds = settings.core.counts_cache_seconds
-    app.extensions["jobqueue"] = QueueExtension(engine, settings, Runtime(runtime_engine, settings),
-                                                read_engine=read_engine, url_prefix=url_prefix, access=access,
-                                                replicas=ReplicaWatch.from_settings(settings.core),
-                                                counts=repository.stats.CountsCache(seconds), read_counts=repository.stats.CountsCache(seconds))
+    app.extensions["jobqueue"] = QueueExtension(
+        engine,
+        settings,
+        Runtime(runtime_engine, settings),
+        read_engine=read_engine,
+        url_prefix=url_prefix,
+        access=access,
+        replicas=ReplicaWatch.from_settings(settings.core),
+        counts=repository.stats.CountsCache(seconds),
+        read_counts=repository.stats.CountsCache(seconds),
+    )
 
 
 def extension() -> QueueExtension:
@@ -123,7 +141,7 @@ class ReadSource:
 
     address: str
     lag: repository.replicas.ReplicaLag | None
-    fallback: str | None = None    # why the page read from the primary instead
+    fallback: str | None = None  # why the page read from the primary instead
 
 
 @contextmanager
@@ -145,8 +163,13 @@ def read_db() -> Iterator[Connection]:
         except DBAPIError as exc:
             # A replica whose host is cut off costs a connect timeout: not on every page.
             ext.read_engine_down_until = time.monotonic() + READ_REPLICA_RETRY_SECONDS
-            logs.event(log, logging.WARNING, "read_replica_unreachable", address=address,
-                       error=str(getattr(exc, "orig", exc))[:200])
+            logs.event(
+                log,
+                logging.WARNING,
+                "read_replica_unreachable",
+                address=address,
+                error=str(getattr(exc, "orig", exc))[:200],
+            )
     if conn is None:
         g.read_source = ReadSource(address, None, fallback="the replica did not answer; read from the primary")
         with db() as primary:

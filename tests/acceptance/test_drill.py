@@ -31,9 +31,25 @@ def test_quick_drill_loses_nothing_across_hosts_and_a_failover(db_server, tmp_pa
     if reason:
         pytest.skip(reason)
     workdir = tmp_path / "drill"
-    out = subprocess.run([sys.executable, "-m", "drill.run", "--quick", "--seed", SEED, "--server", db_server,
-                          "--workdir", str(workdir)],
-                         capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=900)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "drill.run",
+            "--quick",
+            "--seed",
+            SEED,
+            "--server",
+            db_server,
+            "--workdir",
+            str(workdir),
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=REPO,
+        timeout=900,
+    )
     report = f"exit {out.returncode}, logs in {workdir}\n{out.stdout[-6000:]}\n{out.stderr[-3000:]}"
     results_file = workdir / "results.json"
     assert results_file.exists(), report

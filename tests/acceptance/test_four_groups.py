@@ -12,12 +12,11 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from testkit.procs import WorkerProcess, claimed_ids, cli_env, jobqueue, wait_until
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Lease, Outcome, Status
 from jobqueue.core.schema import job_attempt, job_queue, job_result
+from testkit.procs import WorkerProcess, claimed_ids, cli_env, jobqueue, wait_until
 
 pytestmark = pytest.mark.slow
 jq = job_queue.c
@@ -34,13 +33,15 @@ def lock_waits(engine) -> int:
     with engine.connect() as conn:
         return conn.exec_driver_sql(
             "SELECT COUNT(*) FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p "
-            "ON p.ID = t.trx_mysql_thread_id WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()").scalar()
+            "ON p.ID = t.trx_mysql_thread_id WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()"
+        ).scalar()
 
 
 def test_same_row_contention(mysql_url, mysql_engine, tmp_path):
     """3 worker processes, 12 jobs, a paused transaction holding the 3 oldest ready rows: each job
     is claimed exactly once, nobody waits on the held rows, and they are processed after the
     transaction ends."""
+
     def jobs(keys):
         return [{"task": "slow_noop", "task_key": f"job-{i}", "payload": {"seconds": 0.3}} for i in keys]
 
@@ -50,10 +51,15 @@ def test_same_row_contention(mysql_url, mysql_engine, tmp_path):
 
     holder = mysql_engine.connect()
     holder.begin()
-    holder.execute(sa.text("SELECT id FROM job_queue FORCE INDEX (PRIMARY) WHERE id IN :ids FOR UPDATE")
-                   .bindparams(sa.bindparam("ids", expanding=True)), {"ids": held}).all()
-    workers = [WorkerProcess(mysql_url, tmp_path, f"w{n}", "--concurrency", "2", "--lease-seconds", "30")
-               for n in range(3)]
+    holder.execute(
+        sa.text("SELECT id FROM job_queue FORCE INDEX (PRIMARY) WHERE id IN :ids FOR UPDATE").bindparams(
+            sa.bindparam("ids", expanding=True)
+        ),
+        {"ids": held},
+    ).all()
+    workers = [
+        WorkerProcess(mysql_url, tmp_path, f"w{n}", "--concurrency", "2", "--lease-seconds", "30") for n in range(3)
+    ]
     try:
         # All three are up and polling the held rows before the other nine arrive.
         for w in workers:
@@ -107,13 +113,18 @@ def limited_user(mysql_url):
     password = uuid.uuid4().hex
     admin = create_engine(mysql_url)
     with admin.connect() as conn:
-        tables = conn.exec_driver_sql("SELECT table_name FROM information_schema.tables "
-                                      "WHERE table_schema = DATABASE()").scalars().all()
+        tables = (
+            conn.exec_driver_sql("SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE()")
+            .scalars()
+            .all()
+        )
 
     def grant():
         with admin.connect() as conn:
             for table in tables:
-                conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{db}`.`{table}` TO '{user}'@'127.0.0.1'")
+                conn.exec_driver_sql(
+                    f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{db}`.`{table}` TO '{user}'@'127.0.0.1'"
+                )
 
     def revoke():
         with admin.connect() as conn:
@@ -151,8 +162,11 @@ def test_empty_queue_is_idle_not_an_error_and_sql_errors_are_logged_and_survived
         engine = create_engine(mysql_url)
         with engine.connect() as conn:
             job = service.enqueue(conn, "noop", "after-recovery")
-        wait_until(lambda: repository.reads.get_job(engine.connect(), job.id).status is Status.DONE, timeout=10,
-                   message="the worker to recover and run a job")
+        wait_until(
+            lambda: repository.reads.get_job(engine.connect(), job.id).status is Status.DONE,
+            timeout=10,
+            message="the worker to recover and run a job",
+        )
         engine.dispose()
         assert worker.alive()
     finally:
@@ -176,8 +190,14 @@ def test_crash_recovery_after_sigkill(mysql_url, mysql_engine, tmp_path):
     with mysql_engine.connect() as conn:
         # Nobody completes it, nobody returns it early: the lease is still running out.
         assert jobqueue(mysql_url, "reap").stdout.strip() == '{"failed": 0, "promoted": 0, "reclaimed": 0}'
-        wait_until(lambda: repository.reads.get_job(conn, job.id).lease_until < conn.exec_driver_sql(
-            "SELECT UTC_TIMESTAMP(6)").scalar(), timeout=5, message="the lease to expire")
+        wait_until(
+            lambda: (
+                repository.reads.get_job(conn, job.id).lease_until
+                < conn.exec_driver_sql("SELECT UTC_TIMESTAMP(6)").scalar()
+            ),
+            timeout=5,
+            message="the lease to expire",
+        )
         conn.rollback()
         out = json.loads(jobqueue(mysql_url, "reap").stdout)
         assert out["reclaimed"] == 1
@@ -202,10 +222,30 @@ def test_crash_recovery_after_sigkill(mysql_url, mysql_engine, tmp_path):
 def test_duplicate_messages_give_one_result(mysql_url, mysql_engine, tmp_path):
     export_dir = tmp_path / "exports"
     env = cli_env(JOBQUEUE_EXPORT_DIR=str(export_dir))
-    first = jobqueue(mysql_url, "enqueue", "export_then_hang", "--tasks", "testkit.tasks",
-                     "--key", "orders-2026-11", "--payload", '{"rows": 4}', env=env)
-    replay = jobqueue(mysql_url, "enqueue", "export_then_hang", "--tasks", "testkit.tasks",
-                      "--key", "orders-2026-11", "--payload", '{"rows": 4}', env=env)
+    first = jobqueue(
+        mysql_url,
+        "enqueue",
+        "export_then_hang",
+        "--tasks",
+        "testkit.tasks",
+        "--key",
+        "orders-2026-11",
+        "--payload",
+        '{"rows": 4}',
+        env=env,
+    )
+    replay = jobqueue(
+        mysql_url,
+        "enqueue",
+        "export_then_hang",
+        "--tasks",
+        "testkit.tasks",
+        "--key",
+        "orders-2026-11",
+        "--payload",
+        '{"rows": 4}',
+        env=env,
+    )
     assert first.returncode == replay.returncode == 0, (first.stderr, replay.stderr)
     first, replay_out = json.loads(first.stdout), json.loads(replay.stdout)
     assert first["duplicate"] is False and replay_out["duplicate"] is True and replay_out["id"] == first["id"]
@@ -216,8 +256,10 @@ def test_duplicate_messages_give_one_result(mysql_url, mysql_engine, tmp_path):
     a = WorkerProcess(mysql_url, tmp_path, "a", "--concurrency", "1", "--lease-seconds", "2", env=env)
     b = None
     try:
-        wait_until(lambda: os.path.exists(export_dir) and any(p.suffix == ".csv" for p in export_dir.iterdir()),
-                   message="worker a to write the export")
+        wait_until(
+            lambda: os.path.exists(export_dir) and any(p.suffix == ".csv" for p in export_dir.iterdir()),
+            message="worker a to write the export",
+        )
         with mysql_engine.connect() as conn:
             wait_until(lambda: repository.reads.get_result(conn, "orders-2026-11"), message="worker a's result row")
         a.signal(signal.SIGSTOP)

@@ -9,12 +9,12 @@ from collections import Counter
 import pytest
 import sqlalchemy as sa
 
-from testkit.procs import GunicornServer, wait_until
-from testkit.web import api_post, server_env
 from jobqueue.core import repository
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Status
 from jobqueue.core.schema import job_queue, worker_process
+from testkit.procs import GunicornServer, wait_until
+from testkit.web import api_post, server_env
 
 pytestmark = pytest.mark.slow
 jq = job_queue.c
@@ -25,12 +25,16 @@ def test_two_gunicorn_workers_with_embedded_workers_process_each_job_once(mysql_
     server = GunicornServer(mysql_url, tmp_path, web_workers=2, embedded_workers=3, extra_env=server_env(mysql_url))
     try:
         for i in range(200):
-            body = api_post(server.base, "/api/jobs", {"task": "slow_noop", "task_key": f"g-{i}",
-                                                        "payload": {"seconds": 0.05}})
+            body = api_post(
+                server.base, "/api/jobs", {"task": "slow_noop", "task_key": f"g-{i}", "payload": {"seconds": 0.05}}
+            )
             assert body["duplicate"] is False
         with engine.connect() as conn:
-            wait_until(lambda: repository.stats.count_by_status(conn) == [("default", "done", 200)], timeout=60,
-                       message="200 jobs done")
+            wait_until(
+                lambda: repository.stats.count_by_status(conn) == [("default", "done", 200)],
+                timeout=60,
+                message="200 jobs done",
+            )
             rows = conn.execute(sa.select(jq.id, jq.attempts, jq.lease_owner)).all()
             processes = conn.execute(sa.select(worker_process.c.id, worker_process.c.kind)).all()
     finally:
@@ -52,11 +56,11 @@ def test_two_gunicorn_workers_with_embedded_workers_process_each_job_once(mysql_
 
 def test_graceful_stop_releases_running_jobs(mysql_url, tmp_path):
     engine = create_engine(mysql_url)
-    server = GunicornServer(mysql_url, tmp_path, web_workers=1, embedded_workers=1,
-                            extra_env={**server_env(mysql_url)})
+    server = GunicornServer(mysql_url, tmp_path, web_workers=1, embedded_workers=1, extra_env={**server_env(mysql_url)})
     try:
-        job = api_post(server.base, "/api/jobs", {"task": "hold_first_attempt", "task_key": "long",
-                                                   "payload": {"seconds": 120}})
+        job = api_post(
+            server.base, "/api/jobs", {"task": "hold_first_attempt", "task_key": "long", "payload": {"seconds": 120}}
+        )
         with engine.connect() as conn:
             wait_until(lambda: repository.reads.get_job(conn, job["id"]).status is Status.RUNNING, message="running")
     finally:

@@ -17,14 +17,13 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from testkit.procs import WorkerProcess, jobqueue, wait_until
-from testkit.tasks import runs
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.migrate import init_db
 from jobqueue.core.models import Status
 from jobqueue.core.schema import job_queue
+from testkit.procs import WorkerProcess, jobqueue, wait_until
+from testkit.tasks import runs
 
 pytestmark = pytest.mark.slow
 
@@ -62,11 +61,12 @@ def test_a_sigterm_with_grace_longer_than_the_lease_keeps_the_job_in_one_run(mys
     b = reaper = None
     try:
         a.wait_for_log(rf"event=claim job_id={res.id} ")
-        b = WorkerProcess(mysql_url, tmp_path, "b", "--concurrency", "2", "--lease-seconds", "3",
-                          "--idle-cap-seconds", "0.2")
+        b = WorkerProcess(
+            mysql_url, tmp_path, "b", "--concurrency", "2", "--lease-seconds", "3", "--idle-cap-seconds", "0.2"
+        )
         reaper = Reaper(mysql_url)
         wait_until(lambda: runs(marks) == [("start", 1)], message="the job to start")
-        a.signal(signal.SIGTERM)   # the grace (10 s) is longer than the lease (3 s)
+        a.signal(signal.SIGTERM)  # the grace (10 s) is longer than the lease (3 s)
         assert a.proc.wait(30) == 0
         wait_until(lambda: job(mysql_engine, res.id).status is Status.DONE, timeout=20, message="done")
         assert reaper.runs >= 3, "the reaper ran throughout the grace period"
@@ -82,13 +82,15 @@ def test_a_sigterm_with_grace_longer_than_the_lease_keeps_the_job_in_one_run(mys
     assert f"job_id={res.id} " not in b.log(), "the second worker never touched it"
 
 
-def test_b_a_forced_requeue_taken_again_by_the_same_process_runs_attempts_1_and_2_never_3(mysql_url, mysql_engine,
-                                                                                           tmp_path):
+def test_b_a_forced_requeue_taken_again_by_the_same_process_runs_attempts_1_and_2_never_3(
+    mysql_url, mysql_engine, tmp_path
+):
     marks = tmp_path / "runs.log"
     with mysql_engine.connect() as conn:
         res = service.enqueue(conn, "record_runs", "long-b", {"sleeps": {"1": 6, "2": 12}, "log": str(marks)})
-    a = WorkerProcess(mysql_url, tmp_path, "a", "--concurrency", "2", "--lease-seconds", "3",
-                      "--idle-cap-seconds", "0.2")
+    a = WorkerProcess(
+        mysql_url, tmp_path, "a", "--concurrency", "2", "--lease-seconds", "3", "--idle-cap-seconds", "0.2"
+    )
     reaper = None
     try:
         a.wait_for_log(rf"event=claim job_id={res.id} .*attempt=1")
@@ -96,7 +98,7 @@ def test_b_a_forced_requeue_taken_again_by_the_same_process_runs_attempts_1_and_
         reaper = Reaper(mysql_url)
         forced = jobqueue(mysql_url, "requeue", str(res.id), "--force")
         assert forced.returncode == 0, forced.stderr
-        a.wait_for_log(rf"event=claim job_id={res.id} .*attempt=2")   # the same process, its other slot
+        a.wait_for_log(rf"event=claim job_id={res.id} .*attempt=2")  # the same process, its other slot
         wait_until(lambda: job(mysql_engine, res.id).status is Status.DONE, timeout=40, message="done")
     finally:
         if reaper:
@@ -116,25 +118,31 @@ def test_c_a_worker_whose_server_turns_read_only_claims_nothing_and_resumes(thro
     w = WorkerProcess(url, tmp_path, "a", "--concurrency", "2", "--lease-seconds", "5", "--idle-cap-seconds", "0.5")
     try:
         w.wait_for_log("event=idle ")
-        server.execute("SET GLOBAL read_only = ON")   # the primary is demoted under the running worker
+        server.execute("SET GLOBAL read_only = ON")  # the primary is demoted under the running worker
         time.sleep(2)
         # root holds SUPER, so read_only does not stop its writes: the job row lands anyway (as a
         # misrouted write would), and only the worker's own check stands between it and a claim.
-        server.execute("INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, "
-                       "attempts, max_attempts, created_at, updated_at) VALUES ('after-demotion', 'noop', "
-                       "'default', 0, '{}', 'ready', UTC_TIMESTAMP(6), 0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
-                       database="jq")
+        server.execute(
+            "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, "
+            "attempts, max_attempts, created_at, updated_at) VALUES ('after-demotion', 'noop', "
+            "'default', 0, '{}', 'ready', UTC_TIMESTAMP(6), 0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+            database="jq",
+        )
         time.sleep(10)
         with engine.connect() as conn:
-            row = conn.execute(sa.select(job_queue.c.status, job_queue.c.attempts)
-                               .where(job_queue.c.task_key == "after-demotion")).one()
+            row = conn.execute(
+                sa.select(job_queue.c.status, job_queue.c.attempts).where(job_queue.c.task_key == "after-demotion")
+            ).one()
         assert (row.status, row.attempts) == ("ready", 0), "nothing was claimed on the read-only server"
         assert "event=not_primary" in w.log()
         refused = jobqueue(url, "enqueue", "noop", "--key", "refused")
-        assert refused.returncode == 75 and "read-only" in refused.stderr   # enqueue: try again later
+        assert refused.returncode == 75 and "read-only" in refused.stderr  # enqueue: try again later
         server.execute("SET GLOBAL read_only = OFF")
-        wait_until(lambda: job(engine, row_id(engine, "after-demotion")).status is Status.DONE, timeout=20,
-                   message="claims resume once the server is writable")
+        wait_until(
+            lambda: job(engine, row_id(engine, "after-demotion")).status is Status.DONE,
+            timeout=20,
+            message="claims resume once the server is writable",
+        )
         assert "event=claiming_resumed" in w.log()
     finally:
         w.stop()
@@ -160,8 +168,9 @@ def test_c_embedded_workers_say_in_api_health_that_they_stopped_claiming(throwaw
     engine = create_engine(url)
     init_db(engine)
     engine.dispose()
-    web = GunicornServer(url, tmp_path, web_workers=1, embedded_workers=2,
-                         extra_env={**server_env(url), "JOBQUEUE_LEASE_SECONDS": "5"})
+    web = GunicornServer(
+        url, tmp_path, web_workers=1, embedded_workers=2, extra_env={**server_env(url), "JOBQUEUE_LEASE_SECONDS": "5"}
+    )
 
     def health() -> dict:
         req = urllib.request.Request(web.base + "/api/health", headers={"Authorization": f"Bearer {VIEWER_TOKEN}"})

@@ -10,11 +10,10 @@ import urllib.request
 
 import pytest
 
-from testkit.web import api_post, server_env
-from testkit.procs import GunicornServer, wait_until
-from testkit.web import VIEWER_TOKEN
 from jobqueue.core import repository
 from jobqueue.core.db import create_engine
+from testkit.procs import GunicornServer, wait_until
+from testkit.web import VIEWER_TOKEN, api_post, server_env
 
 pytestmark = pytest.mark.slow
 
@@ -49,8 +48,11 @@ def test_metrics_from_two_gunicorn_workers(mysql_url, tmp_path):
         for i in range(60):
             api_post(server.base, "/api/jobs", {"task": "slow_noop", "task_key": f"m-{i}", "payload": {"seconds": 0.2}})
         with engine.connect() as conn:
-            wait_until(lambda: repository.stats.count_by_status(conn) == [("default", "done", 60)], timeout=60,
-                       message="60 jobs done")
+            wait_until(
+                lambda: repository.stats.count_by_status(conn) == [("default", "done", 60)],
+                timeout=60,
+                message="60 jobs done",
+            )
         text = scrape(server.base)
         with engine.connect() as conn:
             owners = {j.lease_owner.split(":")[1] for j in repository.reads.list_jobs(conn, limit=100)}

@@ -14,12 +14,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from testkit.procs import GunicornServer, wait_until
-from testkit.web import ADMIN_PASSWORD, WebClient, server_env
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.schema import audit_log
+from testkit.procs import GunicornServer, wait_until
+from testkit.web import ADMIN_PASSWORD, WebClient, server_env
 
 pytestmark = pytest.mark.slow
 
@@ -29,10 +28,12 @@ def test_sessions_and_the_throttle_hold_across_processes(mysql_url, tmp_path):
     with engine.connect() as conn:
         job_id = service.enqueue(conn, "noop", "copied-cookie").id
         service.fail_job(conn, job_id, "set up", actor="test")
-    a = GunicornServer(mysql_url, tmp_path, web_workers=2, embedded_workers=0, extra_env=server_env(mysql_url),
-                       name="gunicorn-a")
-    b = GunicornServer(mysql_url, tmp_path, web_workers=1, embedded_workers=0, extra_env=server_env(mysql_url),
-                       name="gunicorn-b")
+    a = GunicornServer(
+        mysql_url, tmp_path, web_workers=2, embedded_workers=0, extra_env=server_env(mysql_url), name="gunicorn-a"
+    )
+    b = GunicornServer(
+        mysql_url, tmp_path, web_workers=1, embedded_workers=0, extra_env=server_env(mysql_url), name="gunicorn-b"
+    )
     try:
         owner = WebClient(a.base)
         assert owner.login()[0] == 302
@@ -41,11 +42,11 @@ def test_sessions_and_the_throttle_hold_across_processes(mysql_url, tmp_path):
         for server in (a, b):
             copy = WebClient(server.base)
             copy.cookies = dict(owner.cookies)
-            assert copy.get("/")[0] == 200        # the same session in both servers
+            assert copy.get("/")[0] == 200  # the same session in both servers
             copies.append(copy)
         assert owner.post("/logout", {"csrf_token": token})[0] == 302
         for copy in copies:
-            for _ in range(4):                    # whichever gunicorn worker answers
+            for _ in range(4):  # whichever gunicorn worker answers
                 status, headers, _ = copy.get("/jobs")
                 assert status == 302 and headers["location"].startswith("/login"), status
             status, headers, _ = copy.post(f"/jobs/{job_id}/requeue", {"csrf_token": token, "confirm": "yes"})
@@ -53,15 +54,27 @@ def test_sessions_and_the_throttle_hold_across_processes(mysql_url, tmp_path):
         _the_guesser_is_throttled_not_the_owner(a, b)
         with engine.connect() as conn:
             assert repository.reads.get_job(conn, job_id).status.value == "failed"
-            assert conn.execute(sa.select(sa.func.count()).select_from(audit_log)
-                                .where(audit_log.c.actor.like("web:%"))).scalar() == 0
+            assert (
+                conn.execute(
+                    sa.select(sa.func.count()).select_from(audit_log).where(audit_log.c.actor.like("web:%"))
+                ).scalar()
+                == 0
+            )
     finally:
         assert a.stop() == 0 and b.stop() == 0
         engine.dispose()
 
 
-HOSTILE_NEXT = ["/%09/evil.example", "/%5Cevil.example", "//evil.example", "https:evil.example", "/%0d/evil.example",
-                "/%0d%0aLocation:%20https://evil.example", "%09//evil.example", "/%5C%5Cevil.example"]
+HOSTILE_NEXT = [
+    "/%09/evil.example",
+    "/%5Cevil.example",
+    "//evil.example",
+    "https:evil.example",
+    "/%0d/evil.example",
+    "/%0d%0aLocation:%20https://evil.example",
+    "%09//evil.example",
+    "/%5C%5Cevil.example",
+]
 
 
 def test_next_and_a_held_table_lock(mysql_url, tmp_path):
@@ -92,11 +105,14 @@ def _the_guesser_is_throttled_not_the_owner(a, b):
     assert guesser[:5] == [401] * 5 and set(guesser[5:]) == {429}, guesser
     assert WebClient(a.base, source="127.0.0.4").login("alice", ADMIN_PASSWORD)[0] == 302
     assert WebClient(b.base, source="127.0.0.4").login("alice", ADMIN_PASSWORD)[0] == 302
-    more = [WebClient(servers[i % 2].base, source="127.0.0.3").login("alice", ADMIN_PASSWORD if i % 3 else "guess")
-            for i in range(12)]
+    more = [
+        WebClient(servers[i % 2].base, source="127.0.0.3").login("alice", ADMIN_PASSWORD if i % 3 else "guess")
+        for i in range(12)
+    ]
     assert [m[0] for m in more] == [429] * 12
     waits = [int(m[1]["retry-after"]) for m in more]
     assert waits == sorted(waits) and waits[0] > 0
+
     # Log lines are written by each process's listener thread, a moment after the request.
     def throttled_lines() -> list[str]:
         return re.findall(r"event=login_throttled user=alice addr=127\.0\.0\.3 limit=address_user", a.log() + b.log())
@@ -128,13 +144,15 @@ def _a_held_table_lock_gives_a_quick_503(server, mysql_url):
     try:
         holder.cursor().execute("LOCK TABLES job_queue WRITE")
         threads = [threading.Thread(target=fetch, args=(f"jobs-{i}", "/jobs", client)) for i in range(4)]
-        threads += [threading.Thread(target=fetch, args=(p, p, WebClient(server.base)))
-                    for p in ("/login", "/static/app.css", "/healthz")]
+        threads += [
+            threading.Thread(target=fetch, args=(p, p, WebClient(server.base)))
+            for p in ("/login", "/static/app.css", "/healthz")
+        ]
         for t in threads:
             t.start()
         for t in threads:
             t.join(60)
-        still_held = holder.cursor().execute("SELECT 1") == 1       # the lock was never released meanwhile
+        still_held = holder.cursor().execute("SELECT 1") == 1  # the lock was never released meanwhile
     finally:
         holder.close()
     print({k: f"{v[0]} in {v[2]:.2f} s" for k, v in sorted(answers.items())})

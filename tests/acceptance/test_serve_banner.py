@@ -16,8 +16,10 @@ import pytest
 from testkit.procs import REPO, cli_env, free_port
 
 pytestmark = pytest.mark.slow
-STARTUP = re.compile(r"Booting worker|Control socket|event=dev_mode|event=embedded_started|event=worker_started|"
-                     r"Listening at|Using worker|event=migrated|enqueued \d+ demo jobs")
+STARTUP = re.compile(
+    r"Booting worker|Control socket|event=dev_mode|event=embedded_started|event=worker_started|"
+    r"Listening at|Using worker|event=migrated|enqueued \d+ demo jobs"
+)
 
 
 def run_until_banner(cmd: list[str], env: dict, log_path, quiet_seconds: float = 4.0) -> str:
@@ -28,7 +30,7 @@ def run_until_banner(cmd: list[str], env: dict, log_path, quiet_seconds: float =
         while "API token:" not in log_path.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
             time.sleep(0.1)
-        time.sleep(quiet_seconds)          # whatever start-up is still to come has come by now
+        time.sleep(quiet_seconds)  # whatever start-up is still to come has come by now
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         assert proc.wait(60) == 0, log_path.read_text()[-3000:]
@@ -49,13 +51,19 @@ def test_serve_dev_prints_the_login_last(tmp_path):
     env = cli_env(JOBQUEUE_INSTANCE_PATH=str(tmp_path), JOBQUEUE_WEB_WORKERS="2")
     for name in ("JOBQUEUE_DATABASE_URL", "JOBQUEUE_USERS", "JOBQUEUE_API_TOKENS", "JOBQUEUE_DEV_PASSWORD"):
         env.pop(name, None)
-    output = run_until_banner([sys.executable, "-m", "jobqueue.cli", "serve", "--dev", "--port", str(port)], env,
-                              tmp_path / "serve.log")
+    output = run_until_banner(
+        [sys.executable, "-m", "jobqueue.cli", "serve", "--dev", "--port", str(port)], env, tmp_path / "serve.log"
+    )
     lines, start = banner_lines(output, port)
-    before, after = lines[:start], lines[start + 3:]
-    assert sum("event=worker_started" in line for line in before) == 2, output    # both web processes
-    late = [line for line in after if line.strip() and "Handling signal" not in line and
-            not re.search(r"event=(worker_stopping|worker_stopped|embedded_stopped)|Worker exiting|Shutting down", line)]
+    before, after = lines[:start], lines[start + 3 :]
+    assert sum("event=worker_started" in line for line in before) == 2, output  # both web processes
+    late = [
+        line
+        for line in after
+        if line.strip()
+        and "Handling signal" not in line
+        and not re.search(r"event=(worker_stopping|worker_stopped|embedded_stopped)|Worker exiting|Shutting down", line)
+    ]
     assert late == [], output
 
 

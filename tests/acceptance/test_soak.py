@@ -24,9 +24,14 @@ SEED = os.environ.get("SOAK_SEED", "20261130")
 
 def test_quick_soak_loses_nothing_under_faults(db_server, tmp_path):
     workdir = tmp_path / "soak"
-    out = subprocess.run([sys.executable, "-m", "soak.run", "--quick", "--seed", SEED, "--server", db_server,
-                          "--workdir", str(workdir)],
-                         capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "soak.run", "--quick", "--seed", SEED, "--server", db_server, "--workdir", str(workdir)],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=REPO,
+        timeout=300,
+    )
     report = f"exit {out.returncode}, logs in {workdir}\n{out.stdout[-6000:]}\n{out.stderr[-3000:]}"
     results_file = workdir / "results.json"
     assert results_file.exists(), report

@@ -49,11 +49,17 @@ def clean_env(tmp_path: Path) -> dict[str, str]:
 
 def test_the_wheel_ships_the_package_and_not_the_test_kit(installed):
     _, names = installed
-    for needed in ("jobqueue/core/repository/claim.py", "jobqueue/core/worker/loop.py",
-                   "jobqueue/core/migrations/versions/0001_job_queue.py", "jobqueue/core/migrations/script.py.mako",
-                   "jobqueue/templates/dashboard/overview.html", "jobqueue/static/htmx.min.js", "jobqueue/py.typed",
-                   "jobqueue/django/management/commands/jobqueue_worker.py",
-                   "webapp/__init__.py"):
+    for needed in (
+        "jobqueue/core/repository/claim.py",
+        "jobqueue/core/worker/loop.py",
+        "jobqueue/core/migrations/versions/0001_job_queue.py",
+        "jobqueue/core/migrations/script.py.mako",
+        "jobqueue/templates/dashboard/overview.html",
+        "jobqueue/static/htmx.min.js",
+        "jobqueue/py.typed",
+        "jobqueue/django/management/commands/jobqueue_worker.py",
+        "webapp/__init__.py",
+    ):
         assert needed in names, f"{needed} is missing from the wheel"
     assert not [n for n in names if n.startswith(("testkit/", "tests/", "bench/", "soak/", "drill/"))]
 
@@ -62,16 +68,33 @@ def test_the_installed_wheel_imports_serves_and_runs_a_job(installed, tmp_path):
     bin_dir, _ = installed
     env = clean_env(tmp_path)
     # Imported from the virtualenv, not from this checkout, under the new name and the old one.
-    where = run(bin_dir / "python", "-W", "error", "-c",
-                "import jobqueue, jobqueue.web; from jobqueue import JobQueue, task; "
-                "from jobqueue.web import init_dashboard; print(jobqueue.__file__)", cwd=tmp_path, env=env)
+    where = run(
+        bin_dir / "python",
+        "-W",
+        "error",
+        "-c",
+        "import jobqueue, jobqueue.web; from jobqueue import JobQueue, task; "
+        "from jobqueue.web import init_dashboard; print(jobqueue.__file__)",
+        cwd=tmp_path,
+        env=env,
+    )
     assert str(bin_dir.parent) in where and str(REPO) not in where
-    old = subprocess.run([bin_dir / "python", "-c", "from webapp import JobQueue; print(JobQueue.__module__)"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    old = subprocess.run(
+        [bin_dir / "python", "-c", "from webapp import JobQueue; print(JobQueue.__module__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert old.returncode == 0 and old.stdout.strip() == "jobqueue.core.client", old.stderr
     assert "DeprecationWarning" in old.stderr and "import jobqueue" in old.stderr, old.stderr
-    assert subprocess.run([bin_dir / "python", "-c", "import testkit"], cwd=tmp_path, env=env,
-                          capture_output=True).returncode != 0
+    assert (
+        subprocess.run(
+            [bin_dir / "python", "-c", "import testkit"], cwd=tmp_path, env=env, capture_output=True
+        ).returncode
+        != 0
+    )
 
     # A job, by the command line of the wheel.
     run(bin_dir / "jobqueue", "init-db", cwd=tmp_path, env=env)
@@ -84,8 +107,14 @@ def test_the_installed_wheel_imports_serves_and_runs_a_job(installed, tmp_path):
     port = free_port()
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([bin_dir / "jobqueue", "serve", "--dev", "--port", str(port)], cwd=tmp_path, env=env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [bin_dir / "jobqueue", "serve", "--dev", "--port", str(port)],
+            cwd=tmp_path,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 60
         while True:

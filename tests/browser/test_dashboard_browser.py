@@ -8,13 +8,12 @@ import re
 
 import pytest
 
-from tests.browser.conftest import ARTIFACTS
-from testkit.procs import GunicornServer, wait_until
-from testkit.web import ADMIN_PASSWORD, server_env
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Status
+from testkit.procs import GunicornServer, wait_until
+from testkit.web import ADMIN_PASSWORD, server_env
+from tests.browser.conftest import ARTIFACTS
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +27,11 @@ def test_requeue_a_failed_job_and_watch_it_finish(mysql_url, tmp_path, browser):
     try:
         with engine.connect() as conn:
             job_id = service.enqueue(conn, "fail_first_attempt", "nightly-report", {"day": "2026-11-29"}).id
-            wait_until(lambda: repository.reads.get_job(conn, job_id).status is Status.FAILED, timeout=20,
-                       message="the job to fail")
+            wait_until(
+                lambda: repository.reads.get_job(conn, job_id).status is Status.FAILED,
+                timeout=20,
+                message="the job to fail",
+            )
             service.enqueue_many(conn, [{"task": "noop", "task_key": f"ok-{i}"} for i in range(5)])
 
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
@@ -47,7 +49,9 @@ def test_requeue_a_failed_job_and_watch_it_finish(mysql_url, tmp_path, browser):
         page.select_option("select[name=status]", "failed")
         row = page.locator(f"#job-{job_id}")
         expect(row.locator(".badge")).to_have_text("failed")
-        expect(row.locator("td.error")).to_contain_text("first attempt fails <b>on purpose</b>")  # escaped, shown as text
+        expect(row.locator("td.error")).to_contain_text(
+            "first attempt fails <b>on purpose</b>"
+        )  # escaped, shown as text
 
         page.once("dialog", lambda dialog: dialog.accept())
         row.locator("button", has_text="Requeue").click()
@@ -117,7 +121,7 @@ def test_pause_a_queue_cancel_a_job_and_manage_a_recurring_job(mysql_url, tmp_pa
         page.click("button[type=submit]")
 
         mail = page.locator("#queue-table tr", has_text="mail")
-        page.once("dialog", lambda dialog: dialog.dismiss())   # a dismissed dialog changes nothing
+        page.once("dialog", lambda dialog: dialog.dismiss())  # a dismissed dialog changes nothing
         mail.locator("button", has_text="Pause").click()
         expect(mail.locator(".badge.active")).to_be_visible()
         page.once("dialog", lambda dialog: dialog.accept())

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from testkit.procs import REPO, cli_env, free_port
+from testkit.procs import cli_env, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -25,13 +25,24 @@ PAGES = ["/", "/jobs", "/jobs?status=done", "/workers", "/recurring", "/audit", 
 def dev_server(tmp_path):
     port = free_port()
     env = cli_env(JOBQUEUE_INSTANCE_PATH=str(tmp_path), JOBQUEUE_WEB_WORKERS="2")
-    for name in ("JOBQUEUE_DATABASE_URL", "JOBQUEUE_USERS", "JOBQUEUE_API_TOKENS", "JOBQUEUE_DEV_PASSWORD",
-                 "JOBQUEUE_SECRET_KEY"):
+    for name in (
+        "JOBQUEUE_DATABASE_URL",
+        "JOBQUEUE_USERS",
+        "JOBQUEUE_API_TOKENS",
+        "JOBQUEUE_DEV_PASSWORD",
+        "JOBQUEUE_SECRET_KEY",
+    ):
         env.pop(name, None)
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "jobqueue.cli", "serve", "--dev", "--demo", "--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jobqueue.cli", "serve", "--dev", "--demo", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=tmp_path,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 90
         while not (found := re.search(r"login: admin / (\S+)", log_path.read_text())):

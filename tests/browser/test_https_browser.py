@@ -10,13 +10,12 @@ import re
 
 import pytest
 
+from jobqueue.core import repository, service
+from jobqueue.core.db import create_engine
+from jobqueue.core.models import Status
 from testkit.procs import GunicornServer, free_port
 from testkit.tls import self_signed_certificate
 from testkit.web import ADMIN_PASSWORD, server_env
-from jobqueue.core import repository
-from jobqueue.core import service
-from jobqueue.core.db import create_engine
-from jobqueue.core.models import Status
 
 pytestmark = pytest.mark.slow
 
@@ -24,8 +23,10 @@ pytestmark = pytest.mark.slow
 def attacker_page(action: str, fields: dict[str, str], referrer_policy: str | None = None) -> str:
     meta = f'<meta name="referrer" content="{referrer_policy}">' if referrer_policy else ""
     inputs = "".join(f'<input type="hidden" name="{k}" value="{html.escape(v)}">' for k, v in fields.items())
-    return (f"<!doctype html><html><head>{meta}</head><body><form method='post' action='{html.escape(action)}'>"
-            f"{inputs}<button type='submit'>win a prize</button></form></body></html>")
+    return (
+        f"<!doctype html><html><head>{meta}</head><body><form method='post' action='{html.escape(action)}'>"
+        f"{inputs}<button type='submit'>win a prize</button></form></body></html>"
+    )
 
 
 def test_https_secure_cookies_and_cross_origin_posts_refused(mysql_url, tmp_path, browser):
@@ -36,8 +37,14 @@ def test_https_secure_cookies_and_cross_origin_posts_refused(mysql_url, tmp_path
         job_id = service.enqueue(conn, "noop", "tls-target").id
         service.fail_job(conn, job_id, "set up by the test", actor="test")
         other_id = service.enqueue(conn, "noop", "tls-other").id
-    server = GunicornServer(mysql_url, tmp_path, web_workers=1, embedded_workers=0, extra_env=server_env(mysql_url),
-                            tls=self_signed_certificate(tmp_path / "tls"))
+    server = GunicornServer(
+        mysql_url,
+        tmp_path,
+        web_workers=1,
+        embedded_workers=0,
+        extra_env=server_env(mysql_url),
+        tls=self_signed_certificate(tmp_path / "tls"),
+    )
     context = browser.new_context(ignore_https_errors=True)
     try:
         assert server.base.startswith("https://")
@@ -64,9 +71,14 @@ def test_https_secure_cookies_and_cross_origin_posts_refused(mysql_url, tmp_path
         evil = f"https://127.0.0.1:{free_port()}"
         fields = {"csrf_token": token, "confirm": "yes", "reason": "cross-origin"}
         for policy, why in ((None, "does not match"), ("no-referrer", "missing")):
-            context.route(evil + "/prize", lambda route, policy=policy: route.fulfill(
-                status=200, content_type="text/html",
-                body=attacker_page(f"{server.base}/jobs/{other_id}/fail", fields, policy)))
+            context.route(
+                evil + "/prize",
+                lambda route, policy=policy: route.fulfill(
+                    status=200,
+                    content_type="text/html",
+                    body=attacker_page(f"{server.base}/jobs/{other_id}/fail", fields, policy),
+                ),
+            )
             attack = context.new_page()
             attack.goto(evil + "/prize")
             with attack.expect_response(re.compile(rf"/jobs/{other_id}/fail$")) as answer:

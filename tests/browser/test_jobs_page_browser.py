@@ -3,14 +3,13 @@ ticked under live refresh, and the live refresh is one request per page per inte
 
 from __future__ import annotations
 
-
 import pytest
 import sqlalchemy as sa
 
-from tests.browser.conftest import sign_in
 from jobqueue.core import service
 from jobqueue.core.db import create_engine
 from jobqueue.core.schema import job_queue
+from tests.browser.conftest import sign_in
 
 pytestmark = pytest.mark.slow
 jq = job_queue.c
@@ -41,7 +40,7 @@ def test_bulk_over_the_filter_applies_the_filter_on_screen(quiet_server, engine,
 
     with engine.connect() as conn:
         make_failed(conn, ["failed-1", "failed-2", "failed-3"])
-        service.enqueue(conn, "noop", "later", delay=3600)                          # scheduled
+        service.enqueue(conn, "noop", "later", delay=3600)  # scheduled
         service.enqueue_many(conn, [{"task": "noop", "task_key": f"mail-{i}", "queue": "mail"} for i in range(3)])
     before = statuses(engine)
     watched = sign_in(browser, quiet_server.base)
@@ -49,7 +48,7 @@ def test_bulk_over_the_filter_applies_the_filter_on_screen(quiet_server, engine,
     page.goto(quiet_server.base + "/jobs")
     # Only the table is swapped by the select; the bulk form must follow it.
     page.select_option("select[name=status]", "failed")
-    expect(page.locator("#bulk-form input[name=status]")).to_have_value("failed")   # the new table is in
+    expect(page.locator("#bulk-form input[name=status]")).to_have_value("failed")  # the new table is in
     expect(page.locator("#jobs-table tbody tr")).to_have_count(3)
     page.check("input[name=scope][value=filter]")
     page.click("#bulk-form button[value=requeue]")
@@ -59,11 +58,13 @@ def test_bulk_over_the_filter_applies_the_filter_on_screen(quiet_server, engine,
     confirm.locator("button", has_text="Requeue 3 jobs").click()
     expect(confirm).to_contain_text("3 jobs requeued.")
     after = statuses(engine)
-    assert {k: after[k] for k in ("failed-1", "failed-2", "failed-3")} == dict.fromkeys(("failed-1", "failed-2",
-                                                                                         "failed-3"), "ready")
+    assert {k: after[k] for k in ("failed-1", "failed-2", "failed-3")} == dict.fromkeys(
+        ("failed-1", "failed-2", "failed-3"), "ready"
+    )
     assert after["later"] == "scheduled"
-    assert {k: v for k, v in after.items() if k.startswith("mail-")} == \
-        {k: v for k, v in before.items() if k.startswith("mail-")}
+    assert {k: v for k, v in after.items() if k.startswith("mail-")} == {
+        k: v for k, v in before.items() if k.startswith("mail-")
+    }
 
     # Fail in the same place: ready jobs of queue default only.
     page.select_option("select[name=queue]", "default")
@@ -88,8 +89,9 @@ def test_ticked_rows_stay_ticked_and_one_request_refreshes_the_page(quiet_server
     from playwright.sync_api import expect
 
     with engine.connect() as conn:
-        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"live-{i:02d}"}
-                                                            for i in range(40)])]
+        ids = [
+            r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"live-{i:02d}"} for i in range(40)])
+        ]
     watched = sign_in(browser, quiet_server.base)
     page = watched.page
     page.goto(quiet_server.base + "/jobs")

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.conftest import ARTIFACTS, sign_in
-from testkit.procs import REPO, GunicornServer, wait_until
-from testkit.web import ADMIN_TOKEN, api_post, server_env
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Status
+from testkit.procs import REPO, GunicornServer, wait_until
+from testkit.web import ADMIN_TOKEN, api_post, server_env
+from tests.browser.conftest import ARTIFACTS, sign_in
 
 pytestmark = pytest.mark.slow
 AXE = REPO / "node_modules" / "axe-core" / "axe.min.js"
@@ -28,8 +27,10 @@ def axe_violations(page) -> list[dict]:
     if not page.evaluate("() => typeof window.axe === 'object'"):
         page.evaluate(AXE.read_text() + "\n;0")
     result = page.evaluate("tags => axe.run(document, {runOnly: {type: 'tag', values: tags}})", WCAG)
-    return [{"id": v["id"], "help": v["help"], "nodes": [n["html"][:200] for n in v["nodes"][:3]]}
-            for v in result["violations"]]
+    return [
+        {"id": v["id"], "help": v["help"], "nodes": [n["html"][:200] for n in v["nodes"][:3]]}
+        for v in result["violations"]
+    ]
 
 
 @pytest.fixture
@@ -40,28 +41,52 @@ def busy_server(mysql_url, tmp_path):
     server = GunicornServer(mysql_url, tmp_path, web_workers=1, embedded_workers=2, extra_env=server_env(mysql_url))
     try:
         with engine.connect() as conn:
-            failed = service.enqueue(conn, "fail_first_attempt", "nightly-report-2026-11-29",
-                                        {"day": "2026-11-29", "recipients": ["ops@example.com"]}).id
-            service.enqueue_many(conn, [{"task": "noop", "task_key": f"invoice-{i}", "payload": {"invoice": i}}
-                                           for i in range(8)])
-            service.enqueue_many(conn, [{"task": "export_orders", "task_key": f"export-{i}", "queue": "exports",
-                                            "payload": {"rows": 3}} for i in range(3)])
-            wait_until(lambda: repository.reads.get_job(conn, failed).status is Status.FAILED, timeout=20,
-                       message="the job to fail")
-            wait_until(lambda: repository.reads.count_matching(conn, repository.operator.JobFilter(status=Status.DONE))[0] >= 11,
-                       timeout=20, message="the jobs to finish")
+            failed = service.enqueue(
+                conn,
+                "fail_first_attempt",
+                "nightly-report-2026-11-29",
+                {"day": "2026-11-29", "recipients": ["ops@example.com"]},
+            ).id
+            service.enqueue_many(
+                conn, [{"task": "noop", "task_key": f"invoice-{i}", "payload": {"invoice": i}} for i in range(8)]
+            )
+            service.enqueue_many(
+                conn,
+                [
+                    {"task": "export_orders", "task_key": f"export-{i}", "queue": "exports", "payload": {"rows": 3}}
+                    for i in range(3)
+                ],
+            )
+            wait_until(
+                lambda: repository.reads.get_job(conn, failed).status is Status.FAILED,
+                timeout=20,
+                message="the job to fail",
+            )
+            wait_until(
+                lambda: (
+                    repository.reads.count_matching(conn, repository.operator.JobFilter(status=Status.DONE))[0] >= 11
+                ),
+                timeout=20,
+                message="the jobs to finish",
+            )
             service.enqueue(conn, "sleep", "transcode-42", {"seconds": 60}, queue="default")
             service.enqueue(conn, "noop", "tomorrow", delay=86400)
             done = repository.reads.get_job_by_key(conn, "invoice-3").id
             ids = [repository.reads.get_job_by_key(conn, f"invoice-{i}").id for i in (5, 6)]
         api_post(server.base, f"/api/jobs/{done}/requeue", {"again": True}, token=ADMIN_TOKEN)
         with engine.connect() as conn:
-            service.bulk_action(conn, "fail", actor="web:alice", ids=[service.enqueue(conn, "noop", f"x-{i}",
-                                                                                            delay=600).id
-                                                                         for i in range(3)] + ids,
-                                   reason="customer cancelled the order")
-            wait_until(lambda: repository.reads.get_job_by_key(conn, "transcode-42").status is Status.RUNNING, timeout=20,
-                       message="the long job to run")
+            service.bulk_action(
+                conn,
+                "fail",
+                actor="web:alice",
+                ids=[service.enqueue(conn, "noop", f"x-{i}", delay=600).id for i in range(3)] + ids,
+                reason="customer cancelled the order",
+            )
+            wait_until(
+                lambda: repository.reads.get_job_by_key(conn, "transcode-42").status is Status.RUNNING,
+                timeout=20,
+                message="the long job to run",
+            )
         yield server, failed
     finally:
         assert server.stop() == 0
@@ -72,9 +97,18 @@ def test_every_page_is_accessible_in_light_dark_and_narrow(busy_server, browser)
     from playwright.sync_api import expect
 
     server, failed = busy_server
-    pages = {"overview": "/", "jobs": "/jobs", "jobs failed": "/jobs?status=failed",
-             "search": "/jobs?q=recipients", "failed job": f"/jobs/{failed}", "workers": "/workers",
-             "audit": "/audit", "health": "/health", "locks": "/locks", "not found": "/jobs/999999"}
+    pages = {
+        "overview": "/",
+        "jobs": "/jobs",
+        "jobs failed": "/jobs?status=failed",
+        "search": "/jobs?q=recipients",
+        "failed job": f"/jobs/{failed}",
+        "workers": "/workers",
+        "audit": "/audit",
+        "health": "/health",
+        "locks": "/locks",
+        "not found": "/jobs/999999",
+    }
     problems: dict[str, list] = {}
     for scheme in ("light", "dark"):
         watched = sign_in(browser, server.base, color_scheme=scheme)
@@ -85,7 +119,7 @@ def test_every_page_is_accessible_in_light_dark_and_narrow(busy_server, browser)
             found = axe_violations(page)
             if found:
                 problems[f"{scheme} {name}"] = found
-            if name == "not found":     # the browser reports the page's own 404
+            if name == "not found":  # the browser reports the page's own 404
                 watched.errors[:] = [e for e in watched.errors if "status of 404" not in e]
         # The bulk confirmation and the time-zone switch are on screen too.
         page.goto(server.base + "/jobs?status=failed")
@@ -142,7 +176,7 @@ def test_screenshots_for_the_readme(busy_server, browser):
     page = watched.page
     page.goto(server.base + "/")
     expect(page.locator("#running-table")).to_contain_text("transcode-42")
-    page.wait_for_timeout(3500)    # one refresh of the panels
+    page.wait_for_timeout(3500)  # one refresh of the panels
     page.screenshot(path=str(SCREENSHOTS / "overview.png"), full_page=True)
     page.goto(server.base + f"/jobs/{failed}")
     expect(page.locator("#job-summary .badge")).to_have_text("failed")

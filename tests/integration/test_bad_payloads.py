@@ -9,14 +9,13 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from testkit.procs import jobqueue
-from testkit.web import api, app_config, login
 from jobqueue import create_app
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.errors import ValidationError
 from jobqueue.core.schema import job_queue
 from jobqueue.core.validation import MAX_PAYLOAD_DEPTH
+from testkit.procs import jobqueue
+from testkit.web import api, app_config, login
 
 
 def nested(depth: int) -> dict:
@@ -37,16 +36,19 @@ def rows(engine) -> int:
         return conn.execute(sa.select(sa.func.count()).select_from(job_queue)).scalar()
 
 
-@pytest.mark.parametrize("payload, words", [
-    (nested(MAX_PAYLOAD_DEPTH + 1), "levels deep"),
-    (nested(40), "levels deep"),
-    ({"a": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}, "levels deep"),
-    ({"text": "\ud800"}, "lone surrogate"),
-    ({"\udfff": 1}, "lone surrogate"),
-    (circular(), "levels deep"),                    # json's circular check is off: it recurses, then is measured
-    ({"x": float("nan")}, "not valid JSON"),
-    ({"x": {1, 2}}, "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "payload, words",
+    [
+        (nested(MAX_PAYLOAD_DEPTH + 1), "levels deep"),
+        (nested(40), "levels deep"),
+        ({"a": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}, "levels deep"),
+        ({"text": "\ud800"}, "lone surrogate"),
+        ({"\udfff": 1}, "lone surrogate"),
+        (circular(), "levels deep"),  # json's circular check is off: it recurses, then is measured
+        ({"x": float("nan")}, "not valid JSON"),
+        ({"x": {1, 2}}, "not valid JSON"),
+    ],
+)
 def test_the_repository_refuses_them_and_writes_nothing(engine, payload, words):
     with engine.connect() as conn:
         with pytest.raises(ValidationError) as refused:
@@ -68,9 +70,11 @@ def test_the_api_answers_422_naming_payload(mysql_url):
     assert login(client).status_code == 302
     engine = app.extensions["jobqueue"].engine
     try:
-        for body in ({"task": "noop", "task_key": "deep", "payload": nested(32)},
-                     {"task": "noop", "task_key": "surrogate", "payload": {"s": "\ud800"}}):
-            raw = json.dumps(body)   # \ud800 travels as the escape a client would send
+        for body in (
+            {"task": "noop", "task_key": "deep", "payload": nested(32)},
+            {"task": "noop", "task_key": "surrogate", "payload": {"s": "\ud800"}},
+        ):
+            raw = json.dumps(body)  # \ud800 travels as the escape a client would send
             response = api(client, "POST", "/api/jobs", data=raw, content_type="application/json")
             assert response.status_code == 422, response.get_data(as_text=True)
             assert response.get_json()["field"] == "payload"

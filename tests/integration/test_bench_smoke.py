@@ -43,8 +43,13 @@ def test_raw_loop_plain_for_update_also_completes(mysql_engine, mysql_url):
 
 def test_connect_args_parse_app_urls():
     args = connect_args("mysql+pymysql://u%40x:p%3Aw@db.example:3307/jq")
-    assert (args["host"], args["port"], args["user"], args["password"], args["database"]) == \
-        ("db.example", 3307, "u@x", "p:w", "jq")
+    assert (args["host"], args["port"], args["user"], args["password"], args["database"]) == (
+        "db.example",
+        3307,
+        "u@x",
+        "p:w",
+        "jq",
+    )
     assert args["autocommit"] is False
 
 
@@ -55,7 +60,7 @@ def test_the_enqueue_bench_runs_every_part_small(mysql_url):
 
     res = enqueue_bench.run(rows=1500, rounds=1, requests=5, with_pgqueuer=False)
     assert all(res["rows_per_s"][k] > 0 for k in ("ours", "raw", "cli"))
-    assert res["cli_empty_run_s"] > 0   # at this size the empty run's time may exceed the difference
+    assert res["cli_empty_run_s"] > 0  # at this size the empty run's time may exceed the difference
     assert res["ratios"]["enqueue_many / raw PyMySQL"] > 0 and res["ratios"]["enqueue_many / pgqueuer"] is None
     assert res["http_single_enqueue"]["requests"] == 5 and res["http_single_enqueue"]["p95_ms"] > 0
     assert set(res["validation_us_per_job"]) == {"no payload", "small payload"}
@@ -77,14 +82,25 @@ def test_the_dashboard_bench_loads_its_shape_on_every_server(mysql_url):
     engine = sa.create_engine(mysql_url)
     with engine.connect() as conn:
         counts = dict(conn.exec_driver_sql("SELECT status, COUNT(*) FROM job_queue GROUP BY status").all())
-        assert counts == {"done": 11_000 - 11_000 // 19, "failed": 11_000 // 19,
-                          "ready": 800, "scheduled": 180, "running": 20}
+        assert counts == {
+            "done": 11_000 - 11_000 // 19,
+            "failed": 11_000 // 19,
+            "ready": 800,
+            "scheduled": 180,
+            "running": 20,
+        }
         # AUTO_INCREMENT ids follow the numbers: the keyset pages are in time order.
-        assert conn.exec_driver_sql(
-            "SELECT COUNT(*) FROM (SELECT created_at, LAG(created_at) OVER (ORDER BY id) AS before_it FROM job_queue) t "
-            "WHERE created_at < before_it").scalar() == 0
-        assert conn.exec_driver_sql("SELECT MAX(id) FROM job_queue WHERE status IN ('done', 'failed')").scalar() < \
-            conn.exec_driver_sql("SELECT MIN(id) FROM job_queue WHERE status = 'ready'").scalar()
+        assert (
+            conn.exec_driver_sql(
+                "SELECT COUNT(*) FROM (SELECT created_at, LAG(created_at) OVER (ORDER BY id) AS before_it FROM job_queue) t "
+                "WHERE created_at < before_it"
+            ).scalar()
+            == 0
+        )
+        assert (
+            conn.exec_driver_sql("SELECT MAX(id) FROM job_queue WHERE status IN ('done', 'failed')").scalar()
+            < conn.exec_driver_sql("SELECT MIN(id) FROM job_queue WHERE status = 'ready'").scalar()
+        )
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM job_queue WHERE payload LIKE '%%needle-77%%'").scalar() == 1
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM audit_log").scalar() == 5000
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM worker_stats").scalar() == 60

@@ -8,7 +8,6 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from jobqueue.core import service
-
 from jobqueue.core.models import Status
 from jobqueue.core.repository.operator import JobFilter
 from jobqueue.core.schema import job_queue
@@ -20,6 +19,7 @@ jq = job_queue.c
 @pytest.fixture
 def engine(mysql_url):
     from jobqueue.core.db import create_engine
+
     eng = create_engine(mysql_url, pool_size=4)
     yield eng
     eng.dispose()

@@ -13,10 +13,7 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from testkit.locks import hold_rows
-from testkit.procs import WorkerProcess, wait_until
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.builtin_tasks import noop
 from jobqueue.core.cli import main
 from jobqueue.core.errors import InvalidState, JobBusy, JobNotFound
@@ -25,6 +22,8 @@ from jobqueue.core.repository.operator import JobFilter
 from jobqueue.core.schema import audit_log, job_queue
 from jobqueue.core.tasks import Registry, TaskSpec
 from jobqueue.core.worker import Worker, WorkerConfig
+from testkit.locks import hold_rows
+from testkit.procs import WorkerProcess, wait_until
 
 jq = job_queue.c
 
@@ -52,12 +51,21 @@ def test_cancel_from_ready_scheduled_and_failed_is_immediate(engine):
             assert (result.before, result.after, result.changed) == (before, Status.CANCELLED, True)
             job = repository.reads.get_job(conn, job_id)
             assert job.status is Status.CANCELLED and job.finished_at is not None and job.lease_until is None
-        assert repository.reads.get_job(conn, failed).last_error == "broken"   # the failure is kept
-        audits = conn.execute(sa.select(audit_log.c.action, audit_log.c.job_id, audit_log.c.before_status,
-                                        audit_log.c.after_status, audit_log.c.detail)).all()
-        assert [tuple(a) for a in audits] == [("cancel", ready, "ready", "cancelled", "not wanted"),
-                                              ("cancel", scheduled, "scheduled", "cancelled", "not wanted"),
-                                              ("cancel", failed, "failed", "cancelled", "not wanted")]
+        assert repository.reads.get_job(conn, failed).last_error == "broken"  # the failure is kept
+        audits = conn.execute(
+            sa.select(
+                audit_log.c.action,
+                audit_log.c.job_id,
+                audit_log.c.before_status,
+                audit_log.c.after_status,
+                audit_log.c.detail,
+            )
+        ).all()
+        assert [tuple(a) for a in audits] == [
+            ("cancel", ready, "ready", "cancelled", "not wanted"),
+            ("cancel", scheduled, "scheduled", "cancelled", "not wanted"),
+            ("cancel", failed, "failed", "cancelled", "not wanted"),
+        ]
         # Nothing claims a cancelled job, and a second cancel changes nothing.
         assert service.claim(conn, "w", 5, ["default"], lease_seconds=60) == []
         assert service.cancel_job(conn, ready).changed is False
@@ -113,9 +121,9 @@ def test_cancelling_a_running_job_fences_its_lease_and_tells_its_handler(engine)
         cancelled_at = time.monotonic()
         assert (result.before, result.after) == (Status.RUNNING, Status.CANCELLED)
         assert told.wait(3), "ctx.lease_lost was not set within one renewal"
-        assert time.monotonic() - cancelled_at <= 1.0 + 0.5   # renewals every lease/3 = 1 s
+        assert time.monotonic() - cancelled_at <= 1.0 + 0.5  # renewals every lease/3 = 1 s
         assert returned.wait(5)
-        time.sleep(0.5)   # the worker's completion cycle runs
+        time.sleep(0.5)  # the worker's completion cycle runs
     finally:
         worker.stop()
         t.join(10)
@@ -168,8 +176,9 @@ def test_bulk_cancel_by_ids_and_by_filter(engine):
         by_ids = service.bulk_action(conn, "cancel", actor="tester", ids=ids[:4])
         # The running job (ids[0]) has a valid lease: skipped without force.
         assert (by_ids.changed, by_ids.skipped) == (3, 1)
-        by_filter = service.bulk_action(conn, "cancel", actor="tester", job_filter=JobFilter(status=Status.READY),
-                                           batch_size=5)
+        by_filter = service.bulk_action(
+            conn, "cancel", actor="tester", job_filter=JobFilter(status=Status.READY), batch_size=5
+        )
         assert by_filter.changed == 8 and by_filter.finished
         forced = service.bulk_action(conn, "cancel", actor="tester", ids=[running.job.id], force=True)
         assert forced.changed == 1

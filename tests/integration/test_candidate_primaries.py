@@ -8,15 +8,14 @@ import time
 
 import pytest
 
-from testkit.procs import WorkerProcess, jobqueue, wait_until
-from testkit.replication import read_general_log
-from testkit.web import api, app_config
 from jobqueue import create_app
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.db import PRIMARY_CHECK_SECONDS, create_engine, role_of
 from jobqueue.core.errors import NotPrimary
 from jobqueue.core.migrate import init_db
+from testkit.procs import WorkerProcess, jobqueue, wait_until
+from testkit.replication import read_general_log
+from testkit.web import api, app_config
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +34,16 @@ def two_servers(throwaway_server):
 
 
 def insert_ready(server, key: str, task: str = "noop", payload: str = "{}", *more_keys: str) -> None:
-    values = ", ".join(f"('{k}', '{task}', 'default', 0, '{payload}', 'ready', UTC_TIMESTAMP(6), 0, 5, "
-                       "UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))" for k in (key, *more_keys))
-    server.execute("INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
-                   f"max_attempts, created_at, updated_at) VALUES {values}", database="jq")
+    values = ", ".join(
+        f"('{k}', '{task}', 'default', 0, '{payload}', 'ready', UTC_TIMESTAMP(6), 0, 5, "
+        "UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
+        for k in (key, *more_keys)
+    )
+    server.execute(
+        "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
+        f"max_attempts, created_at, updated_at) VALUES {values}",
+        database="jq",
+    )
 
 
 def status_on(server, key: str) -> str | None:
@@ -49,12 +54,12 @@ def status_on(server, key: str) -> str | None:
 def test_the_engine_goes_to_the_writable_candidate(two_servers):
     a, b, (url_a, url_b) = two_servers
     b.execute("SET GLOBAL read_only = ON")
-    engine = create_engine(f"{url_b} {url_a}")   # the read-only one first
+    engine = create_engine(f"{url_b} {url_a}")  # the read-only one first
     try:
         with engine.connect() as conn:
             res = service.enqueue(conn, "noop", "routed")
         assert status_on(a, "routed") == "ready" and status_on(b, "routed") is None
-        a.execute("SET GLOBAL read_only = ON")    # now neither is writable
+        a.execute("SET GLOBAL read_only = ON")  # now neither is writable
         engine.dispose()
         with engine.connect() as conn:
             # Reads still answer (the dashboard stays up), from the last primary, which answers.
@@ -69,11 +74,12 @@ def test_the_engine_goes_to_the_writable_candidate(two_servers):
 def test_a_worker_follows_the_primary_when_roles_change(two_servers, tmp_path):
     a, b, (url_a, url_b) = two_servers
     b.execute("SET GLOBAL read_only = ON")
-    w = WorkerProcess(f"{url_b} {url_a}", tmp_path, "w", "--concurrency", "2", "--lease-seconds", "5",
-                      "--idle-cap-seconds", "0.5")
+    w = WorkerProcess(
+        f"{url_b} {url_a}", tmp_path, "w", "--concurrency", "2", "--lease-seconds", "5", "--idle-cap-seconds", "0.5"
+    )
     try:
         insert_ready(a, "on-a")
-        insert_ready(b, "on-b-while-replica")   # root writes through read_only; the worker must not
+        insert_ready(b, "on-b-while-replica")  # root writes through read_only; the worker must not
         wait_until(lambda: status_on(a, "on-a") == "done", timeout=15, message="the job on A runs")
         time.sleep(2)
         assert status_on(b, "on-b-while-replica") == "ready", "nothing claimed on the read-only B"
@@ -83,8 +89,11 @@ def test_a_worker_follows_the_primary_when_roles_change(two_servers, tmp_path):
         enqueued = jobqueue(f"{url_a} {url_b}", "enqueue", "noop", "--key", "after-failover")
         assert enqueued.returncode == 0, enqueued.stderr
         assert status_on(b, "after-failover") in ("ready", "running", "done") and status_on(a, "after-failover") is None
-        wait_until(lambda: status_on(b, "after-failover") == "done", timeout=10,
-                   message="the job enqueued on B runs there within 10 s")
+        wait_until(
+            lambda: status_on(b, "after-failover") == "done",
+            timeout=10,
+            message="the job enqueued on B runs there within 10 s",
+        )
         insert_ready(a, "on-a-after-demotion")
         time.sleep(3)
         assert status_on(a, "on-a-after-demotion") == "ready", "nothing more claimed on A"
@@ -107,7 +116,7 @@ def test_a_process_finds_a_newly_promoted_primary_within_about_a_second(two_serv
         with engine.connect() as conn:
             with pytest.raises(NotPrimary):
                 service.enqueue(conn, "noop", "while-none-is-writable")
-        b.execute("SET GLOBAL read_only = OFF")   # B is promoted
+        b.execute("SET GLOBAL read_only = OFF")  # B is promoted
         time.sleep(1.5)
         assert 1.5 < PRIMARY_CHECK_SECONDS
         with engine.connect() as conn:
@@ -120,7 +129,7 @@ def test_a_process_finds_a_newly_promoted_primary_within_about_a_second(two_serv
 @pytest.fixture
 def two_logged_servers(throwaway_server, tmp_path):
     servers, urls = [], []
-    for n in range(2):
+    for _n in range(2):
         server = throwaway_server("--log-bin", "--binlog-format=ROW", general_log=True)
         server.general_log_path = server.general_log_file
         url = server.create_database("jq")
@@ -136,12 +145,15 @@ def executed_statements_in(path, pattern: str) -> list[str]:
     import re
 
     wanted = re.compile(pattern, re.IGNORECASE | re.DOTALL)
-    return [e.argument for e in read_general_log(path) if e.command in ("Query", "Execute") and wanted.search(e.argument)]
+    return [
+        e.argument for e in read_general_log(path) if e.command in ("Query", "Execute") and wanted.search(e.argument)
+    ]
 
 
 def claims_sent(*servers) -> int:
-    return sum(len(executed_statements_in(s.general_log_path, r"FROM job_queue .*FOR UPDATE SKIP LOCKED"))
-               for s in servers)
+    return sum(
+        len(executed_statements_in(s.general_log_path, r"FROM job_queue .*FOR UPDATE SKIP LOCKED")) for s in servers
+    )
 
 
 def test_no_claim_is_sent_to_a_server_known_to_be_read_only(two_logged_servers):
@@ -156,7 +168,7 @@ def test_no_claim_is_sent_to_a_server_known_to_be_read_only(two_logged_servers):
     try:
         with engine.connect() as conn:
             assert role_of(conn).writable
-            a.execute("SET GLOBAL read_only = ON")      # demoted under the open connection
+            a.execute("SET GLOBAL read_only = ON")  # demoted under the open connection
             before = claims_sent(a, b)
             with pytest.raises(NotPrimary):
                 service.claim_cycle(conn, ["t:1:1"], ["default"], lease_seconds=5)
@@ -166,7 +178,7 @@ def test_no_claim_is_sent_to_a_server_known_to_be_read_only(two_logged_servers):
                 with pytest.raises(NotPrimary):
                     service.claim_cycle(conn, ["t:1:1"], ["default"], lease_seconds=5)
             assert claims_sent(a, b) == before + 1, "nothing more was sent to a server known to be read-only"
-        with engine.connect() as conn:   # the next checkout, within NOT_WRITABLE_CHECK_SECONDS
+        with engine.connect() as conn:  # the next checkout, within NOT_WRITABLE_CHECK_SECONDS
             with pytest.raises(NotPrimary):
                 service.claim_cycle(conn, ["t:1:1"], ["default"], lease_seconds=5)
         assert claims_sent(a, b) == before + 1
@@ -191,8 +203,12 @@ def test_the_web_takes_writes_again_soon_after_the_primary_does(throwaway_server
         assert refused.status_code == 503, refused.get_data(as_text=True)
         server.execute("SET GLOBAL read_only = OFF")
         started = time.monotonic()
-        wait_until(lambda: api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "after"}).status_code == 201,
-                   timeout=PRIMARY_CHECK_SECONDS + 5, interval=0.3, message="the API takes an enqueue again")
+        wait_until(
+            lambda: api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "after"}).status_code == 201,
+            timeout=PRIMARY_CHECK_SECONDS + 5,
+            interval=0.3,
+            message="the API takes an enqueue again",
+        )
         taken_after = time.monotonic() - started
     finally:
         app.extensions["jobqueue"].engine.dispose()

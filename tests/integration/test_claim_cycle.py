@@ -12,9 +12,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from jobqueue.core import repository
-
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.models import Outcome, Status
 from jobqueue.core.schema import job_queue
 
@@ -43,8 +41,9 @@ def session_counts(conn) -> dict[str, int]:
     """The statements this connection's session has sent, from the server's own counters (read on
     the driver's cursor, so that SQLAlchemy begins no transaction the cycle would then join)."""
     cursor = conn.connection.dbapi_connection.cursor()
-    cursor.execute("SHOW SESSION STATUS WHERE Variable_name IN "
-                   "('Com_select', 'Com_update', 'Com_commit', 'Com_rollback')")
+    cursor.execute(
+        "SHOW SESSION STATUS WHERE Variable_name IN ('Com_select', 'Com_update', 'Com_commit', 'Com_rollback')"
+    )
     return {name.lower(): int(value) for name, value in cursor.fetchall()}
 
 
@@ -54,24 +53,31 @@ def test_a_cycle_completes_and_claims_with_one_select_one_update_one_commit(mysq
         first = service.claim_cycle(conn, [f"w:{i}" for i in range(4)], ["default"], lease_seconds=60)
         assert len(first.claimed) == 4
         before = session_counts(conn)
-        cycle = service.claim_cycle(conn, [], ["default"], lease_seconds=60,
-                                       completions=[c.lease for c in first.claimed])
+        cycle = service.claim_cycle(
+            conn, [], ["default"], lease_seconds=60, completions=[c.lease for c in first.claimed]
+        )
         after = session_counts(conn)
     sent = {k: after[k] - before[k] for k in before}
     # One more SELECT: the claim share-locks its queues' queue_state rows (a pause waits for it).
-    assert sent == {"com_select": 1 + (1 if shape == "one statement" else 2), "com_update": 1, "com_commit": 1,
-                    "com_rollback": 0}
+    assert sent == {
+        "com_select": 1 + (1 if shape == "one statement" else 2),
+        "com_update": 1,
+        "com_commit": 1,
+        "com_rollback": 0,
+    }
     assert set(cycle.completed.values()) == {Outcome.OK} and len(cycle.completed) == 4
     # Each finished job's slot took a new job, under that slot's owner.
     assert sorted(c.lease.owner for c in cycle.claimed) == [f"w:{i}" for i in range(4)]
     with mysql_engine.connect() as conn:
-        states = {r.id: (r.status, r.lease_owner, r.attempts, r.finished_at is not None, r.lease_until is None)
-                  for r in conn.execute(sa.select(jq.id, jq.status, jq.lease_owner,
-                                                  jq.attempts, jq.finished_at,
-                                                  jq.lease_until))}
+        states = {
+            r.id: (r.status, r.lease_owner, r.attempts, r.finished_at is not None, r.lease_until is None)
+            for r in conn.execute(
+                sa.select(jq.id, jq.status, jq.lease_owner, jq.attempts, jq.finished_at, jq.lease_until)
+            )
+        }
     for c in first.claimed:
         assert states[c.job.id][0] == "done" and states[c.job.id][3] and states[c.job.id][4]
-        assert states[c.job.id][1:3] == (c.lease.owner, 1)   # the finishing lease's owner is kept
+        assert states[c.job.id][1:3] == (c.lease.owner, 1)  # the finishing lease's owner is kept
     for c in cycle.claimed:
         assert states[c.job.id][:3] == ("running", c.lease.owner, 1) and not states[c.job.id][4]
 
@@ -86,12 +92,11 @@ def test_a_finished_row_held_elsewhere_stays_busy_and_its_slot_takes_nothing(mys
         stray.execute(sa.text("SELECT id FROM job_queue WHERE id = :id FOR UPDATE"), {"id": held.job.id})
         with mysql_engine.connect() as conn:
             started = time.monotonic()
-            cycle = service.claim_cycle(conn, [], ["default"], lease_seconds=60,
-                                           completions=[held.lease, free.lease])
+            cycle = service.claim_cycle(conn, [], ["default"], lease_seconds=60, completions=[held.lease, free.lease])
             took = time.monotonic() - started
         assert cycle.completed == {key(held.lease): Outcome.BUSY, key(free.lease): Outcome.OK}
-        assert [c.lease.owner for c in cycle.claimed] == ["w:2"]   # only the completed job's slot
-        assert took < 3   # skipped, not waited for (the server's lock wait is 5 s)
+        assert [c.lease.owner for c in cycle.claimed] == ["w:2"]  # only the completed job's slot
+        assert took < 3  # skipped, not waited for (the server's lock wait is 5 s)
     finally:
         stray.rollback()
         stray.close()
@@ -106,7 +111,7 @@ def test_a_lost_lease_is_not_completed_and_its_job_may_be_claimed_again_in_the_s
         [only] = add(conn, 1)
         first = service.claim_cycle(conn, ["w:1"], ["default"], lease_seconds=60)
         old = first.claimed[0].lease
-        service.requeue_job(conn, only, actor="test", force=True)   # the operator takes it back
+        service.requeue_job(conn, only, actor="test", force=True)  # the operator takes it back
         cycle = service.claim_cycle(conn, [], ["default"], lease_seconds=60, completions=[old])
         assert cycle.completed == {key(old): Outcome.LEASE_LOST}
         assert [loss.lease for loss in cycle.losses] == [old]
@@ -121,13 +126,17 @@ def test_a_server_that_refuses_the_union_gets_the_two_selects_and_the_same_outco
     the cycle goes on in the same transaction with the SELECTs apart, and later cycles skip the
     UNION."""
     monkeypatch.setattr(claim_sql.REFUSED, "union", False)
-    monkeypatch.setattr(claim_module, "lock_and_pick_sql", lambda dialect, first, second: (
-        "(SELECT 1 FOR UPDATE SKIP LOCKED) UNION ALL SELECT FROM WHERE", {}))
+    monkeypatch.setattr(
+        claim_module,
+        "lock_and_pick_sql",
+        lambda dialect, first, second: ("(SELECT 1 FOR UPDATE SKIP LOCKED) UNION ALL SELECT FROM WHERE", {}),
+    )
     with mysql_engine.connect() as conn:
         add(conn, 6)
         first = service.claim_cycle(conn, ["w:1", "w:2"], ["default"], lease_seconds=60)
-        cycle = service.claim_cycle(conn, [], ["default"], lease_seconds=60,
-                                       completions=[c.lease for c in first.claimed])
+        cycle = service.claim_cycle(
+            conn, [], ["default"], lease_seconds=60, completions=[c.lease for c in first.claimed]
+        )
         assert set(cycle.completed.values()) == {Outcome.OK}
         assert sorted(c.lease.owner for c in cycle.claimed) == ["w:1", "w:2"]
     assert claim_sql.REFUSED.union is True
@@ -148,15 +157,16 @@ def test_cycles_racing_over_the_same_queue_never_take_a_job_twice(mysql_engine, 
             completions = []
             with mysql_engine.connect() as conn:
                 while True:
-                    cycle = service.claim_cycle(conn, owners if not completions else [], ["default"],
-                                                   lease_seconds=60, completions=completions)
+                    cycle = service.claim_cycle(
+                        conn, owners if not completions else [], ["default"], lease_seconds=60, completions=completions
+                    )
                     assert set(cycle.completed.values()) <= {Outcome.OK}
                     completions = [c.lease for c in cycle.claimed]
                     with lock:
                         taken.extend((c.job.id, c.lease.owner) for c in cycle.claimed)
                     if not completions and cycle.report is not None and cycle.report.kind.value == "idle":
                         return
-        except BaseException as exc:   # reported by the main thread
+        except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(n,)) for n in range(4)]
@@ -167,8 +177,7 @@ def test_cycles_racing_over_the_same_queue_never_take_a_job_twice(mysql_engine, 
     assert not errors, errors
     assert sorted(job_id for job_id, _ in taken) == sorted(ids)
     with mysql_engine.connect() as conn:
-        rows = conn.execute(sa.select(jq.id, jq.status, jq.attempts,
-                                      jq.lease_owner)).all()
+        rows = conn.execute(sa.select(jq.id, jq.status, jq.attempts, jq.lease_owner)).all()
     owner_of = dict(taken)
     assert {(r.status, r.attempts) for r in rows} == {("done", 1)}
     assert all(r.lease_owner == owner_of[r.id] for r in rows)
@@ -185,8 +194,9 @@ def test_batches_of_every_size_share_a_few_statements(mysql_engine):
         held: list = []
         for size in [*range(1, 34), *range(33, 0, -1)]:
             service.complete_many(conn, held[size:])
-            cycle = service.claim_cycle(conn, [f"w:{i}" for i in range(len(held), size)], ["default"],
-                                           lease_seconds=60, completions=held[:size])
+            cycle = service.claim_cycle(
+                conn, [f"w:{i}" for i in range(len(held), size)], ["default"], lease_seconds=60, completions=held[:size]
+            )
             assert set(cycle.completed.values()) <= {Outcome.OK} and len(cycle.claimed) == size
             held = [c.lease for c in cycle.claimed]
         built = len(common._compiled) - before

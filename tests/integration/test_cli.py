@@ -9,11 +9,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from testkit.procs import jobqueue
 from jobqueue.cli import LAZY_COMMANDS, cli
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.cli import main, pause_collector
+from testkit.procs import jobqueue
 
 
 @pytest.fixture
@@ -37,18 +36,21 @@ def test_enqueue_prints_json_and_reports_duplicates(run):
     assert json.loads(delayed.stdout)["status"] == "scheduled"
 
 
-@pytest.mark.parametrize("args", [
-    ["enqueue", "nope", "--key", "k"],
-    ["enqueue", "noop", "--key", ""],
-    ["enqueue", "noop", "--key", "x" * 81],
-    ["enqueue", "noop", "--key", "k", "--payload", "[1]"],
-    ["enqueue", "noop", "--key", "k", "--payload", "{oops"],
-    ["enqueue", "noop", "--key", "k", "--priority", "lots"],
-    ["enqueue", "noop", "--key", "k", "--delay", "-5"],
-    ["enqueue", "noop", "--key", "k", "--max-attempts", "0"],
-    ["enqueue", "noop", "--key", "k", "--queue", "a b"],
-    ["enqueue", "noop"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["enqueue", "nope", "--key", "k"],
+        ["enqueue", "noop", "--key", ""],
+        ["enqueue", "noop", "--key", "x" * 81],
+        ["enqueue", "noop", "--key", "k", "--payload", "[1]"],
+        ["enqueue", "noop", "--key", "k", "--payload", "{oops"],
+        ["enqueue", "noop", "--key", "k", "--priority", "lots"],
+        ["enqueue", "noop", "--key", "k", "--delay", "-5"],
+        ["enqueue", "noop", "--key", "k", "--max-attempts", "0"],
+        ["enqueue", "noop", "--key", "k", "--queue", "a b"],
+        ["enqueue", "noop"],
+    ],
+)
 def test_bad_enqueue_exits_2_and_writes_nothing(run, args):
     result = run(*args)
     assert result.exit_code == 2, result.output
@@ -65,8 +67,12 @@ def test_operator_commands_exit_codes(run, engine):
     refused = run("requeue", str(job_id))
     assert refused.exit_code == 3 and "--force" in refused.output
     forced = run("requeue", str(job_id), "--force")
-    assert forced.exit_code == 0 and json.loads(forced.stdout) == {"id": job_id, "before": "running", "after": "ready",
-                                                                   "changed": True}
+    assert forced.exit_code == 0 and json.loads(forced.stdout) == {
+        "id": job_id,
+        "before": "running",
+        "after": "ready",
+        "changed": True,
+    }
     failed = run("fail", str(job_id), "--reason", "bad data")
     assert failed.exit_code == 0 and json.loads(failed.stdout)["after"] == "failed"
     assert run("fail", str(job_id)).exit_code == 3
@@ -103,12 +109,14 @@ def test_unreachable_database_is_one_line_exit_1():
 
 # --- enqueue-many ------------------------------------------------------------------------------
 
+
 def _lines(result):
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
 def _keys_in_table(engine):
     import sqlalchemy as sa
+
     from jobqueue.core.schema import job_queue
 
     with engine.connect() as conn:
@@ -117,15 +125,21 @@ def _keys_in_table(engine):
 
 def test_enqueue_many_prints_a_line_per_job_in_order_and_skips_blank_lines(run, tmp_path):
     path = tmp_path / "jobs.jsonl"
-    path.write_text('{"task": "noop", "task_key": "a"}\n\n   \n'
-                    '{"task": "noop", "task_key": "b", "payload": {"x": 1}, "queue": "mail", "priority": 2}\n'
-                    '{"task": "noop", "task_key": "a"}\n'
-                    '{"task": "noop", "task_key": "c", "delay": 30, "max_attempts": 3}')   # no final newline
+    path.write_text(
+        '{"task": "noop", "task_key": "a"}\n\n   \n'
+        '{"task": "noop", "task_key": "b", "payload": {"x": 1}, "queue": "mail", "priority": 2}\n'
+        '{"task": "noop", "task_key": "a"}\n'
+        '{"task": "noop", "task_key": "c", "delay": 30, "max_attempts": 3}'
+    )  # no final newline
     result = run("enqueue-many", str(path))
     assert result.exit_code == 0, result.output
     lines = _lines(result)
     assert [(r["task_key"], r["duplicate"], r["status"]) for r in lines] == [
-        ("a", False, "ready"), ("b", False, "ready"), ("a", True, "ready"), ("c", False, "scheduled")]
+        ("a", False, "ready"),
+        ("b", False, "ready"),
+        ("a", True, "ready"),
+        ("c", False, "scheduled"),
+    ]
     assert all(set(r) == {"id", "task_key", "duplicate", "status"} for r in lines)
     assert lines[2]["id"] == lines[0]["id"]
     again = run("enqueue-many", str(path))
@@ -134,8 +148,12 @@ def test_enqueue_many_prints_a_line_per_job_in_order_and_skips_blank_lines(run, 
 
 
 def test_enqueue_many_reads_standard_input(db_url, engine):
-    result = CliRunner().invoke(main, ["--database-url", db_url, "enqueue-many", "-"], obj={},
-                                input='{"task": "noop", "task_key": "in-1"}\n{"task": "noop", "task_key": "in-2"}\n')
+    result = CliRunner().invoke(
+        main,
+        ["--database-url", db_url, "enqueue-many", "-"],
+        obj={},
+        input='{"task": "noop", "task_key": "in-1"}\n{"task": "noop", "task_key": "in-2"}\n',
+    )
     assert result.exit_code == 0, result.output
     assert [r["task_key"] for r in _lines(result)] == ["in-1", "in-2"]
     assert _keys_in_table(engine) == {"in-1", "in-2"}
@@ -154,8 +172,11 @@ def test_a_bad_line_refuses_its_batch_and_the_other_batches_go_in(run, engine, t
     out = _lines(result)
     assert len(out) == 2500
     assert out[1499] == {"line": 1500, "error": out[1499]["error"], "field": "priority"}
-    assert all(r["error"] == "not written: line 1500 of the same batch was refused" and r["line"] == n + 1
-               for n, r in enumerate(out) if 1000 <= n < 2000 and n != 1499)
+    assert all(
+        r["error"] == "not written: line 1500 of the same batch was refused" and r["line"] == n + 1
+        for n, r in enumerate(out)
+        if 1000 <= n < 2000 and n != 1499
+    )
     assert all("id" in r and not r["duplicate"] for n, r in enumerate(out) if n < 1000 or n >= 2000)
     assert "line 1500" in result.stderr
     assert _keys_in_table(engine) == {f"j{i}" for i in range(1, 2501) if not 1001 <= i <= 2000}
@@ -189,15 +210,18 @@ def test_a_failed_write_ends_the_command_and_its_reader_thread(run, tmp_path, mo
     assert not any(reader.is_alive() for reader in readers)
 
 
-@pytest.mark.parametrize("line, field", [
-    ('{"task": "noop"', None),                                   # not JSON
-    ('[{"task": "noop", "task_key": "x"}]', None),               # not an object
-    ('{"task": "noop", "task_key": "x", "colour": "red"}', "colour"),
-    ('{"task": "nope", "task_key": "x"}', "task"),
-    ('{"task": "noop", "task_key": ""}', "task_key"),
-    ('{"task": "noop", "task_key": "x", "payload": [1]}', "payload"),
-    ('{"task": "noop", "task_key": "x", "delay": NaN}', "delay"),
-])
+@pytest.mark.parametrize(
+    "line, field",
+    [
+        ('{"task": "noop"', None),  # not JSON
+        ('[{"task": "noop", "task_key": "x"}]', None),  # not an object
+        ('{"task": "noop", "task_key": "x", "colour": "red"}', "colour"),
+        ('{"task": "nope", "task_key": "x"}', "task"),
+        ('{"task": "noop", "task_key": ""}', "task_key"),
+        ('{"task": "noop", "task_key": "x", "payload": [1]}', "payload"),
+        ('{"task": "noop", "task_key": "x", "delay": NaN}', "delay"),
+    ],
+)
 def test_each_kind_of_bad_line_is_refused_with_its_field(run, engine, tmp_path, line, field):
     path = tmp_path / "jobs.jsonl"
     path.write_text('{"task": "noop", "task_key": "ok"}\n' + line + "\n")
@@ -250,11 +274,17 @@ def test_a_command_from_above_the_core_collects_from_its_start(paused_collector,
     assert SEEN_COLLECTING == [True]
 
 
-@pytest.mark.parametrize("args", [
-    ["prune", "--done-older-than", "nan"], ["prune", "--failed-older-than", "inf"],
-    ["worker", "--burst", "--lease-seconds", "nan"], ["worker", "--burst", "--grace-seconds", "inf"],
-    ["worker", "--burst", "--idle-cap-seconds", "nan"], ["enqueue", "noop", "--key", "k", "--delay", "nan"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["prune", "--done-older-than", "nan"],
+        ["prune", "--failed-older-than", "inf"],
+        ["worker", "--burst", "--lease-seconds", "nan"],
+        ["worker", "--burst", "--grace-seconds", "inf"],
+        ["worker", "--burst", "--idle-cap-seconds", "nan"],
+        ["enqueue", "noop", "--key", "k", "--delay", "nan"],
+    ],
+)
 def test_numeric_options_refuse_nan_and_infinities(sqlite_url, args):
     """`prune --done-older-than nan` passed click's range check (NaN compares false with both ends)
     and failed with a traceback, exit 1 (issue 25, defect 7)."""

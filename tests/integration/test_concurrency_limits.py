@@ -12,12 +12,11 @@ from collections import defaultdict
 import pytest
 import sqlalchemy as sa
 
-from testkit.procs import WorkerProcess, jobqueue, wait_until
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.errors import ValidationError
 from jobqueue.core.models import EmptyClaim, Outcome, Status
 from jobqueue.core.schema import concurrency_key, job_queue
+from testkit.procs import WorkerProcess, jobqueue, wait_until
 
 jq = job_queue.c
 
@@ -79,7 +78,7 @@ def test_the_claim_looks_past_a_full_key_at_the_head_of_the_queue(engine):
     with engine.connect() as conn:
         head = keyed(conn, "busy", 60)
         other = keyed(conn, "quiet", 1)[0]
-        service.claim(conn, "first", 1, ["default"], lease_seconds=60)   # takes busy's place
+        service.claim(conn, "first", 1, ["default"], lease_seconds=60)  # takes busy's place
         got = service.claim(conn, "w", 4, ["default"], lease_seconds=60)
         assert [c.job.id for c in got] == [other]
         assert repository.reads.get_job(conn, head[1]).status is Status.READY
@@ -168,14 +167,27 @@ def test_three_workers_of_eight_threads_never_run_two_jobs_of_one_key_at_once(my
     end times, no two jobs of one key overlap, and all 300 finish (no deadlock, no lost place)."""
     log = tmp_path / "runs.log"
     with mysql_engine.connect() as conn:
-        service.enqueue_many(conn, [{"task": "keyed_sleep", "task_key": f"j{i}",
-                                        "payload": {"key": f"k{i % 5}", "seconds": 0.02, "log": str(log)}}
-                                       for i in range(300)])
-    workers = [WorkerProcess(mysql_url, tmp_path, f"w{n}", "--concurrency", "8", "--lease-seconds", "10")
-               for n in range(3)]
+        service.enqueue_many(
+            conn,
+            [
+                {
+                    "task": "keyed_sleep",
+                    "task_key": f"j{i}",
+                    "payload": {"key": f"k{i % 5}", "seconds": 0.02, "log": str(log)},
+                }
+                for i in range(300)
+            ],
+        )
+    workers = [
+        WorkerProcess(mysql_url, tmp_path, f"w{n}", "--concurrency", "8", "--lease-seconds", "10") for n in range(3)
+    ]
     try:
-        wait_until(lambda: log.exists() and len(log.read_text().splitlines()) >= 300, timeout=120, interval=0.2,
-                   message="300 runs")
+        wait_until(
+            lambda: log.exists() and len(log.read_text().splitlines()) >= 300,
+            timeout=120,
+            interval=0.2,
+            message="300 runs",
+        )
         wait_until(lambda: _count(mysql_engine, "done") == 300, timeout=30, message="300 done")
     finally:
         codes = [w.stop() for w in workers]
@@ -187,7 +199,7 @@ def test_three_workers_of_eight_threads_never_run_two_jobs_of_one_key_at_once(my
     assert sorted(len(v) for v in runs.values()) == [60] * 5
     for key, spans in runs.items():
         spans.sort()
-        for (s1, e1, j1), (s2, e2, j2) in zip(spans, spans[1:]):
+        for (_s1, e1, j1), (s2, _e2, j2) in zip(spans, spans[1:]):
             assert s2 >= e1, f"key {key}: job {j2} started at {s2} before job {j1} ended at {e1}"
     logs = "".join(w.log() for w in workers)
     assert "Deadlock" not in logs and "event=sql_error" not in logs
@@ -202,8 +214,9 @@ def _count(engine, status):
 def test_a_sigkilled_holder_gives_its_place_back_when_its_lease_is_reaped(mysql_url, mysql_engine, tmp_path):
     log = tmp_path / "runs.log"
     with mysql_engine.connect() as conn:
-        first = service.enqueue(conn, "keyed_sleep", "hold", {"key": "x", "seconds": 60, "later_seconds": 0.5,
-                                                                  "log": str(log)}).id
+        first = service.enqueue(
+            conn, "keyed_sleep", "hold", {"key": "x", "seconds": 60, "later_seconds": 0.5, "log": str(log)}
+        ).id
     holder = WorkerProcess(mysql_url, tmp_path, "holder", "--concurrency", "2", "--lease-seconds", "2")
     holder.wait_for_log(rf"event=claim job_id={first} ")
     with mysql_engine.connect() as conn:
@@ -224,13 +237,16 @@ def test_a_sigkilled_holder_gives_its_place_back_when_its_lease_is_reaped(mysql_
 
 
 def test_api_refuses_a_job_without_its_key_with_422(mysql_url):
-    from testkit.web import ADMIN_TOKEN, app_config
     from jobqueue import create_app
+    from testkit.web import ADMIN_TOKEN, app_config
 
     app = create_app(app_config(mysql_url))
     try:
-        response = app.test_client().post("/api/jobs", json={"task": "keyed_sleep", "task_key": "k", "payload": {}},
-                                          headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        response = app.test_client().post(
+            "/api/jobs",
+            json={"task": "keyed_sleep", "task_key": "k", "payload": {}},
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
         assert response.status_code == 422 and json.loads(response.data)["field"] == "payload"
     finally:
         app.extensions["jobqueue"].engine.dispose()

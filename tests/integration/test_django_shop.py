@@ -37,8 +37,9 @@ def run_shop(python: str, url: str) -> str:
     env = cli_env(SHOP_DATABASE_URL=url.replace("mysql+pymysql://", "mysql://", 1))
     out = ""
     for args in (["migrate", "-v0"], ["shell", "-c", f"import runpy; runpy.run_path({str(CHECKS)!r})"]):
-        done = subprocess.run([python, "manage.py", *args], cwd=SHOP, env=env, capture_output=True, text=True,
-                              timeout=600)
+        done = subprocess.run(
+            [python, "manage.py", *args], cwd=SHOP, env=env, capture_output=True, text=True, timeout=600
+        )
         assert done.returncode == 0, f"manage.py {args[0]}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
         out += done.stdout
     return out
@@ -52,12 +53,16 @@ def test_the_django_shop_on_django_5_2_with_the_backport(mysql_url):
 
 def python312() -> str:
     """A Python 3.12+ that runs (a pyenv shim may name one it cannot start)."""
-    candidates = [os.environ.get("JOBQUEUE_PYTHON312"),
-                  *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[2-9]*/bin/python3"))),
-                  shutil.which("python3.12"), shutil.which("python3.13")]
+    candidates = [
+        os.environ.get("JOBQUEUE_PYTHON312"),
+        *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[2-9]*/bin/python3"))),
+        shutil.which("python3.12"),
+        shutil.which("python3.13"),
+    ]
     for candidate in filter(None, candidates):
-        works = subprocess.run([candidate, "-c", "import sys; sys.exit(sys.version_info < (3, 12))"],
-                               capture_output=True)
+        works = subprocess.run(
+            [candidate, "-c", "import sys; sys.exit(sys.version_info < (3, 12))"], capture_output=True
+        )
         if works.returncode == 0:
             return candidate
     raise AssertionError("Django 6 needs Python 3.12+: none runs here (set JOBQUEUE_PYTHON312)")
@@ -73,8 +78,12 @@ def django6_python() -> str:
     if not (python.exists() and stamp.exists() and stamp.read_text() == want):
         shutil.rmtree(VENV, ignore_errors=True)
         subprocess.run([python312(), "-m", "venv", str(VENV)], check=True)
-        done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                               *requirements], capture_output=True, text=True, timeout=900)
+        done = subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         stamp.write_text(want)
     return str(python)

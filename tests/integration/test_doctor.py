@@ -11,13 +11,13 @@ import re
 
 import pytest
 
-from testkit.procs import WorkerProcess, jobqueue
-from testkit.throwaway import ThrowawayServer, free_port
 from jobqueue.core import doctor, preflight
 from jobqueue.core.db import create_engine
 from jobqueue.core.doctor import Verdict
 from jobqueue.core.errors import UnsupportedDatabase
+from testkit.procs import WorkerProcess, jobqueue
 from testkit.sql import seq_rows
+from testkit.throwaway import ThrowawayServer, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +35,9 @@ def run_doctor(url: str, *args: str):
 
 
 def job_row(server: ThrowawayServer, database: str, task_key: str) -> tuple:
-    (row,) = server.execute(f"SELECT status, attempts, lease_owner FROM job_queue WHERE task_key = '{task_key}'",
-                            database)
+    (row,) = server.execute(
+        f"SELECT status, attempts, lease_owner FROM job_queue WHERE task_key = '{task_key}'", database
+    )
     return row
 
 
@@ -51,6 +52,7 @@ def with_job(server: ThrowawayServer, database: str) -> str:
 
 
 # --- the shared server and SQLite --------------------------------------------------------------
+
 
 def test_doctor_on_the_shared_server_finds_no_problem(mysql_url):
     code, checks, _ = run_doctor(mysql_url)
@@ -98,6 +100,7 @@ def test_doctor_on_an_unreachable_server_is_a_one_line_error():
 
 # --- session settings on the shared server -----------------------------------------------------
 
+
 def test_isolation_read_committed_is_ok_repeatable_read_is_a_warning(mysql_engine):
     with mysql_engine.connect() as conn:
         check = doctor.check_isolation(conn)
@@ -118,13 +121,16 @@ def test_lock_wait_timeout_over_a_minute_is_a_warning(mysql_engine):
     assert "120 s" in check.detail
 
 
-@pytest.mark.parametrize("offset, verdict, direction", [
-    (0, Verdict.OK, None),
-    (5, Verdict.WARNING, "ahead of"),
-    (-5, Verdict.WARNING, "behind"),
-    (30, Verdict.PROBLEM, "ahead of"),
-    (-30, Verdict.PROBLEM, "behind"),
-])
+@pytest.mark.parametrize(
+    "offset, verdict, direction",
+    [
+        (0, Verdict.OK, None),
+        (5, Verdict.WARNING, "ahead of"),
+        (-5, Verdict.WARNING, "behind"),
+        (30, Verdict.PROBLEM, "ahead of"),
+        (-30, Verdict.PROBLEM, "behind"),
+    ],
+)
 def test_clock_difference_verdicts(mysql_engine, offset, verdict, direction):
     with mysql_engine.connect() as conn:
         if offset:
@@ -145,7 +151,8 @@ def test_claim_plan_uses_the_pick_index_and_notices_when_it_cannot(mysql_engine)
             "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
             "max_attempts, created_at, updated_at, finished_at) "
             "SELECT CONCAT('done-', seq), 'noop', 'default', 0, '{}', 'done', UTC_TIMESTAMP(6), 1, 5, "
-            f"UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM {seq_rows(5000)}")
+            f"UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM {seq_rows(5000)}"
+        )
         conn.commit()
         conn.exec_driver_sql("ANALYZE TABLE job_queue").all()
         check = doctor.check_claim_plan(conn)
@@ -158,6 +165,7 @@ def test_claim_plan_uses_the_pick_index_and_notices_when_it_cannot(mysql_engine)
 
 
 # --- binary log format: one throwaway server, restarted with each setting ----------------------
+
 
 @pytest.fixture(scope="module")
 def module_servers(tmp_path_factory):
@@ -188,7 +196,7 @@ def binlog_server(module_servers, db_server):
 
 def configured(server: ThrowawayServer, *args: str) -> ThrowawayServer:
     if server.is_mysql and not any(a.startswith("--log-bin") for a in args):
-        args = (*args, "--skip-log-bin")     # MySQL writes a binlog unless told not to
+        args = (*args, "--skip-log-bin")  # MySQL writes a binlog unless told not to
     if server.extra_args != list(args):
         server.restart(*args)
     return server
@@ -233,7 +241,7 @@ def test_statement_format_without_binary_logging_is_a_warning(binlog_server):
     assert "log_bin=OFF" in checks["binlog"]["detail"] and checks["binlog"]["advice"]
     engine = create_engine(url, pool_size=1)
     try:
-        preflight.require_supported(engine)   # workers run: nothing is logged, so nothing replicates
+        preflight.require_supported(engine)  # workers run: nothing is logged, so nothing replicates
     finally:
         engine.dispose()
 
@@ -263,6 +271,7 @@ def test_init_db_refuses_statement_binlogs_before_creating_anything(binlog_serve
 
 
 # --- a read-only server: the same data, restarted with --read-only ------------------------------
+
 
 @pytest.fixture
 def read_only_server(module_servers, db_server):
@@ -303,6 +312,7 @@ def test_worker_refuses_to_claim_on_a_read_only_server(read_only_server, tmp_pat
 
 
 # --- tables: a MyISAM job_queue, a missing schema, a user who may not EXPLAIN --------------------
+
 
 def test_myisam_job_queue_is_a_problem(throwaway_server):
     server = throwaway_server()

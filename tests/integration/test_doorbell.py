@@ -9,12 +9,12 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from testkit.procs import WorkerProcess, wait_until
 from jobqueue.core import doorbell, repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.migrate import init_db
 from jobqueue.core.repository import doorbell as bell
 from jobqueue.core.tasks import TASKS
+from testkit.procs import WorkerProcess, wait_until
 
 
 @pytest.fixture
@@ -27,22 +27,26 @@ def queue_engine(mysql_url):
 
 def _sleeper_for(engine, queue: str):
     with engine.connect() as conn:
-        return [s for s in bell.sleepers(conn) if queue in s.queues]   # not other tests' "*" sleepers
+        return [s for s in bell.sleepers(conn) if queue in s.queues]  # not other tests' "*" sleepers
 
 
 def test_an_enqueue_in_another_process_rings_the_idle_worker(queue_engine, mysql_url, tmp_path):
-    queue = f"bell{uuid.uuid4().hex[:8]}"      # the shared server may have other tests' sleepers
+    queue = f"bell{uuid.uuid4().hex[:8]}"  # the shared server may have other tests' sleepers
     # An idle cap of 5 minutes: the worker's own polling would not find the job for minutes.
-    worker = WorkerProcess(mysql_url, tmp_path, "w1", "--concurrency", "1", "--queues", queue,
-                           "--idle-cap-seconds", "300")
+    worker = WorkerProcess(
+        mysql_url, tmp_path, "w1", "--concurrency", "1", "--queues", queue, "--idle-cap-seconds", "300"
+    )
     try:
         mine = wait_until(lambda: _sleeper_for(queue_engine, queue), timeout=30, message="the worker's doorbell")
         assert mine[0].queues == (queue,)
         with queue_engine.connect() as conn:
             job = service.enqueue(conn, "noop", "rung-1", queue=queue)
         worker.wait_for_log(r"event=doorbell_rung", timeout=10)
-        wait_until(lambda: repository.reads.get_job(queue_engine.connect(), job.id).status.value == "done", timeout=10,
-                   message="the job done")
+        wait_until(
+            lambda: repository.reads.get_job(queue_engine.connect(), job.id).status.value == "done",
+            timeout=10,
+            message="the job done",
+        )
         # Back to sleep on the same doorbell once the queue is empty again.
         wait_until(lambda: _sleeper_for(queue_engine, queue), timeout=30, message="the doorbell again")
     finally:
@@ -51,7 +55,7 @@ def test_an_enqueue_in_another_process_rings_the_idle_worker(queue_engine, mysql
 
 def test_a_rolled_back_enqueue_rings_nobody_and_a_gone_sleeper_is_not_an_error(queue_engine):
     with queue_engine.connect() as conn:
-        assert bell.ring(conn, [2 ** 40]) == 0          # no such connection: nothing to do
+        assert bell.ring(conn, [2**40]) == 0  # no such connection: nothing to do
     rung = []
     original = doorbell.ring_for
     doorbell.ring_for = lambda engine, queues: rung.append(set(queues)) or 0
@@ -62,7 +66,7 @@ def test_a_rolled_back_enqueue_rings_nobody_and_a_gone_sleeper_is_not_an_error(q
                 tx.rollback()
             assert rung == []
             service.enqueue(conn, "noop", "committed", queue="mail")
-            service.enqueue(conn, "noop", "later", delay=60)     # scheduled: nobody to wake
+            service.enqueue(conn, "noop", "later", delay=60)  # scheduled: nobody to wake
         assert rung == [{"mail"}]
     finally:
         doorbell.ring_for = original
@@ -77,19 +81,24 @@ def test_an_account_that_cannot_ring_still_enqueues(queue_engine, mysql_url, tmp
     with queue_engine.connect() as conn:
         conn.exec_driver_sql(f"CREATE USER '{user}'@'%%' IDENTIFIED BY 'pw'")
         conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{database}`.* TO '{user}'@'%%'")
-    worker = WorkerProcess(mysql_url, tmp_path, "w2", "--concurrency", "1", "--queues", queue,
-                           "--idle-cap-seconds", "1")
-    limited = create_engine(sa.engine.make_url(mysql_url).set(username=user, password="pw")
-                            .render_as_string(hide_password=False))
+    worker = WorkerProcess(
+        mysql_url, tmp_path, "w2", "--concurrency", "1", "--queues", queue, "--idle-cap-seconds", "1"
+    )
+    limited = create_engine(
+        sa.engine.make_url(mysql_url).set(username=user, password="pw").render_as_string(hide_password=False)
+    )
     try:
         wait_until(lambda: _sleeper_for(queue_engine, queue), timeout=30, message="the worker's doorbell")
         with limited.connect() as conn:
-            assert bell.sleepers(conn) == []            # root's threads are not this account's to see
+            assert bell.sleepers(conn) == []  # root's threads are not this account's to see
             job = service.enqueue(conn, "noop", "unrung", queue=queue)
         assert not job.duplicate
         # Found by the worker's own polling instead (its idle cap is 1 s here).
-        wait_until(lambda: repository.reads.get_job(queue_engine.connect(), job.id).status.value == "done", timeout=20,
-                   message="the job done by polling")
+        wait_until(
+            lambda: repository.reads.get_job(queue_engine.connect(), job.id).status.value == "done",
+            timeout=20,
+            message="the job done by polling",
+        )
     finally:
         limited.dispose()
         worker.stop()
@@ -124,6 +133,7 @@ def test_a_sleeper_of_another_database_on_the_same_server_is_not_rung(queue_engi
     queue = f"bell{uuid.uuid4().hex[:8]}"
     woken: list[bool] = []
     try:
+
         def sleep_there() -> None:
             with other.connect() as conn:
                 conn = conn.execution_options(isolation_level="AUTOCOMMIT")
@@ -132,8 +142,11 @@ def test_a_sleeper_of_another_database_on_the_same_server_is_not_rung(queue_engi
         sleeper = threading.Thread(target=sleep_there)
         sleeper.start()
         with other.connect() as conn:
-            wait_until(lambda: [s for s in bell.sleepers(conn) if queue in s.queues], timeout=10,
-                       message="the other database's sleeper")
+            wait_until(
+                lambda: [s for s in bell.sleepers(conn) if queue in s.queues],
+                timeout=10,
+                message="the other database's sleeper",
+            )
         # From this database: not a sleeper of ours.
         assert _sleeper_for(queue_engine, queue) == []
         sleeper.join(10)

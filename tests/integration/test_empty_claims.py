@@ -10,7 +10,6 @@ import pytest
 from jobqueue.core import metrics, repository, service
 from jobqueue.core.models import EmptyClaim
 from jobqueue.core.worker import Worker, WorkerConfig
-
 from testkit.locks import hold_rows
 
 

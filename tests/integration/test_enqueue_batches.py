@@ -12,9 +12,7 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from jobqueue.core import repository, validation
-
-from jobqueue.core import service
+from jobqueue.core import repository, service, validation
 from jobqueue.core.models import Status
 from jobqueue.core.repository.enqueue import ServerRefusedRows
 from jobqueue.core.schema import job_queue, pruned_key
@@ -28,8 +26,9 @@ def rows_by_key(conn):
 
 def test_a_fresh_batch_reports_each_rows_own_id_in_order(engine):
     with engine.connect() as conn:
-        res = service.enqueue_many(conn, [{"task": "noop", "task_key": f"f{i}", "delay": 60 if i % 3 == 0 else 0}
-                                             for i in range(250)])
+        res = service.enqueue_many(
+            conn, [{"task": "noop", "task_key": f"f{i}", "delay": 60 if i % 3 == 0 else 0} for i in range(250)]
+        )
         table = rows_by_key(conn)
     assert [r.task_key for r in res] == [f"f{i}" for i in range(250)]
     assert all(not r.duplicate and r.id == table[r.task_key].id for r in res)
@@ -44,8 +43,12 @@ def test_known_repeated_and_new_keys_in_one_batch(engine):
         res = service.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in ("a", "old", "a", "b", "taken")])
         table = rows_by_key(conn)
     assert [(r.task_key, r.duplicate, r.status) for r in res] == [
-        ("a", False, Status.READY), ("old", True, Status.READY), ("a", True, Status.READY),
-        ("b", False, Status.READY), ("taken", True, Status.SCHEDULED)]
+        ("a", False, Status.READY),
+        ("old", True, Status.READY),
+        ("a", True, Status.READY),
+        ("b", False, Status.READY),
+        ("taken", True, Status.SCHEDULED),
+    ]
     assert res[1].id == first.id and res[2].id == res[0].id
     assert set(table) == {"old", "taken", "a", "b"} and all(r.id == table[r.task_key].id for r in res)
 
@@ -71,13 +74,13 @@ def test_a_pruned_key_in_a_fresh_batch_is_not_written_again(engine):
         assert conn.execute(sa.select(pruned_key.c.task_key)).scalars().all() == ["gone"]
     assert [(r.duplicate, r.status) for r in res] == [(False, Status.READY), (True, Status.DONE), (False, Status.READY)]
     assert res[1].id == old.id
-    assert set(table) == {"new-1", "new-2"}   # the row the INSERT made for "gone" was taken out again
+    assert set(table) == {"new-1", "new-2"}  # the row the INSERT made for "gone" was taken out again
 
 
 def test_keys_and_payloads_are_stored_exactly_as_given(engine):
     """Values are literals escaped by the driver on MySQL: quotes, backslashes and % go in as they
     are; the payload is stored in the form SQLAlchemy's JSON type always stored (json.dumps)."""
-    keys = ["it's", "back\\slash", "100%", "%s %(x)s", "é-ü", "quote\"d"]
+    keys = ["it's", "back\\slash", "100%", "%s %(x)s", "é-ü", 'quote"d']
     payload = {"note": "100% 'paid' \\ \"ok\"", "n": [1, 2.5, None], "ü": True}
     with engine.connect() as conn:
         res = service.enqueue_many(conn, [{"task": "noop", "task_key": k, "payload": payload} for k in keys])
@@ -85,7 +88,7 @@ def test_keys_and_payloads_are_stored_exactly_as_given(engine):
         raw = conn.execute(sa.select(sa.cast(jq.payload, sa.Text)).where(jq.task_key == keys[0])).scalar()
     assert [r.task_key for r in res] == keys and set(table) == set(keys)
     assert all(table[k].payload == payload for k in keys)
-    assert raw == json.dumps(payload)   # the text as written, on every server (migration 0008)
+    assert raw == json.dumps(payload)  # the text as written, on every server (migration 0008)
 
 
 @pytest.mark.servers_only
@@ -107,7 +110,7 @@ def test_in_the_callers_transaction_a_mixed_batch_keeps_the_callers_rows(engine)
             res = service.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in ("known", "x", "y")])
         assert [r.duplicate for r in res] == [True, False, False]
         assert set(rows_by_key(conn)) == {"known", "callers-own", "x", "y"}
-        conn.rollback()   # end the read's transaction
+        conn.rollback()  # end the read's transaction
         with conn.begin() as tx:
             service.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in ("known", "z")])
             tx.rollback()
@@ -123,8 +126,9 @@ def test_more_rows_than_one_statement_holds(engine, monkeypatch):
     monkeypatch.setattr(enqueue_module, "READ_KEYS", 9)
     with engine.connect() as conn:
         service.enqueue(conn, "noop", "s17")
-        res = service.enqueue_many(conn, [{"task": "noop", "task_key": f"s{i}", "payload": {"i": i}}
-                                             for i in range(60)])
+        res = service.enqueue_many(
+            conn, [{"task": "noop", "task_key": f"s{i}", "payload": {"i": i}} for i in range(60)]
+        )
         table = rows_by_key(conn)
     assert [r.duplicate for r in res] == [i == 17 for i in range(60)]
     assert all(r.id == table[r.task_key].id for r in res)
@@ -139,8 +143,9 @@ def test_a_value_the_server_would_change_is_refused_and_nothing_is_written(engin
     monkeypatch.setattr(validation, "QUEUE_NAME", __import__("re").compile(r"[a-z]{1,100}"))
     with engine.connect() as conn:
         with pytest.raises(ServerRefusedRows, match="1265|1406"):
-            service.enqueue_many(conn, [{"task": "noop", "task_key": "fine"},
-                                           {"task": "noop", "task_key": "long", "queue": "q" * 70}])
+            service.enqueue_many(
+                conn, [{"task": "noop", "task_key": "fine"}, {"task": "noop", "task_key": "long", "queue": "q" * 70}]
+            )
         assert rows_by_key(conn) == {}
 
 
@@ -163,9 +168,9 @@ def test_many_concurrent_batches_over_the_same_keys_write_each_once(mysql_engine
                 barrier.wait()
                 out = []
                 for lo in range(0, len(keys), 100):
-                    out += service.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in keys[lo:lo + 100]])
+                    out += service.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in keys[lo : lo + 100]])
                 results[n] = out
-        except BaseException as exc:   # noqa: BLE001 - reported below
+        except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=caller, args=(n,)) for n in range(4)]

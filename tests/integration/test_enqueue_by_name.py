@@ -35,8 +35,14 @@ PRODUCER = textwrap.dedent("""
 
 
 def produce(url: str, *calls) -> dict:
-    done = subprocess.run([sys.executable, "-c", PRODUCER, json.dumps(calls)], capture_output=True, text=True,
-                          timeout=60, cwd="/", env=cli_env(JOBQUEUE_DATABASE_URL=url, JOBQUEUE_TASKS=""))
+    done = subprocess.run(
+        [sys.executable, "-c", PRODUCER, json.dumps(calls)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env=cli_env(JOBQUEUE_DATABASE_URL=url, JOBQUEUE_TASKS=""),
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -54,8 +60,12 @@ def start_a_worker(url: str) -> None:
 
 def test_a_process_that_imports_no_handler_enqueues_by_name(db_url, engine):
     # Before any worker: the built-in task is known, a worker's task is not (yet).
-    first = produce(db_url, ["noop", "builtin-1", {}], ["keyed_pair", "early-1", {}],
-                    ["keyed_pair", "early-2", {"allow_unregistered": True}])
+    first = produce(
+        db_url,
+        ["noop", "builtin-1", {}],
+        ["keyed_pair", "early-1", {}],
+        ["keyed_pair", "early-2", {"allow_unregistered": True}],
+    )
     assert "id" in first["builtin-1"], first
     assert first["early-1"]["field"] == "task" and "unknown task 'keyed_pair'" in first["early-1"]["error"]
     assert "allow_unregistered" in first["early-1"]["error"]
@@ -67,20 +77,30 @@ def test_a_process_that_imports_no_handler_enqueues_by_name(db_url, engine):
         names = set(c.execute(sa.select(task_definition.c.name)).scalars())
     assert {"keyed_pair", "fail_first_attempt", "noop"} <= names
 
-    later = produce(db_url, ["keyed_pair", "later-1", {}], ["fail_first_atempt", "typo-1", {}],
-                    ["fail_first_attempt", "later-2", {}])
+    later = produce(
+        db_url,
+        ["keyed_pair", "later-1", {}],
+        ["fail_first_atempt", "typo-1", {}],
+        ["fail_first_attempt", "later-2", {}],
+    )
     assert "id" in later["later-1"] and "id" in later["later-2"], later
     # The worker's options: its concurrency key and its attempts, not the defaults.
     assert job(engine, "later-1").concurrency_key == "keyed_pair:k"
     assert job(engine, "later-2").max_attempts == 1
     assert later["typo-1"]["field"] == "task"
-    assert "fail_first_attempt" in later["typo-1"]["error"]   # the names it could have meant
+    assert "fail_first_attempt" in later["typo-1"]["error"]  # the names it could have meant
 
 
 def test_the_command_line_enqueues_by_name_without_the_task_module(db_url, engine):
     def enqueue(*args):
-        return subprocess.run([sys.executable, "-m", "jobqueue.cli", "enqueue", *args], capture_output=True,
-                              text=True, timeout=60, cwd=REPO, env=cli_env(JOBQUEUE_DATABASE_URL=db_url))
+        return subprocess.run(
+            [sys.executable, "-m", "jobqueue.cli", "enqueue", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+            env=cli_env(JOBQUEUE_DATABASE_URL=db_url),
+        )
 
     assert enqueue("noop", "--key", "cli-1").returncode == 0
     refused = enqueue("record_runs", "--key", "cli-2")
@@ -91,12 +111,22 @@ def test_the_command_line_enqueues_by_name_without_the_task_module(db_url, engin
     assert enqueue("record_runs", "--key", "cli-4").returncode == 0
     assert job(engine, "cli-4").max_attempts == 5 and job(engine, "cli-4").task_name == "record_runs"
 
-    lines = "\n".join(json.dumps(j) for j in [{"task": "hold_first_attempt", "task_key": "many-1"},
-                                                {"task": "never_registered", "task_key": "many-2",
-                                                 "allow_unregistered": True}])
-    many = subprocess.run([sys.executable, "-m", "jobqueue.cli", "enqueue-many", "-"], input=lines,
-                          capture_output=True, text=True, timeout=60, cwd=REPO,
-                          env=cli_env(JOBQUEUE_DATABASE_URL=db_url))
+    lines = "\n".join(
+        json.dumps(j)
+        for j in [
+            {"task": "hold_first_attempt", "task_key": "many-1"},
+            {"task": "never_registered", "task_key": "many-2", "allow_unregistered": True},
+        ]
+    )
+    many = subprocess.run(
+        [sys.executable, "-m", "jobqueue.cli", "enqueue-many", "-"],
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=cli_env(JOBQUEUE_DATABASE_URL=db_url),
+    )
     assert many.returncode == 0, many.stdout + many.stderr
     assert job(engine, "many-1").max_attempts == 3 and job(engine, "many-2").queue == "default"
 
@@ -106,9 +136,17 @@ def test_the_http_api_enqueues_a_task_only_a_worker_registered(db_url, engine):
     from jobqueue.core.tasks import TaskSpec, handled_elsewhere
     from testkit.web import api, signed_in_app
 
-    with engine.connect() as c:   # what a worker whose code has `remote_only` writes as it starts
-        register_process(c, process_id="elsewhere:1", host="elsewhere", pid=1, kind="worker", concurrency=1,
-                         queues="*", tasks=[TaskSpec("remote_only", handled_elsewhere, "mail", 2)])
+    with engine.connect() as c:  # what a worker whose code has `remote_only` writes as it starts
+        register_process(
+            c,
+            process_id="elsewhere:1",
+            host="elsewhere",
+            pid=1,
+            kind="worker",
+            concurrency=1,
+            queues="*",
+            tasks=[TaskSpec("remote_only", handled_elsewhere, "mail", 2)],
+        )
     with signed_in_app(db_url) as (_, client):
         made = api(client, "POST", "/api/jobs", json={"task": "remote_only", "task_key": "api-1"})
         assert made.status_code == 201, made.json
@@ -116,12 +154,22 @@ def test_the_http_api_enqueues_a_task_only_a_worker_registered(db_url, engine):
         assert typo.status_code == 422 and typo.json["field"] == "task" and "remote_only" in typo.json["error"]
         odd = api(client, "POST", "/api/jobs", json={"task": "x", "task_key": "api-3", "allow_unregistered": "yes"})
         assert odd.status_code == 422 and odd.json["field"] == "allow_unregistered"
-        batch = api(client, "POST", "/api/jobs", json=[{"task": "remote_only", "task_key": "api-4"},
-                                                       {"task": "later", "task_key": "api-5",
-                                                        "allow_unregistered": True}])
+        batch = api(
+            client,
+            "POST",
+            "/api/jobs",
+            json=[
+                {"task": "remote_only", "task_key": "api-4"},
+                {"task": "later", "task_key": "api-5", "allow_unregistered": True},
+            ],
+        )
         assert batch.status_code == 201, batch.json
     assert (job(engine, "api-1").queue, job(engine, "api-1").max_attempts) == ("mail", 2)
     assert job(engine, "api-4").queue == "mail" and job(engine, "api-5").task_name == "later"
     with engine.connect() as c:
-        assert c.execute(sa.select(sa.func.count()).select_from(job_queue)
-                         .where(job_queue.c.task_key.in_(["api-2", "api-3"]))).scalar() == 0
+        assert (
+            c.execute(
+                sa.select(sa.func.count()).select_from(job_queue).where(job_queue.c.task_key.in_(["api-2", "api-3"]))
+            ).scalar()
+            == 0
+        )

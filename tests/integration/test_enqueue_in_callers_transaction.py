@@ -17,7 +17,8 @@ from jobqueue.core import db
 from jobqueue.core.errors import TransactionConflict
 from jobqueue.core.models import Status
 from jobqueue.core.schema import job_queue
-from testkit.procs import jobqueue as jobqueue_cli, wait_until
+from testkit.procs import jobqueue as jobqueue_cli
+from testkit.procs import wait_until
 
 jq_c = job_queue.c
 LEVELS = ["READ UNCOMMITTED", "READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"]
@@ -47,8 +48,9 @@ def enqueue(client: JobQueue, key: str, conn, how: str):
     """One job, by enqueue or by enqueue_many (with a second, fresh key beside it)."""
     if how == "one":
         return client.enqueue("noop", key, conn=conn)
-    first, other = client.enqueue_many([{"task": "noop", "task_key": key},
-                                        {"task": "noop", "task_key": f"{key}-{uuid.uuid4().hex[:8]}"}], conn=conn)
+    first, other = client.enqueue_many(
+        [{"task": "noop", "task_key": key}, {"task": "noop", "task_key": f"{key}-{uuid.uuid4().hex[:8]}"}], conn=conn
+    )
     assert other.duplicate is False
     return first
 
@@ -56,7 +58,7 @@ def enqueue(client: JobQueue, key: str, conn, how: str):
 def snapshot(conn) -> None:
     """The caller's transaction reads something first, as a request does: at REPEATABLE READ its
     snapshot is taken here, before the other transaction commits."""
-    conn.execute(sa.select(orders.c.id).limit(1)).all()   # (a COUNT(*) may take no snapshot)
+    conn.execute(sa.select(orders.c.id).limit(1)).all()  # (a COUNT(*) may take no snapshot)
 
 
 def jobs_with(client: JobQueue, key: str) -> list:
@@ -82,15 +84,15 @@ def test_a_key_committed_after_the_callers_snapshot_is_a_duplicate(shop, db_serv
     with engine.connect() as conn:
         with conn.begin() as tx:
             snapshot(conn)
-            theirs = client.enqueue("noop", "export-42")      # another request, committed now
+            theirs = client.enqueue("noop", "export-42")  # another request, committed now
             if stale_snapshot_refused(db_server, level, serializable=False):
                 with pytest.raises(TransactionConflict, match="1020.*run the whole transaction again"):
                     enqueue(client, "export-42", conn, how)
                 tx.rollback()
-        if not conn.in_transaction():                          # the caller's retry, or the first try
+        if not conn.in_transaction():  # the caller's retry, or the first try
             conn.begin()
         ours = enqueue(client, "export-42", conn, how)
-        conn.execute(orders.insert().values(id=1))             # the caller's transaction goes on
+        conn.execute(orders.insert().values(id=1))  # the caller's transaction goes on
         conn.commit()
     assert (ours.duplicate, ours.id, ours.status) == (True, theirs.id, Status.READY)
     assert len(jobs_with(client, "export-42")) == 1
@@ -124,14 +126,17 @@ def test_two_overlapping_transactions_enqueue_one_job(shop, db_server, level, ho
                         second.begin()
                 second.execute(orders.insert().values(id=2))
                 second.commit()
-            except BaseException as exc:   # noqa: BLE001 - the test reports it
+            except BaseException as exc:  # noqa: BLE001 - the test reports it
                 answer["error"] = exc
 
         t = threading.Thread(target=second_request)
         t.start()
         try:
-            wait_until(lambda: "error" in answer or "ours" in answer or waiting_on_a_lock(client, second_id), timeout=10,
-                       message="the second INSERT to wait on the first")
+            wait_until(
+                lambda: "error" in answer or "ours" in answer or waiting_on_a_lock(client, second_id),
+                timeout=10,
+                message="the second INSERT to wait on the first",
+            )
         finally:
             tx1.commit()
             t.join(20)
@@ -148,16 +153,26 @@ def waiting_on_a_lock(client: JobQueue, connection_id: int) -> bool:
     """The connection is in its INSERT (InnoDB calls the wait RUNNING, not LOCK WAIT, at READ
     UNCOMMITTED on MariaDB, so its processlist row says it)."""
     with client.engine.connect() as conn:
-        return bool(conn.exec_driver_sql(
-            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s "
-            "AND INFO LIKE 'INSERT IGNORE INTO job_queue%%'", (int(connection_id),)).scalar())
+        return bool(
+            conn.exec_driver_sql(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s "
+                "AND INFO LIKE 'INSERT IGNORE INTO job_queue%%'",
+                (int(connection_id),),
+            ).scalar()
+        )
 
 
 def prune_in_another_process(client: JobQueue, url: str, key: str) -> None:
     with client.engine.begin() as conn:
-        conn.execute(sa.update(job_queue).where(jq_c.task_key == key).values(
-            status="done", finished_at=sa.text("UTC_TIMESTAMP(6) - INTERVAL 2 DAY"),
-            run_at=sa.text("UTC_TIMESTAMP(6) - INTERVAL 2 DAY")))
+        conn.execute(
+            sa.update(job_queue)
+            .where(jq_c.task_key == key)
+            .values(
+                status="done",
+                finished_at=sa.text("UTC_TIMESTAMP(6) - INTERVAL 2 DAY"),
+                run_at=sa.text("UTC_TIMESTAMP(6) - INTERVAL 2 DAY"),
+            )
+        )
     out = jobqueue_cli(url, "prune", "--done-older-than", "1")
     assert out.returncode == 0, out.stderr
     assert jobs_with(client, key) == []
@@ -186,7 +201,7 @@ def test_a_key_pruned_while_the_callers_transaction_is_open_stays_taken(shop, my
                 ours = enqueue(client, "export-7", conn, how)
                 assert (ours.duplicate, ours.id, ours.status) == (True, old.id, Status.DONE)
         if conflict:
-            with conn.begin():                                 # the caller's retry
+            with conn.begin():  # the caller's retry
                 snapshot(conn)
                 ours = enqueue(client, "export-7", conn, how)
             assert (ours.duplicate, ours.id, ours.status) == (True, old.id, Status.DONE)
@@ -195,15 +210,18 @@ def test_a_key_pruned_while_the_callers_transaction_is_open_stays_taken(shop, my
 
 # --- MariaDB 11.8's 1020, on purpose ------------------------------------------------------------
 
+
 def bump_under(client: JobQueue, job_id: int):
     """A write to the job's row, committed by another transaction after the snapshot below."""
+
     def fn(conn) -> None:
-        conn.execute(sa.select(jq_c.priority).where(jq_c.id == job_id)).scalar()   # the snapshot
+        conn.execute(sa.select(jq_c.priority).where(jq_c.id == job_id)).scalar()  # the snapshot
         if not bumped:
             bumped.append(True)
             with client.engine.begin() as other:
                 other.execute(sa.update(job_queue).where(jq_c.id == job_id).values(priority=jq_c.priority + 1))
         conn.execute(sa.update(job_queue).where(jq_c.id == job_id).values(priority=jq_c.priority + 10))
+
     bumped: list = []
     return fn
 
@@ -221,6 +239,7 @@ def test_a_1020_in_a_queue_owned_transaction_is_retried(shop, db_server):
         def counted(c):
             retried.append(True)
             return fn(c)
+
         db.transaction(conn, counted, what="test")
     assert len(retried) == (2 if db_server == "mariadb11" else 1)
     with client.engine.connect() as conn:
@@ -262,11 +281,13 @@ def test_a_deadlock_in_the_callers_transaction_says_to_run_it_again(shop):
             try:
                 client.enqueue("noop", key, conn=conn)
                 tx.commit()
-            except BaseException as exc:   # noqa: BLE001
+            except BaseException as exc:  # noqa: BLE001
                 errors.append(exc)
 
-        threads = [threading.Thread(target=cross, args=(a, "dl-b", ta)),
-                   threading.Thread(target=cross, args=(b, "dl-a", tb))]
+        threads = [
+            threading.Thread(target=cross, args=(a, "dl-b", ta)),
+            threading.Thread(target=cross, args=(b, "dl-a", tb)),
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -12,13 +12,12 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from testkit.locks import hold_rows
-from testkit.procs import WorkerProcess, jobqueue, wait_until
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.errors import InvalidState, JobNotFound
 from jobqueue.core.models import Status
 from jobqueue.core.schema import job_queue
+from testkit.locks import hold_rows
+from testkit.procs import WorkerProcess, jobqueue, wait_until
 
 
 def explain(engine, job_id):
@@ -45,11 +44,13 @@ def enqueue(engine, key, task="slow_noop", payload=None, **kw):
 def serve(engine, process_id, queues="*"):
     """A worker process row with a fresh heartbeat, as a live worker keeps it."""
     with engine.connect() as conn:
-        repository.processes.register_process(conn, process_id=process_id, host="h", pid=1, kind="worker", concurrency=1,
-                                    queues=queues)
+        repository.processes.register_process(
+            conn, process_id=process_id, host="h", pid=1, kind="worker", concurrency=1, queues=queues
+        )
 
 
 # --- a row held by another transaction (the job that "vanishes") ------------------------------------
+
 
 def test_a_held_row_names_exactly_the_connection_that_holds_it(mysql_url, mysql_engine):
     first = enqueue(mysql_engine, "a")
@@ -72,12 +73,14 @@ def test_a_held_row_names_exactly_the_connection_that_holds_it(mysql_url, mysql_
         assert locked["transaction_age_seconds"] is not None and "runnable" not in [r["code"] for r in data["reasons"]]
         # The holder sits idle in its transaction: said so on every server (MySQL keeps the last
         # statement of an idle connection, which read as "running SELECT ..." there).
-        assert "it is idle in its transaction" in locked["detail"] and "it is running" not in locked["detail"], locked["detail"]
+        assert "it is idle in its transaction" in locked["detail"] and "it is running" not in locked["detail"], locked[
+            "detail"
+        ]
         # A whole command (interpreter start included): far below the server's 50 s or the
         # engine's 5 s lock wait, so the probe did not wait on the lock.
         print(f"explain of a held row: {took:.2f} s as a command")
         assert took < 5
-        assert row(mysql_engine, held) == before                           # read, never changed
+        assert row(mysql_engine, held) == before  # read, never changed
 
         # The next claims pass it by (SKIP LOCKED) and take the other job.
         with mysql_engine.connect() as conn:
@@ -88,8 +91,10 @@ def test_a_held_row_names_exactly_the_connection_that_holds_it(mysql_url, mysql_
             wait_until(lambda: not repository.locks.row_lock(conn, held).held, message="row let go")
             assert [c.job.id for c in service.claim(conn, "w:2", 1, ["default"], lease_seconds=30)] == [held]
             (audit,) = [a for a in repository.operator.list_audit(conn, limit=5) if a["action"] == "kill"]
-        assert audit["actor"] == "test" and audit["job_id"] == held and f"KILL CONNECTION {holder_id}" in audit["detail"]
-        holder.invalidate()   # the server ended it
+        assert (
+            audit["actor"] == "test" and audit["job_id"] == held and f"KILL CONNECTION {holder_id}" in audit["detail"]
+        )
+        holder.invalidate()  # the server ended it
     finally:
         holder.close()
 
@@ -124,7 +129,7 @@ def test_only_a_connection_holding_job_rows_may_be_killed(mysql_engine):
         other_id = other.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
         with mysql_engine.connect() as conn, pytest.raises(InvalidState, match="holds no job_queue rows"):
             service.kill_connection(conn, other_id, actor="test")
-        assert other.exec_driver_sql("SELECT 1").scalar() == 1              # still there
+        assert other.exec_driver_sql("SELECT 1").scalar() == 1  # still there
     finally:
         other.close()
 
@@ -144,6 +149,7 @@ def test_the_lock_report_lists_the_holder_with_its_jobs(mysql_engine):
 
 
 # --- the other reasons ------------------------------------------------------------------------------
+
 
 def test_runnable_counts_the_ready_jobs_ahead_in_claim_order(engine):
     ids = [enqueue(engine, f"k{i}") for i in range(3)]
@@ -243,8 +249,7 @@ def test_a_sigkilled_workers_expired_lease_and_the_reaper_taking_it_back(mysql_u
         assert explain(mysql_engine, job).codes == ["lease_held"]
         worker.signal(signal.SIGKILL)
         worker.proc.wait(10)
-        wait_until(lambda: explain(mysql_engine, job).codes[0] == "lease_expired", timeout=15,
-                   message="lease expired")
+        wait_until(lambda: explain(mysql_engine, job).codes[0] == "lease_expired", timeout=15, message="lease expired")
         expired = reason(explain(mysql_engine, job), "lease_expired")
         assert expired["owner"] == owner and expired["reaped_to"] == "ready"
         assert expired["owner_heartbeat_seconds_ago"] is not None

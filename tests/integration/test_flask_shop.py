@@ -14,12 +14,12 @@ import pytest
 import sqlalchemy as sa
 from werkzeug.security import generate_password_hash
 
-from testkit.procs import GunicornServer, wait_until
-from testkit.web import ADMIN_TOKEN, tokens_setting
 from jobqueue.core import repository
 from jobqueue.core.models import Status
 from jobqueue.core.schema import job_queue
 from jobqueue.core.worker import Worker, WorkerConfig
+from testkit.procs import GunicornServer, wait_until
+from testkit.web import ADMIN_TOKEN, tokens_setting
 
 SHOP_DIR = Path(__file__).resolve().parents[2] / "examples" / "flask_shop"
 PASSWORD = "shop-password-1"
@@ -44,10 +44,17 @@ def staff_setting() -> str:
 
 @pytest.fixture
 def app(mysql_url, tmp_path):
-    application = shop.create_app({
-        "SECRET_KEY": "shop-secret", "TESTING": True, "SQLALCHEMY_DATABASE_URI": mysql_url,
-        "SHOP_STAFF": shop.parse_staff(staff_setting()), "JOBQUEUE_EMBEDDED_WORKERS": 0,
-        "JOBQUEUE_API_TOKENS": tokens_setting(), "JOBQUEUE_EXPORT_DIR": str(tmp_path / "exports")})
+    application = shop.create_app(
+        {
+            "SECRET_KEY": "shop-secret",
+            "TESTING": True,
+            "SQLALCHEMY_DATABASE_URI": mysql_url,
+            "SHOP_STAFF": shop.parse_staff(staff_setting()),
+            "JOBQUEUE_EMBEDDED_WORKERS": 0,
+            "JOBQUEUE_API_TOKENS": tokens_setting(),
+            "JOBQUEUE_EXPORT_DIR": str(tmp_path / "exports"),
+        }
+    )
     with application.app_context():
         shop.db.create_all()
         shop.db.session.add(shop.Product(id=1, name="teapot", price_cents=2500, stock=3))
@@ -72,8 +79,9 @@ def rows(app):
 
 
 def order(client, quantity: int):
-    return client.post("/orders", data={"customer": "Grace", "product": "1", "quantity": str(quantity),
-                                        "csrf_token": csrf(client)})
+    return client.post(
+        "/orders", data={"customer": "Grace", "product": "1", "quantity": str(quantity), "csrf_token": csrf(client)}
+    )
 
 
 def test_an_order_commits_with_its_export_job_and_the_worker_runs_it(app, tmp_path):
@@ -85,7 +93,9 @@ def test_an_order_commits_with_its_export_job_and_the_worker_runs_it(app, tmp_pa
     worker = Worker(app.extensions["jobqueue"].runtime.engine, WorkerConfig(concurrency=1, burst=True))
     assert worker.run() == 0
     with app.extensions["jobqueue"].engine.connect() as conn:
-        job = repository.reads.get_job(conn, repository.reads.list_jobs(conn, repository.operator.JobFilter(), limit=1)[0].id)
+        job = repository.reads.get_job(
+            conn, repository.reads.list_jobs(conn, repository.operator.JobFilter(), limit=1)[0].id
+        )
     assert job.status is Status.DONE
     export = (tmp_path / "exports" / f"order-{orders[0][0]}.csv").read_text()
     assert export.splitlines() == ["order_id,amount", f"{orders[0][0]},50.00"]
@@ -93,10 +103,10 @@ def test_an_order_commits_with_its_export_job_and_the_worker_runs_it(app, tmp_pa
 
 def test_a_failing_order_write_leaves_no_job(app):
     client = app.test_client()
-    refused = order(client, 5)                # 3 teapots left: taking the stock fails after the enqueue
+    refused = order(client, 5)  # 3 teapots left: taking the stock fails after the enqueue
     assert refused.status_code == 303
     assert "not enough teapot" in client.get("/").get_data(as_text=True)
-    assert rows(app) == ([], 3, [])           # no order, the stock untouched, and no job
+    assert rows(app) == ([], 3, [])  # no order, the stock untouched, and no job
     assert order(client, 3).status_code == 303
     orders, stock, jobs = rows(app)
     assert (len(orders), stock, [j[0] for j in jobs]) == (1, 0, [f"order-{orders[0][0]}"])
@@ -106,8 +116,9 @@ def test_the_dashboard_is_behind_the_shops_own_login(app):
     client = app.test_client()
     first = client.get("/jobs-admin/jobs")
     assert first.status_code == 302 and first.headers["Location"] == "/login?next=/jobs-admin/jobs"
-    signed_in = client.post("/login?next=/jobs-admin/jobs", data={"name": "ada", "password": PASSWORD,
-                                                                  "csrf_token": csrf(client, "/login")})
+    signed_in = client.post(
+        "/login?next=/jobs-admin/jobs", data={"name": "ada", "password": PASSWORD, "csrf_token": csrf(client, "/login")}
+    )
     assert signed_in.headers["Location"] == "/jobs-admin/jobs"
     assert order(client, 1).status_code == 303
     with app.extensions["jobqueue"].engine.connect() as conn:
@@ -115,8 +126,11 @@ def test_the_dashboard_is_behind_the_shops_own_login(app):
     page = client.get("/jobs-admin/jobs").get_data(as_text=True)
     assert "ada (admin)" in page and "order-" in page
     token = re.search(r'"X-CSRFToken": "([^"]+)"', page).group(1)
-    cancelled = client.post(f"/jobs-admin/jobs/{job_id}/cancel", data={"confirm": "yes"},
-                            headers={"X-CSRFToken": token, "HX-Request": "true"})
+    cancelled = client.post(
+        f"/jobs-admin/jobs/{job_id}/cancel",
+        data={"confirm": "yes"},
+        headers={"X-CSRFToken": token, "HX-Request": "true"},
+    )
     assert cancelled.status_code == 200
     with app.extensions["jobqueue"].engine.connect() as conn:
         assert [e["actor"] for e in repository.operator.list_audit(conn, job_id=job_id, limit=5)] == ["web:ada"]
@@ -125,16 +139,27 @@ def test_the_dashboard_is_behind_the_shops_own_login(app):
     clerk.post("/login", data={"name": "carl", "password": PASSWORD, "csrf_token": csrf(clerk, "/login")})
     assert clerk.get("/jobs-admin/").status_code == 403
     # The API under the prefix, with a bearer token, past the shop's own CSRFProtect.
-    made = app.test_client().post("/jobs-admin/api/jobs", json={"task": "noop", "task_key": "shop-api-1"},
-                                  headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    made = app.test_client().post(
+        "/jobs-admin/api/jobs",
+        json={"task": "noop", "task_key": "shop-api-1"},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
     assert made.status_code == 201
 
 
 @pytest.mark.slow
 def test_the_shop_under_the_queues_gunicorn_settings_runs_jobs_in_its_embedded_workers(app, mysql_url, tmp_path):
     env = {"SHOP_SECRET_KEY": "s3cret", "SHOP_STAFF": staff_setting(), "JOBQUEUE_EXPORT_DIR": str(tmp_path / "gx")}
-    server = GunicornServer(mysql_url, tmp_path, web_workers=1, embedded_workers=1, extra_env=env,
-                            app_uri="shop:create_app()", chdir=SHOP_DIR, ready_path="/jobs-admin/healthz")
+    server = GunicornServer(
+        mysql_url,
+        tmp_path,
+        web_workers=1,
+        embedded_workers=1,
+        extra_env=env,
+        app_uri="shop:create_app()",
+        chdir=SHOP_DIR,
+        ready_path="/jobs-admin/healthz",
+    )
     try:
         with urllib.request.urlopen(server.base + "/jobs-admin/healthz", timeout=5) as r:
             assert b'"embedded_workers":true' in r.read().replace(b" ", b"")

@@ -75,7 +75,7 @@ class LeaseLifecycle(RuleBasedStateMachine):
         db.clock.sqlite_clock = self.clock
         self.conn = self.engine.connect()
         self.keepers = {w: LeaseKeeper(LEASE, clock=self.clock) for w in WORKERS}
-        self.revoked: set[tuple[int, int]] = set()     # (job, attempt) an operator took on purpose
+        self.revoked: set[tuple[int, int]] = set()  # (job, attempt) an operator took on purpose
         self.max_attempts_seen: dict[int, int] = {}
         self.lose_next_reply = False
         self._install_lost_replies()
@@ -105,7 +105,7 @@ class LeaseLifecycle(RuleBasedStateMachine):
 
     def row(self, job_id: int):
         found = dict(self.conn.execute(sa.select(job_queue).where(jq.id == job_id)).one()._mapping)
-        self.conn.commit()   # end the read: each verb runs in a transaction of its own
+        self.conn.commit()  # end the read: each verb runs in a transaction of its own
         return found
 
     def fenced_write(self, held, write, lose_reply=False):
@@ -128,23 +128,36 @@ class LeaseLifecycle(RuleBasedStateMachine):
 
     @initialize()
     def enqueue(self):
-        service.enqueue_many(self.conn, [{"task": "noop", "task_key": f"j{i}", "max_attempts": 50}
-                                            for i in range(JOBS)])
+        service.enqueue_many(
+            self.conn, [{"task": "noop", "task_key": f"j{i}", "max_attempts": 50} for i in range(JOBS)]
+        )
 
-    @rule(worker=st.sampled_from(WORKERS), slot=st.integers(1, 2), execution_delay=st.floats(0, 1.5),
-          reply_delay=st.floats(0, 3.0))
+    @rule(
+        worker=st.sampled_from(WORKERS),
+        slot=st.integers(1, 2),
+        execution_delay=st.floats(0, 1.5),
+        reply_delay=st.floats(0, 3.0),
+    )
     def claim(self, worker, slot, execution_delay, reply_delay):
         keeper = self.keepers[worker]
         if any(h.slot == slot for h in keeper.held()):
             return
         sent = self.clock()
-        self.clock.now += execution_delay   # the claim runs later than it was sent...
+        self.clock.now += execution_delay  # the claim runs later than it was sent...
         got = service.claim(self.conn, f"{worker}:{slot}", 1, ["default"], lease_seconds=LEASE)
-        self.clock.now += reply_delay       # ...and its answer arrives later still
+        self.clock.now += reply_delay  # ...and its answer arrives later still
         for c in got:
-            ctx = JobContext(job_id=c.job.id, task_key=c.job.task_key, task_name="noop", queue="default",
-                             attempt=c.lease.attempt, max_attempts=c.job.max_attempts, worker_id=c.lease.owner,
-                             _record_result=lambda r: True, lease_lost=threading.Event())
+            ctx = JobContext(
+                job_id=c.job.id,
+                task_key=c.job.task_key,
+                task_name="noop",
+                queue="default",
+                attempt=c.lease.attempt,
+                max_attempts=c.job.max_attempts,
+                worker_id=c.lease.owner,
+                _record_result=lambda r: True,
+                lease_lost=threading.Event(),
+            )
             held = keeper.hold(c, slot, ctx, sent_at=sent)
             self.check_new_attempt(c.job.id, c.lease.attempt)
             assert keeper.start(held)
@@ -154,26 +167,32 @@ class LeaseLifecycle(RuleBasedStateMachine):
         # this job still valid by its local deadline must have been taken by an operator.
         for keeper in self.keepers.values():
             for h in keeper.held():
-                if h.lease.job_id == job_id and h.lease.attempt < attempt and not h.lost \
-                        and self.clock() < h.deadline:
+                if h.lease.job_id == job_id and h.lease.attempt < attempt and not h.lost and self.clock() < h.deadline:
                     assert (job_id, h.lease.attempt) in self.revoked, (
                         f"attempt {attempt} of job {job_id} started while attempt {h.lease.attempt} was still "
-                        f"valid until {h.deadline - self.clock():.2f}s from now")
+                        f"valid until {h.deadline - self.clock():.2f}s from now"
+                    )
 
     # Steps around the lease's length find the edges (a deadline a moment before or after the
     # database's expiry); small ones interleave renewals and writes.
-    @rule(seconds=st.one_of(st.floats(0.05, 12.0), st.sampled_from([LEASE - 1.0, LEASE - 0.25, LEASE + 0.1, LEASE + 2.5])))
+    @rule(
+        seconds=st.one_of(st.floats(0.05, 12.0), st.sampled_from([LEASE - 1.0, LEASE - 0.25, LEASE + 0.1, LEASE + 2.5]))
+    )
     def time_passes(self, seconds):
         self.clock.now += seconds
 
-    @rule(worker=st.sampled_from(WORKERS), execution_delay=st.floats(0, 1.5), reply_delay=st.floats(0, 3.0),
-          lose_reply=st.booleans())
+    @rule(
+        worker=st.sampled_from(WORKERS),
+        execution_delay=st.floats(0, 1.5),
+        reply_delay=st.floats(0, 3.0),
+        lose_reply=st.booleans(),
+    )
     def renew(self, worker, execution_delay, reply_delay, lose_reply):
         keeper = self.keepers[worker]
         items, sent = keeper.begin_renewal()
         if not items:
             return
-        self.clock.now += execution_delay   # the statement runs later than it was sent
+        self.clock.now += execution_delay  # the statement runs later than it was sent
         self.lose_next_reply = lose_reply
         outcomes = service.renew(self.conn, [h.lease for h in items], LEASE)
         self.lose_next_reply = False
@@ -206,8 +225,12 @@ class LeaseLifecycle(RuleBasedStateMachine):
             assert self.row(held.lease.job_id)["status"] == Status.DONE.value
         keeper.drop(held)
 
-    @rule(worker=st.sampled_from(WORKERS), pick=st.integers(0, 3), lose_reply=st.booleans(),
-          verb=st.sampled_from(["retry", "release"]))
+    @rule(
+        worker=st.sampled_from(WORKERS),
+        pick=st.integers(0, 3),
+        lose_reply=st.booleans(),
+        verb=st.sampled_from(["retry", "release"]),
+    )
     def retry_or_release(self, worker, pick, lose_reply, verb):
         keeper = self.keepers[worker]
         items = keeper.held()
@@ -215,8 +238,11 @@ class LeaseLifecycle(RuleBasedStateMachine):
             return
         held = items[pick % len(items)]
         keeper.finishing(held)
-        write = (lambda: service.retry(self.conn, held.lease, "boom", 0)) if verb == "retry" else \
-            (lambda: service.release(self.conn, held.lease))
+        write = (
+            (lambda: service.retry(self.conn, held.lease, "boom", 0))
+            if verb == "retry"
+            else (lambda: service.release(self.conn, held.lease))
+        )
         with keeper.writing([held]):
             outcome, mine = self.fenced_write(held, write, lose_reply)
         if mine:
@@ -235,7 +261,7 @@ class LeaseLifecycle(RuleBasedStateMachine):
             return
         if before["status"] == Status.RUNNING.value:
             self.revoked.add((job, before["attempts"]))
-        if verb == "fail":   # give the job back to the game
+        if verb == "fail":  # give the job back to the game
             service.requeue_job(self.conn, job, actor="test")
 
     @rule()
@@ -259,8 +285,11 @@ class LeaseLifecycle(RuleBasedStateMachine):
             return
         held = items[pick % len(items)]
         row = self.row(held.lease.job_id)
-        mine = (row["status"], row["lease_owner"], row["attempts"]) == (Status.RUNNING.value, held.lease.owner,
-                                                                        held.lease.attempt)
+        mine = (row["status"], row["lease_owner"], row["attempts"]) == (
+            Status.RUNNING.value,
+            held.lease.owner,
+            held.lease.attempt,
+        )
         try:
             service.record_result(self.conn, held.lease, row["task_key"], {"by": held.lease.owner})
         except LeaseLostError:
@@ -293,8 +322,12 @@ def test_the_lease_lifecycle(template_db, tmp_path):
     LeaseLifecycle.template = template_db
     LeaseLifecycle.workdir = tmp_path
     case = LeaseLifecycle.TestCase
-    case.settings = settings(max_examples=200, stateful_step_count=40, deadline=None,
-                             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    case.settings = settings(
+        max_examples=200,
+        stateful_step_count=40,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
     case("runTest").runTest()
 
 
@@ -312,7 +345,7 @@ def test_a_slow_answer_never_stretches_the_local_deadline(template_db, tmp_path,
         state.claim("w1", 1, 0.0, claim_reply)
         if renew_reply:
             state.renew("w1", 0.0, renew_reply, False)
-        state.time_passes(LEASE - 3.0 + 0.5)   # the database's lease has run out; ours must have too
+        state.time_passes(LEASE - 3.0 + 0.5)  # the database's lease has run out; ours must have too
         state.reap_then_claim("w2", 1)
         assert state.keepers["w2"].held(), "the second worker took the reaped job"
         state.at_most_one_valid_unrevoked_lease_per_job()

@@ -12,8 +12,6 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 
-from testkit.locks import hold_rows
-from testkit.procs import wait_until
 from jobqueue.core import db, metrics, repository, service
 from jobqueue.core.builtin_tasks import noop, sleep
 from jobqueue.core.errors import LeaseLostError
@@ -21,6 +19,8 @@ from jobqueue.core.models import Lease, Outcome, Status
 from jobqueue.core.schema import job_attempt, job_queue, job_result, worker_stats
 from jobqueue.core.tasks import Registry, TaskSpec
 from jobqueue.core.worker import LeaseState, Worker, WorkerConfig
+from testkit.locks import hold_rows
+from testkit.procs import wait_until
 
 jq = job_queue.c
 
@@ -46,11 +46,17 @@ def get(engine, job_id):
 
 
 def lost_connection() -> OperationalError:
-    return OperationalError("UPDATE job_queue", {}, pymysql.err.OperationalError(
-        2003, "Can't connect to MySQL server on '127.0.0.1' ([Errno 111] Connection refused)"))
+    return OperationalError(
+        "UPDATE job_queue",
+        {},
+        pymysql.err.OperationalError(
+            2003, "Can't connect to MySQL server on '127.0.0.1' ([Errno 111] Connection refused)"
+        ),
+    )
 
 
 # --- 3: a worker whose renewals fail learns that it lost the lease ------------------------------
+
 
 def test_failing_renewals_lose_the_lease_by_its_local_deadline(engine, monkeypatch):
     seen = {}
@@ -86,6 +92,7 @@ def test_failing_renewals_lose_the_lease_by_its_local_deadline(engine, monkeypat
 
 # --- 4: finished jobs are renewed while their completion waits; one held row stalls no one ------
 
+
 @pytest.mark.servers_only
 def test_a_held_row_in_a_completion_batch_stalls_no_other_job_and_keeps_its_lease(engine):
     gate = threading.Event()
@@ -95,18 +102,25 @@ def test_a_held_row_in_a_completion_batch_stalls_no_other_job_and_keeps_its_leas
 
     reg = registry_with(gated=gated)
     with engine.connect() as conn:
-        ids = [r.id for r in service.enqueue_many(conn, [{"task": "gated", "task_key": f"g{i}"} for i in range(4)],
-                                                     registry=reg)]
+        ids = [
+            r.id
+            for r in service.enqueue_many(
+                conn, [{"task": "gated", "task_key": f"g{i}"} for i in range(4)], registry=reg
+            )
+        ]
     worker = Worker(engine, WorkerConfig(concurrency=4, lease_seconds=3), registry=reg)
     t = start(worker)
     holder = None
     try:
         wait_until(lambda: len(worker.keeper.held(LeaseState.RUNNING)) == 4, message="four running")
-        holder = hold_rows(engine, [ids[0]])   # a stray SELECT ... FOR UPDATE on one running job
+        holder = hold_rows(engine, [ids[0]])  # a stray SELECT ... FOR UPDATE on one running job
         gate.set()
-        wait_until(lambda: all(get(engine, i).status is Status.DONE for i in ids[1:]), timeout=3,
-                   message="the other three done at once, not after a lock-wait timeout")
-        time.sleep(4)   # longer than the lease: nobody may take the held job meanwhile, nor may we drop it
+        wait_until(
+            lambda: all(get(engine, i).status is Status.DONE for i in ids[1:]),
+            timeout=3,
+            message="the other three done at once, not after a lock-wait timeout",
+        )
+        time.sleep(4)  # longer than the lease: nobody may take the held job meanwhile, nor may we drop it
         assert get(engine, ids[0]).status is Status.RUNNING
         assert [h.lease.job_id for h in worker.keeper.held()] == [ids[0]]
     finally:
@@ -122,6 +136,7 @@ def test_a_held_row_in_a_completion_batch_stalls_no_other_job_and_keeps_its_leas
 
 
 # --- 6: a lost COMMIT reply: the retry recognises its own write ---------------------------------
+
 
 @pytest.fixture
 def commit_reply_lost(engine, monkeypatch):
@@ -151,9 +166,9 @@ def test_enqueue_after_a_lost_commit_reply_is_not_a_duplicate(engine, commit_rep
         res = service.enqueue(conn, "noop", "lost-reply-1", {"a": 1})
         assert res.duplicate is False and res.status is Status.READY
         assert conn.execute(sa.select(sa.func.count()).select_from(job_queue)).scalar() == 1
-        conn.rollback()   # end the read's transaction: the next enqueue is its own again
+        conn.rollback()  # end the read's transaction: the next enqueue is its own again
         again = service.enqueue(conn, "noop", "lost-reply-1", {"a": 1})
-    assert again.duplicate is True and again.id == res.id   # a real replay still is one
+    assert again.duplicate is True and again.id == res.id  # a real replay still is one
     assert "event=db_retry" in caplog.text and caplog.text.count("event=duplicate_enqueue") == 1
 
 
@@ -166,7 +181,7 @@ def test_record_result_and_retry_after_a_lost_commit_reply_report_success(engine
         assert service.record_result(conn, c.lease, "r1", {"file": "a"}) is True
         assert "event=duplicate_result" not in caplog.text
         assert conn.execute(sa.select(sa.func.count()).select_from(job_result)).scalar() == 1
-        assert service.record_result(conn, c.lease, "r1", {"file": "b"}) is False   # a real duplicate
+        assert service.record_result(conn, c.lease, "r1", {"file": "b"}) is False  # a real duplicate
         commit_reply_lost["left"] = 1
         assert service.retry(conn, c.lease, "boom", 60) is Outcome.OK
         job = repository.reads.get_job(conn, c.job.id)
@@ -187,6 +202,7 @@ def test_complete_after_a_lost_commit_reply_is_ok(engine, commit_reply_lost, cap
 
 
 # --- 7: every ready row a claim passes by is counted ------------------------------------------
+
 
 def skipped() -> float:
     return metrics.REGISTRY.get_sample_value("jobqueue_rows_skipped_total") or 0.0
@@ -210,13 +226,15 @@ def test_a_claim_that_took_fewer_rows_than_it_asked_counts_the_rows_it_passed_by
 
 # --- 8: per-minute activity by the database clock ------------------------------------------------
 
+
 @pytest.mark.sqlite_only
 def test_activity_minutes_come_from_the_database_clock(engine, monkeypatch):
-    shifted = time.time() + 7200   # the database's clock two hours ahead of this host's
+    shifted = time.time() + 7200  # the database's clock two hours ahead of this host's
     monkeypatch.setattr(db.clock, "sqlite_clock", lambda: shifted)
     with engine.connect() as conn:
-        repository.processes.register_process(conn, process_id="h:1", host="h", pid=1, kind="worker", concurrency=1,
-                                    queues="*")
+        repository.processes.register_process(
+            conn, process_id="h:1", host="h", pid=1, kind="worker", concurrency=1, queues="*"
+        )
         repository.processes.heartbeat(conn, "h:1", jobs_in_hand=0, processed=1, stats={"completed": 1})
         minute = conn.execute(sa.select(worker_stats.c.minute)).scalar()
     expected = time.strftime("%Y-%m-%d %H:%M", time.gmtime(shifted))
@@ -224,6 +242,7 @@ def test_activity_minutes_come_from_the_database_clock(engine, monkeypatch):
 
 
 # --- 9: cooperative cancellation ------------------------------------------------------------
+
 
 @pytest.mark.servers_only
 def test_an_operator_failing_a_running_job_stops_its_handler_within_a_renewal(engine, caplog):
@@ -243,7 +262,7 @@ def test_an_operator_failing_a_running_job_stops_its_handler_within_a_renewal(en
         worker.stop()
         t.join(15)
     job = get(engine, res.id)
-    assert job.status is Status.FAILED and job.last_error == "customer cancelled"   # the fenced write changed nothing
+    assert job.status is Status.FAILED and job.last_error == "customer cancelled"  # the fenced write changed nothing
     assert "event=handler_lease_lost" in caplog.text
 
 
@@ -252,7 +271,7 @@ def test_slots_show_a_lost_lease_whose_handler_still_runs(engine):
     gate = threading.Event()
 
     def stubborn(payload, ctx):
-        gate.wait(30)   # ignores ctx.lease_lost
+        gate.wait(30)  # ignores ctx.lease_lost
 
     reg = registry_with(stubborn=stubborn)
     with engine.connect() as conn:
@@ -271,6 +290,7 @@ def test_slots_show_a_lost_lease_whose_handler_still_runs(engine):
             with engine.connect() as conn:
                 processes, _ = repository.processes.list_processes(conn)
             return [s for p in processes for s in p["slots"] if s["job_id"] == res.id and s["state"] == "lost"]
+
         assert wait_until(heard, timeout=5, message="the heartbeat to carry it")[0]["task"] == "stubborn"
     finally:
         gate.set()
@@ -295,12 +315,13 @@ def test_a_process_does_not_reap_its_own_finished_attempt_whose_write_is_pending
     with engine.connect() as conn:
         ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(2)])]
         claimed = service.claim(conn, "w:1", 2, ["default"], lease_seconds=30)
-        conn.execute(sa.update(job_queue).where(job_queue.c.id.in_(ids))
-                     .values(lease_until=db.db_after(-60_000_000)))   # both leases a minute past
+        conn.execute(
+            sa.update(job_queue).where(job_queue.c.id.in_(ids)).values(lease_until=db.db_after(-60_000_000))
+        )  # both leases a minute past
         conn.commit()
         mine = next(c.lease for c in claimed if c.job.id == ids[0])
         result = service.reap(conn, keep=[(mine.job_id, mine.attempt)])
         assert [j.job_id for j in result.jobs] == [ids[1]]
         assert get(engine, ids[0]).status is Status.RUNNING
-        assert service.complete(conn, mine) is Outcome.OK    # the pending write lands
+        assert service.complete(conn, mine) is Outcome.OK  # the pending write lands
     assert get(engine, ids[0]).status is Status.DONE and get(engine, ids[0]).attempts == 1

@@ -15,15 +15,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+from jobqueue import create_app
 from jobqueue.core import privileges, repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.repository import doorbell
-from tests.conftest import SERVERS
-
 from testkit.procs import jobqueue
 from testkit.web import app_config, csrf_token, login
-from jobqueue import create_app
-
+from tests.conftest import SERVERS
 
 APP_GRANTS = "GRANT SELECT, INSERT, UPDATE, DELETE ON jq.* TO '{user}'@'127.0.0.1'"
 
@@ -45,11 +43,11 @@ def make_user(server, user: str, *grants: str) -> str:
 def test_the_queue_runs_on_least_privilege_and_doctor_warns_about_the_rest(throwaway_mariadb):
     server = throwaway_mariadb()
     root_url = server.create_database("jq")
-    assert jobqueue(root_url, "init-db").returncode == 0          # the migration account: root here
+    assert jobqueue(root_url, "init-db").returncode == 0  # the migration account: root here
     app_url = make_user(server, "jq_app", APP_GRANTS)
 
     # Everything the queue does, as the app account.
-    assert jobqueue(app_url, "init-db").returncode == 0           # nothing to migrate: no DDL needed
+    assert jobqueue(app_url, "init-db").returncode == 0  # nothing to migrate: no DDL needed
     for i in range(3):
         assert jobqueue(app_url, "enqueue", "noop", "--key", f"lp-{i}").returncode == 0
     burst = jobqueue(app_url, "worker", "--burst", "--concurrency", "2")
@@ -84,16 +82,24 @@ def test_the_queue_runs_on_least_privilege_and_doctor_warns_about_the_rest(throw
     root = privileges_check(root_url)
     assert root["verdict"] == "warning" and "ALL PRIVILEGES" in root["detail"] and "Least privilege" in root["advice"]
 
-    migrator = privileges_check(make_user(server, "jq_migrate",
-                                          "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, INDEX, DROP "
-                                          "ON jq.* TO '{user}'@'127.0.0.1'"))
+    migrator = privileges_check(
+        make_user(
+            server,
+            "jq_migrate",
+            "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, INDEX, DROP ON jq.* TO '{user}'@'127.0.0.1'",
+        )
+    )
     assert migrator["verdict"] == "ok" and "init-db" in migrator["detail"]
 
     exempt_url = make_user(server, "jq_exempt", APP_GRANTS, "GRANT READ_ONLY ADMIN ON *.* TO '{user}'@'127.0.0.1'")
     exempt = privileges_check(exempt_url)
     assert exempt["verdict"] == "warning" and "READ_ONLY ADMIN" in exempt["detail"]
-    assert privileges_check(make_user(server, "jq_super", APP_GRANTS, "GRANT SUPER ON *.* TO '{user}'@'127.0.0.1'")
-                            )["detail"].count("SUPER") == 1
+    assert (
+        privileges_check(make_user(server, "jq_super", APP_GRANTS, "GRANT SUPER ON *.* TO '{user}'@'127.0.0.1'"))[
+            "detail"
+        ].count("SUPER")
+        == 1
+    )
 
     too_little = privileges_check(make_user(server, "jq_reader", "GRANT SELECT ON jq.* TO '{user}'@'127.0.0.1'"))
     assert too_little["verdict"] == "warning" and "lacks DELETE, INSERT, UPDATE" in too_little["detail"]
@@ -103,8 +109,9 @@ def test_the_queue_runs_on_least_privilege_and_doctor_warns_about_the_rest(throw
     server.restart("--read-only")
     refused = jobqueue(app_url, "enqueue", "noop", "--key", "after-read-only")
     assert refused.returncode != 0
-    exempt_conn = pymysql.connect(host=server.host, port=server.port, user="jq_exempt", password="jq_exempt-pw",
-                                  database="jq", autocommit=True)
+    exempt_conn = pymysql.connect(
+        host=server.host, port=server.port, user="jq_exempt", password="jq_exempt-pw", database="jq", autocommit=True
+    )
     try:
         with exempt_conn.cursor() as cur:
             assert cur.execute("UPDATE job_queue SET priority = 1 WHERE task_key = 'lp-0'") == 1
@@ -175,10 +182,12 @@ def test_on_each_server_a_restricted_account_runs_the_queue_and_doctor_names_wha
 
             grants = [f"GRANT PROCESS ON *.* TO '{user}'@'127.0.0.1'"]
             if db_server == "mysql":
-                grants += [f"GRANT SELECT ON performance_schema.{t} TO '{user}'@'127.0.0.1'"
-                           for t in privileges.PERFORMANCE_SCHEMA_TABLES]
+                grants += [
+                    f"GRANT SELECT ON performance_schema.{t} TO '{user}'@'127.0.0.1'"
+                    for t in privileges.PERFORMANCE_SCHEMA_TABLES
+                ]
             as_root(*grants)
-            engine.dispose()   # new sessions, with the new privileges
+            engine.dispose()  # new sessions, with the new privileges
             holder_id = holder.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
             with engine.connect() as conn:
                 named = repository.locks.row_lock(conn, held)

@@ -9,9 +9,7 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from jobqueue.core import repository
-
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.cli import main
 from jobqueue.core.errors import RunAgainNeeded, ValidationError
 from jobqueue.core.models import Status
@@ -30,8 +28,9 @@ def fail_now(conn, job_id, error):
 
 def test_keyset_pages_both_ways_with_a_capped_count(engine):
     with engine.connect() as conn:
-        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"p-{i:03d}"}
-                                                            for i in range(25)])]
+        ids = [
+            r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"p-{i:03d}"} for i in range(25)])
+        ]
         first = repository.reads.page_jobs(conn, limit=10)
         assert [j.id for j in first.jobs] == ids[::-1][:10]
         assert (first.newer, first.older, first.matches, first.capped) == (None, ids[15], 25, False)
@@ -58,11 +57,11 @@ def test_search_finds_payload_error_and_key_text_case_blind_and_escaped(engine):
         def keys(q, **kw):
             return [j.task_key for j in repository.reads.page_jobs(conn, JobFilter(search=q, **kw)).jobs]
 
-        assert keys("acme") == ["order-1"]                     # payload, either case
-        assert keys("timeouterror") == ["order-4"]             # last error
-        assert keys("order-3") == ["order-3"]                  # task_key
-        assert keys("%") == ["order-1"]                        # a literal %, not "anything"
-        assert keys("a_b") == ["order-2"]                      # a literal _, not "any character"
+        assert keys("acme") == ["order-1"]  # payload, either case
+        assert keys("timeouterror") == ["order-4"]  # last error
+        assert keys("order-3") == ["order-3"]  # task_key
+        assert keys("%") == ["order-1"]  # a literal %, not "anything"
+        assert keys("a_b") == ["order-2"]  # a literal _, not "any character"
         assert keys("'; DROP TABLE job_queue; --") == []
         assert keys("acme", status=Status.FAILED) == []
         assert keys("umbrella", status=Status.FAILED) == ["order-4"]
@@ -70,8 +69,13 @@ def test_search_finds_payload_error_and_key_text_case_blind_and_escaped(engine):
 
 def test_search_reads_a_bounded_window_and_says_where_it_stopped(engine):
     with engine.connect() as conn:
-        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"w-{i:03d}",
-                                                             "payload": {"needle": i % 10 == 0}} for i in range(100)])]
+        ids = [
+            r.id
+            for r in service.enqueue_many(
+                conn,
+                [{"task": "noop", "task_key": f"w-{i:03d}", "payload": {"needle": i % 10 == 0}} for i in range(100)],
+            )
+        ]
         f = JobFilter(search='"needle": true')
         first = repository.reads.page_jobs(conn, f, limit=50, window=30)
         # The newest 30 rows hold 3 needles; the page says where the window stopped and goes on below it.
@@ -88,12 +92,17 @@ def test_search_reads_a_bounded_window_and_says_where_it_stopped(engine):
 
 def test_bulk_over_a_search_stays_in_its_window(engine):
     with engine.connect() as conn:
-        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"s-{i}",
-                                                             "payload": {"tag": "x"}} for i in range(6)])]
+        ids = [
+            r.id
+            for r in service.enqueue_many(
+                conn, [{"task": "noop", "task_key": f"s-{i}", "payload": {"tag": "x"}} for i in range(6)]
+            )
+        ]
         with pytest.raises(ValueError):
             service.bulk_action(conn, "fail", actor="t", job_filter=JobFilter(search="x"))
-        res = service.bulk_action(conn, "fail", actor="t", job_filter=JobFilter(search='"x"', min_id=ids[3]),
-                                     after_id=ids[5])
+        res = service.bulk_action(
+            conn, "fail", actor="t", job_filter=JobFilter(search='"x"', min_id=ids[3]), after_id=ids[5]
+        )
         assert res.changed == 2
         statuses = [repository.reads.get_job(conn, i).status for i in ids]
     assert statuses == [Status.READY] * 3 + [Status.FAILED] * 2 + [Status.READY]
@@ -123,12 +132,22 @@ def test_run_again_needs_its_own_confirmation_and_keeps_one_result(engine, expor
     assert (entry.before_status, entry.after_status, entry.detail) == ("done", "ready", "run again")
 
 
-@pytest.mark.parametrize("args, field", [
-    ({"status": "bogus"}, "status"), ({"before": "²"}, "before"), ({"before": "-1"}, "before"),
-    ({"before": "0"}, "before"), ({"limit": "501"}, "limit"), ({"limit": "0"}, "limit"),
-    ({"queue": "q" * 101}, "queue"), ({"key": "k" * 81}, "key"), ({"q": "x" * 201}, "q"),
-    ({"q": "a\x00b"}, "q"), ({"before": "5", "after": "3"}, "after"),
-])
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        ({"status": "bogus"}, "status"),
+        ({"before": "²"}, "before"),
+        ({"before": "-1"}, "before"),
+        ({"before": "0"}, "before"),
+        ({"limit": "501"}, "limit"),
+        ({"limit": "0"}, "limit"),
+        ({"queue": "q" * 101}, "queue"),
+        ({"key": "k" * 81}, "key"),
+        ({"q": "x" * 201}, "q"),
+        ({"q": "a\x00b"}, "q"),
+        ({"before": "5", "after": "3"}, "after"),
+    ],
+)
 def test_bad_listing_input_names_its_field(args, field):
     with pytest.raises(ValidationError) as exc:
         job_query(args)
@@ -143,8 +162,12 @@ def run(db_url):
 
 def test_list_and_show_commands(run, engine):
     with engine.connect() as conn:
-        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"c-{i}",
-                                                             "payload": {"n": i}} for i in range(5)])]
+        ids = [
+            r.id
+            for r in service.enqueue_many(
+                conn, [{"task": "noop", "task_key": f"c-{i}", "payload": {"n": i}} for i in range(5)]
+            )
+        ]
         service.enqueue(conn, "noop", "mail-1", queue="mail")
         fail_now(conn, ids[2], "ValueError: bad row 7")
     table = run("list", "--queue", "default")
@@ -168,8 +191,9 @@ def test_list_and_show_commands(run, engine):
     assert missing.exit_code == 4 and "not found" in missing.stderr
 
 
-@pytest.mark.parametrize("args", [["--status", "bogus"], ["--limit", "0"], ["--limit", "x"], ["--before", "²"],
-                                  ["-q", "x" * 201]])
+@pytest.mark.parametrize(
+    "args", [["--status", "bogus"], ["--limit", "0"], ["--limit", "x"], ["--before", "²"], ["-q", "x" * 201]]
+)
 def test_list_bad_input_exits_2(run, args):
     result = run("list", *args)
     assert result.exit_code == 2, result.output
@@ -195,15 +219,23 @@ def _one(rows: list):
 def _history(conn, n: int, old_keys: int, scheduled: int) -> None:
     """`old_keys` week-old 'old:' keys at the bottom of the ids, `n` newer done rows above them,
     and `scheduled` jobs on top: the shape where the planner walks the primary key backwards."""
-    cols = ("INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
-            "max_attempts, created_at, updated_at) ")
+    cols = (
+        "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
+        "max_attempts, created_at, updated_at) "
+    )
     now = "UTC_TIMESTAMP(6)"
-    conn.exec_driver_sql(cols + f"SELECT CONCAT('old:', seq), 'noop', 'default', 0, '{{}}', 'done', {now}, 1, 5, "
-                         f"{now}, {now} FROM {seq_rows(old_keys)}")
-    conn.exec_driver_sql(cols + f"SELECT CONCAT('new:', seq), 'noop', IF(MOD(seq, 2), 'a', 'b'), 0, '{{}}', 'done', "
-                         f"{now}, 1, 5, {now}, {now} FROM {seq_rows(n)}")
-    conn.exec_driver_sql(cols + f"SELECT CONCAT('later:', seq), 'noop', 'default', 0, '{{}}', 'scheduled', "
-                         f"{now} + INTERVAL 1 HOUR, 0, 5, {now}, {now} FROM {seq_rows(scheduled)}")
+    conn.exec_driver_sql(
+        cols + f"SELECT CONCAT('old:', seq), 'noop', 'default', 0, '{{}}', 'done', {now}, 1, 5, "
+        f"{now}, {now} FROM {seq_rows(old_keys)}"
+    )
+    conn.exec_driver_sql(
+        cols + f"SELECT CONCAT('new:', seq), 'noop', IF(MOD(seq, 2), 'a', 'b'), 0, '{{}}', 'done', "
+        f"{now}, 1, 5, {now}, {now} FROM {seq_rows(n)}"
+    )
+    conn.exec_driver_sql(
+        cols + f"SELECT CONCAT('later:', seq), 'noop', 'default', 0, '{{}}', 'scheduled', "
+        f"{now} + INTERVAL 1 HOUR, 0, 5, {now}, {now} FROM {seq_rows(scheduled)}"
+    )
     conn.exec_driver_sql("ANALYZE TABLE job_queue")
     conn.commit()
 
@@ -232,16 +264,21 @@ def test_a_week_old_prefix_and_the_last_page_of_a_live_status_read_their_own_ind
     filter's index, checked by EXPLAIN on the statement it sent, and still returns the right rows."""
     with mysql_engine.connect() as conn:
         _history(conn, 60_000, 8_000, 3_000)
-        prefix = lambda: repository.reads.page_jobs(conn, JobFilter(key_prefix="old:"))   # noqa: E731
+        prefix = lambda: repository.reads.page_jobs(conn, JobFilter(key_prefix="old:"))  # noqa: E731
         assert _plans(mysql_engine, conn, prefix) == [("uk_task_key", "PRIMARY")]
         page = prefix()
         assert [j.task_key for j in page.jobs[:2]] == ["old:8000", "old:7999"] and page.matches == 8000
         assert all(j.task_key.startswith("old:") for j in page.jobs) and len(page.jobs) == 50
 
-        scheduled = conn.exec_driver_sql("SELECT id FROM job_queue WHERE status = 'scheduled' ORDER BY id "
-                                         "LIMIT 19, 1").scalar()
-        walked = _one(explain(conn, f"SELECT * FROM job_queue WHERE status = 'scheduled' AND id < {scheduled} "
-                                    "ORDER BY id DESC LIMIT 51"))
+        scheduled = conn.exec_driver_sql(
+            "SELECT id FROM job_queue WHERE status = 'scheduled' ORDER BY id LIMIT 19, 1"
+        ).scalar()
+        walked = _one(
+            explain(
+                conn,
+                f"SELECT * FROM job_queue WHERE status = 'scheduled' AND id < {scheduled} ORDER BY id DESC LIMIT 51",
+            )
+        )
         # The premise, on MariaDB 10.11: unhinted, the planner walks the primary key. MariaDB
         # 11.8 and MySQL 9.7 pick ix_ready_pick by themselves; the page below is hinted on all.
         assert walked["key"] == "PRIMARY" or db_server != "mariadb"
@@ -255,7 +292,8 @@ def test_a_week_old_prefix_and_the_last_page_of_a_live_status_read_their_own_ind
         done = lambda: repository.reads.page_jobs(conn, JobFilter(status=Status.DONE), limit=10)  # noqa: E731
         assert _merged_keys(mysql_engine, conn, done) == {"ix_ready_pick"}
         assert [j.id for j in done().jobs] == conn.exec_driver_sql(
-            "SELECT id FROM job_queue WHERE status = 'done' ORDER BY id DESC LIMIT 10").scalars().all()
+            "SELECT id FROM job_queue WHERE status = 'done' ORDER BY id DESC LIMIT 10"
+        ).scalars().all()
 
 
 def _merged_keys(engine, conn, run) -> set[str]:
@@ -263,25 +301,32 @@ def _merged_keys(engine, conn, run) -> set[str]:
     (a merge of groups: one row per group)."""
     sent = statements_sent(engine, run, _hinted)
     assert sent
-    return {r["key"] for stmt in sent for r in explain(conn, stmt.replace("%", "%%"))
-            if r["table"] == "job_queue"}
+    return {r["key"] for stmt in sent for r in explain(conn, stmt.replace("%", "%%")) if r["table"] == "job_queue"}
 
 
 def _old_failures(conn, failed: int, done: int) -> None:
     """`failed` failed jobs at the bottom of the ids (a third of them 'upstream said 503'), `done`
     newer done jobs above them, and a few of each live status and cancelled on top; two queues
     and two tasks throughout."""
-    cols = ("INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
-            "max_attempts, last_error, created_at, updated_at) ")
+    cols = (
+        "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
+        "max_attempts, last_error, created_at, updated_at) "
+    )
     now = "UTC_TIMESTAMP(6)"
-    conn.exec_driver_sql(cols + f"SELECT CONCAT('old:', seq), IF(MOD(seq, 2), 'a', 'b'), IF(MOD(seq, 3), 'q1', 'q2'), "
-                         f"0, '{{}}', 'failed', {now}, 5, 5, IF(MOD(seq, 3), 'TimeoutError', 'RuntimeError: upstream "
-                         f"said 503'), {now}, {now} FROM {seq_rows(failed)}")
-    conn.exec_driver_sql(cols + f"SELECT CONCAT('new:', seq), IF(MOD(seq, 2), 'a', 'b'), IF(MOD(seq, 3), 'q1', 'q2'), "
-                         f"0, '{{}}', 'done', {now}, 1, 5, NULL, {now}, {now} FROM {seq_rows(done)}")
-    conn.exec_driver_sql(cols + f"SELECT CONCAT('live:', seq), IF(MOD(seq, 2), 'a', 'b'), IF(MOD(seq, 3), 'q1', 'q2'), "
-                         f"0, '{{\"note\": \"said 503\"}}', ELT(1 + MOD(seq, 4), 'ready', 'scheduled', 'running', "
-                         f"'cancelled'), {now}, 0, 5, NULL, {now}, {now} FROM {seq_rows(400)}")
+    conn.exec_driver_sql(
+        cols + f"SELECT CONCAT('old:', seq), IF(MOD(seq, 2), 'a', 'b'), IF(MOD(seq, 3), 'q1', 'q2'), "
+        f"0, '{{}}', 'failed', {now}, 5, 5, IF(MOD(seq, 3), 'TimeoutError', 'RuntimeError: upstream "
+        f"said 503'), {now}, {now} FROM {seq_rows(failed)}"
+    )
+    conn.exec_driver_sql(
+        cols + f"SELECT CONCAT('new:', seq), IF(MOD(seq, 2), 'a', 'b'), IF(MOD(seq, 3), 'q1', 'q2'), "
+        f"0, '{{}}', 'done', {now}, 1, 5, NULL, {now}, {now} FROM {seq_rows(done)}"
+    )
+    conn.exec_driver_sql(
+        cols + f"SELECT CONCAT('live:', seq), IF(MOD(seq, 2), 'a', 'b'), IF(MOD(seq, 3), 'q1', 'q2'), "
+        f"0, '{{\"note\": \"said 503\"}}', ELT(1 + MOD(seq, 4), 'ready', 'scheduled', 'running', "
+        f"'cancelled'), {now}, 0, 5, NULL, {now}, {now} FROM {seq_rows(400)}"
+    )
     conn.exec_driver_sql("ANALYZE TABLE job_queue")
     conn.commit()
 
@@ -289,10 +334,19 @@ def _old_failures(conn, failed: int, done: int) -> None:
 def _accesses(engine, conn, run) -> list[tuple[str, list[tuple[str, str | None, str, int]]]]:
     """Every SELECT on job_queue that `run` sent but the one reading the page's rows by their ids,
     with the (table, key, access type, rows) of each of its table reads."""
-    sent = statements_sent(engine, run, lambda statement: statement.lstrip().upper().startswith("SELECT")
-                 and "job_queue" in statement and "WHERE job_queue.id IN (" not in statement)
-    return [(s, [(r["table"], r["key"], r["type"], int(r["rows"] or 0))
-                 for r in explain(conn, s.replace("%", "%%"))]) for s in sent]
+    sent = statements_sent(
+        engine,
+        run,
+        lambda statement: (
+            statement.lstrip().upper().startswith("SELECT")
+            and "job_queue" in statement
+            and "WHERE job_queue.id IN (" not in statement
+        ),
+    )
+    return [
+        (s, [(r["table"], r["key"], r["type"], int(r["rows"] or 0)) for r in explain(conn, s.replace("%", "%%"))])
+        for s in sent
+    ]
 
 
 SEARCH_FILTERS = [{}, {"queue": "q2"}, {"task": "b"}, {"key_prefix": "old:1"}, {"queue": "q2", "task": "b"}]
@@ -309,35 +363,52 @@ def test_a_search_inside_a_status_reads_its_window_never_the_rows_around_it(mysq
     search can take beside a status, and the pages against a plain scan."""
     with mysql_engine.connect() as conn:
         _old_failures(conn, 3_000, 60_000)
-        like = ("(payload LIKE '%%said 503%%' OR last_error LIKE '%%said 503%%' OR task_key LIKE '%%said 503%%')")
-        walked = _one(explain(conn, f"SELECT id FROM job_queue WHERE status = 'failed' AND {like} "
-                                    "ORDER BY id DESC LIMIT 101"))
+        like = "(payload LIKE '%%said 503%%' OR last_error LIKE '%%said 503%%' OR task_key LIKE '%%said 503%%')"
+        walked = _one(
+            explain(conn, f"SELECT id FROM job_queue WHERE status = 'failed' AND {like} ORDER BY id DESC LIMIT 101")
+        )
         # What the search sent before walks the primary key (MariaDB 10.11, where it was measured).
         assert walked["key"] == "PRIMARY" or db_server != "mariadb"
         for extra in SEARCH_FILTERS:
             f = JobFilter(status=status, search="said 503", **extra)
-            where = " AND ".join([f"status = '{status.value}'"] + [
-                f"{k} = '{v}'" for k, v in (("queue", extra.get("queue")), ("task_name", extra.get("task"))) if v]
-                + ([f"task_key LIKE '{extra['key_prefix']}%%'"] if "key_prefix" in extra else []))
-            window = min(conn.exec_driver_sql(f"SELECT COUNT(*) FROM job_queue WHERE {where}").scalar(),
-                         repository.operator.SEARCH_WINDOW)
+            where = " AND ".join(
+                [f"status = '{status.value}'"]
+                + [f"{k} = '{v}'" for k, v in (("queue", extra.get("queue")), ("task_name", extra.get("task"))) if v]
+                + ([f"task_key LIKE '{extra['key_prefix']}%%'"] if "key_prefix" in extra else [])
+            )
+            window = min(
+                conn.exec_driver_sql(f"SELECT COUNT(*) FROM job_queue WHERE {where}").scalar(),
+                repository.operator.SEARCH_WINDOW,
+            )
             page = None
 
             def search():
                 nonlocal page
                 page = repository.reads.page_jobs(conn, f, cap=100)
+
             plans = _accesses(mysql_engine, conn, search)
             # The window through its index (the newest done jobs are the newest rows); then the primary
             # key reads a row by its id, or a range as dense as the window, never a walk.
             (window_plan,) = [plan for statement, plan in plans if "max(" in statement]
             # (One read per (queue, priority) group where a status's entries are merged.)
-            assert {key for table, key, _, _ in window_plan if table == "job_queue"} == {repository.reads.search_index(conn, f)}
-            assert all(key != "PRIMARY" or access == "eq_ref" or
-                       access == "range" and rows <= 2 * repository.reads.SPARSE_WINDOW * window
-                       for statement, plan in plans if "max(" not in statement
-                       for table, key, access, rows in plan if table == "job_queue"), (status, extra, window, plans)
-            expected = conn.exec_driver_sql(f"SELECT id FROM job_queue WHERE {where} AND {like} ORDER BY id DESC"
-                                            ).scalars().all()
+            assert {key for table, key, _, _ in window_plan if table == "job_queue"} == {
+                repository.reads.search_index(conn, f)
+            }
+            assert all(
+                key != "PRIMARY"
+                or access == "eq_ref"
+                or access == "range"
+                and rows <= 2 * repository.reads.SPARSE_WINDOW * window
+                for statement, plan in plans
+                if "max(" not in statement
+                for table, key, access, rows in plan
+                if table == "job_queue"
+            ), (status, extra, window, plans)
+            expected = (
+                conn.exec_driver_sql(f"SELECT id FROM job_queue WHERE {where} AND {like} ORDER BY id DESC")
+                .scalars()
+                .all()
+            )
             assert [j.id for j in page.jobs] == expected[:50], (status, extra)
             assert (page.matches, page.capped) == (min(len(expected), 100), len(expected) > 100), (status, extra)
 
@@ -350,11 +421,15 @@ def test_a_queue_and_a_task_read_only_their_own_entries(mysql_engine, queue, tas
     indexes whole and sorted the result. The pair has its own index (queue, task_name, id): the
     page and its capped count read about what they return, the newest first."""
     with mysql_engine.connect() as conn:
-        cols = ("INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
-                "max_attempts, created_at, updated_at) ")
-        conn.exec_driver_sql(cols + "SELECT CONCAT('k', seq), IF(MOD(seq, 2), 't1', 't2'), IF(MOD(seq, 2), 'q1', 'q2'), "
-                             "0, '{}', 'done', UTC_TIMESTAMP(6), 1, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) "
-                             f"FROM {seq_rows(60000)}")
+        cols = (
+            "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
+            "max_attempts, created_at, updated_at) "
+        )
+        conn.exec_driver_sql(
+            cols + "SELECT CONCAT('k', seq), IF(MOD(seq, 2), 't1', 't2'), IF(MOD(seq, 2), 'q1', 'q2'), "
+            "0, '{}', 'done', UTC_TIMESTAMP(6), 1, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) "
+            f"FROM {seq_rows(60000)}"
+        )
         conn.exec_driver_sql("ANALYZE TABLE job_queue")
         conn.commit()
         before = rows_read(conn)
@@ -380,13 +455,23 @@ def test_a_search_inside_a_status_reads_a_smaller_window_without_sorting_the_sta
         before = rows_read(conn)
         page = repository.reads.page_jobs(conn, JobFilter(status=Status.FAILED, search="no such text"))
         read = rows_read(conn) - before
-        newest = conn.exec_driver_sql("SELECT id FROM job_queue WHERE status = 'failed' ORDER BY id DESC "
-                                      f"LIMIT {window}").scalars().all()
+        newest = (
+            conn.exec_driver_sql(f"SELECT id FROM job_queue WHERE status = 'failed' ORDER BY id DESC LIMIT {window}")
+            .scalars()
+            .all()
+        )
         assert (page.jobs, page.matches, page.window, page.window_floor) == ([], 0, window, newest[-1])
-        groups = 2    # q1 and q2, priority 0
+        groups = 2  # q1 and q2, priority 0
         assert read <= groups * window + window + 100, read
         # The next window starts below this one's floor, and the count over the search agrees.
         assert page.older == newest[-1]
         assert repository.reads.count_matching(conn, JobFilter(status=Status.FAILED, search="said 503")) == (
-            min(conn.exec_driver_sql(f"SELECT COUNT(*) FROM job_queue WHERE status = 'failed' AND id >= {newest[-1]} "
-                                     "AND last_error LIKE '%%said 503%%'").scalar(), repository.reads.COUNT_CAP), False)
+            min(
+                conn.exec_driver_sql(
+                    f"SELECT COUNT(*) FROM job_queue WHERE status = 'failed' AND id >= {newest[-1]} "
+                    "AND last_error LIKE '%%said 503%%'"
+                ).scalar(),
+                repository.reads.COUNT_CAP,
+            ),
+            False,
+        )

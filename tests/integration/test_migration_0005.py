@@ -10,10 +10,10 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from tests.conftest import SERVERS, _admin
 from jobqueue.core import migrate, repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Status
+from tests.conftest import SERVERS, _admin
 
 
 @pytest.fixture
@@ -40,20 +40,28 @@ def test_upgrade_from_0003_keeps_the_jobs_and_adds_cancelled(empty_url):
             command.upgrade(migrate._config(conn), "0003")
             conn.commit()
             for i, status in enumerate(("ready", "running", "done", "failed", "scheduled")):
-                conn.execute(sa.text(
-                    "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
-                    "max_attempts, created_at, updated_at) VALUES (:k, 'noop', 'default', 0, '{}', :s, "
-                    "'2026-12-01 00:00:00', 0, 5, '2026-12-01 00:00:00', '2026-12-01 00:00:00')"),
-                    {"k": f"old-{i}", "s": status})
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
+                        "max_attempts, created_at, updated_at) VALUES (:k, 'noop', 'default', 0, '{}', :s, "
+                        "'2026-12-01 00:00:00', 0, 5, '2026-12-01 00:00:00', '2026-12-01 00:00:00')"
+                    ),
+                    {"k": f"old-{i}", "s": status},
+                )
             conn.commit()
         assert migrate.init_db(engine) == ("0003", migrate.head_revision())
         with engine.connect() as conn:
             jobs = {j.task_key: j for j in repository.reads.list_jobs(conn)}
             assert {k: j.status.value for k, j in jobs.items()} == {
-                "old-0": "ready", "old-1": "running", "old-2": "done", "old-3": "failed", "old-4": "scheduled"}
+                "old-0": "ready",
+                "old-1": "running",
+                "old-2": "done",
+                "old-3": "failed",
+                "old-4": "scheduled",
+            }
             assert service.cancel_job(conn, jobs["old-0"].id).after is Status.CANCELLED
             assert repository.reads.get_job(conn, jobs["old-0"].id).status is Status.CANCELLED
             running = conn.execute(sa.text("SELECT COUNT(*) FROM job_queue WHERE concurrency_key IS NOT NULL")).scalar()
-            assert running == 0   # no old job has a concurrency key
+            assert running == 0  # no old job has a concurrency key
     finally:
         engine.dispose()

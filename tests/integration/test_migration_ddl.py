@@ -15,8 +15,6 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.migration import MigrationContext
-
-from tests.conftest import SERVERS
 from alembic.operations import Operations
 from alembic.script import ScriptDirectory
 from sqlalchemy import event
@@ -24,13 +22,14 @@ from sqlalchemy.pool import NullPool
 
 from jobqueue.core import migrate
 from jobqueue.core.db import create_engine
+from tests.conftest import SERVERS
 
 HOT_TABLE = "job_queue"
 # The copies a migration makes on purpose, by revision, each timed in docs/deploy.md ("Upgrades"):
 # a column's type change, which no server does in place.
 ALLOWED_COPIES = {
     "0008": "MySQL only: the JSON payload column becomes LONGTEXT with a JSON_VALID check (MySQL's JSON "
-            "type sorted keys and turned 2**70 into a float); ALGORITHM=COPY, LOCK=SHARED: reads go on",
+    "type sorted keys and turned 2**70 into a float); ALGORITHM=COPY, LOCK=SHARED: reads go on"
 }
 VERSIONS = Path(migrate.HERE) / "migrations" / "versions"
 
@@ -62,18 +61,21 @@ _CREATE_INDEX = re.compile(rf"^\s*CREATE\s+(?:(UNIQUE|FULLTEXT|SPATIAL)\s+)?INDE
 _OPTIMIZE = re.compile(rf"^\s*(OPTIMIZE|REPAIR)\s+TABLE\s+.*\b`?{HOT_TABLE}`?\b", re.I)
 _ALGORITHM = re.compile(r"\bALGORITHM\s*=?\s*(\w+)", re.I)
 _LOCK = re.compile(r"\bLOCK\s*=?\s*(\w+)", re.I)
-_REBUILDS = [(re.compile(p, re.I), why) for p, why in (
-    (r"\bMODIFY\b", "MODIFY changes a column's definition (a rebuild, or a copy)"),
-    (r"\bCHANGE\b", "CHANGE changes a column's definition (a rebuild, or a copy); rename with RENAME COLUMN"),
-    (r"\bCONVERT\s+TO\b", "CONVERT TO CHARACTER SET rewrites every row"),
-    (r"\bENGINE\s*=", "ENGINE= rebuilds the table"),
-    (r"\bFORCE\b", "FORCE rebuilds the table"),
-    (r"\bORDER\s+BY\b", "ORDER BY rebuilds the table"),
-    (r"\bPRIMARY\s+KEY\b", "a primary key change rebuilds the table"),
-    (r"\bFULLTEXT\b", "a FULLTEXT index rebuilds the table"),
-    (r"\bSPATIAL\b", "a SPATIAL index copies the table"),
-    (r"\bPARTITION\b", "partitioning rebuilds the table"),
-)]
+_REBUILDS = [
+    (re.compile(p, re.I), why)
+    for p, why in (
+        (r"\bMODIFY\b", "MODIFY changes a column's definition (a rebuild, or a copy)"),
+        (r"\bCHANGE\b", "CHANGE changes a column's definition (a rebuild, or a copy); rename with RENAME COLUMN"),
+        (r"\bCONVERT\s+TO\b", "CONVERT TO CHARACTER SET rewrites every row"),
+        (r"\bENGINE\s*=", "ENGINE= rebuilds the table"),
+        (r"\bFORCE\b", "FORCE rebuilds the table"),
+        (r"\bORDER\s+BY\b", "ORDER BY rebuilds the table"),
+        (r"\bPRIMARY\s+KEY\b", "a primary key change rebuilds the table"),
+        (r"\bFULLTEXT\b", "a FULLTEXT index rebuilds the table"),
+        (r"\bSPATIAL\b", "a SPATIAL index copies the table"),
+        (r"\bPARTITION\b", "partitioning rebuilds the table"),
+    )
+]
 
 
 def copying_ddl(statement: str) -> str | None:
@@ -95,35 +97,41 @@ def copying_ddl(statement: str) -> str | None:
                 continue
             return why
     if not algorithms or not algorithms <= {"INSTANT", "INPLACE", "NOCOPY"}:
-        return ("no ALGORITHM=INSTANT or ALGORITHM=INPLACE: the server may choose COPY" if not algorithms
-                else f"ALGORITHM={'/'.join(sorted(algorithms))} copies the table")
+        return (
+            "no ALGORITHM=INSTANT or ALGORITHM=INPLACE: the server may choose COPY"
+            if not algorithms
+            else f"ALGORITHM={'/'.join(sorted(algorithms))} copies the table"
+        )
     locks = {lock.upper() for lock in _LOCK.findall(text)}
     if locks - {"NONE", "DEFAULT"}:
         return f"LOCK={'/'.join(sorted(locks))} blocks writes while it runs"
     return None
 
 
-@pytest.mark.parametrize("statement, refused", [
-    ("ALTER TABLE job_queue ADD COLUMN paused_at DATETIME(6) NULL, ALGORITHM=INSTANT", False),
-    ("ALTER TABLE `job_queue` ADD INDEX ix_c (c, status), ALGORITHM=INPLACE, LOCK=NONE", False),
-    ("ALTER TABLE job_queue DROP COLUMN x, ALGORITHM = INSTANT", False),
-    ("ALTER TABLE job_queue ALTER COLUMN priority SET DEFAULT 0, ALGORITHM=INSTANT", False),
-    ("CREATE INDEX ix_task ON job_queue (task_name, id)", False),
-    ("ALTER TABLE job_attempt ADD COLUMN x INT", False),          # another table: not this rule
-    ("ALTER TABLE job_queue_archive ENGINE=InnoDB", False),
-    ("ALTER TABLE job_queue ADD COLUMN paused_at DATETIME(6) NULL", True),
-    ("ALTER TABLE job_queue ADD COLUMN x INT, ALGORITHM=COPY", True),
-    ("ALTER TABLE job_queue ADD INDEX ix (a), ALGORITHM=INPLACE, LOCK=SHARED", True),
-    ("ALTER TABLE job_queue MODIFY payload LONGTEXT NOT NULL, ALGORITHM=INPLACE", True),
-    ("ALTER TABLE job_queue MODIFY COLUMN status ENUM('a','b','c') NOT NULL, ALGORITHM=INSTANT", False),
-    ("ALTER TABLE job_queue CHANGE COLUMN queue queue VARCHAR(128) NOT NULL, ALGORITHM=INPLACE", True),
-    ("ALTER TABLE job_queue CONVERT TO CHARACTER SET utf8mb4, ALGORITHM=INPLACE", True),
-    ("ALTER TABLE job_queue ENGINE=InnoDB", True),
-    ("ALTER TABLE job_queue FORCE, ALGORITHM=INPLACE", True),
-    ("ALTER TABLE job_queue DROP PRIMARY KEY, ADD PRIMARY KEY (id, queue), ALGORITHM=INPLACE", True),
-    ("CREATE FULLTEXT INDEX ft_error ON job_queue (last_error)", True),
-    ("OPTIMIZE TABLE job_queue", True),
-])
+@pytest.mark.parametrize(
+    "statement, refused",
+    [
+        ("ALTER TABLE job_queue ADD COLUMN paused_at DATETIME(6) NULL, ALGORITHM=INSTANT", False),
+        ("ALTER TABLE `job_queue` ADD INDEX ix_c (c, status), ALGORITHM=INPLACE, LOCK=NONE", False),
+        ("ALTER TABLE job_queue DROP COLUMN x, ALGORITHM = INSTANT", False),
+        ("ALTER TABLE job_queue ALTER COLUMN priority SET DEFAULT 0, ALGORITHM=INSTANT", False),
+        ("CREATE INDEX ix_task ON job_queue (task_name, id)", False),
+        ("ALTER TABLE job_attempt ADD COLUMN x INT", False),  # another table: not this rule
+        ("ALTER TABLE job_queue_archive ENGINE=InnoDB", False),
+        ("ALTER TABLE job_queue ADD COLUMN paused_at DATETIME(6) NULL", True),
+        ("ALTER TABLE job_queue ADD COLUMN x INT, ALGORITHM=COPY", True),
+        ("ALTER TABLE job_queue ADD INDEX ix (a), ALGORITHM=INPLACE, LOCK=SHARED", True),
+        ("ALTER TABLE job_queue MODIFY payload LONGTEXT NOT NULL, ALGORITHM=INPLACE", True),
+        ("ALTER TABLE job_queue MODIFY COLUMN status ENUM('a','b','c') NOT NULL, ALGORITHM=INSTANT", False),
+        ("ALTER TABLE job_queue CHANGE COLUMN queue queue VARCHAR(128) NOT NULL, ALGORITHM=INPLACE", True),
+        ("ALTER TABLE job_queue CONVERT TO CHARACTER SET utf8mb4, ALGORITHM=INPLACE", True),
+        ("ALTER TABLE job_queue ENGINE=InnoDB", True),
+        ("ALTER TABLE job_queue FORCE, ALGORITHM=INPLACE", True),
+        ("ALTER TABLE job_queue DROP PRIMARY KEY, ADD PRIMARY KEY (id, queue), ALGORITHM=INPLACE", True),
+        ("CREATE FULLTEXT INDEX ft_error ON job_queue (last_error)", True),
+        ("OPTIMIZE TABLE job_queue", True),
+    ],
+)
 def test_the_rule(statement, refused):
     assert (copying_ddl(statement) is not None) is refused, copying_ddl(statement)
 
@@ -171,16 +179,23 @@ def test_no_migration_copies_job_queue(fresh_database):
     files = {f for _, f, _ in statements}
     assert files == {p.name for p in VERSIONS.glob("*.py")}, "every migration ran"
     assert any(_ALTER.match(s) or _CREATE_INDEX.match(s) for _, _, s in statements), "the reader sees job_queue DDL"
-    refused = [(rev, f, " ".join(s.split())[:300], why) for rev, f, s in statements
-               if (why := copying_ddl(s)) and rev not in ALLOWED_COPIES]
-    assert not refused, "migrations that may copy job_queue:\n" + "\n".join(
-        f"  {rev} ({f}): {why}:\n      {s}" for rev, f, s, why in refused) + "\n" + RULE
+    refused = [
+        (rev, f, " ".join(s.split())[:300], why)
+        for rev, f, s in statements
+        if (why := copying_ddl(s)) and rev not in ALLOWED_COPIES
+    ]
+    assert not refused, (
+        "migrations that may copy job_queue:\n"
+        + "\n".join(f"  {rev} ({f}): {why}:\n      {s}" for rev, f, s, why in refused)
+        + "\n"
+        + RULE
+    )
 
 
 def test_the_allowed_copy_is_mysqls_alone_and_keeps_reads_going(fresh_database, db_server):
     copies = [(rev, s) for rev, _, s in migration_statements(fresh_database) if copying_ddl(s)]
     if db_server != "mysql":
-        assert copies == []       # MariaDB's JSON is LONGTEXT with a JSON_VALID check already
+        assert copies == []  # MariaDB's JSON is LONGTEXT with a JSON_VALID check already
         return
     assert {rev for rev, _ in copies} == set(ALLOWED_COPIES)
     assert all("ALGORITHM=COPY, LOCK=SHARED" in s and "MODIFY payload LONGTEXT" in s for _, s in copies)
@@ -209,8 +224,7 @@ def test_the_online_helpers_follow_the_rule_and_work(db_url, db_backend):
     finally:
         engine.dispose()
     assert "paused_at" in columns and "ix_paused" in indexes and "paused_at" not in after
-    if db_backend != "sqlite":   # the rule is about MySQL/MariaDB (SQLite gets Alembic's plain DDL)
+    if db_backend != "sqlite":  # the rule is about MySQL/MariaDB (SQLite gets Alembic's plain DDL)
         assert [s for s in sent if copying_ddl(s)] == []
         assert any("ADD COLUMN" in s and "ALGORITHM=INSTANT" in s for s in sent)
         assert any("ALGORITHM=INPLACE" in s for s in sent)
-

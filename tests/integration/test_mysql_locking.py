@@ -4,19 +4,18 @@ and lost-connection retries, and refusing servers that cannot keep the guarantee
 from __future__ import annotations
 
 import re
-
 import threading
 import time
 
 import pytest
 import sqlalchemy as sa
 
-from testkit.locks import hold_rows
 from jobqueue.core import db, migrate, preflight, repository, service
 from jobqueue.core.errors import JobBusy, UnsupportedDatabase
 from jobqueue.core.models import EmptyClaim, Status
-from jobqueue.core.schema import job_queue
 from jobqueue.core.repository.claim import pick_statement
+from jobqueue.core.schema import job_queue
+from testkit.locks import hold_rows
 from testkit.sql import seq_rows
 
 jq = job_queue.c
@@ -76,7 +75,8 @@ def test_claim_plan_uses_the_pick_index_without_filesort(mysql_engine, db_server
             "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
             "max_attempts, created_at, updated_at, finished_at) "
             "SELECT CONCAT('done-', seq), 'noop', 'default', 0, '{}', 'done', UTC_TIMESTAMP(6), 1, 5, "
-            f"UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM {seq_rows(20000)}")
+            f"UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM {seq_rows(20000)}"
+        )
         conn.commit()
         service.enqueue_many(conn, [{"task": "noop", "task_key": f"r{i}", "priority": i % 3} for i in range(200)])
         conn.exec_driver_sql("ANALYZE TABLE job_queue").all()
@@ -89,11 +89,15 @@ def test_claim_plan_uses_the_pick_index_without_filesort(mysql_engine, db_server
             if db_server == "mysql":
                 # MySQL estimates a `ref` range from index statistics (half the table: two
                 # statuses), not by diving into it: what it reads is the measure.
-                sql = str(pick_statement("mysql", True).params(queue="default", limit=limit).compile(
-                    dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+                sql = str(
+                    pick_statement("mysql", True)
+                    .params(queue="default", limit=limit)
+                    .compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
+                )
                 analyzed = conn.exec_driver_sql("EXPLAIN ANALYZE " + sql).scalar()
-                assert re.search(rf"Index lookup on job_queue using ix_ready_pick .*actual time=\S+ rows={limit} ",
-                                 analyzed), analyzed
+                assert re.search(
+                    rf"Index lookup on job_queue using ix_ready_pick .*actual time=\S+ rows={limit} ", analyzed
+                ), analyzed
             else:
                 assert int(row["rows"]) < 1000, plan  # narrowed to the ready range, not the table
 
@@ -104,8 +108,7 @@ def test_nowait_operator_action_answers_busy_at_once(mysql_engine):
     holder = hold_rows(mysql_engine, [res.id])
     try:
         with mysql_engine.connect() as conn:
-            for action in (lambda: service.requeue_job(conn, res.id),
-                           lambda: service.fail_job(conn, res.id, "x")):
+            for action in (lambda: service.requeue_job(conn, res.id), lambda: service.fail_job(conn, res.id, "x")):
                 started = time.monotonic()
                 with pytest.raises(JobBusy):
                     action()
@@ -179,9 +182,11 @@ def test_server_version_is_read(mysql_engine, db_server):
 
 def test_the_preflight_is_three_statements(mysql_engine):
     # The first thing a worker sends: one round trip per fact made it eleven.
-    with mysql_engine.connect() as conn:   # the connection's own set-up is not the preflight's
+    with mysql_engine.connect() as conn:  # the connection's own set-up is not the preflight's
         conn.rollback()
     sent = []
-    sa.event.listen(mysql_engine, "before_cursor_execute", lambda conn, cursor, statement, *rest: sent.append(statement))
+    sa.event.listen(
+        mysql_engine, "before_cursor_execute", lambda conn, cursor, statement, *rest: sent.append(statement)
+    )
     preflight.require_supported(mysql_engine)
     assert len(sent) == 3, sent

@@ -54,18 +54,29 @@ except pymysql.err.OperationalError as e:
 
 
 def connect_from(net, host, address, port, timeout=1.0):
-    return net.run(host, [sys.executable, "-c", CONNECT, address, str(port), str(timeout)],
-                   capture_output=True, text=True, check=True).stdout.strip()
+    return net.run(
+        host,
+        [sys.executable, "-c", CONNECT, address, str(port), str(timeout)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def mysql_from(net, host, server, timeout=1.0):
-    return net.run(host, [sys.executable, "-c", MYSQL_SELECT, server.host, str(server.port), str(timeout)],
-                   capture_output=True, text=True, check=True).stdout.strip()
+    return net.run(
+        host,
+        [sys.executable, "-c", MYSQL_SELECT, server.host, str(server.port), str(timeout)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def start_greeter(net, host, port, greeting):
-    process = net.popen(host, [sys.executable, "-c", GREETER, net.address(host), str(port), greeting],
-                        stdout=subprocess.PIPE, text=True)
+    process = net.popen(
+        host, [sys.executable, "-c", GREETER, net.address(host), str(port), greeting], stdout=subprocess.PIPE, text=True
+    )
     assert process.stdout.readline().strip() == "listening"
     process.stdout.close()
     return process
@@ -96,13 +107,20 @@ def test_hosts_reach_each_other_and_the_root_namespace_and_nothing_else(host_net
     start_greeter(net, "b", 7001, "hello from b")
 
     assert connect_from(net, "a", b, 7001) == "got hello from b"
-    with socket.create_connection((b, 7001), timeout=2) as conn:        # root namespace -> host
+    with socket.create_connection((b, 7001), timeout=2) as conn:  # root namespace -> host
         assert conn.recv(64) == b"hello from b"
-    with socket.create_server((net.root_address, 0)) as server:         # host -> root namespace
+    with socket.create_server((net.root_address, 0)) as server:  # host -> root namespace
         port = server.getsockname()[1]
-        client = net.popen("a", [sys.executable, "-c", "import socket, sys\n"
-                                 "socket.create_connection((sys.argv[1], int(sys.argv[2])), 2).sendall(b'hi')",
-                                 net.root_address, str(port)])
+        client = net.popen(
+            "a",
+            [
+                sys.executable,
+                "-c",
+                "import socket, sys\nsocket.create_connection((sys.argv[1], int(sys.argv[2])), 2).sendall(b'hi')",
+                net.root_address,
+                str(port),
+            ],
+        )
         server.settimeout(5)
         conn, (peer, _) = server.accept()
         with conn:
@@ -115,8 +133,8 @@ def test_hosts_reach_each_other_and_the_root_namespace_and_nothing_else(host_net
     # No default route: anything outside the network's /24 is unreachable at once, nothing leaves.
     routes = json.loads(net.run("a", ["ip", "-j", "route"], capture_output=True, text=True).stdout)
     assert [r["dst"] for r in routes] == [str(net.subnet)]
-    assert connect_from(net, "a", "192.0.2.1", 80) == "failed OSError 101"          # ENETUNREACH
-    outside = str(net.subnet.network_address + 256 + 1)                             # the next /24
+    assert connect_from(net, "a", "192.0.2.1", 80) == "failed OSError 101"  # ENETUNREACH
+    outside = str(net.subnet.network_address + 256 + 1)  # the next /24
     assert connect_from(net, "a", outside, 80) == "failed OSError 101"
 
 
@@ -130,7 +148,9 @@ def test_link_down_cuts_a_host_off_and_link_up_reconnects_it(host_network):
     started = time.monotonic()
     # Dropped, not refused: the connect times out (EHOSTUNREACH if ARP had to ask).
     assert connect_from(net, "a", net.address("b"), 7003, timeout=1.0) in (
-        "failed TimeoutError None", "failed OSError 113")
+        "failed TimeoutError None",
+        "failed OSError 113",
+    )
     assert time.monotonic() - started < 5
     with pytest.raises(OSError):
         socket.create_connection((net.address("b"), 7003), timeout=1.0).close()
@@ -150,12 +170,12 @@ def test_a_mariadb_on_a_database_host_is_reachable_from_the_other_hosts(host_net
         assert comm.read().strip() == "mariadbd"
 
     assert mysql_from(net, "app", server) == f"got {net.address('db')} root@%"
-    assert server.execute("SELECT 1") == [(1,)]                      # the test process, via the bridge
-    with pytest.raises(OSError):                                       # not on the root's loopback
+    assert server.execute("SELECT 1") == [(1,)]  # the test process, via the bridge
+    with pytest.raises(OSError):  # not on the root's loopback
         socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
 
     net.link_down("db")
-    assert mysql_from(net, "app", server) == "failed 2003"            # can't connect (timed out)
+    assert mysql_from(net, "app", server) == "failed 2003"  # can't connect (timed out)
     net.link_up("db")
     assert mysql_from(net, "app", server).startswith("got ")
 
@@ -180,14 +200,19 @@ def test_a_primary_and_a_replica_on_two_database_hosts(host_network, tmp_path):
 def test_cleanup_removes_namespaces_veths_bridge_and_processes(host_network, tmp_path):
     net = host_network("a", "b")
     sleeper = net.popen("a", ["sleep", "600"])
-    orphan = net.run("b", ["sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"],   # not ours to track
-                     capture_output=True, text=True, check=True).stdout.strip()
+    orphan = net.run(
+        "b",
+        ["sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"],  # not ours to track
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     server = net.start_mariadb("b", tmp_path / "db")
     assert net.prefix in ip_lines("netns", "list") and net.token in ip_lines("link")
 
     net.cleanup()
     assert net.prefix not in ip_lines("netns", "list")
-    assert net.token not in ip_lines("link")                 # neither end of a veth, nor the bridge
+    assert net.token not in ip_lines("link")  # neither end of a veth, nor the bridge
     assert sleeper.poll() is not None and not server.running
     assert not alive(orphan)
-    net.cleanup()                                            # again: nothing to do, no error
+    net.cleanup()  # again: nothing to do, no error

@@ -14,26 +14,30 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from testkit.procs import WorkerProcess, wait_until
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.cli import main
 from jobqueue.core.models import EmptyClaim
 from jobqueue.core.schema import audit_log, job_queue
 from jobqueue.core.worker import Worker, WorkerConfig
+from testkit.procs import WorkerProcess, wait_until
 
 jq = job_queue.c
 
 
 def add(conn, queue, n, task="noop", **payload):
-    return [r.id for r in service.enqueue_many(
-        conn, [{"task": task, "task_key": f"{queue}-{i}", "queue": queue, "payload": payload} for i in range(n)])]
+    return [
+        r.id
+        for r in service.enqueue_many(
+            conn, [{"task": task, "task_key": f"{queue}-{i}", "queue": queue, "payload": payload} for i in range(n)]
+        )
+    ]
 
 
 def statuses(engine, queue):
     with engine.connect() as conn:
-        return dict(conn.execute(sa.select(jq.status, sa.func.count()).where(jq.queue == queue)
-                                 .group_by(jq.status)).all())
+        return dict(
+            conn.execute(sa.select(jq.status, sa.func.count()).where(jq.queue == queue).group_by(jq.status)).all()
+        )
 
 
 def test_pause_and_resume_are_idempotent_audited_and_work_before_any_job(engine):
@@ -44,12 +48,13 @@ def test_pause_and_resume_are_idempotent_audited_and_work_before_any_job(engine)
         assert repository.claim.paused_queues(conn) == {"later"}
         rows, _ = repository.stats.list_queues(conn)
         assert [(r["queue"], r["paused"], r["changed_by"], sum(r["counts"].values())) for r in rows] == [
-            ("later", True, "tester", 0)]
+            ("later", True, "tester", 0)
+        ]
         # Enqueue still works; the jobs wait.
         add(conn, "later", 2)
         assert repository.claim.ready_queues(conn) == []
         report = repository.claim.classify_empty(conn, None)
-        assert report.kind is EmptyClaim.IDLE and report.skipped == 0   # nothing to do, not "contended"
+        assert report.kind is EmptyClaim.IDLE and report.skipped == 0  # nothing to do, not "contended"
         back = service.resume_queue(conn, "later", actor="tester")
         assert (back.paused, back.changed) == (False, True)
         assert repository.claim.ready_queues(conn) == ["later"]
@@ -65,11 +70,13 @@ def test_cli_pause_resume_and_queues(db_url):
 
     out = run("pause", "mail")
     assert out.exit_code == 0 and json.loads(out.stdout) == {"queue": "mail", "paused": True}
-    assert json.loads(run("pause", "mail").stdout) == {"queue": "mail", "paused": True}   # not an error
+    assert json.loads(run("pause", "mail").stdout) == {"queue": "mail", "paused": True}  # not an error
     run("enqueue", "noop", "--key", "k1")
     listing = json.loads(run("queues", "--json").stdout)["queues"]
-    assert [(q["queue"], q["paused"], q["counts"]["ready"]) for q in listing] == [("default", False, 1),
-                                                                                   ("mail", True, 0)]
+    assert [(q["queue"], q["paused"], q["counts"]["ready"]) for q in listing] == [
+        ("default", False, 1),
+        ("mail", True, 0),
+    ]
     table = run("queues").stdout
     assert "mail" in table and "paused" in table and "default" in table
     assert json.loads(run("resume", "mail").stdout) == {"queue": "mail", "paused": False}
@@ -105,8 +112,10 @@ def test_a_paused_queue_gets_no_claim_for_10_s_while_another_keeps_running(mysql
     with mysql_engine.connect() as conn:
         add(conn, "held", 300, task="slow_noop", seconds=0.1)
         add(conn, "busy", 1500, task="slow_noop", seconds=0.05)
-    workers = [WorkerProcess(mysql_url, tmp_path, "all", "--concurrency", "4"),
-               WorkerProcess(mysql_url, tmp_path, "listed", "--concurrency", "4", "--queues", "held,busy")]
+    workers = [
+        WorkerProcess(mysql_url, tmp_path, "all", "--concurrency", "4"),
+        WorkerProcess(mysql_url, tmp_path, "listed", "--concurrency", "4", "--queues", "held,busy"),
+    ]
     try:
         wait_until(lambda: statuses(mysql_engine, "held").get("done", 0) >= 10, timeout=30, message="held jobs run")
         with mysql_engine.connect() as conn:
@@ -130,8 +139,9 @@ def test_a_paused_queue_gets_no_claim_for_10_s_while_another_keeps_running(mysql
 
 
 def _claims(conn, queue, start, end):
-    return conn.execute(sa.select(sa.func.count()).where(jq.queue == queue, jq.started_at >= start,
-                                                         jq.started_at < end)).scalar()
+    return conn.execute(
+        sa.select(sa.func.count()).where(jq.queue == queue, jq.started_at >= start, jq.started_at < end)
+    ).scalar()
 
 
 def _db_now(engine):
@@ -141,6 +151,7 @@ def _db_now(engine):
 
 # --- a pause is serialised with claims (issue 25, defect 3) ---------------------------------------
 
+
 def claimed(engine, queue):
     with engine.connect() as conn:
         return conn.execute(sa.select(jq.id, jq.started_at).where(jq.queue == queue, jq.status != "ready")).all()
@@ -148,7 +159,8 @@ def claimed(engine, queue):
 
 @pytest.mark.parametrize("queues", [None, ("held",)], ids=["every-queue", "listed-queues"])
 def test_no_claim_commits_after_the_pause_answered_though_the_cycle_read_the_queues_before_it(
-        mysql_engine, monkeypatch, queues):
+    mysql_engine, monkeypatch, queues
+):
     """The worker read its queues (the paused set, or the ready queues) and stalls before its
     claim transaction; the queue is paused meanwhile. Once the pause has answered, that claim
     takes nothing from it."""
@@ -183,7 +195,7 @@ def test_a_pause_waits_for_a_claim_in_flight_and_no_claim_commits_after_it_answe
     """A claim transaction stalls after its locking pick; a pause sent meanwhile answers only
     once that claim committed (the claim's queue-state lock), and from then on nothing of the
     queue is claimed."""
-    claim_module = importlib.import_module("jobqueue.core.repository.claim")   # the facade's `claim` is a function
+    claim_module = importlib.import_module("jobqueue.core.repository.claim")  # the facade's `claim` is a function
 
     with mysql_engine.connect() as conn:
         add(conn, "held", 6)
@@ -197,8 +209,9 @@ def test_a_pause_waits_for_a_claim_in_flight_and_no_claim_commits_after_it_answe
         return rows
 
     monkeypatch.setattr(claim_module, "_pick", stalling)
-    worker = Worker(mysql_engine, WorkerConfig(concurrency=2, prefetch=0, queues=("held",), idle_cap_seconds=0.2,
-                                               doorbell=False))
+    worker = Worker(
+        mysql_engine, WorkerConfig(concurrency=2, prefetch=0, queues=("held",), idle_cap_seconds=0.2, doorbell=False)
+    )
     paused: list = []
 
     def pause():
@@ -220,7 +233,7 @@ def test_a_pause_waits_for_a_claim_in_flight_and_no_claim_commits_after_it_answe
         assert paused and paused[1] >= released
         time.sleep(1.0)
         taken = claimed(mysql_engine, "held")
-        assert len(taken) == 2, taken    # the stalled claim's, committed before the pause answered
+        assert len(taken) == 2, taken  # the stalled claim's, committed before the pause answered
         assert all(at <= paused[0].changed_at for _, at in taken), (taken, paused[0].changed_at)
     finally:
         go.set()

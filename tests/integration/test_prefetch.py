@@ -11,7 +11,6 @@ import pytest
 from click.testing import CliRunner
 
 from jobqueue.core import service
-
 from jobqueue.core.builtin_tasks import noop
 from jobqueue.core.cli import main
 from jobqueue.core.tasks import Registry, TaskSpec
@@ -91,7 +90,7 @@ def test_prefetch_stops_when_jobs_turn_long_and_nothing_waits_behind_them(engine
         assert worker.prefetch_now() == 2
         add(engine, [f"long{i}" for i in range(10)])
         assert long_started.wait(10)
-        time.sleep(1.0)   # a few long jobs have run: the average is past the bound
+        time.sleep(1.0)  # a few long jobs have run: the average is past the bound
         assert worker.prefetch_now() == 0
         # What the worker holds now: at most one job per thread (plus those claimed before the
         # average moved, which have finished by now).
@@ -114,8 +113,10 @@ def test_a_number_is_the_prefetch_whatever_the_jobs(engine, prefetch, bound):
     assert most <= bound
 
 
-@pytest.mark.parametrize("given, expected", [([], None), (["--prefetch", "auto"], None), (["--prefetch", "0"], 0),
-                                             (["--prefetch", "12"], 12)])
+@pytest.mark.parametrize(
+    "given, expected",
+    [([], None), (["--prefetch", "auto"], None), (["--prefetch", "0"], 0), (["--prefetch", "12"], 12)],
+)
 def test_the_command_line_takes_a_number_or_auto(monkeypatch, given, expected):
     seen = {}
 

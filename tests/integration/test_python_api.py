@@ -11,19 +11,19 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import jobqueue
-from testkit.procs import wait_until
 from jobqueue import JobQueue, task
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.builtin_tasks import noop
 from jobqueue.core.errors import InvalidState, LeaseLostError
 from jobqueue.core.models import Status
 from jobqueue.core.schema import job_queue
 from jobqueue.core.tasks import Registry, TaskSpec
 from jobqueue.core.worker import LeaseState, Worker, WorkerConfig
+from testkit.procs import wait_until
 
-orders = sa.Table("shop_orders", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True),
-                  sa.Column("note", sa.String(50)))
+orders = sa.Table(
+    "shop_orders", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True), sa.Column("note", sa.String(50))
+)
 
 
 @pytest.fixture
@@ -46,6 +46,7 @@ def start(worker: Worker) -> threading.Thread:
 
 # --- the client ------------------------------------------------------------------------------
 
+
 def test_the_client_enqueues_looks_and_acts(engine):
     jq = JobQueue(engine)
     first = jq.enqueue("noop", "c-1", {"a": 1}, queue="mail")
@@ -63,7 +64,7 @@ def test_the_client_enqueues_looks_and_acts(engine):
         conn.execute(sa.update(job_queue).where(job_queue.c.id == done.id).values(status="done"))
         conn.commit()
     with pytest.raises(InvalidState):
-        jq.requeue(done.id)                       # a done job runs again only when asked
+        jq.requeue(done.id)  # a done job runs again only when asked
     assert jq.requeue(done.id, again=True).after is Status.READY
 
 
@@ -72,7 +73,7 @@ def test_the_client_cancels_with_its_actor_in_the_audit_log(engine):
     job = jq.enqueue("noop", "c-cancel")
     result = jq.cancel(job.id, "order withdrawn", actor="app:shop")
     assert (result.before, result.after, result.changed) == (Status.READY, Status.CANCELLED, True)
-    assert jq.cancel(job.id).changed is False          # already cancelled: nothing to do
+    assert jq.cancel(job.id).changed is False  # already cancelled: nothing to do
     with engine.connect() as conn:
         entries = repository.operator.list_audit(conn, job_id=job.id, limit=5)
     assert [e["actor"] for e in entries] == ["app:shop"] and "order withdrawn" in entries[0]["detail"]
@@ -105,6 +106,7 @@ def test_a_task_enqueues_itself_and_is_still_a_function(engine, monkeypatch):
 
 # --- transactional enqueue --------------------------------------------------------------------
 
+
 def test_an_enqueue_in_a_rolled_back_transaction_leaves_nothing_and_frees_its_key(shop):
     jq = JobQueue(shop)
     with shop.connect() as conn:
@@ -133,7 +135,7 @@ def test_a_committed_one_exists_once_and_runs_only_after_the_commit(shop):
             with conn.begin():
                 conn.execute(orders.insert().values(id=2, note="paid"))
                 jq.enqueue("mark", "order-2", conn=conn)
-                time.sleep(1.0)   # an idle worker polls every 0.2 s meanwhile
+                time.sleep(1.0)  # an idle worker polls every 0.2 s meanwhile
                 assert started == [], "the worker ran a job whose transaction had not committed"
             committed = time.monotonic()
         wait_until(lambda: started, timeout=5, message="the job to run after the commit")
@@ -158,6 +160,7 @@ def test_an_orm_session_works_the_same(shop):
 
 
 # --- transactional completion -------------------------------------------------------------
+
 
 def run_one(engine, registry, key, **config) -> Worker:
     worker = Worker(engine, WorkerConfig(concurrency=1, **config), registry=registry)
@@ -199,7 +202,7 @@ def test_an_attempt_that_lost_its_lease_commits_nothing_and_the_next_one_does(sh
 
     def export(payload, ctx):
         if ctx.attempt == 1:
-            go.wait(20)   # an operator force-requeues the job meanwhile
+            go.wait(20)  # an operator force-requeues the job meanwhile
         try:
             with ctx.transaction() as conn:
                 conn.execute(orders.insert().values(id=20 + ctx.attempt, note=f"attempt {ctx.attempt}"))

@@ -10,16 +10,15 @@ import re
 import pytest
 from sqlalchemy.exc import DBAPIError
 
-from testkit.replication import executed_statements
-from testkit.web import api, post, signed_in_app
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine, error_code
 from jobqueue.core.migrate import init_db
+from testkit.replication import executed_statements
+from testkit.web import api, post, signed_in_app
 
 pytestmark = pytest.mark.slow
 
-LIST_JOBS = r"ORDER BY job_queue\.id DESC"      # the jobs page's keyset read
+LIST_JOBS = r"ORDER BY job_queue\.id DESC"  # the jobs page's keyset read
 CLIENT_WRITES = r"^\s*(INSERT|UPDATE|DELETE|REPLACE)\b"
 
 
@@ -88,10 +87,11 @@ def test_the_read_engine_cannot_write_even_as_a_super_user(read_app):
     # Root has SUPER, which read_only does not stop; the READ ONLY session does.
     with app.extensions["jobqueue"].read_engine.connect() as conn:
         with pytest.raises(DBAPIError) as refused:
-            conn.exec_driver_sql("INSERT INTO audit_log (at, actor, action, count) "
-                                 "VALUES (UTC_TIMESTAMP(6), 'x', 'x', 0)")
+            conn.exec_driver_sql(
+                "INSERT INTO audit_log (at, actor, action, count) VALUES (UTC_TIMESTAMP(6), 'x', 'x', 0)"
+            )
         conn.rollback()
-    assert error_code(refused.value) == 1792   # ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
+    assert error_code(refused.value) == 1792  # ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
 
 
 def test_an_unreachable_replica_falls_back_to_the_primary_and_says_so(replicated, read_app):

@@ -13,15 +13,14 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from testkit.procs import WorkerProcess, wait_until
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.builtin_tasks import noop
 from jobqueue.core.cli import main
 from jobqueue.core.errors import ScheduleNotFound, ValidationError
 from jobqueue.core.recurring import REREAD_SECONDS, latest_tick, next_tick, parse_cron, run_key
 from jobqueue.core.schema import job_queue, recurring_job
 from jobqueue.core.tasks import Registry, TaskSpec
+from testkit.procs import WorkerProcess, wait_until
 
 jq = job_queue.c
 
@@ -37,14 +36,20 @@ def at(text: str) -> datetime:
 def test_cron_parsing_and_ticks():
     assert parse_cron("*/5  *  * * *") == "*/5 * * * *"
     assert parse_cron("@hourly") == "@hourly"
-    for bad, words in [("* * *", "5 fields"), ("* * * * * *", "5 fields"), ("61 * * * *", "not valid"),
-                       ("@sometimes", "unknown cron alias"), ("", "expression"), ("0 0 30 2 *", "not valid")]:
+    for bad, words in [
+        ("* * *", "5 fields"),
+        ("* * * * * *", "5 fields"),
+        ("61 * * * *", "not valid"),
+        ("@sometimes", "unknown cron alias"),
+        ("", "expression"),
+        ("0 0 30 2 *", "not valid"),
+    ]:
         with pytest.raises(ValidationError, match=words):
             parse_cron(bad)
     assert latest_tick("* * * * *", at("2026-12-02 10:05:00")) == at("2026-12-02 10:05:00")
     assert latest_tick("* * * * *", at("2026-12-02 10:05:59.9")) == at("2026-12-02 10:05:00")
     assert next_tick("* * * * *", at("2026-12-02 10:05:00")) == at("2026-12-02 10:06:00")
-    assert next_tick("0 9 * * 0", at("2026-12-02 10:00:00")) == at("2026-12-06 09:00:00")   # Sunday is 0
+    assert next_tick("0 9 * * 0", at("2026-12-02 10:00:00")) == at("2026-12-06 09:00:00")  # Sunday is 0
     assert run_key("report", at("2026-12-02 10:05:00")) == "recurring:report:2026-12-02T10:05"
 
 
@@ -87,7 +92,7 @@ def test_many_processes_at_once_enqueue_a_tick_once(mysql_engine):
             with mysql_engine.connect() as conn:
                 barrier.wait()
                 results.append(service.enqueue_due_recurring(conn, now=now))
-        except Exception as exc:   # noqa: BLE001 - reported below
+        except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=process) for _ in range(6)]
@@ -104,8 +109,9 @@ def test_many_processes_at_once_enqueue_a_tick_once(mysql_engine):
 
 def test_disable_enable_remove_and_what_is_refused(engine):
     with engine.connect() as conn:
-        row, _ = service.upsert_recurring(conn, "r1", cron="*/5 * * * *", task="noop", payload={"a": 1},
-                                             queue="reports", actor="tester")
+        row, _ = service.upsert_recurring(
+            conn, "r1", cron="*/5 * * * *", task="noop", payload={"a": 1}, queue="reports", actor="tester"
+        )
         _, changed = service.set_recurring_enabled(conn, "r1", False, actor="tester")
         assert changed
         assert service.enqueue_due_recurring(conn, now=row["next_run_at"] + timedelta(hours=1)).enqueued == 0
@@ -116,9 +122,13 @@ def test_disable_enable_remove_and_what_is_refused(engine):
         job = repository.reads.get_job(conn, run.id)
         assert (job.queue, job.payload, job.task_name) == ("reports", {"a": 1}, "noop")
         # Nothing written for a bad definition.
-        for kwargs, field in [({"cron": "nope"}, "cron"), ({"task": "missing"}, "task"),
-                              ({"payload": [1]}, "payload"), ({"queue": "a b"}, "queue"),
-                              ({"task": "keyed_sleep"}, "payload")]:
+        for kwargs, field in [
+            ({"cron": "nope"}, "cron"),
+            ({"task": "missing"}, "task"),
+            ({"payload": [1]}, "payload"),
+            ({"queue": "a b"}, "queue"),
+            ({"task": "keyed_sleep"}, "payload"),
+        ]:
             args = {"cron": "* * * * *", "task": "noop", **kwargs}
             with pytest.raises(ValidationError) as err:
                 service.upsert_recurring(conn, "bad", actor="tester", **args)
@@ -172,12 +182,29 @@ def test_cli_recurring_commands(db_url):
     def run(*args):
         return runner.invoke(main, ["--database-url", db_url, *args], obj={})
 
-    out = run("recurring", "add", "nightly", "--cron", "0 3 * * *", "--task", "noop", "--payload", '{"n": 1}',
-              "--queue", "night")
+    out = run(
+        "recurring",
+        "add",
+        "nightly",
+        "--cron",
+        "0 3 * * *",
+        "--task",
+        "noop",
+        "--payload",
+        '{"n": 1}',
+        "--queue",
+        "night",
+    )
     assert out.exit_code == 0, out.output
     added = json.loads(out.stdout)
     assert (added["name"], added["cron"], added["task"], added["queue"], added["enabled"], added["created"]) == (
-        "nightly", "0 3 * * *", "noop", "night", True, True)
+        "nightly",
+        "0 3 * * *",
+        "noop",
+        "night",
+        True,
+        True,
+    )
     assert run("recurring", "add", "bad", "--cron", "0 3 * *", "--task", "noop").exit_code == 2
     assert run("recurring", "add", "bad", "--cron", "* * * * *", "--task", "nope").exit_code == 2
     assert run("recurring", "add", "bad", "--cron", "* * * * *", "--task", "noop", "--payload", "{x").exit_code == 2
@@ -209,18 +236,23 @@ def test_three_worker_processes_enqueue_exactly_one_job_per_minute(mysql_url, my
         if early:
             first += timedelta(minutes=1)
         ticks = [first + timedelta(minutes=m) for m in range(3)]
-        wait_until(lambda: _now(mysql_engine) >= ticks[-1] + timedelta(seconds=20), timeout=330, interval=1,
-                   message="three ticks")
+        wait_until(
+            lambda: _now(mysql_engine) >= ticks[-1] + timedelta(seconds=20),
+            timeout=330,
+            interval=1,
+            message="three ticks",
+        )
         with mysql_engine.connect() as conn:
-            rows = conn.execute(sa.select(jq.task_key, jq.status, jq.created_at)
-                                .where(jq.task_key.like("recurring:%")).order_by(jq.id)).all()
+            rows = conn.execute(
+                sa.select(jq.task_key, jq.status, jq.created_at).where(jq.task_key.like("recurring:%")).order_by(jq.id)
+            ).all()
     finally:
         codes = [w.stop() for w in workers]
     assert codes == [0, 0, 0]
     assert [r.task_key for r in rows] == [run_key("every-minute", t) for t in early + ticks]
     assert {r.status for r in rows} == {"done"}
     # Each enqueued within seconds of its tick (the database clock).
-    timed = rows[len(early):]
+    timed = rows[len(early) :]
     assert all(timedelta(0) <= r.created_at - t < timedelta(seconds=5) for r, t in zip(timed, ticks)), rows
     if early:
         assert timedelta(0) <= rows[0].created_at - early[0] < timedelta(seconds=REREAD_SECONDS + 5), rows
@@ -243,16 +275,16 @@ def test_the_runner_reads_rarely_and_enqueues_when_due(engine):
         now = repository.reads.database_now(conn)
         conn.execute(sa.update(recurring_job).values(next_run_at=now - timedelta(minutes=3)))
         conn.commit()
-    assert runner.tick() == 1            # three ticks missed: one catch-up run, for the latest
+    assert runner.tick() == 1  # three ticks missed: one catch-up run, for the latest
     with engine.connect() as conn:
         assert keys(conn) == [run_key("late", latest_tick("* * * * *", now))]
     calls = []
     real = service.enqueue_due_recurring
     try:
         service.enqueue_due_recurring = lambda *a, **k: calls.append(1) or real(*a, **k)
-        clock[0] += 5                    # the next tick is still ahead: no read at all
+        clock[0] += 5  # the next tick is still ahead: no read at all
         assert runner.tick() == 0 and calls == []
-        clock[0] += 61                   # past the next tick: a read
+        clock[0] += 61  # past the next tick: a read
         runner.tick()
         assert calls == [1]
     finally:

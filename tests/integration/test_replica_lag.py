@@ -14,8 +14,6 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from testkit.procs import cli_env, jobqueue
-from testkit.web import api, login, post, signed_in_app
 from jobqueue import create_app
 from jobqueue.core import service
 from jobqueue.core.db import create_engine
@@ -23,11 +21,12 @@ from jobqueue.core.migrate import init_db
 from jobqueue.core.replica_watch import ReplicaWatch
 from jobqueue.core.schema import job_queue
 from jobqueue.web import dashboard
-from testkit.web import app_config
+from testkit.procs import cli_env, jobqueue
+from testkit.web import api, app_config, login, post, signed_in_app
 
 pytestmark = pytest.mark.slow
 
-LAG_LIMIT = 2     # JOBQUEUE_REPLICA_LAG_LIMIT for these tests: lag over it within seconds
+LAG_LIMIT = 2  # JOBQUEUE_REPLICA_LAG_LIMIT for these tests: lag over it within seconds
 BULK_JOBS = 20_000
 
 
@@ -70,8 +69,12 @@ def health(client) -> tuple[int, dict]:
 
 
 def doctor(primary_url: str, replica_url: str) -> tuple[int, dict]:
-    result = jobqueue(primary_url, "doctor", "--json",
-                      env=cli_env(JOBQUEUE_REPLICA_URLS=replica_url, JOBQUEUE_REPLICA_LAG_LIMIT=str(LAG_LIMIT)))
+    result = jobqueue(
+        primary_url,
+        "doctor",
+        "--json",
+        env=cli_env(JOBQUEUE_REPLICA_URLS=replica_url, JOBQUEUE_REPLICA_LAG_LIMIT=str(LAG_LIMIT)),
+    )
     assert result.returncode in (0, 3), result.stderr
     return result.returncode, {c["name"]: c for c in json.loads(result.stdout)}
 
@@ -90,9 +93,15 @@ def test_each_replicas_lag_on_api_health_the_panel_and_doctor(replicated, watche
     assert code == 200, body
     (seen,) = body["replicas"]
     assert re.fullmatch(caught_up, str(seen["seconds_behind"])), seen
-    assert seen == {"address": f"{replica.host}:{replica.port}", "reachable": True, "replica": True,
-                    "seconds_behind": seen["seconds_behind"], "io_running": "Yes", "sql_running": "Yes",
-                    "detail": f"{seen['seconds_behind']} s behind the primary"}
+    assert seen == {
+        "address": f"{replica.host}:{replica.port}",
+        "reachable": True,
+        "replica": True,
+        "seconds_behind": seen["seconds_behind"],
+        "io_running": "Yes",
+        "sql_running": "Yes",
+        "detail": f"{seen['seconds_behind']} s behind the primary",
+    }
     (check,) = [c for c in body["checks"] if c["name"] == name]
     assert check["verdict"] == "ok" and re.match(rf"{caught_up} s behind the primary \(IO thread Yes", check["detail"])
     panel = client.get("/overview/panels").get_data(as_text=True)
@@ -127,12 +136,19 @@ def test_each_replicas_lag_on_api_health_the_panel_and_doctor(replicated, watche
     code, body = health(client)
     assert code == 503 and body["status"] == "problem"
     assert body["replicas"][0] | {"detail": None} == {
-        "address": f"{replica.host}:{replica.port}", "reachable": True, "replica": True, "seconds_behind": None,
-        "io_running": "Yes", "sql_running": "No", "detail": None}
+        "address": f"{replica.host}:{replica.port}",
+        "reachable": True,
+        "replica": True,
+        "seconds_behind": None,
+        "io_running": "Yes",
+        "sql_running": "No",
+        "detail": None,
+    }
     assert "replication not running (IO Yes, SQL No)" in client.get("/overview/panels").get_data(as_text=True)
     code, checks = doctor(primary_url, replica_url)
-    assert code == 3 and checks[name]["verdict"] == "problem" and "Seconds_Behind_Master is NULL" in \
-        checks[name]["detail"]
+    assert (
+        code == 3 and checks[name]["verdict"] == "problem" and "Seconds_Behind_Master is NULL" in checks[name]["detail"]
+    )
     cluster.start_sql_thread()
 
     # Down: reported, never raised into the page.
@@ -148,8 +164,9 @@ def test_each_replicas_lag_on_api_health_the_panel_and_doctor(replicated, watche
 def failed_jobs(engine, n: int) -> None:
     with engine.connect() as conn:
         for start in range(0, n, 5000):
-            service.enqueue_many(conn, [{"task": "noop", "task_key": f"bulk-{i}"}
-                                           for i in range(start, min(n, start + 5000))])
+            service.enqueue_many(
+                conn, [{"task": "noop", "task_key": f"bulk-{i}"} for i in range(start, min(n, start + 5000))]
+            )
         conn.execute(sa.update(job_queue).values(status="failed", attempts=1, last_error="x"))
         conn.commit()
 
@@ -195,8 +212,11 @@ def test_a_bulk_requeue_waits_for_a_lagging_replica_and_says_why(replicated, wat
             print(message)
             paused.append(message)
             assert data is not None and requeued(message) == 2000, message
-            assert re.search(rf"paused for replica lag: [\d.]+ s \(replica {replica.host}:{replica.port} is "
-                             rf"\d+ s behind, over the {LAG_LIMIT} s bound\); continuing…", message), message
+            assert re.search(
+                rf"paused for replica lag: [\d.]+ s \(replica {replica.host}:{replica.port} is "
+                rf"\d+ s behind, over the {LAG_LIMIT} s bound\); continuing…",
+                message,
+            ), message
         seconds = [float(re.search(r"paused for replica lag: ([\d.]+) s", m).group(1)) for m in paused]
         assert 0 < seconds[0] < seconds[1], "the pause adds up over the requests"
         with engine.connect() as conn:
@@ -210,8 +230,11 @@ def test_a_bulk_requeue_waits_for_a_lagging_replica_and_says_why(replicated, wat
         assert requests < 100, message
     print(message)
     # The pause in all; the last request's wait (if it had one) says whom it waited for.
-    assert re.fullmatch(rf"{BULK_JOBS} jobs requeued; paused for replica lag: [\d.]+ s"
-                        rf"( \(replica {replica.host}:{replica.port} was \d+ s behind\))?\.", message), message
+    assert re.fullmatch(
+        rf"{BULK_JOBS} jobs requeued; paused for replica lag: [\d.]+ s"
+        rf"( \(replica {replica.host}:{replica.port} was \d+ s behind\))?\.",
+        message,
+    ), message
     with engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).where(job_queue.c.status == "ready")).scalar() == BULK_JOBS
 
@@ -257,7 +280,7 @@ def test_without_replica_urls_nothing_is_watched(mysql_url):
     app = create_app(app_config(mysql_url))
     client = app.test_client()
     assert login(client).status_code == 302
-    assert app.extensions["jobqueue"].replicas is None     # no engine, no reads, bulk actions unpaced
+    assert app.extensions["jobqueue"].replicas is None  # no engine, no reads, bulk actions unpaced
     body = api(client, "GET", "/api/health").get_json()
     assert body["replicas"] == [] and not [c for c in body["checks"] if c["name"].startswith("replica ")]
     assert 'id="replica-lag"' not in client.get("/overview/panels").get_data(as_text=True)

@@ -9,16 +9,29 @@ import time
 import pymysql
 import pytest
 
-from testkit.replication import (HEARTBEAT_DATABASE, binlog_events, executed_statements, gtid_binlog_pos,
-                                 read_general_log, replica_status)
+from testkit.replication import (
+    HEARTBEAT_DATABASE,
+    binlog_events,
+    executed_statements,
+    gtid_binlog_pos,
+    read_general_log,
+    replica_status,
+)
 
 APP_USER, APP_PASSWORD = "app", "app-pw"
 
 
 def app_connect(server, database="jq"):
     """As an application would: a user without SUPER, so read_only applies to it."""
-    return pymysql.connect(host=server.host, port=server.port, user=APP_USER, password=APP_PASSWORD,
-                           database=database, autocommit=True, connect_timeout=5)
+    return pymysql.connect(
+        host=server.host,
+        port=server.port,
+        user=APP_USER,
+        password=APP_PASSWORD,
+        database=database,
+        autocommit=True,
+        connect_timeout=5,
+    )
 
 
 def make_app_schema(primary):
@@ -82,7 +95,7 @@ def test_a_write_on_the_primary_appears_on_the_read_only_replica(replication_clu
     # transaction in its binlog came from the primary (server id 1).
     with app_connect(replica) as conn, conn.cursor() as cur, pytest.raises(pymysql.err.OperationalError) as refused:
         cur.execute("INSERT INTO jq.t (v) VALUES ('on the replica')")
-    assert refused.value.args[0] == 1290    # ER_OPTION_PREVENTS_STATEMENT: --read-only
+    assert refused.value.args[0] == 1290  # ER_OPTION_PREVENTS_STATEMENT: --read-only
     assert {event.server_id for event in binlog_events(replica) if event.event_type == "Gtid"} == {1}
 
 
@@ -128,18 +141,18 @@ def test_failover_after_sigkill_then_the_old_primary_replicates_read_only(replic
 
     old.kill()
     assert eventually(lambda: cluster.status(new).io_running == "Connecting")
-    if not new.is_mysql:    # MySQL keeps a number while its IO thread reconnects
+    if not new.is_mysql:  # MySQL keeps a number while its IO thread reconnects
         assert cluster.status(new).seconds_behind_master is None
 
     assert cluster.promote(new) is new
     assert cluster.primary is new and old not in cluster.replicas
     assert new.variable("read_only") == "OFF" and replica_status(new) is None
-    with app_connect(new) as conn, conn.cursor() as cur:      # writable at once, old one still dead
+    with app_connect(new) as conn, conn.cursor() as cur:  # writable at once, old one still dead
         cur.execute("INSERT INTO jq.t (v) VALUES ('after the failover')")
-    cluster.wait_caught_up(other, timeout=10)                 # the other replica follows the new primary
+    cluster.wait_caught_up(other, timeout=10)  # the other replica follows the new primary
     assert cluster.status(other).master_port == new.port and values(other)[-1] == "after the failover"
 
-    cluster.demote(old)                                       # restarted --read-only, then attached
+    cluster.demote(old)  # restarted --read-only, then attached
     assert old.running and "--read-only" in old.extra_args
     assert old.variable("read_only") == "ON"
     status = cluster.status(old)
@@ -178,7 +191,7 @@ def test_an_old_primary_with_a_transaction_the_new_one_never_got_is_not_attached
     old.kill()
     cluster.promote(new)
     new.execute("INSERT INTO jq.t (v) VALUES ('on the new primary')")
-    old.start()                                # as the primary it was: root writes what nobody gets
+    old.start()  # as the primary it was: root writes what nobody gets
     old.execute("INSERT INTO jq.t (v) VALUES ('only on the old primary')")
     old.kill()
 
@@ -200,13 +213,13 @@ def test_planned_switchover_and_back_while_both_run(replication_cluster):
     cluster = replication_cluster(replicas=1)
     first, second = cluster.primary, cluster.replicas[0]
     make_app_schema(first)
-    cluster.stop_sql_thread()                  # promote() applies what the replica holds anyway
+    cluster.stop_sql_thread()  # promote() applies what the replica holds anyway
     first.execute("INSERT INTO jq.t (v) VALUES ('one')")
 
-    cluster.promote(second)                    # the running old primary is fenced read-only first
+    cluster.promote(second)  # the running old primary is fenced read-only first
     assert first.variable("read_only") == "ON" and values(second) == ["one"]
     second.execute("INSERT INTO jq.t (v) VALUES ('two')")
-    cluster.demote(first)                      # still running: switched in place, no restart
+    cluster.demote(first)  # still running: switched in place, no restart
     assert cluster.status(first).replicating and values(first) == ["one", "two"]
 
     # And back: `second` now has a gtid_slave_pos of its time as a replica, older than its binlog.
@@ -269,10 +282,16 @@ def test_read_general_log_parses_runs_threads_and_multi_line_statements(tmp_path
         "Tcp port: 41395  Unix socket: /tmp/jqdb-x/mariadbd.sock\n"
         "Time\t\t    Id Command\tArgument\n"
         "261202  3:22:01\t     4 Connect\tapp@10.1.2.3 on jq using TCP/IP\n"
-        "\t\t     4 Query\tSELECT 2\n")
+        "\t\t     4 Query\tSELECT 2\n"
+    )
     entries = read_general_log(log)
     assert [(e.run, e.thread_id, e.command, e.user) for e in entries] == [
-        (0, 4, "Connect", "root@127.0.0.1"), (0, 4, "Query", "root@127.0.0.1"), (0, 8, "Query", None),
-        (0, 4, "Query", "root@127.0.0.1"), (0, 4, "Quit", "root@127.0.0.1"),
-        (1, 4, "Connect", "app@10.1.2.3"), (1, 4, "Query", "app@10.1.2.3")]
+        (0, 4, "Connect", "root@127.0.0.1"),
+        (0, 4, "Query", "root@127.0.0.1"),
+        (0, 8, "Query", None),
+        (0, 4, "Query", "root@127.0.0.1"),
+        (0, 4, "Quit", "root@127.0.0.1"),
+        (1, 4, "Connect", "app@10.1.2.3"),
+        (1, 4, "Query", "app@10.1.2.3"),
+    ]
     assert entries[3].argument == "UPDATE jobs\nSET status = 'running'\n\nWHERE id = 1"

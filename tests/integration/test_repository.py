@@ -9,10 +9,8 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from jobqueue.core import repository
-
-from jobqueue.core import service
-from jobqueue.core.errors import InvalidState, JobNotFound, LeaseStillValid, ValidationError, PayloadTooLarge
+from jobqueue.core import repository, service
+from jobqueue.core.errors import InvalidState, JobNotFound, LeaseStillValid, PayloadTooLarge, ValidationError
 from jobqueue.core.models import EmptyClaim, Lease, Outcome, Status
 from jobqueue.core.schema import job_queue, job_result
 from jobqueue.core.tasks import LeaseLostError
@@ -37,24 +35,27 @@ def test_enqueue_then_duplicate_writes_nothing(engine, caplog):
     assert "event=duplicate_enqueue" in caplog.text and "task_key=order-1" in caplog.text
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"task_name": "nope"}, "task"),
-    ({"task_key": ""}, "task_key"),
-    ({"task_key": "x" * 81}, "task_key"),
-    ({"task_key": "bad\nkey"}, "task_key"),
-    ({"task_key": " padded"}, "task_key"),
-    ({"payload": [1, 2]}, "payload"),
-    ({"payload": "text"}, "payload"),
-    ({"payload": {"x": float("nan")}}, "payload"),
-    ({"queue": "no spaces"}, "queue"),
-    ({"priority": "high"}, "priority"),
-    ({"priority": True}, "priority"),
-    ({"priority": 10**6}, "priority"),
-    ({"delay": -1}, "delay"),
-    ({"delay": "soon"}, "delay"),
-    ({"max_attempts": 0}, "max_attempts"),
-    ({"max_attempts": 2.5}, "max_attempts"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"task_name": "nope"}, "task"),
+        ({"task_key": ""}, "task_key"),
+        ({"task_key": "x" * 81}, "task_key"),
+        ({"task_key": "bad\nkey"}, "task_key"),
+        ({"task_key": " padded"}, "task_key"),
+        ({"payload": [1, 2]}, "payload"),
+        ({"payload": "text"}, "payload"),
+        ({"payload": {"x": float("nan")}}, "payload"),
+        ({"queue": "no spaces"}, "queue"),
+        ({"priority": "high"}, "priority"),
+        ({"priority": True}, "priority"),
+        ({"priority": 10**6}, "priority"),
+        ({"delay": -1}, "delay"),
+        ({"delay": "soon"}, "delay"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"max_attempts": 2.5}, "max_attempts"),
+    ],
+)
 def test_bad_input_is_rejected_and_writes_nothing(engine, kwargs, field):
     args = {"task_name": "noop", "task_key": "k1", "payload": {}, **kwargs}
     with engine.connect() as conn:
@@ -76,11 +77,18 @@ def test_batch_enqueue_is_all_or_nothing_and_reports_duplicates(engine):
     with engine.connect() as conn:
         service.enqueue(conn, "noop", "k1")
         with pytest.raises(ValidationError, match="job 2"):
-            service.enqueue_many(conn, [{"task": "noop", "task_key": "k2"}, {"task": "noop", "task_key": "k3"},
-                                           {"task": "noop", "task_key": ""}])
+            service.enqueue_many(
+                conn,
+                [
+                    {"task": "noop", "task_key": "k2"},
+                    {"task": "noop", "task_key": "k3"},
+                    {"task": "noop", "task_key": ""},
+                ],
+            )
         assert count(conn) == 1
-        res = service.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(1, 6)]
-                                      + [{"task": "noop", "task_key": "k5"}])
+        res = service.enqueue_many(
+            conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(1, 6)] + [{"task": "noop", "task_key": "k5"}]
+        )
         assert [r.duplicate for r in res] == [True, False, False, False, False, True]
         assert res[-1].id == res[-2].id
         assert count(conn) == 5
@@ -156,7 +164,10 @@ def test_retry_then_fail_keeps_error_and_attempt_history(engine):
         job = repository.reads.get_job(conn, c.job.id)
         assert job.status is Status.FAILED and job.attempts == 2 and job.last_error == "boom 2"
         history = repository.reads.list_attempts(conn, c.job.id)
-        assert [(h["attempt"], h["outcome"], h["error"]) for h in history] == [(1, "retry", "boom 1"), (2, "fail", "boom 2")]
+        assert [(h["attempt"], h["outcome"], h["error"]) for h in history] == [
+            (1, "retry", "boom 1"),
+            (2, "fail", "boom 2"),
+        ]
         assert history[0]["worker"] == "w"
 
 
@@ -264,8 +275,11 @@ def test_count_by_status(engine):
         add(conn, 3)
         service.enqueue(conn, "noop", "m", queue="mail")
         service.claim(conn, "w", 1, ["default"], lease_seconds=60)
-        assert repository.stats.count_by_status(conn) == [("default", "ready", 2), ("default", "running", 1),
-                                                    ("mail", "ready", 1)]
+        assert repository.stats.count_by_status(conn) == [
+            ("default", "ready", 2),
+            ("default", "running", 1),
+            ("mail", "ready", 1),
+        ]
 
 
 def test_every_queue_with_ready_jobs_has_its_oldest_ready_job(engine):
@@ -273,15 +287,17 @@ def test_every_queue_with_ready_jobs_has_its_oldest_ready_job(engine):
     queues: a queue whose jobs were all newer than another queue's backlog had none, and
     /metrics reported its oldest ready age as 0, so an alert on a stuck queue beside a busy one
     never fired. Every queue with ready jobs now has its own oldest, whatever the window."""
+
     def run_at(job_id: int):
         return conn.execute(sa.select(job_queue.c.run_at).where(job_queue.c.id == job_id)).scalar().replace(tzinfo=None)
 
     with engine.connect() as conn:
-        add(conn, 5)                                    # the backlog: older than the others' jobs
+        add(conn, 5)  # the backlog: older than the others' jobs
         time.sleep(0.01)
-        mail = service.enqueue(conn, "noop", "late-mail", queue="mail")              # fewer than the window
-        bulk = service.enqueue_many(conn, [{"task": "noop", "task_key": f"bulk-{i}", "queue": "bulk"}
-                                              for i in range(4)])                       # more than the window
+        mail = service.enqueue(conn, "noop", "late-mail", queue="mail")  # fewer than the window
+        bulk = service.enqueue_many(
+            conn, [{"task": "noop", "task_key": f"bulk-{i}", "queue": "bulk"} for i in range(4)]
+        )  # more than the window
         summaries, _ = repository.stats.queue_summaries(conn, oldest_window=3)
         by_queue = {q.queue: q.oldest_ready and q.oldest_ready.replace(tzinfo=None) for q in summaries}
         assert by_queue["mail"] == run_at(mail.id)
@@ -311,16 +327,16 @@ def test_counts_cache_is_shared_until_its_seconds_pass_or_an_operator_acts(engin
             (q,), _ = cache.summaries(conn)
             return q.counts["ready"], q.counts["done"], q.capped
 
-        assert seen() == (2, 2, frozenset({"done"}))       # 3 done, capped at 2
+        assert seen() == (2, 2, frozenset({"done"}))  # 3 done, capped at 2
         add(conn, 1, prefix="s")
         clock[0] += 1.9
-        assert seen() == (2, 2, frozenset({"done"}))       # within 2 s: the same figures
+        assert seen() == (2, 2, frozenset({"done"}))  # within 2 s: the same figures
         clock[0] += 0.2
-        assert seen() == (3, 2, frozenset({"done"}))       # live recounted, history kept
-        failed = service.fail_job(conn, jobs[0].id + 3, "no")   # a ready job, by an operator
+        assert seen() == (3, 2, frozenset({"done"}))  # live recounted, history kept
+        failed = service.fail_job(conn, jobs[0].id + 3, "no")  # a ready job, by an operator
         assert failed.changed
-        assert cache.summaries(conn)[0][0].counts["failed"] == 1   # forgotten at once
-        assert repository.stats.queue_summaries(conn)[0][0].counts["ready"] == 2   # direct callers: fresh
+        assert cache.summaries(conn)[0][0].counts["failed"] == 1  # forgotten at once
+        assert repository.stats.queue_summaries(conn)[0][0].counts["ready"] == 2  # direct callers: fresh
 
     fresh = repository.stats.CountsCache(0)
     with engine.connect() as conn:
@@ -341,7 +357,7 @@ def test_history_that_is_due_is_recounted_behind_the_request(mysql_engine, monke
     clock = [1000.0]
     monkeypatch.setattr(stats.time, "monotonic", lambda: clock[0])
     counts = stats._counts
-    gates = [(threading.Event(), threading.Event()) for _ in range(2)]   # (counted, go on) per recount
+    gates = [(threading.Event(), threading.Event()) for _ in range(2)]  # (counted, go on) per recount
 
     def held(c, statuses, cap):
         found = counts(c, statuses, cap)
@@ -361,13 +377,13 @@ def test_history_that_is_due_is_recounted_behind_the_request(mysql_engine, monke
             return cache.summaries(conn)[0][0].counts["failed"]
 
         try:
-            assert failed() == 0                       # the first count: in the request
+            assert failed() == 0  # the first count: in the request
             conn.execute(sa.update(job_queue).where(job_queue.c.id == jobs[0].id).values(status="failed"))
             conn.commit()
-            clock[0] += 31                             # live and history both due
-            assert failed() == 0                       # answered while the recount is held
+            clock[0] += 31  # live and history both due
+            assert failed() == 0  # answered while the recount is held
             assert first.wait(10)
-            assert cache.summaries(conn)[0][0].counts["ready"] == 2   # live counts: fresh, in the request
+            assert cache.summaries(conn)[0][0].counts["ready"] == 2  # live counts: fresh, in the request
             assert failed() == 0
             let_first_go.set()
             cache.wait(10)
@@ -376,13 +392,13 @@ def test_history_that_is_due_is_recounted_behind_the_request(mysql_engine, monke
             conn.execute(sa.update(job_queue).where(job_queue.c.id == jobs[1].id).values(status="failed"))
             conn.commit()
             clock[0] += 31
-            assert failed() == 1                       # the second recount starts, counts 2, is held
+            assert failed() == 1  # the second recount starts, counts 2, is held
             assert second.wait(10)
-            assert service.fail_job(conn, jobs[2].id, "no").changed   # forgets: counted in the request
+            assert service.fail_job(conn, jobs[2].id, "no").changed  # forgets: counted in the request
             assert failed() == 3
             let_second_go.set()
             cache.wait(10)
-            assert failed() == 3                       # the overtaken recount's 2 is dropped
+            assert failed() == 3  # the overtaken recount's 2 is dropped
         finally:
             let_first_go.set()
             let_second_go.set()
@@ -393,6 +409,7 @@ def test_due_counts_are_read_again_only_after_a_write_to_job_queue(mysql_engine,
     counts again only if a write was committed since the last count; a write right after a
     count, in the same second, is seen at the next refresh all the same."""
     from jobqueue.core.repository import stats
+
     clock = [1000.0]
     monkeypatch.setattr(stats.time, "monotonic", lambda: clock[0])
     cache = repository.stats.CountsCache(2.0)
@@ -403,23 +420,23 @@ def test_due_counts_are_read_again_only_after_a_write_to_job_queue(mysql_engine,
 
     def ready() -> tuple[int, list[str]]:
         sent.clear()
-        clock[0] += 31                         # live and history counts both due
+        clock[0] += 31  # live and history counts both due
         (q,), _ = cache.summaries(conn)
         return q.counts["ready"], [s for s in sent if "FROM job_queue" in s]
 
     with mysql_engine.connect() as conn:
         add(conn, 2)
-        time.sleep(1.1)                        # UPDATE_TIME is kept to the second
+        time.sleep(1.1)  # UPDATE_TIME is kept to the second
         sa.event.listen(mysql_engine, "before_cursor_execute", grab)
         try:
             n, counted = ready()
             assert n == 2 and counted
             n, counted = ready()
-            assert n == 2 and counted == []    # nothing written: the stamp alone
-            add(conn, 1, prefix="r")           # in the second of the last count, or after it
+            assert n == 2 and counted == []  # nothing written: the stamp alone
+            add(conn, 1, prefix="r")  # in the second of the last count, or after it
             n, counted = ready()
             assert n == 3 and counted
-            add(conn, 1, prefix="s")           # straight after a count
+            add(conn, 1, prefix="s")  # straight after a count
             assert ready()[0] == 4
         finally:
             sa.event.remove(mysql_engine, "before_cursor_execute", grab)

@@ -52,8 +52,13 @@ payload_end: dict[str, float] = {}
 @contextmanager
 def worker(engine):
     registry = Registry()
-    for name, fn in [("returns", returns), ("records", records_then_returns), ("no_json", returns_no_json),
-                     ("raises", raises), ("sleeps", sleeps)]:
+    for name, fn in [
+        ("returns", returns),
+        ("records", records_then_returns),
+        ("no_json", returns_no_json),
+        ("raises", raises),
+        ("sleeps", sleeps),
+    ]:
         registry.register(TaskSpec(name, fn, max_attempts=1))
     w = Worker(engine, WorkerConfig(concurrency=2, idle_cap_seconds=0.2), registry=registry)
     t = threading.Thread(target=w.run, daemon=True)
@@ -77,9 +82,9 @@ def test_result_is_what_the_handler_returned_or_recorded(engine):
     jq.enqueue("records", "r-recorded", allow_unregistered=True)
     with worker(engine):
         assert jq.result("r-value", timeout=10) == {"echo": 42}
-        assert jq.result("r-recorded", timeout=10) == {"recorded": True}   # the record wins, no duplicate
+        assert jq.result("r-recorded", timeout=10) == {"recorded": True}  # the record wins, no duplicate
         assert jq.result("r-none", timeout=10) is None
-    assert result_rows(engine) == 2                  # returning None writes nothing
+    assert result_rows(engine) == 2  # returning None writes nothing
     with pytest.raises(JobNotFound):
         jq.result("no-such-key", timeout=0)
 
@@ -115,7 +120,7 @@ def test_failed_cancelled_and_unserialisable_results_raise_job_failed(engine):
 
 def test_timeout_raises_after_about_the_timeout(engine):
     jq = JobQueue(engine)
-    jq.enqueue("returns", "t-pending", allow_unregistered=True)   # no worker runs it
+    jq.enqueue("returns", "t-pending", allow_unregistered=True)  # no worker runs it
     started = time.monotonic()
     with pytest.raises(TimeoutError):
         jq.result("t-pending", timeout=1.5)
@@ -140,7 +145,7 @@ def test_a_waiter_sends_at_most_one_statement_a_second(mysql_engine):
     finally:
         sa.event.remove(engine, "before_cursor_execute", count)
     assert waited >= 2.9
-    assert len(statements) <= 1 + 3, statements     # the first read, then one a second
+    assert len(statements) <= 1 + 3, statements  # the first read, then one a second
 
 
 def test_a_completion_in_this_process_wakes_the_waiter_at_once(engine):
@@ -154,6 +159,7 @@ def test_a_completion_in_this_process_wakes_the_waiter_at_once(engine):
 
 
 # --- jobqueue result ---------------------------------------------------------------------------
+
 
 def test_the_result_command_exits_0_1_3_and_4(engine, db_url):
     runner = CliRunner()

@@ -12,14 +12,13 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from testkit.procs import wait_until
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.cli import main
 from jobqueue.core.models import Status
 from jobqueue.core.retention import Pruner
 from jobqueue.core.schema import job_attempt, job_queue, job_result, prune_run, pruned_key
 from jobqueue.core.worker import Worker, WorkerConfig
+from testkit.procs import wait_until
 from testkit.sql import seq_rows
 
 jq = job_queue.c
@@ -28,18 +27,45 @@ jq = job_queue.c
 def make_finished(conn, prefix, n, status="done", days_ago=10.0, attempts=True):
     """n jobs finished `days_ago` days ago (by the database clock), each with an attempt row and,
     for done ones, a result."""
-    ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"{prefix}{i}"}
-                                                          for i in range(n)])]
+    ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"{prefix}{i}"} for i in range(n)])]
     now = repository.reads.database_now(conn)
     when = now - timedelta(days=days_ago)
-    conn.execute(sa.update(job_queue).where(jq.id.in_(ids)).values(
-        status=status, run_at=when, started_at=when, finished_at=when, attempts=1, lease_owner="old:1:1"))
+    conn.execute(
+        sa.update(job_queue)
+        .where(jq.id.in_(ids))
+        .values(status=status, run_at=when, started_at=when, finished_at=when, attempts=1, lease_owner="old:1:1")
+    )
     if attempts:
-        conn.execute(sa.insert(job_attempt), [{"job_id": i, "attempt": 1, "worker": "old:1:1", "started_at": when,
-                                               "finished_at": when, "outcome": "retry", "error": "x"} for i in ids])
+        conn.execute(
+            sa.insert(job_attempt),
+            [
+                {
+                    "job_id": i,
+                    "attempt": 1,
+                    "worker": "old:1:1",
+                    "started_at": when,
+                    "finished_at": when,
+                    "outcome": "retry",
+                    "error": "x",
+                }
+                for i in ids
+            ],
+        )
     if status == "done":
-        conn.execute(sa.insert(job_result), [{"task_key": f"{prefix}{k}", "job_id": i, "attempt": 1, "worker": "old",
-                                              "result": {}, "created_at": when} for k, i in enumerate(ids)])
+        conn.execute(
+            sa.insert(job_result),
+            [
+                {
+                    "task_key": f"{prefix}{k}",
+                    "job_id": i,
+                    "attempt": 1,
+                    "worker": "old",
+                    "result": {},
+                    "created_at": when,
+                }
+                for k, i in enumerate(ids)
+            ],
+        )
     conn.commit()
     return ids
 
@@ -51,14 +77,22 @@ def count(conn, table, *where):
 def test_prune_deletes_old_finished_jobs_with_their_attempts_and_keeps_their_keys(engine):
     with engine.connect() as conn:
         old_done = make_finished(conn, "od", 25)
-        make_finished(conn, "rd", 5, days_ago=2)                  # done, but recent: kept
+        make_finished(conn, "rd", 5, days_ago=2)  # done, but recent: kept
         make_finished(conn, "of", 4, status="failed", days_ago=40)
         make_finished(conn, "rf", 3, status="failed", days_ago=10)  # failed 10 days ago: kept (30)
         make_finished(conn, "oc", 2, status="cancelled", days_ago=40)
         service.enqueue(conn, "noop", "still-ready")
         sleeps = []
-        counts = service.prune(conn, done_days=7, failed_days=30, keys_days=365, batch_size=10, sleep=sleeps.append,
-                                  pause=0.01, by="tester")
+        counts = service.prune(
+            conn,
+            done_days=7,
+            failed_days=30,
+            keys_days=365,
+            batch_size=10,
+            sleep=sleeps.append,
+            pause=0.01,
+            by="tester",
+        )
         assert (counts.done, counts.failed, counts.cancelled, counts.attempts, counts.results) == (25, 4, 2, 31, 25)
         assert counts.batches == 4 and len(sleeps) == 4 and min(sleeps) >= 0.01
         left = dict(conn.execute(sa.select(jq.status, sa.func.count()).group_by(jq.status)).all())
@@ -69,11 +103,19 @@ def test_prune_deletes_old_finished_jobs_with_their_attempts_and_keeps_their_key
         again = service.enqueue(conn, "noop", "od3")
         assert again.duplicate and again.id == old_done[3] and again.status is Status.DONE
         batch = service.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in ("of0", "oc1", "new-one")])
-        assert [(r.duplicate, r.status) for r in batch] == [(True, Status.FAILED), (True, Status.CANCELLED),
-                                                            (False, Status.READY)]
+        assert [(r.duplicate, r.status) for r in batch] == [
+            (True, Status.FAILED),
+            (True, Status.CANCELLED),
+            (False, Status.READY),
+        ]
         last = repository.retention.last_prune(conn)
         assert (last["done_rows"], last["failed_rows"], last["cancelled_rows"], last["batches"], last["run_by"]) == (
-            25, 4, 2, 4, "tester")
+            25,
+            4,
+            2,
+            4,
+            "tester",
+        )
         assert last["finished_at"] is not None
 
 
@@ -102,12 +144,15 @@ def test_keys_are_forgotten_after_their_keep_time(engine):
     with engine.connect() as conn:
         make_finished(conn, "k", 3)
         service.prune(conn, done_days=7, failed_days=30, keys_days=365)
-        conn.execute(sa.update(pruned_key).where(pruned_key.c.task_key == "k0").values(
-            pruned_at=repository.reads.database_now(conn) - timedelta(days=400)))
+        conn.execute(
+            sa.update(pruned_key)
+            .where(pruned_key.c.task_key == "k0")
+            .values(pruned_at=repository.reads.database_now(conn) - timedelta(days=400))
+        )
         conn.commit()
         counts = service.prune(conn, done_days=7, failed_days=30, keys_days=365)
         assert counts.keys_expired == 1
-        assert not service.enqueue(conn, "noop", "k0").duplicate   # free again
+        assert not service.enqueue(conn, "noop", "k0").duplicate  # free again
         assert service.enqueue(conn, "noop", "k1").duplicate
 
 
@@ -117,7 +162,8 @@ def test_batches_are_capped_at_1000(mysql_engine):
             "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
             "max_attempts, created_at, updated_at, finished_at) SELECT CONCAT('old-', seq), 'noop', 'default', 0, "
             "'{}', 'done', UTC_TIMESTAMP(6) - INTERVAL 9 DAY, 1, 5, UTC_TIMESTAMP(6) - INTERVAL 9 DAY, "
-            f"UTC_TIMESTAMP(6) - INTERVAL 9 DAY, UTC_TIMESTAMP(6) - INTERVAL 9 DAY FROM {seq_rows(2500)}")
+            f"UTC_TIMESTAMP(6) - INTERVAL 9 DAY, UTC_TIMESTAMP(6) - INTERVAL 9 DAY FROM {seq_rows(2500)}"
+        )
         conn.commit()
         counts = service.prune(conn, done_days=7, failed_days=30, batch_size=5000, pause=0)
         assert (counts.done, counts.batches) == (2500, 3)
@@ -152,7 +198,7 @@ def test_cli_prune(db_url, engine):
     dry = run("prune", "--done-older-than", "1", "--dry-run")
     assert dry.exit_code == 0, dry.output
     assert json.loads(dry.stdout)["done"] == 4 and json.loads(dry.stdout)["dry_run"] is True
-    default = json.loads(run("prune").stdout)   # 7 and 30 days: nothing that young
+    default = json.loads(run("prune").stdout)  # 7 and 30 days: nothing that young
     assert (default["done"], default["failed"]) == (0, 0)
     out = json.loads(run("prune", "--done-older-than", "1", "--failed-older-than", "2").stdout)
     assert (out["done"], out["failed"], out["attempts"], out["dry_run"]) == (4, 2, 6, False)
@@ -184,14 +230,14 @@ def test_a_pass_not_due_costs_one_read_and_no_thread_until_it_falls_due(engine):
     # set-up statements) at an idle worker's first minute. Asking every minute cost two
     # statements a minute for an answer that changes once an hour.
     with engine.connect() as conn:
-        service.prune(conn, done_days=7, failed_days=30, keys_days=365, by="another")   # a pass just ran
+        service.prune(conn, done_days=7, failed_days=30, keys_days=365, by="another")  # a pass just ran
     clock = [1000.0]
     pruner = Pruner(engine, name="w", every_seconds=3600, clock=lambda: clock[0])
     threads = threading.active_count()
     sent = []
     sa.event.listen(engine, "before_cursor_execute", lambda conn, cursor, statement, *rest: sent.append(statement))
 
-    def reads() -> list[str]:   # SQLite's BEGIN IMMEDIATE is no query
+    def reads() -> list[str]:  # SQLite's BEGIN IMMEDIATE is no query
         return [s.split()[0].upper() for s in sent if not s.startswith("BEGIN")]
 
     assert pruner.maybe_start() is False
@@ -202,7 +248,7 @@ def test_a_pass_not_due_costs_one_read_and_no_thread_until_it_falls_due(engine):
         assert pruner.maybe_start() is False
     assert reads() == ["SELECT"]
     clock[0] = 1000.0 + 3601
-    with engine.connect() as conn:   # as if another process started the pass meanwhile
+    with engine.connect() as conn:  # as if another process started the pass meanwhile
         service.prune(conn, done_days=7, failed_days=30, keys_days=365, by="another")
     sent.clear()
     assert pruner.maybe_start() is False and reads() == ["SELECT"] and pruner._thread is None

@@ -14,8 +14,10 @@ from testkit.sql import explain, seq_rows, statements_sent
 from testkit.web import VIEWER_TOKEN, app_config
 
 VIEWER = {"Authorization": f"Bearer {VIEWER_TOKEN}"}
-COLUMNS = ("INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
-           "max_attempts, created_at, updated_at, lease_owner, lease_until, started_at) ")
+COLUMNS = (
+    "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
+    "max_attempts, created_at, updated_at, lease_owner, lease_until, started_at) "
+)
 NOW = "UTC_TIMESTAMP(6)"
 
 
@@ -27,7 +29,8 @@ def add_jobs(conn, queue: str, status: str, n: int, *, waited: int = 0) -> None:
     conn.exec_driver_sql(
         COLUMNS + f"SELECT CONCAT('{queue}-{status}-', seq), 'noop', '{queue}', 0, '{{}}', '{status}', "
         f"{NOW} - INTERVAL ({waited} + {n} - seq) SECOND, {int(running)}, 5, {NOW}, {NOW}, {lease} "
-        f"FROM {seq_rows(n)}")
+        f"FROM {seq_rows(n)}"
+    )
 
 
 @pytest.fixture
@@ -39,7 +42,7 @@ def app(mysql_url):
 
 def test_the_signal_of_a_queue(app):
     with app.extensions["jobqueue"].engine.connect() as conn:
-        add_jobs(conn, "mail", "ready", 3, waited=90)       # the oldest waited 92 s
+        add_jobs(conn, "mail", "ready", 3, waited=90)  # the oldest waited 92 s
         add_jobs(conn, "mail", "running", 2)
         add_jobs(conn, "mail", "done", 5)
         add_jobs(conn, "other", "ready", 4, waited=1000)
@@ -51,7 +54,12 @@ def test_the_signal_of_a_queue(app):
     body = answer.get_json()
     assert set(body) == {"queue", "ready", "running", "oldest_ready_age_seconds", "capped", "cap", "now"}
     assert (body["queue"], body["ready"], body["running"], body["capped"], body["cap"]) == (
-        "mail", 3, 2, [], stats.SCALE_CAP)
+        "mail",
+        3,
+        2,
+        [],
+        stats.SCALE_CAP,
+    )
     assert 92 <= body["oldest_ready_age_seconds"] < 92 + 30, body
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|\+00:00)", body["now"]), body["now"]
 
@@ -59,7 +67,12 @@ def test_the_signal_of_a_queue(app):
     empty = client.get("/api/queues/nothing-yet/scale", headers=VIEWER)
     assert empty.status_code == 200
     assert {k: empty.get_json()[k] for k in ("queue", "ready", "running", "oldest_ready_age_seconds", "capped")} == {
-        "queue": "nothing-yet", "ready": 0, "running": 0, "oldest_ready_age_seconds": 0.0, "capped": []}
+        "queue": "nothing-yet",
+        "ready": 0,
+        "running": 0,
+        "oldest_ready_age_seconds": 0.0,
+        "capped": [],
+    }
 
     refused = client.get("/api/queues/mail/scale")
     assert refused.status_code == 401 and refused.headers["WWW-Authenticate"] == "Bearer"
@@ -92,8 +105,9 @@ def _entries_read(conn) -> int:
     return sum(int(v) for _, v in conn.exec_driver_sql("SHOW SESSION STATUS LIKE 'Handler_read%%'").all())
 
 
-@pytest.mark.parametrize("queue, ready, running, path", [("mail", 50, 20, "ix_ready_pick"),
-                                                         ("huge", 12_000, 0, "ix_due")])
+@pytest.mark.parametrize(
+    "queue, ready, running, path", [("mail", 50, 20, "ix_ready_pick"), ("huge", 12_000, 0, "ix_due")]
+)
 def test_each_figure_is_one_bounded_index_read(mysql_engine, queue, ready, running, path):
     """Among 70,000 rows of other queues and statuses, the signal of a queue reads that queue's
     entries only: the counts index-only on ix_ready_pick, the age on ix_ready_pick (a few ready
@@ -101,7 +115,7 @@ def test_each_figure_is_one_bounded_index_read(mysql_engine, queue, ready, runni
     with mysql_engine.connect() as conn:
         add_jobs(conn, "mail", "ready", 50, waited=60)
         add_jobs(conn, "mail", "running", 20)
-        add_jobs(conn, "huge", "ready", 12_000, waited=30_000)     # older than every other ready job
+        add_jobs(conn, "huge", "ready", 12_000, waited=30_000)  # older than every other ready job
         add_jobs(conn, "other", "ready", 20_000, waited=100)
         add_jobs(conn, "mail", "done", 30_000)
         add_jobs(conn, "other", "done", 20_000)
@@ -124,7 +138,7 @@ def test_each_figure_is_one_bounded_index_read(mysql_engine, queue, ready, runni
         for r in reads:
             assert r["key"] == "ix_ready_pick" and r["type"] == "ref", counts
             assert "Using index" in (r["Extra"] or "") and "filesort" not in (r["Extra"] or ""), counts
-            assert int(r["rows"]) <= 3 * ready + 1_000, counts    # an estimate (0.5x-2x) of the range
+            assert int(r["rows"]) <= 3 * ready + 1_000, counts  # an estimate (0.5x-2x) of the range
         (r,) = [r for r in age if r["table"] == "job_queue"]
         assert r["key"] == path and "filesort" not in (r["Extra"] or ""), age
         if path == "ix_due":

@@ -13,8 +13,9 @@ from jobqueue.core.schema import metadata
 
 def differences(engine, target: sa.MetaData) -> list:
     with engine.connect() as conn:
-        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE, "compare_type": True,
-                                                          "compare_server_default": True})
+        context = MigrationContext.configure(
+            conn, opts={"version_table": VERSION_TABLE, "compare_type": True, "compare_server_default": True}
+        )
         return compare_metadata(context, target)
 
 

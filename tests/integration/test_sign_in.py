@@ -43,7 +43,7 @@ def test_throttle_counts_blocks_and_forgives_a_success(engine):
         assert 60 < gates[4].wait_seconds <= 120
         repository.sessions.login_succeeded(conn, [address, pair])
         rows = dict(conn.execute(sa.select(login_throttle.c.id, login_throttle.c.failures)).all())
-        assert rows == {"addr": 4}            # the pair starts over, the address gets one back
+        assert rows == {"addr": 4}  # the pair starts over, the address gets one back
         assert repository.sessions.login_attempt(conn, [address, ThrottleKey("other", RULE)]).allowed
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pymysql
 import sqlalchemy as sa
 
-from soak import run as soak_run
 from jobqueue.core import service
 from jobqueue.core.db import create_engine
+from soak import run as soak_run
 
 
 def test_the_hold_locks_exactly_the_rows_it_reports(mysql_url, tmp_path, monkeypatch):
@@ -21,9 +21,18 @@ def test_the_hold_locks_exactly_the_rows_it_reports(mysql_url, tmp_path, monkeyp
         with engine.connect() as conn:
             service.enqueue_many(conn, [{"task": "noop", "task_key": f"k{i}"} for i in range(20)])
         soak = soak_run.Soak(soak_run.Plan.quick(), 1, tmp_path)
-        monkeypatch.setattr(soak, "_connect", lambda own=True: pymysql.connect(
-            host=url.host, port=url.port or 3306, user=url.username, password=url.password or "",
-            database=url.database, autocommit=True))
+        monkeypatch.setattr(
+            soak,
+            "_connect",
+            lambda own=True: pymysql.connect(
+                host=url.host,
+                port=url.port or 3306,
+                user=url.username,
+                password=url.password or "",
+                database=url.database,
+                autocommit=True,
+            ),
+        )
         soak.fault_hold_rows(lambda seconds, release: ends.append(release))
         assert soak.plan.hold_rows == 5 and "holding 5 ready rows" in soak.fault_log[-1]
         with engine.connect() as conn:
@@ -31,6 +40,6 @@ def test_the_hold_locks_exactly_the_rows_it_reports(mysql_url, tmp_path, monkeyp
         assert len(cycle.claimed) == 15 and cycle.skipped == 5, (len(cycle.claimed), cycle.skipped)
     finally:
         for release in ends:
-            release()   # the held rows' transaction ends either way (the teardown drops the database)
+            release()  # the held rows' transaction ends either way (the teardown drops the database)
         engine.dispose()
     assert soak.held_touched == []

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from testkit.procs import WorkerProcess, wait_until
-from testkit.web import api, signed_in_app
 from jobqueue.core.db import PEER_CHECK_SECONDS, create_engine
 from jobqueue.core.migrate import init_db
+from testkit.procs import WorkerProcess, wait_until
+from testkit.web import api, signed_in_app
 from tests.conftest import database_on
 
 pytestmark = pytest.mark.slow
@@ -22,10 +22,16 @@ PASSWORD = "jq-split-brain"
 
 
 def insert_jobs(server, keys, seconds: float) -> None:
-    values = ", ".join(f"('{k}', 'slow_noop', 'default', 0, '{{\"seconds\": {seconds}}}', 'ready', UTC_TIMESTAMP(6), "
-                       "0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))" for k in keys)
-    server.execute("INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
-                   f"max_attempts, created_at, updated_at) VALUES {values}", database="jq")
+    values = ", ".join(
+        f"('{k}', 'slow_noop', 'default', 0, '{{\"seconds\": {seconds}}}', 'ready', UTC_TIMESTAMP(6), "
+        "0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
+        for k in keys
+    )
+    server.execute(
+        "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
+        f"max_attempts, created_at, updated_at) VALUES {values}",
+        database="jq",
+    )
 
 
 def claimed(server) -> set[str]:
@@ -70,9 +76,10 @@ def test_a_failover_that_left_the_old_primary_writable(two_servers, tmp_path):
     so (log, heartbeat, /api/health, dashboard), until A is made read-only; then it goes on on B.
     Before the fix its pool kept the connections to A that survived: claims went to both."""
     (a, b), (url_a, url_b) = two_servers
-    b.execute("SET GLOBAL read_only = ON")   # the standby
-    w = WorkerProcess(f"{url_a} {url_b}", tmp_path, "w", "--concurrency", "4", "--lease-seconds", "5",
-                      "--idle-cap-seconds", "0.5")
+    b.execute("SET GLOBAL read_only = ON")  # the standby
+    w = WorkerProcess(
+        f"{url_a} {url_b}", tmp_path, "w", "--concurrency", "4", "--lease-seconds", "5", "--idle-cap-seconds", "0.5"
+    )
     # The dashboard of the side the worker moves to.
     with signed_in_app(b.url("jq")) as (_, client):
         run_the_failover(a, b, w, client)
@@ -95,14 +102,18 @@ def run_the_failover(a, b, w, client) -> None:
         w.wait_for_log(r"event=primary_found address=" + f"{b.host}:{b.port}", timeout=20)
         time.sleep(1.0)
         on_a_at_switch = claimed(a)
-        a.execute("ALTER USER 'jq'@'%' ACCOUNT UNLOCK")   # both writable from here on
+        a.execute("ALTER USER 'jq'@'%' ACCOUNT UNLOCK")  # both writable from here on
         unlocked = time.monotonic()
         w.wait_for_log(r"event=two_primaries ", timeout=PEER_CHECK_SECONDS + 5)
         detected_after = time.monotonic() - unlocked
-        time.sleep(1.0)   # a claim cycle already under way when it was seen
+        time.sleep(1.0)  # a claim cycle already under way when it was seen
         on_b_when_seen = claimed(b)
-        wait_until(lambda: "split_brain" in api(client, "GET", "/api/health").get_data(as_text=True),
-                   timeout=5, interval=0.2, message="/api/health names the worker's state")
+        wait_until(
+            lambda: "split_brain" in api(client, "GET", "/api/health").get_data(as_text=True),
+            timeout=5,
+            interval=0.2,
+            message="/api/health names the worker's state",
+        )
         health = api(client, "GET", "/api/health")
         assert health.status_code == 503, health.get_data(as_text=True)
         worker = next(x for x in health.get_json()["workers"] if x["id"].endswith(":w"))
@@ -117,8 +128,10 @@ def run_the_failover(a, b, w, client) -> None:
         w.wait_for_log(r"event=two_primaries_resolved", timeout=PEER_CHECK_SECONDS + 5)
         wait_until(lambda: count(b, "done") == JOBS, timeout=60, message="B's jobs all run")
         assert claimed(a) == on_a_at_switch
-        print(f"killed {killed} connections; split seen {detected_after:.1f} s after A was writable again; "
-              f"claimed on A {len(on_a_at_switch)}")
+        print(
+            f"killed {killed} connections; split seen {detected_after:.1f} s after A was writable again; "
+            f"claimed on A {len(on_a_at_switch)}"
+        )
     finally:
         w.stop()
 
@@ -126,7 +139,7 @@ def run_the_failover(a, b, w, client) -> None:
 def test_two_writable_shared_servers_get_no_claim(db_server, tmp_path):
     """The same database name on two shared servers (both writable, nothing global changed): a
     worker given both claims on neither and says why; its heartbeat (on the chosen one) too."""
-    other = "mysql" if db_server == "mariadb" else "mariadb"   # the second 'host'
+    other = "mysql" if db_server == "mariadb" else "mariadb"  # the second 'host'
 
     with database_on(db_server) as url_a, database_on(other) as url_b:
         for url in (url_a, url_b):
@@ -135,7 +148,8 @@ def test_two_writable_shared_servers_get_no_claim(db_server, tmp_path):
                 conn.exec_driver_sql(
                     "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
                     "max_attempts, created_at, updated_at) VALUES ('only', 'slow_noop', 'default', 0, '{}', 'ready', "
-                    "UTC_TIMESTAMP(6), 0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))")
+                    "UTC_TIMESTAMP(6), 0, 5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
+                )
             engine.dispose()
         w = WorkerProcess(f"{url_a} {url_b}", tmp_path, "w", "--concurrency", "2", "--idle-cap-seconds", "0.5")
         try:

@@ -17,7 +17,6 @@ import pytest
 import sqlalchemy as sa
 
 from jobqueue.core import service
-
 from jobqueue.core.schema import job_queue
 from testkit.procs import WorkerProcess, jobqueue, wait_until
 
@@ -26,9 +25,21 @@ jq = job_queue.c
 
 def enqueue_runs(engine, tmp_path, n: int, seconds: float, queue: str = "default") -> list[int]:
     with engine.connect() as conn:
-        return [r.id for r in service.enqueue_many(conn, [
-            {"task": "record_runs", "task_key": f"{queue}-{i}", "queue": queue,
-             "payload": {"seconds": seconds, "log": str(tmp_path / f"runs-{queue}-{i}.log")}} for i in range(n)])]
+        return [
+            r.id
+            for r in service.enqueue_many(
+                conn,
+                [
+                    {
+                        "task": "record_runs",
+                        "task_key": f"{queue}-{i}",
+                        "queue": queue,
+                        "payload": {"seconds": seconds, "log": str(tmp_path / f"runs-{queue}-{i}.log")},
+                    }
+                    for i in range(n)
+                ],
+            )
+        ]
 
 
 def starts(tmp_path, queue: str, i: int) -> list[tuple[int, float]]:
@@ -42,8 +53,10 @@ def starts(tmp_path, queue: str, i: int) -> list[tuple[int, float]]:
 
 def rows(engine, ids):
     with engine.connect() as conn:
-        return {r.id: (r.status, r.attempts) for r in conn.execute(
-            sa.select(jq.id, jq.status, jq.attempts).where(jq.id.in_(ids))).all()}
+        return {
+            r.id: (r.status, r.attempts)
+            for r in conn.execute(sa.select(jq.id, jq.status, jq.attempts).where(jq.id.in_(ids))).all()
+        }
 
 
 @pytest.mark.parametrize("action", [("cancel",), ("fail",), ("requeue", "--force")], ids=lambda a: a[0])
@@ -54,8 +67,11 @@ def test_a_prefetched_job_taken_back_by_an_operator_never_starts_afterwards(mysq
     ids = enqueue_runs(mysql_engine, tmp_path, 3, seconds=3)
     worker = WorkerProcess(mysql_url, tmp_path, "w1", "--concurrency", "1", "--prefetch", "2")
     try:
-        wait_until(lambda: rows(mysql_engine, ids) == {i: ("running", 1) for i in ids} and starts(tmp_path, "default", 0),
-                   timeout=20, message="all three claimed, the first started")
+        wait_until(
+            lambda: rows(mysql_engine, ids) == {i: ("running", 1) for i in ids} and starts(tmp_path, "default", 0),
+            timeout=20,
+            message="all three claimed, the first started",
+        )
         assert not starts(tmp_path, "default", 1), "the second job started while the first ran"
         done = jobqueue(mysql_url, *action, str(ids[1]))
         answered = time.time()
@@ -63,46 +79,63 @@ def test_a_prefetched_job_taken_back_by_an_operator_never_starts_afterwards(mysq
         # The third job starts once the first ends (~3 s): by then the second would have started.
         wait_until(lambda: starts(tmp_path, "default", 2), timeout=15, message="the third job started")
         time.sleep(0.5)
-        late = [(attempt, round(at - answered, 3)) for attempt, at in starts(tmp_path, "default", 1)
-                if attempt == 1 and at >= answered]
+        late = [
+            (attempt, round(at - answered, 3))
+            for attempt, at in starts(tmp_path, "default", 1)
+            if attempt == 1 and at >= answered
+        ]
         assert late == [], f"attempt 1 of job {ids[1]} started {late[0][1]} s after `{' '.join(action)}` answered"
         expected = {"cancel": "cancelled", "fail": "failed"}.get(action[0])
         if expected:
             assert rows(mysql_engine, [ids[1]])[ids[1]][0] == expected
         else:
-            wait_until(lambda: rows(mysql_engine, [ids[1]])[ids[1]] == ("done", 2), timeout=20,
-                       message="the requeued job done by its second attempt")
+            wait_until(
+                lambda: rows(mysql_engine, [ids[1]])[ids[1]] == ("done", 2),
+                timeout=20,
+                message="the requeued job done by its second attempt",
+            )
     finally:
         code = worker.stop()
     assert code == 0, worker.log()[-3000:]
 
 
 def test_prefetched_jobs_of_a_paused_queue_never_start_and_go_back_ready_with_their_attempts(
-        mysql_url, mysql_engine, tmp_path):
+    mysql_url, mysql_engine, tmp_path
+):
     """One thread, three prefetched 2 s jobs; the queue is paused while the first runs. The first
     finishes; none of the others starts after the pause answered; they are `ready` again with
     attempts = 1 (the claim's, kept), and run after the resume."""
     ids = enqueue_runs(mysql_engine, tmp_path, 4, seconds=2, queue="held")
     worker = WorkerProcess(mysql_url, tmp_path, "w1", "--concurrency", "1", "--prefetch", "3", "--queues", "held")
     try:
-        wait_until(lambda: rows(mysql_engine, ids) == {i: ("running", 1) for i in ids} and starts(tmp_path, "held", 0),
-                   timeout=20, message="all four claimed, the first started")
+        wait_until(
+            lambda: rows(mysql_engine, ids) == {i: ("running", 1) for i in ids} and starts(tmp_path, "held", 0),
+            timeout=20,
+            message="all four claimed, the first started",
+        )
         done = jobqueue(mysql_url, "pause", "held")
         answered = time.time()
         assert done.returncode == 0, done.stderr
         wait_until(lambda: rows(mysql_engine, ids[:1])[ids[0]] == ("done", 1), timeout=10, message="the first done")
-        time.sleep(2.5)   # before the fix, the second started as the first ended
-        late = {i: round(at - answered, 3) for i in range(1, 4) for _, at in starts(tmp_path, "held", i)
-                if at >= answered}
+        time.sleep(2.5)  # before the fix, the second started as the first ended
+        late = {
+            i: round(at - answered, 3) for i in range(1, 4) for _, at in starts(tmp_path, "held", i) if at >= answered
+        }
         assert late == {}, f"handlers started this many seconds after the pause answered: {late}"
         # On a loaded machine the first may end, and the second start, before the command returns.
         waited = [ids[i] for i in range(1, 4) if not starts(tmp_path, "held", i)]
         assert len(waited) >= 2, "the pause came too late to test anything"
-        wait_until(lambda: rows(mysql_engine, waited) == {i: ("ready", 1) for i in waited}, timeout=10,
-                   message=f"the prefetched jobs released to ready with attempts kept ({rows(mysql_engine, ids)})")
+        wait_until(
+            lambda: rows(mysql_engine, waited) == {i: ("ready", 1) for i in waited},
+            timeout=10,
+            message=f"the prefetched jobs released to ready with attempts kept ({rows(mysql_engine, ids)})",
+        )
         assert jobqueue(mysql_url, "resume", "held").returncode == 0
-        wait_until(lambda: rows(mysql_engine, waited) == {i: ("done", 2) for i in waited}, timeout=30,
-                   message="the released jobs run after the resume")
+        wait_until(
+            lambda: rows(mysql_engine, waited) == {i: ("done", 2) for i in waited},
+            timeout=30,
+            message="the released jobs run after the resume",
+        )
     finally:
         code = worker.stop()
     assert code == 0, worker.log()[-3000:]

@@ -6,9 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from jobqueue.core import repository
-
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.migrate import init_db
 
@@ -32,10 +30,10 @@ def test_stop_kill_and_start_keep_port_and_data(throwaway_server):
                 conn.exec_driver_sql("SELECT 1")
         server.start()
         assert server.port == port
-        server.kill()                      # a crash: InnoDB recovers the committed job
+        server.kill()  # a crash: InnoDB recovers the committed job
         server.start()
         assert server.port == port
-        with engine.connect() as conn:     # the engine from before the restarts reconnects
+        with engine.connect() as conn:  # the engine from before the restarts reconnects
             assert repository.stats.count_by_status(conn) == [("default", "ready", 1)]
     finally:
         engine.dispose()

@@ -9,13 +9,12 @@ import time
 
 import pytest
 
-from testkit.procs import wait_until
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.builtin_tasks import noop
 from jobqueue.core.models import Status
 from jobqueue.core.tasks import Registry, TaskSpec
 from jobqueue.core.worker import Worker, WorkerConfig
+from testkit.procs import wait_until
 
 
 def test_a_2_s_timeout_on_a_5_s_job_fails_the_attempt_as_timeout(engine):
@@ -47,7 +46,9 @@ def test_a_2_s_timeout_on_a_5_s_job_fails_the_attempt_as_timeout(engine):
     with engine.connect() as conn:
         history = repository.reads.list_attempts(conn, res.id)
     assert [(h["attempt"], h["outcome"], h["error"]) for h in history] == [
-        (1, "timeout", "timed out after 2 s"), (2, "timeout", "timed out after 2 s")]
+        (1, "timeout", "timed out after 2 s"),
+        (2, "timeout", "timed out after 2 s"),
+    ]
     # Each handler heard of it (ctx.lease_lost) about 2 s in, not at the end of its 5 s.
     assert [a for a, told, _ in seen] == [1, 2] and all(told for _, told, _ in seen)
     assert all(1.9 <= took < 3.0 for _, _, took in seen), seen

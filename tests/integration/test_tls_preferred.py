@@ -7,7 +7,6 @@ from __future__ import annotations
 import ssl
 
 from jobqueue.core.db import create_engine, preferred_tls_context
-
 from testkit.tls import self_signed_certificate
 
 
@@ -15,7 +14,7 @@ def test_the_preferred_context_verifies_nothing_and_loads_no_ca_store():
     context = preferred_tls_context()
     assert context.verify_mode == ssl.CERT_NONE and not context.check_hostname
     assert context.cert_store_stats()["x509_ca"] == 0
-    assert preferred_tls_context() is context   # one per process
+    assert preferred_tls_context() is context  # one per process
 
 
 def test_a_server_offering_tls_gets_an_encrypted_connection(throwaway_server, db_server, tmp_path):
@@ -23,7 +22,7 @@ def test_a_server_offering_tls_gets_an_encrypted_connection(throwaway_server, db
         cert, key = self_signed_certificate(tmp_path / "tls")
         server = throwaway_server(f"--ssl-cert={cert}", f"--ssl-key={key}")
     else:
-        server = throwaway_server()    # MySQL 8+ and MariaDB 11.4+ make a certificate of their own
+        server = throwaway_server()  # MySQL 8+ and MariaDB 11.4+ make a certificate of their own
     engine = create_engine(server.create_database("jq"), pool_size=1)
     try:
         with engine.connect() as conn:

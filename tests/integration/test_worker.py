@@ -11,14 +11,13 @@ import pymysql
 import sqlalchemy as sa
 from sqlalchemy.exc import OperationalError
 
-from testkit.procs import WorkerProcess, wait_until
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.builtin_tasks import noop
 from jobqueue.core.models import Status
 from jobqueue.core.schema import job_queue
 from jobqueue.core.tasks import Registry, TaskSpec
 from jobqueue.core.worker import Worker, WorkerConfig
+from testkit.procs import WorkerProcess, wait_until
 
 jq = job_queue.c
 
@@ -85,8 +84,9 @@ def test_handler_errors_retry_with_backoff_then_fail(engine):
 
     with engine.connect() as conn:
         res = service.enqueue(conn, "boom", "b1", max_attempts=3, registry=registry_with(boom=(boom, {})))
-    worker = Worker(engine, WorkerConfig(concurrency=1),
-                    registry=registry_with(boom=(boom, {"retry_base_seconds": 0.05})))
+    worker = Worker(
+        engine, WorkerConfig(concurrency=1), registry=registry_with(boom=(boom, {"retry_base_seconds": 0.05}))
+    )
     t = start(worker)
     try:
         wait_until(lambda: job(engine, res.id).status is Status.FAILED, timeout=10, message="failed for good")
@@ -170,8 +170,13 @@ def test_sigterm_releases_running_job_and_exits_zero(mysql_url, mysql_engine, tm
 
 
 def _lost_connection() -> OperationalError:
-    return OperationalError("SELECT 1", {}, pymysql.err.OperationalError(
-        2003, "Can't connect to MySQL server on '127.0.0.1' ([Errno 111] Connection refused)"))
+    return OperationalError(
+        "SELECT 1",
+        {},
+        pymysql.err.OperationalError(
+            2003, "Can't connect to MySQL server on '127.0.0.1' ([Errno 111] Connection refused)"
+        ),
+    )
 
 
 def test_record_result_rides_out_a_database_outage(engine, monkeypatch):
@@ -216,6 +221,7 @@ def test_record_result_rides_out_a_database_outage(engine, monkeypatch):
 def test_record_result_does_not_retry_a_result_the_database_refuses(engine):
     """Only lost connections and lock trouble are waited out: a result that cannot be stored
     fails the attempt at once."""
+
     def bad(payload, ctx):
         ctx.record_result({"not json": object()})
 

@@ -38,7 +38,7 @@ def application(engine: sa.Engine) -> list[int]:
         cancelled: Status | None = jq.cancel(job.id, "not needed", actor="app:billing").after
         assert cancelled is Status.CANCELLED
     why: Explanation = jq.explain(first.id)
-    codes: list[str] = [reason.code for reason in why.reasons] + why.codes
+    _codes: list[str] = [reason.code for reason in why.reasons] + why.codes
     jq.close()
     return [first.id, again.id] + [j.id for j in ready]
 

@@ -10,7 +10,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "claim-sql.md"
 
 def test_the_claim_sql_document_is_up_to_date():
     assert DOC.read_text() == claim_sql.document(), (
-        "docs/claim-sql.md is stale: run `python -m jobqueue.core.repository.claim_sql > docs/claim-sql.md`")
+        "docs/claim-sql.md is stale: run `python -m jobqueue.core.repository.claim_sql > docs/claim-sql.md`"
+    )
 
 
 def test_every_shape_is_in_the_document():

@@ -7,9 +7,11 @@ from __future__ import annotations
 from drill.readonly import compare_origins, window_of
 from testkit.replication import LoggedCommand
 
-CLAIM = ("SELECT job_queue.id, job_queue.task_key, @@global.read_only FROM job_queue FORCE INDEX (ix_ready_pick) "
-         "WHERE job_queue.status = 'ready' AND job_queue.queue = 'default' ORDER BY job_queue.priority, job_queue.id "
-         "LIMIT 4 FOR UPDATE SKIP LOCKED")
+CLAIM = (
+    "SELECT job_queue.id, job_queue.task_key, @@global.read_only FROM job_queue FORCE INDEX (ix_ready_pick) "
+    "WHERE job_queue.status = 'ready' AND job_queue.queue = 'default' ORDER BY job_queue.priority, job_queue.id "
+    "LIMIT 4 FOR UPDATE SKIP LOCKED"
+)
 TAKE = "UPDATE job_queue SET status='running', lease_owner=CASE job_queue.id WHEN 7 THEN 'h:1:1' END WHERE id IN (7)"
 
 
@@ -18,11 +20,16 @@ def entry(argument: str, user: str | None = "jq_app@10.0.0.4", command: str = "Q
 
 
 def test_claims_and_writes_from_the_application_are_counted_and_the_rest_is_not():
-    entries = [entry(CLAIM), entry(CLAIM, command="Execute"), entry(TAKE), entry("SELECT 1"),
-               entry("INSERT INTO job_result VALUES (1)"),
-               entry(TAKE, user="root@10.0.0.1"),       # the drill's own statements
-               entry(TAKE, user=None),                  # the replica's SQL thread applying the primary's
-               entry("jq_app@10.0.0.4 on drill", command="Connect")]
+    entries = [
+        entry(CLAIM),
+        entry(CLAIM, command="Execute"),
+        entry(TAKE),
+        entry("SELECT 1"),
+        entry("INSERT INTO job_result VALUES (1)"),
+        entry(TAKE, user="root@10.0.0.1"),  # the drill's own statements
+        entry(TAKE, user=None),  # the replica's SQL thread applying the primary's
+        entry("jq_app@10.0.0.4 on drill", command="Connect"),
+    ]
     window = window_of(entries, "db2", "jq_app")
     assert (window.statements, window.claims, window.claim_updates, window.writes) == (5, 2, 1, 2)
     assert window.examples[0].startswith("UPDATE job_queue")

@@ -30,13 +30,43 @@ DATA_LOCKS = [
 ]
 # information_schema.INNODB_TRX joined to threads and events_statements_current.
 TRX = [
-    (41, "app", "10.0.0.7", datetime(2026, 12, 2, 9, 0, 0), 754, "RUNNING", "Sleep", None,
-     "SELECT * FROM job_queue WHERE id IN (12, 13) FOR UPDATE", 3),
+    (
+        41,
+        "app",
+        "10.0.0.7",
+        datetime(2026, 12, 2, 9, 0, 0),
+        754,
+        "RUNNING",
+        "Sleep",
+        None,
+        "SELECT * FROM job_queue WHERE id IN (12, 13) FOR UPDATE",
+        3,
+    ),
     (41, "app", "10.0.0.7", datetime(2026, 12, 2, 9, 0, 0), 754, "RUNNING", "Sleep", None, "SELECT 1", 3),
-    (57, "ops", "bastion", datetime(2026, 12, 2, 9, 12, 30), 4, "LOCK WAIT", "Query", "executing",
-     "UPDATE job_queue SET status = 'failed' WHERE id = 12", 1),
-    (63, "migrate", "deploy", datetime(2026, 12, 2, 8, 0, 0), 4354, "RUNNING", "Query", "updating",
-     "UPDATE job_queue SET priority = 0", 200_000),
+    (
+        57,
+        "ops",
+        "bastion",
+        datetime(2026, 12, 2, 9, 12, 30),
+        4,
+        "LOCK WAIT",
+        "Query",
+        "executing",
+        "UPDATE job_queue SET status = 'failed' WHERE id = 12",
+        1,
+    ),
+    (
+        63,
+        "migrate",
+        "deploy",
+        datetime(2026, 12, 2, 8, 0, 0),
+        4354,
+        "RUNNING",
+        "Query",
+        "updating",
+        "UPDATE job_queue SET priority = 0",
+        200_000,
+    ),
 ]
 STATUS = """
 =====================================
@@ -83,10 +113,15 @@ class MySQL80:
         sql = str(stmt.compile(dialect=mysql.dialect()))
         self.sent.append(sql)
         if sql.endswith("FOR UPDATE NOWAIT"):
-            raise OperationalError(sql, {}, pymysql.err.OperationalError(
-                3572, "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set."))
+            raise OperationalError(
+                sql,
+                {},
+                pymysql.err.OperationalError(
+                    3572, "Statement aborted because lock(s) could not be acquired immediately and NOWAIT is set."
+                ),
+            )
         if "performance_schema.data_locks" in sql:
-            assert 4263 not in params["trx"] and 4270 not in params["trx"]   # big ones are never read
+            assert 4263 not in params["trx"] and 4270 not in params["trx"]  # big ones are never read
             return Result([r for r in DATA_LOCKS if r[0] in params["trx"]])
         if "information_schema.INNODB_TRX" in sql and "trx_rows_locked > 0" in sql:
             return Result(LOCKING_TRX)
@@ -106,11 +141,16 @@ class MySQL80:
         pass
 
 
-@pytest.mark.parametrize("index, data, job", [
-    ("PRIMARY", "12", 12), ("ix_ready_pick", "'ready', 'default', 0, 13", 13),
-    ("ix_due", "'scheduled', '2026-12-02 09:00:00.000000', 'default', 77", 77),
-    ("PRIMARY", "supremum pseudo-record", None), ("PRIMARY", None, None),
-])
+@pytest.mark.parametrize(
+    "index, data, job",
+    [
+        ("PRIMARY", "12", 12),
+        ("ix_ready_pick", "'ready', 'default', 0, 13", 13),
+        ("ix_due", "'scheduled', '2026-12-02 09:00:00.000000', 'default', 77", 77),
+        ("PRIMARY", "supremum pseudo-record", None),
+        ("PRIMARY", None, None),
+    ],
+)
 def test_the_job_of_a_record_lock(index, data, job):
     assert locks.job_of_lock(index, data) == job
 
@@ -118,12 +158,12 @@ def test_the_job_of_a_record_lock(index, data, job):
 def test_who_holds_a_row_is_read_from_data_locks_without_waiting():
     conn = MySQL80()
     lock = locks.row_lock(conn, 12)
-    assert conn.sent[0].endswith("FOR UPDATE NOWAIT")                       # tried first, refused (3572)
-    assert lock.held and [t.connection_id for t in lock.holders] == [41]     # the waiter 57 holds nothing
+    assert conn.sent[0].endswith("FOR UPDATE NOWAIT")  # tried first, refused (3572)
+    assert lock.held and [t.connection_id for t in lock.holders] == [41]  # the waiter 57 holds nothing
     holder = lock.holders[0]
     assert (holder.account, holder.age_seconds, holder.rows_locked) == ("app@10.0.0.7", 754.0, 3)
-    assert holder.statement.startswith("SELECT * FROM job_queue WHERE id IN (12, 13)")   # its last statement
-    assert not any("INNODB_LOCK" in s for s in conn.sent)        # MySQL 8.0 has no such tables
+    assert holder.statement.startswith("SELECT * FROM job_queue WHERE id IN (12, 13)")  # its last statement
+    assert not any("INNODB_LOCK" in s for s in conn.sent)  # MySQL 8.0 has no such tables
     assert any("events_statements_current" in s for s in conn.sent)
 
 
@@ -143,8 +183,13 @@ def test_a_lock_read_cut_short_by_the_time_limit_says_so():
     class Slow(MySQL80):
         def execute(self, stmt, params=None):
             if "performance_schema.data_locks" in str(stmt):
-                raise OperationalError("", {}, pymysql.err.OperationalError(
-                    3024, "Query execution was interrupted, maximum statement execution time exceeded"))
+                raise OperationalError(
+                    "",
+                    {},
+                    pymysql.err.OperationalError(
+                        3024, "Query execution was interrupted, maximum statement execution time exceeded"
+                    ),
+                )
             return super().execute(stmt, params)
 
     assert "took over" in locks.lock_report(Slow()).unavailable

@@ -26,31 +26,48 @@ MYSQL_ROOT = [
 ]
 # MySQL 8.0: the account docs/deploy.md recommends, one with CONNECTION_ADMIN on top, one whose
 # privileges come through a role, and one with ALL on its database (DDL included, no SUPER).
-MYSQL_APP = ["GRANT USAGE ON *.* TO `jobqueue`@`%`",
-             "GRANT SELECT, INSERT, UPDATE, DELETE ON `jobqueue`.* TO `jobqueue`@`%`"]
-MYSQL_CONNECTION_ADMIN = ["GRANT USAGE ON *.* TO `jobqueue`@`%`",
-                          "GRANT CONNECTION_ADMIN ON *.* TO `jobqueue`@`%`",
-                          "GRANT SELECT, INSERT, UPDATE, DELETE ON `jobqueue`.* TO `jobqueue`@`%`"]
+MYSQL_APP = [
+    "GRANT USAGE ON *.* TO `jobqueue`@`%`",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON `jobqueue`.* TO `jobqueue`@`%`",
+]
+MYSQL_CONNECTION_ADMIN = [
+    "GRANT USAGE ON *.* TO `jobqueue`@`%`",
+    "GRANT CONNECTION_ADMIN ON *.* TO `jobqueue`@`%`",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON `jobqueue`.* TO `jobqueue`@`%`",
+]
 MYSQL_ROLE = ["GRANT USAGE ON *.* TO `jobqueue`@`%`", "GRANT `queue_rw`@`%` TO `jobqueue`@`%`"]
-MYSQL_ALL_ON_DB = ["GRANT USAGE ON *.* TO `ml_app`@`localhost`",
-                   "GRANT ALL PRIVILEGES ON `ml_app`.* TO `ml_app`@`localhost`"]
-MYSQL_PATTERN = ["GRANT USAGE ON *.* TO `jq`@`10.0.%`",
-                 "GRANT SELECT, INSERT, UPDATE, DELETE ON `jq\\_prod\\_%`.* TO `jq`@`10.0.%`"]
-MYSQL_TABLES = ["GRANT USAGE ON *.* TO `jq`@`%`"] + [
-    f"GRANT SELECT, INSERT, UPDATE, DELETE ON `jq`.`{t}` TO `jq`@`%`" for t in QUEUE_TABLES if t != "audit_log"] + [
-    "GRANT SELECT (`id`, `at`), INSERT ON `jq`.`audit_log` TO `jq`@`%`"]
+MYSQL_ALL_ON_DB = [
+    "GRANT USAGE ON *.* TO `ml_app`@`localhost`",
+    "GRANT ALL PRIVILEGES ON `ml_app`.* TO `ml_app`@`localhost`",
+]
+MYSQL_PATTERN = [
+    "GRANT USAGE ON *.* TO `jq`@`10.0.%`",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON `jq\\_prod\\_%`.* TO `jq`@`10.0.%`",
+]
+MYSQL_TABLES = (
+    ["GRANT USAGE ON *.* TO `jq`@`%`"]
+    + [f"GRANT SELECT, INSERT, UPDATE, DELETE ON `jq`.`{t}` TO `jq`@`%`" for t in QUEUE_TABLES if t != "audit_log"]
+    + ["GRANT SELECT (`id`, `at`), INSERT ON `jq`.`audit_log` TO `jq`@`%`"]
+)
 
 # MariaDB 10.11.
-MARIADB_ROOT = ["GRANT ALL PRIVILEGES ON *.* TO `root`@`localhost` IDENTIFIED VIA mysql_native_password USING "
-                "'invalid' OR unix_socket WITH GRANT OPTION",
-                "GRANT PROXY ON ''@'%' TO 'root'@'localhost' WITH GRANT OPTION"]
-MARIADB_APP = ["GRANT USAGE ON *.* TO `jq`@`127.0.0.1` IDENTIFIED BY PASSWORD "
-               "'*2470C0C06DEE42FD1618BB99005ADCA2EC9D1E19'",
-               "GRANT SELECT, INSERT, UPDATE, DELETE ON `jq`.* TO `jq`@`127.0.0.1`"]
-MARIADB_READ_ONLY_ADMIN = ["GRANT READ_ONLY ADMIN ON *.* TO `jq`@`127.0.0.1`",
-                           "GRANT SELECT, INSERT, UPDATE, DELETE ON `jq`.* TO `jq`@`127.0.0.1`"]
-MARIADB_SUPER = ["GRANT SUPER ON *.* TO `jq`@`127.0.0.1`",
-                 "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, INDEX, DROP ON `jq`.* TO `jq`@`127.0.0.1`"]
+MARIADB_ROOT = [
+    "GRANT ALL PRIVILEGES ON *.* TO `root`@`localhost` IDENTIFIED VIA mysql_native_password USING "
+    "'invalid' OR unix_socket WITH GRANT OPTION",
+    "GRANT PROXY ON ''@'%' TO 'root'@'localhost' WITH GRANT OPTION",
+]
+MARIADB_APP = [
+    "GRANT USAGE ON *.* TO `jq`@`127.0.0.1` IDENTIFIED BY PASSWORD '*2470C0C06DEE42FD1618BB99005ADCA2EC9D1E19'",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON `jq`.* TO `jq`@`127.0.0.1`",
+]
+MARIADB_READ_ONLY_ADMIN = [
+    "GRANT READ_ONLY ADMIN ON *.* TO `jq`@`127.0.0.1`",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON `jq`.* TO `jq`@`127.0.0.1`",
+]
+MARIADB_SUPER = [
+    "GRANT SUPER ON *.* TO `jq`@`127.0.0.1`",
+    "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, INDEX, DROP ON `jq`.* TO `jq`@`127.0.0.1`",
+]
 
 
 def test_mysql_root_holds_super_and_connection_admin():
@@ -74,13 +91,13 @@ def test_mysql_roles_database_patterns_table_and_column_grants():
     assert role.roles == ("`queue_rw`@`%`",)
     assert all(not held for held in role.on_tables("jobqueue", QUEUE_TABLES).values())
     all_on_db = parse_grants(MYSQL_ALL_ON_DB)
-    assert all_on_db.read_only_exempt("mysql") == []          # ALL on one database is not ALL on *.*
+    assert all_on_db.read_only_exempt("mysql") == []  # ALL on one database is not ALL on *.*
     assert {"CREATE", "DROP", "SELECT"} <= all_on_db.on_tables("ml_app", ["job_queue"])["job_queue"]
     pattern = parse_grants(MYSQL_PATTERN)
     assert set(DML) <= pattern.on_tables("jq_prod_eu", ["job_queue"])["job_queue"]
-    assert not pattern.on_tables("jqXprod_eu", ["job_queue"])["job_queue"]      # "\_" is a literal underscore
+    assert not pattern.on_tables("jqXprod_eu", ["job_queue"])["job_queue"]  # "\_" is a literal underscore
     tables = parse_grants(MYSQL_TABLES).on_tables("jq", QUEUE_TABLES)
-    assert set(DML) <= tables["job_queue"] and tables["audit_log"] == {"INSERT"}   # SELECT on two columns only
+    assert set(DML) <= tables["job_queue"] and tables["audit_log"] == {"INSERT"}  # SELECT on two columns only
 
 
 def test_mariadb_forms():

@@ -9,12 +9,12 @@ from datetime import datetime, timedelta
 import pytest
 
 from jobqueue.core.backoff import IdleBackoff, retry_delay
+from jobqueue.core.db import resolve_url
+from jobqueue.core.doctor import Verdict, check_server, clock_verdict
 from jobqueue.core.errors import UnsupportedDatabase
 from jobqueue.core.logs import RateLimited, event
 from jobqueue.core.models import EmptyClaim, EmptyClaimReport
-from jobqueue.core.doctor import Verdict, check_server, clock_verdict
 from jobqueue.core.preflight import BinlogSettings, binlog_refusal, check_version, parse_version, writable_refusal
-from jobqueue.core.db import resolve_url
 
 
 def test_retry_delay_grows_exponentially_with_jitter_and_a_cap():
@@ -46,14 +46,17 @@ def test_idle_backoff_by_kind_of_empty_claim():
     assert b2.next(soon) <= 0.3  # a retry coming due cuts the sleep short
 
 
-@pytest.mark.parametrize("text, flavour, version, ok", [
-    ("10.11.19-MariaDB-0+deb12u1", "mariadb", (10, 11, 19), True),
-    ("5.5.5-10.6.12-MariaDB-log", "mariadb", (10, 6, 12), True),
-    ("10.5.23-MariaDB", "mariadb", (10, 5, 23), False),
-    ("8.0.36", "mysql", (8, 0, 36), True),
-    ("8.0.0-dmr", "mysql", (8, 0, 0), False),
-    ("5.7.44-log", "mysql", (5, 7, 44), False),
-])
+@pytest.mark.parametrize(
+    "text, flavour, version, ok",
+    [
+        ("10.11.19-MariaDB-0+deb12u1", "mariadb", (10, 11, 19), True),
+        ("5.5.5-10.6.12-MariaDB-log", "mariadb", (10, 6, 12), True),
+        ("10.5.23-MariaDB", "mariadb", (10, 5, 23), False),
+        ("8.0.36", "mysql", (8, 0, 36), True),
+        ("8.0.0-dmr", "mysql", (8, 0, 0), False),
+        ("5.7.44-log", "mysql", (5, 7, 44), False),
+    ],
+)
 def test_server_versions(text, flavour, version, ok):
     info = parse_version(text)
     assert (info.flavour, info.version) == (flavour, version)
@@ -74,13 +77,16 @@ def test_old_server_is_a_doctor_problem_with_the_same_reason_a_worker_gives():
     assert check_server(parse_version("8.0.1")).verdict is Verdict.OK
 
 
-@pytest.mark.parametrize("log_bin, session, server, refused", [
-    (True, "STATEMENT", "STATEMENT", True),
-    (True, "ROW", "STATEMENT", True),       # new sessions would log statements
-    (True, "MIXED", "MIXED", False),
-    (True, "ROW", "ROW", False),
-    (False, "STATEMENT", "STATEMENT", False),  # nothing is logged (doctor: warning)
-])
+@pytest.mark.parametrize(
+    "log_bin, session, server, refused",
+    [
+        (True, "STATEMENT", "STATEMENT", True),
+        (True, "ROW", "STATEMENT", True),  # new sessions would log statements
+        (True, "MIXED", "MIXED", False),
+        (True, "ROW", "ROW", False),
+        (False, "STATEMENT", "STATEMENT", False),  # nothing is logged (doctor: warning)
+    ],
+)
 def test_statement_binlogs_are_refused_only_while_logging(log_bin, session, server, refused):
     reason = binlog_refusal(BinlogSettings(log_bin, session, server))
     assert (reason is not None) == refused
@@ -93,10 +99,17 @@ def test_any_read_only_flag_means_a_replica():
     assert "super_read_only is ON" in writable_refusal({"read_only": False, "super_read_only": True})
 
 
-@pytest.mark.parametrize("skew, verdict", [
-    (0.0, Verdict.OK), (1.9, Verdict.OK), (-2.5, Verdict.WARNING), (14.9, Verdict.WARNING),
-    (15.1, Verdict.PROBLEM), (-600, Verdict.PROBLEM),
-])
+@pytest.mark.parametrize(
+    "skew, verdict",
+    [
+        (0.0, Verdict.OK),
+        (1.9, Verdict.OK),
+        (-2.5, Verdict.WARNING),
+        (14.9, Verdict.WARNING),
+        (15.1, Verdict.PROBLEM),
+        (-600, Verdict.PROBLEM),
+    ],
+)
 def test_clock_thresholds(skew, verdict):
     assert clock_verdict(skew) is verdict
 
@@ -168,8 +181,14 @@ def test_a_batch_of_events_is_written_as_one_line_each_like_single_events():
     each = [{"job_id": 1, "task_key": "a b", "seconds": "0.001"}, {"job_id": 2, "task_key": "c", "seconds": None}]
     batch = written(lambda lg: events(lg, logging.INFO, "complete", each))
     single = written(lambda lg: [event(lg, logging.INFO, "complete", **fields) for fields in each])
-    assert batch == single == ['INFO jobqueue.test_batch event=complete job_id=1 task_key="a b" seconds=0.001',
-                               "INFO jobqueue.test_batch event=complete job_id=2 task_key=c"]
+    assert (
+        batch
+        == single
+        == [
+            'INFO jobqueue.test_batch event=complete job_id=1 task_key="a b" seconds=0.001',
+            "INFO jobqueue.test_batch event=complete job_id=2 task_key=c",
+        ]
+    )
     assert written(lambda lg: events(lg, logging.INFO, "complete", [])) == []
 
 
@@ -207,13 +226,16 @@ def test_the_listener_writes_every_line_in_order_and_flush_writes_the_rest():
     assert [line.split(" INFO jobqueue.t ")[1] for line in lines[-5:]] == [f"event=batch i={i}" for i in range(5)]
 
 
-@pytest.mark.parametrize("payload, read_back", [
-    ({"n": 1, "f": 2.5, "s": "café", "none": None, "yes": True, "list": [1, {"a": [2]}]}, None),   # as given
-    ({"pair": (1, 2)}, {"pair": [1, 2]}),
-    ({7: "seven"}, {"7": "seven"}),
-    ({"nested": {"deep": [(1,)]}}, {"nested": {"deep": [[1]]}}),
-    ({"flag": False, "zero": 0, "big": 10 ** 30}, None),
-])
+@pytest.mark.parametrize(
+    "payload, read_back",
+    [
+        ({"n": 1, "f": 2.5, "s": "café", "none": None, "yes": True, "list": [1, {"a": [2]}]}, None),  # as given
+        ({"pair": (1, 2)}, {"pair": [1, 2]}),
+        ({7: "seven"}, {"7": "seven"}),
+        ({"nested": {"deep": [(1,)]}}, {"nested": {"deep": [[1]]}}),
+        ({"flag": False, "zero": 0, "big": 10**30}, None),
+    ],
+)
 def test_a_checked_payload_is_what_the_handler_reads_back(payload, read_back):
     """check_payload keeps a payload that JSON gives back unchanged (no copy to make) and gives the
     decoded stored text otherwise: a tuple comes back a list, an int key a str key."""
@@ -236,13 +258,31 @@ def test_a_lease_past_its_local_deadline_never_starts():
 
     now = [100.0]
     keeper = LeaseKeeper(10.0, clock=lambda: now[0], margin=1.0)
-    job = Job(id=1, task_key="k", task_name="noop", queue="default", priority=0, payload={}, status=Status.RUNNING,
-              attempts=1, max_attempts=3, lease_owner="w:1")
-    ctx = JobContext(job_id=1, task_key="k", task_name="noop", queue="default", attempt=1, max_attempts=3,
-                     worker_id="w:1", _record_result=lambda result: True)
+    job = Job(
+        id=1,
+        task_key="k",
+        task_name="noop",
+        queue="default",
+        priority=0,
+        payload={},
+        status=Status.RUNNING,
+        attempts=1,
+        max_attempts=3,
+        lease_owner="w:1",
+    )
+    ctx = JobContext(
+        job_id=1,
+        task_key="k",
+        task_name="noop",
+        queue="default",
+        attempt=1,
+        max_attempts=3,
+        worker_id="w:1",
+        _record_result=lambda result: True,
+    )
     early = keeper.hold(ClaimedJob(job=job, lease=Lease(1, "w:1", 1)), 1, ctx, sent_at=100.0)
     late = keeper.hold(ClaimedJob(job=job, lease=Lease(1, "w:1", 2)), 2, ctx, sent_at=100.0)
     now[0] = 108.9
     assert keeper.start(early) and early.state is LeaseState.RUNNING
-    now[0] = 109.0   # sent_at + lease - margin
+    now[0] = 109.0  # sent_at + lease - margin
     assert not keeper.start(late) and late.state is LeaseState.WAITING

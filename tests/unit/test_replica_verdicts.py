@@ -16,17 +16,20 @@ def report(lag: ReplicaLag | None, error: str | None = None) -> ReplicaReport:
     return ReplicaReport("db2:3306", lag, error)
 
 
-@pytest.mark.parametrize("lag, verdict, says", [
-    (ReplicaLag(True, 0, "0 s behind the primary", "Yes", "Yes"), Verdict.OK, "0 s behind"),
-    (ReplicaLag(True, 5, "5 s behind the primary", "Yes", "Yes"), Verdict.OK, "the bound is 5 s"),
-    (ReplicaLag(True, 6, "6 s behind the primary", "Yes", "Yes"), Verdict.WARNING, "over the 5 s bound"),
-    (ReplicaLag(True, None, "replication not running", "Connecting", "Yes"), Verdict.WARNING, "reconnecting"),
-    (ReplicaLag(True, None, "replication not running", "Yes", "No"), Verdict.PROBLEM, "NULL"),
-    (ReplicaLag(True, None, "replication not running", "No", "Yes"), Verdict.PROBLEM, "IO thread No"),
-    (ReplicaLag(None, None, "lag unknown (no privilege)"), Verdict.WARNING, "lag unknown"),
-    (ReplicaLag(False, None, "not a replica"), Verdict.WARNING, "replicates from nobody"),
-    (None, Verdict.PROBLEM, "did not answer: refused"),
-])
+@pytest.mark.parametrize(
+    "lag, verdict, says",
+    [
+        (ReplicaLag(True, 0, "0 s behind the primary", "Yes", "Yes"), Verdict.OK, "0 s behind"),
+        (ReplicaLag(True, 5, "5 s behind the primary", "Yes", "Yes"), Verdict.OK, "the bound is 5 s"),
+        (ReplicaLag(True, 6, "6 s behind the primary", "Yes", "Yes"), Verdict.WARNING, "over the 5 s bound"),
+        (ReplicaLag(True, None, "replication not running", "Connecting", "Yes"), Verdict.WARNING, "reconnecting"),
+        (ReplicaLag(True, None, "replication not running", "Yes", "No"), Verdict.PROBLEM, "NULL"),
+        (ReplicaLag(True, None, "replication not running", "No", "Yes"), Verdict.PROBLEM, "IO thread No"),
+        (ReplicaLag(None, None, "lag unknown (no privilege)"), Verdict.WARNING, "lag unknown"),
+        (ReplicaLag(False, None, "not a replica"), Verdict.WARNING, "replicates from nobody"),
+        (None, Verdict.PROBLEM, "did not answer: refused"),
+    ],
+)
 def test_each_state_of_a_replica_has_one_verdict(lag, verdict, says):
     check = check_replica(report(lag, "refused" if lag is None else None), limit=5)
     assert check.name == "replica db2:3306" and check.verdict is verdict and says in check.detail
@@ -39,11 +42,13 @@ def test_only_a_known_lag_over_the_bound_holds_a_bulk():
     down = report(None, "refused")
     assert behind.over(5) and not stopped.over(5) and not down.over(5)
     assert stopped.unread and down.unread and not behind.unread
-    assert not report(ReplicaLag(False, None, "not a replica")).unread   # nothing to wait for there
+    assert not report(ReplicaLag(False, None, "not a replica")).unread  # nothing to wait for there
     holding = Pause(1.0, 5, (behind,), (down,), (behind,))
-    assert holding.holding and holding.note == ("replica db2:3306 is 9 s behind, over the 5 s bound; replica "
-                                                "db2:3306 could not be read (did not answer: refused), so nothing "
-                                                "waits for it")
+    assert holding.holding and holding.note == (
+        "replica db2:3306 is 9 s behind, over the 5 s bound; replica "
+        "db2:3306 could not be read (did not answer: refused), so nothing "
+        "waits for it"
+    )
     assert Pause(0.0, 5, (), (), ()).note is None
 
 

@@ -39,10 +39,11 @@ def test_every_flag_named_after_a_setting_takes_its_default_from_the_declaration
             continue
         assert callable(param.default), (
             f"`jobqueue {command} --{param.name.replace('_', '-')}` writes its default ({param.default!r}) again: "
-            "use cli.setting_option, which reads settings.py's declaration")
+            "use cli.setting_option, which reads settings.py's declaration"
+        )
         assert param.default() == getattr(settings.DEFAULTS, param.name)
         checked += 1
-    assert checked >= 5   # log level, lease, grace, web and embedded workers
+    assert checked >= 5  # log level, lease, grace, web and embedded workers
 
 
 def test_worker_config_takes_the_settings_defaults_from_the_declaration():
@@ -52,7 +53,8 @@ def test_worker_config_takes_the_settings_defaults_from_the_declaration():
     for node in ast.walk(tree):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in shared:
             assert not isinstance(node.value, ast.Constant), (
-                f"WorkerConfig.{node.target.id} writes its default again; take settings.DEFAULTS.{node.target.id}")
+                f"WorkerConfig.{node.target.id} writes its default again; take settings.DEFAULTS.{node.target.id}"
+            )
     for name in shared:
         assert getattr(worker_config.WorkerConfig(), name) == getattr(settings.DEFAULTS, name)
 

@@ -26,10 +26,17 @@ def clean_run() -> Observed:
         acked={"k-noop": 1, "k-flaky": 2, "k-doomed": 3},
         rows=rows,
         results=[("k-noop", 1, 1), ("k-flaky", 2, 2)],
-        attempt_rows=[(2, 1, "retry", "SoakFailure: flaky"), (2, 2, "lease_expired", "lease expired; held by w1"),
-                      (3, 1, "retry", "SoakFailure: doomed"), (3, 2, "fail", "SoakFailure: doomed")],
-        executions=[Execution("k-noop", 1, "h:10:w1:1", 10), Execution("k-flaky", 2, "h:11:w2:1", 11),
-                    Execution("k-flaky", 3, "h:12:w3:2", 12)],
+        attempt_rows=[
+            (2, 1, "retry", "SoakFailure: flaky"),
+            (2, 2, "lease_expired", "lease expired; held by w1"),
+            (3, 1, "retry", "SoakFailure: doomed"),
+            (3, 2, "fail", "SoakFailure: doomed"),
+        ],
+        executions=[
+            Execution("k-noop", 1, "h:10:w1:1", 10),
+            Execution("k-flaky", 2, "h:11:w2:1", 11),
+            Execution("k-flaky", 3, "h:12:w3:2", 12),
+        ],
         killed_pids={11},
     )
 
@@ -79,9 +86,12 @@ def a_sleep_job_whose_attempts_all_died(result_attempt_reaped: bool) -> Observed
     obs.results.append(("k-sleep", 4, 1))
     obs.executions.append(Execution("k-sleep", 1, "h:13:web:2", 13))
     first = ("lease_expired", "lease expired; held by web:2") if result_attempt_reaped else ("retry", "Boom")
-    obs.attempt_rows += [(4, 1, *first), (4, 2, "lease_expired", "lease expired; held by w2"),
-                         (4, 3, "lease_expired", "lease expired; held by w3"),
-                         (4, 4, "lease_expired", "lease expired after attempt 4 of 4; no attempts left")]
+    obs.attempt_rows += [
+        (4, 1, *first),
+        (4, 2, "lease_expired", "lease expired; held by w2"),
+        (4, 3, "lease_expired", "lease expired; held by w3"),
+        (4, 4, "lease_expired", "lease expired after attempt 4 of 4; no attempts left"),
+    ]
     return obs
 
 
@@ -108,7 +118,7 @@ def test_attempts_beyond_max_missing_history_and_failures_without_a_reason():
     f = check(obs)
     assert f.get("attempts_over_max") == 1
     assert f.get("failed_without_error") == 1
-    assert f.get("attempt_history_gaps") == 1      # attempt 3 has no job_attempt row
+    assert f.get("attempt_history_gaps") == 1  # attempt 3 has no job_attempt row
 
 
 def test_rows_nobody_enqueued_and_the_monitors_findings():
@@ -142,7 +152,7 @@ def test_a_cancel_that_did_not_stick_or_was_never_asked_for_is_caught():
     obs.executions = [e for e in obs.executions if e.task_key != "k-noop"]
     assert check(obs).violations() == {"cancelled_unasked": 1}
     obs = clean_run()
-    obs.cancelled = {"k-noop"}   # answered changed, but the job ended done
+    obs.cancelled = {"k-noop"}  # answered changed, but the job ended done
     assert check(obs).violations() == {"cancel_undone": 1}
 
 
@@ -169,7 +179,9 @@ def test_a_resume_that_waits_for_the_database_holds_up_no_other_fault(tmp_path, 
     read_only = {"on": False}
     monkeypatch.setattr(soak.server, "execute", lambda sql, **kw: read_only.update(on=sql.endswith("ON")))
     monkeypatch.setattr(soak, "_http", lambda method, path, body, **kw: (200, {"paused": True}))
-    monkeypatch.setattr(soak, "_cli", lambda *args, **kw: subprocess.CompletedProcess(args, 75 if read_only["on"] else 0))
+    monkeypatch.setattr(
+        soak, "_cli", lambda *args, **kw: subprocess.CompletedProcess(args, 75 if read_only["on"] else 0)
+    )
     monkeypatch.setattr(soak, "check_unexpected_exits", lambda: None)
     started = time.monotonic()
     soak.run_faults([(0.0, "read_only_flip"), (0.05, "pause_queue")])

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from testkit.web import AuthActions, app_config, csrf_token, login
 from jobqueue import create_app
+from testkit.web import AuthActions, app_config, csrf_token, login
 
 
 @pytest.fixture

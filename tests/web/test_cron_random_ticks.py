@@ -12,8 +12,17 @@ from jobqueue.core.tasks import Registry, task
 from testkit.procs import jobqueue as jobqueue_cli
 from testkit.web import api
 
-RANDOM = ["R * * * *", "0 R * * *", "r 3 * * *", "0 0 * * R", "R(0-29) * * * *", "5,R * * * *", "H * * * *",
-          "H(0-29)/10 * * * *", "0 H * * *"]
+RANDOM = [
+    "R * * * *",
+    "0 R * * *",
+    "r 3 * * *",
+    "0 0 * * R",
+    "R(0-29) * * * *",
+    "5,R * * * *",
+    "H * * * *",
+    "H(0-29)/10 * * * *",
+    "0 H * * *",
+]
 
 
 @pytest.mark.parametrize("expr", RANDOM)

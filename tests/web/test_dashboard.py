@@ -7,12 +7,11 @@ import re
 import pytest
 import sqlalchemy as sa
 
-from testkit.web import post
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.models import Status
 from jobqueue.core.schema import audit_log, job_queue
 from jobqueue.web import dashboard
+from testkit.web import post
 
 jq = job_queue.c
 
@@ -30,10 +29,19 @@ def test_every_page_renders(client, engine):
     job_id = make_failed(engine)
     with engine.connect() as conn:
         service.enqueue(conn, "noop", "n1", queue="mail")
-        repository.processes.register_process(conn, process_id="host:99", host="host", pid=99, kind="worker", concurrency=4,
-                                    queues="*")
-    for path in ("/", "/overview/panels", "/jobs", f"/jobs/{job_id}", f"/jobs/{job_id}/row",
-                 f"/jobs/{job_id}/summary", "/workers", "/audit"):
+        repository.processes.register_process(
+            conn, process_id="host:99", host="host", pid=99, kind="worker", concurrency=4, queues="*"
+        )
+    for path in (
+        "/",
+        "/overview/panels",
+        "/jobs",
+        f"/jobs/{job_id}",
+        f"/jobs/{job_id}/row",
+        f"/jobs/{job_id}/summary",
+        "/workers",
+        "/audit",
+    ):
         response = client.get(path)
         assert response.status_code == 200, path
     overview = client.get("/").get_data(as_text=True)
@@ -46,9 +54,13 @@ def test_overview_counts_and_throughput(client, engine):
     make_failed(engine)
     with engine.connect() as conn:
         service.enqueue_many(conn, [{"task": "noop", "task_key": f"r{i}"} for i in range(3)])
-        repository.processes.register_process(conn, process_id="p:1", host="p", pid=1, kind="worker", concurrency=1, queues="*")
+        repository.processes.register_process(
+            conn, process_id="p:1", host="p", pid=1, kind="worker", concurrency=1, queues="*"
+        )
         now = repository.reads.database_now(conn).replace(second=0, microsecond=0)
-        repository.processes.heartbeat(conn, "p:1", jobs_in_hand=0, processed=7, minute=now, stats={"completed": 7, "failed": 2})
+        repository.processes.heartbeat(
+            conn, "p:1", jobs_in_hand=0, processed=7, minute=now, stats={"completed": 7, "failed": 2}
+        )
     html = client.get("/overview/panels").get_data(as_text=True)
     queue_row = re.search(r'<table class="grid" id="queue-table">.*?</table>', html, re.S).group(0)
     cells = re.findall(r'status=(\w+)">([\d,]+)', queue_row)
@@ -77,8 +89,7 @@ def test_jobs_filters_and_keyset_paging(client, engine):
     assert part.get_data(as_text=True).startswith('<div id="jobs-table">')
 
 
-@pytest.mark.parametrize("query", ["status=bogus", "before=abc", "before=-1", "queue=" + "x" * 101,
-                                   "key=" + "k" * 81])
+@pytest.mark.parametrize("query", ["status=bogus", "before=abc", "before=-1", "queue=" + "x" * 101, "key=" + "k" * 81])
 def test_bad_filters_are_400(client, query):
     assert client.get("/jobs?" + query).status_code == 400
 
@@ -114,8 +125,13 @@ def test_requeue_failed_job_updates_row_in_place_and_audits(client, engine):
         job = repository.reads.get_job(conn, job_id)
         assert job.status is Status.READY and job.attempts == 1 and job.max_attempts == 2
         (entry,) = repository.operator.list_audit(conn)
-    assert (entry["actor"], entry["action"], entry["job_id"], entry["before_status"], entry["after_status"]) == \
-        ("web:alice", "requeue", job_id, "failed", "ready")
+    assert (entry["actor"], entry["action"], entry["job_id"], entry["before_status"], entry["after_status"]) == (
+        "web:alice",
+        "requeue",
+        job_id,
+        "failed",
+        "ready",
+    )
     assert f"job {job_id}" in client.get("/audit").get_data(as_text=True)
 
 
@@ -129,8 +145,9 @@ def test_actions_need_confirmation(client, engine):
 def test_fail_with_reason_from_the_detail_page(client, engine):
     with engine.connect() as conn:
         job_id = service.enqueue(conn, "noop", "to-fail").id
-    html = post(client, f"/jobs/{job_id}/fail", {"confirm": "yes", "reason": "customer cancelled",
-                                                  "view": "detail"}).get_data(as_text=True)
+    html = post(
+        client, f"/jobs/{job_id}/fail", {"confirm": "yes", "reason": "customer cancelled", "view": "detail"}
+    ).get_data(as_text=True)
     assert 'id="job-summary"' in html and "customer cancelled" in html
     with engine.connect() as conn:
         job = repository.reads.get_job(conn, job_id)
@@ -185,8 +202,11 @@ def test_non_htmx_action_redirects_with_flash(client, engine):
 
 def test_bulk_selected(client, engine):
     ids = [make_failed(engine, f"f{i}") for i in range(3)]
-    html = post(client, "/jobs/bulk", {"confirm": "yes", "action": "requeue", "scope": "selected",
-                                        "ids": [str(i) for i in ids[:2]]}).get_data(as_text=True)
+    html = post(
+        client,
+        "/jobs/bulk",
+        {"confirm": "yes", "action": "requeue", "scope": "selected", "ids": [str(i) for i in ids[:2]]},
+    ).get_data(as_text=True)
     assert "2 jobs requeued." in html
     with engine.connect() as conn:
         assert [repository.reads.get_job(conn, i).status for i in ids] == [Status.READY, Status.READY, Status.FAILED]
@@ -224,11 +244,17 @@ def test_bulk_skips_busy_rows_instead_of_waiting(client, engine):
     holder.begin()
     holder.execute(sa.text("SELECT id FROM job_queue FORCE INDEX (PRIMARY) WHERE id = :id FOR UPDATE"), {"id": ids[0]})
     try:
-        html = post(client, "/jobs/bulk", {"confirm": "yes", "action": "fail", "scope": "selected",
-                                            "ids": [str(i) for i in ids]}).get_data(as_text=True)
+        html = post(
+            client,
+            "/jobs/bulk",
+            {"confirm": "yes", "action": "fail", "scope": "selected", "ids": [str(i) for i in ids]},
+        ).get_data(as_text=True)
         assert "4 skipped" in html  # already failed: fail does not apply
-        html = post(client, "/jobs/bulk", {"confirm": "yes", "action": "requeue", "scope": "selected",
-                                            "ids": [str(i) for i in ids]}).get_data(as_text=True)
+        html = post(
+            client,
+            "/jobs/bulk",
+            {"confirm": "yes", "action": "requeue", "scope": "selected", "ids": [str(i) for i in ids]},
+        ).get_data(as_text=True)
         assert "3 jobs requeued, 1 busy" in html
     finally:
         holder.rollback()
@@ -240,7 +266,11 @@ def test_viewer_sees_but_cannot_act(viewer, engine):
     html = viewer.get("/jobs").get_data(as_text=True)
     assert "failed" in html and "Requeue" not in html and 'id="bulk-form"' not in html
     assert post(viewer, f"/jobs/{job_id}/requeue", {"confirm": "yes"}).status_code == 403
-    assert post(viewer, "/jobs/bulk", {"confirm": "yes", "action": "requeue", "scope": "selected",
-                                        "ids": [str(job_id)]}).status_code == 403
+    assert (
+        post(
+            viewer, "/jobs/bulk", {"confirm": "yes", "action": "requeue", "scope": "selected", "ids": [str(job_id)]}
+        ).status_code
+        == 403
+    )
     with engine.connect() as conn:
         assert repository.reads.get_job(conn, job_id).status is Status.FAILED

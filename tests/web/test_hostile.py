@@ -10,24 +10,29 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from testkit.web import api, app_config, login, post
 from jobqueue import create_app
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.migrate import init_db
 from jobqueue.core.schema import audit_log, job_queue
+from testkit.web import api, app_config, login, post
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=100)
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4) |
-                           st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=12)
-field_values = (json_values | st.sampled_from(["noop", "sleep", "fail", "export_orders", "", "a" * 81,
-                                               "bad\x00key", "<script>", "' OR 1=1 --", "default", "mail"]))
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+field_values = json_values | st.sampled_from(
+    ["noop", "sleep", "fail", "export_orders", "", "a" * 81, "bad\x00key", "<script>", "' OR 1=1 --", "default", "mail"]
+)
 bodies = st.dictionaries(
     st.sampled_from(["task", "task_key", "payload", "queue", "priority", "delay", "max_attempts", "extra"]),
-    field_values, max_size=8)
+    field_values,
+    max_size=8,
+)
 
 
 def rows(engine) -> int:
@@ -65,8 +70,11 @@ def test_api_enqueue_garbage_bytes(client, engine, raw):
 
 
 @FUZZ
-@given(params=st.dictionaries(st.sampled_from(["status", "queue", "task", "key", "before", "junk"]),
-                              st.text(max_size=120), max_size=5))
+@given(
+    params=st.dictionaries(
+        st.sampled_from(["status", "queue", "task", "key", "before", "junk"]), st.text(max_size=120), max_size=5
+    )
+)
 def test_jobs_page_filters_fuzz(client, params):
     response = client.get("/jobs", query_string=params)
     assert response.status_code in (200, 400)
@@ -74,9 +82,14 @@ def test_jobs_page_filters_fuzz(client, params):
 
 
 @FUZZ
-@given(path_id=st.text(max_size=30), form=st.dictionaries(st.sampled_from(["confirm", "force", "reason", "view", "ids",
-                                                                             "action", "scope", "after", "status"]),
-                                                            st.text(max_size=50), max_size=6))
+@given(
+    path_id=st.text(max_size=30),
+    form=st.dictionaries(
+        st.sampled_from(["confirm", "force", "reason", "view", "ids", "action", "scope", "after", "status"]),
+        st.text(max_size=50),
+        max_size=6,
+    ),
+)
 def test_action_posts_fuzz(client, engine, path_id, form):
     before = rows(engine)
     for path in (f"/jobs/{path_id}/requeue", f"/jobs/{path_id}/fail", "/jobs/bulk"):
@@ -89,7 +102,9 @@ def test_action_posts_fuzz(client, engine, path_id, form):
 def test_huge_query_strings_and_bodies(client, engine):
     assert client.get("/jobs", query_string={"key": "k" * 20000}).status_code == 400
     assert client.get("/jobs?" + "&".join(f"x{i}=1" for i in range(2000))).status_code == 200
-    huge = api(client, "POST", "/api/jobs", data=b"{" + b" " * (2 * 1024 * 1024) + b"}", content_type="application/json")
+    huge = api(
+        client, "POST", "/api/jobs", data=b"{" + b" " * (2 * 1024 * 1024) + b"}", content_type="application/json"
+    )
     assert huge.status_code == 413 and rows(engine) == 0
 
 
@@ -109,10 +124,21 @@ def test_lock_wait_timeout_is_a_clear_503_and_writes_nothing(mysql_url, monkeypa
     # unique key, times out and gives up (a web request does not wait twice).
     holder = engine.connect()
     holder.begin()
-    holder.execute(sa.insert(job_queue).values(
-        task_key="contested", task_name="noop", queue="default", priority=0, payload={}, status="ready",
-        run_at=sa.func.utc_timestamp(), attempts=0, max_attempts=5, created_at=sa.func.utc_timestamp(),
-        updated_at=sa.func.utc_timestamp()))
+    holder.execute(
+        sa.insert(job_queue).values(
+            task_key="contested",
+            task_name="noop",
+            queue="default",
+            priority=0,
+            payload={},
+            status="ready",
+            run_at=sa.func.utc_timestamp(),
+            attempts=0,
+            max_attempts=5,
+            created_at=sa.func.utc_timestamp(),
+            updated_at=sa.func.utc_timestamp(),
+        )
+    )
     try:
         response = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "contested"})
         assert response.status_code == 503
@@ -157,8 +183,11 @@ def test_concurrent_duplicate_enqueues_write_one_row(client, engine):
     codes = []
 
     def send():
-        codes.append(api(client.application.test_client(), "POST", "/api/jobs",
-                         json={"task": "noop", "task_key": "race"}).status_code)
+        codes.append(
+            api(
+                client.application.test_client(), "POST", "/api/jobs", json={"task": "noop", "task_key": "race"}
+            ).status_code
+        )
 
     threads = [threading.Thread(target=send) for _ in range(8)]
     for t in threads:
@@ -170,8 +199,12 @@ def test_concurrent_duplicate_enqueues_write_one_row(client, engine):
 
 
 def test_json_error_bodies_everywhere_under_api(client):
-    for method, path in (("GET", "/api/jobs/abc"), ("GET", "/api/nope"), ("PUT", "/api/jobs"),
-                         ("DELETE", "/api/jobs/1")):
+    for method, path in (
+        ("GET", "/api/jobs/abc"),
+        ("GET", "/api/nope"),
+        ("PUT", "/api/jobs"),
+        ("DELETE", "/api/jobs/1"),
+    ):
         response = api(client, method, path)
         assert response.status_code in (404, 405)
         assert json.loads(response.get_data(as_text=True))["error"]
@@ -179,7 +212,7 @@ def test_json_error_bodies_everywhere_under_api(client):
 
 # --- issue 12: every input validated before anything is done -----------------------------------
 
-ODD_DIGITS = ["²", "١٢", "𝟗", "①", "1²", "٣"]   # str.isdigit() says yes to all of these, int() not
+ODD_DIGITS = ["²", "١٢", "𝟗", "①", "1²", "٣"]  # str.isdigit() says yes to all of these, int() not
 
 
 def audit_rows(engine) -> int:
@@ -207,12 +240,14 @@ def test_bulk_with_odd_digits_or_bad_totals_is_400_and_writes_nothing(client, en
     base = {"confirm": "yes", "action": "fail"}
     cases = [{**base, "scope": "selected", "ids": [str(ids[0]), digits]} for digits in ODD_DIGITS]
     cases += [{**base, "scope": "filter", "after": digits} for digits in ODD_DIGITS]
-    cases += [{**base, "scope": "selected", "ids": [str(i) for i in ids], "total_changed": "abc"},
-              {**base, "scope": "filter", "total_busy": "²"},
-              {**base, "scope": "filter", "total_skipped": "-5"},
-              {**base, "scope": "filter", "total_changed": "9" * 40},
-              {**base, "scope": "selected", "ids": [str(i) for i in ids], "force": "maybe"},
-              {**base, "scope": "everything"}]
+    cases += [
+        {**base, "scope": "selected", "ids": [str(i) for i in ids], "total_changed": "abc"},
+        {**base, "scope": "filter", "total_busy": "²"},
+        {**base, "scope": "filter", "total_skipped": "-5"},
+        {**base, "scope": "filter", "total_changed": "9" * 40},
+        {**base, "scope": "selected", "ids": [str(i) for i in ids], "force": "maybe"},
+        {**base, "scope": "everything"},
+    ]
     for form in cases:
         response = post(client, "/jobs/bulk", form)
         assert response.status_code == 400, (form, response.status_code)
@@ -265,8 +300,13 @@ def test_payloads_too_deep_or_with_lone_surrogates_are_refused(client, engine):
     for _ in range(25):
         nested = {"a": nested}
     for payload in (nested, {"s": "\ud800"}):
-        response = api(client, "POST", "/api/jobs", data=json.dumps({"task": "noop", "task_key": "p", "payload": payload}),
-                        content_type="application/json")
+        response = api(
+            client,
+            "POST",
+            "/api/jobs",
+            data=json.dumps({"task": "noop", "task_key": "p", "payload": payload}),
+            content_type="application/json",
+        )
         assert response.status_code == 422 and response.get_json()["field"] == "payload"
     assert rows(engine) == 0
 
@@ -288,8 +328,9 @@ def test_a_held_table_lock_gives_a_quick_503_while_login_static_and_healthz_answ
             started = time.monotonic()
             if path.startswith("/api/"):
                 method = "POST" if path == "/api/jobs" else "GET"
-                response = api(client, method, path, json={"task": "noop", "task_key": "locked"} if method == "POST"
-                               else None)
+                response = api(
+                    client, method, path, json={"task": "noop", "task_key": "locked"} if method == "POST" else None
+                )
             else:
                 response = client.get(path)
             answers[path] = (response.status_code, response.headers.get("Retry-After"), time.monotonic() - started)
@@ -317,4 +358,4 @@ def test_ids_too_long_for_a_bigint_are_404(client):
         assert client.get(path).status_code == 404
     assert api(client, "GET", "/api/jobs/99999999999999999999999").status_code == 404
     assert api(client, "POST", "/api/jobs/99999999999999999999999/fail").status_code == 404
-    assert client.get("/jobs/9223372036854775807").status_code == 404    # the largest id: looked up, not there
+    assert client.get("/jobs/9223372036854775807").status_code == 404  # the largest id: looked up, not there

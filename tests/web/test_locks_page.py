@@ -10,11 +10,10 @@ import pymysql
 import pytest
 import sqlalchemy as sa
 
+from jobqueue.core import repository, service
 from testkit.locks import hold_rows
 from testkit.procs import wait_until
 from testkit.web import VIEWER_TOKEN, api, post
-from jobqueue.core import repository
-from jobqueue.core import service
 
 
 def enqueue(engine, key):
@@ -33,7 +32,7 @@ def held_job(engine):
     try:
         holder.close()
     except sa.exc.DBAPIError:
-        pass   # killed by the test
+        pass  # killed by the test
 
 
 def test_the_job_page_says_which_connection_holds_its_row(client, held_job):
@@ -52,15 +51,15 @@ def test_the_locks_page_lists_the_holder_and_killing_it_frees_the_job(client, en
     page = client.get("/locks").get_data(as_text=True)
     row = re.search(rf'<tr id="connection-{holder_id}".*?</tr>', page, re.S).group(0)
     assert f'href="/jobs/{job_id}"' in row and "root@" in row and "Kill connection" in row
-    assert "idle in transaction" in row   # on MySQL too, where its last statement is kept
-    assert 'href="/locks"' in client.get("/").get_data(as_text=True)            # in the nav
+    assert "idle in transaction" in row  # on MySQL too, where its last statement is kept
+    assert 'href="/locks"' in client.get("/").get_data(as_text=True)  # in the nav
 
     # Two confirmations: the button's dialog, then the server's page naming what it holds.
     confirm = post(client, f"/locks/{holder_id}/kill/confirm", htmx=False)
     assert confirm.status_code == 200
     text = confirm.get_data(as_text=True)
     assert f"Kill connection {holder_id}" in text and str(job_id) in text and 'name="confirm" value="yes"' in text
-    assert post(client, f"/locks/{holder_id}/kill", htmx=False).status_code == 400   # no confirm: nothing done
+    assert post(client, f"/locks/{holder_id}/kill", htmx=False).status_code == 400  # no confirm: nothing done
     with engine.connect() as conn:
         assert repository.locks.row_lock(conn, job_id).held
 
@@ -115,20 +114,23 @@ def _waiting_statement(mysql_url_parts, job_id, started: threading.Event):
 def test_sql_text_is_for_admins_only(client, viewer, engine, held_job):
     job_id, holder_id, holder = held_job
     url = engine.url
-    parts = dict(host=url.host, port=url.port or 3306, user=url.username, password=url.password or "",
-                 database=url.database)
+    parts = dict(
+        host=url.host, port=url.port or 3306, user=url.username, password=url.password or "", database=url.database
+    )
     started = threading.Event()
     waiter = threading.Thread(target=_waiting_statement, args=(parts, job_id, started), daemon=True)
     waiter.start()
     try:
         started.wait(5)
         with engine.connect() as conn:
-            wait_until(lambda: any(t.waiting_for for t in repository.locks.lock_report(conn).transactions),
-                       message="the waiter shows")
+            wait_until(
+                lambda: any(t.waiting_for for t in repository.locks.lock_report(conn).transactions),
+                message="the waiter shows",
+            )
         assert "secret-marker" in client.get("/locks").get_data(as_text=True)
         assert "secret-marker" not in viewer.get("/locks").get_data(as_text=True)
     finally:
-        holder.rollback()        # the waiter gets the row, then lets go
+        holder.rollback()  # the waiter gets the row, then lets go
         waiter.join(25)
 
 
@@ -166,10 +168,12 @@ def test_the_latest_deadlock_is_shown_to_admins(client, viewer, engine):
         t = threading.Thread(target=a_takes_b)
         t.start()
         with engine.connect() as conn:
-            wait_until(lambda: any(tr.waiting_for for tr in repository.locks.lock_report(conn).transactions),
-                       message="a waits for b")
+            wait_until(
+                lambda: any(tr.waiting_for for tr in repository.locks.lock_report(conn).transactions),
+                message="a waits for b",
+            )
         try:
-            b.exec_driver_sql(lock.format(a_id))     # the cycle: one of the two is chosen as the victim
+            b.exec_driver_sql(lock.format(a_id))  # the cycle: one of the two is chosen as the victim
         except sa.exc.DBAPIError as exc:
             outcome.append(exc)
         b.rollback()
@@ -187,7 +191,7 @@ def test_the_latest_deadlock_is_shown_to_admins(client, viewer, engine):
 def test_the_overview_counts_deadlocks_and_lock_wait_timeouts_per_minute(client, engine):
     from jobqueue.web.dashboard import LOCK_MINUTES, LockCounterMinutes
 
-    LOCK_MINUTES.__init__()                      # this process's samples start now
+    LOCK_MINUTES.__init__()  # this process's samples start now
     assert "deadlocks (server)" in client.get("/").get_data(as_text=True)
     job_id = enqueue(engine, "t")
     holder = hold_rows(engine, [job_id])
@@ -196,7 +200,7 @@ def test_the_overview_counts_deadlocks_and_lock_wait_timeouts_per_minute(client,
             conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1")
             with pytest.raises(sa.exc.OperationalError):
                 conn.exec_driver_sql(f"SELECT id FROM job_queue WHERE id = {job_id} FOR UPDATE")
-            conn.invalidate()                  # not back into the pool with a 1 s lock wait
+            conn.invalidate()  # not back into the pool with a 1 s lock wait
     finally:
         holder.close()
     page = client.get("/overview/panels").get_data(as_text=True)
@@ -205,18 +209,21 @@ def test_the_overview_counts_deadlocks_and_lock_wait_timeouts_per_minute(client,
 
     # The sums per minute, from running totals sampled at any moments.
     from datetime import datetime, timedelta
+
     history, t0 = LockCounterMinutes(minutes=3), datetime(2026, 1, 1, 12, 0, 10)
     assert history.record(t0, {"deadlocks": 5, "lock_timeouts": 9}) == [
-        {"minute": t0.replace(second=0), "deadlocks": 0, "lock_timeouts": 0}]
+        {"minute": t0.replace(second=0), "deadlocks": 0, "lock_timeouts": 0}
+    ]
     history.record(t0 + timedelta(seconds=20), {"deadlocks": 7, "lock_timeouts": 9})
     rows = history.record(t0 + timedelta(minutes=2), {"deadlocks": 8, "lock_timeouts": 12})
     assert [(r["deadlocks"], r["lock_timeouts"]) for r in rows] == [(2, 0), (1, 3)]
-    rows = history.record(t0 + timedelta(minutes=4), None)          # the oldest minute drops out
+    rows = history.record(t0 + timedelta(minutes=4), None)  # the oldest minute drops out
     assert [(r["deadlocks"], r["lock_timeouts"]) for r in rows] == [(1, 3)]
 
 
-def test_a_holder_of_more_locks_than_are_read_is_shown_without_its_jobs_on_mysql(client, engine, db_server,
-                                                                                 monkeypatch):
+def test_a_holder_of_more_locks_than_are_read_is_shown_without_its_jobs_on_mysql(
+    client, engine, db_server, monkeypatch
+):
     """MySQL: data_locks walks every lock of a transaction whatever the query asks, under InnoDB's
     trx_sys mutex; a transaction locking more than MYSQL_LOCK_ROWS rows (lowered to 5 here) is
     shown from INNODB_TRX alone. MariaDB finds holders by probing and has no such limit."""
@@ -234,7 +241,12 @@ def test_a_holder_of_more_locks_than_are_read_is_shown_without_its_jobs_on_mysql
         if db_server == "mysql":
             assert "not read: it locks over" in row and f'href="/jobs/{ids[0]}"' not in row
             assert "Kill connection" not in row
-            assert one.held and one.holders == () and f"{holder_id}" in one.unknown_why and "lock over 5 rows" in one.unknown_why
+            assert (
+                one.held
+                and one.holders == ()
+                and f"{holder_id}" in one.unknown_why
+                and "lock over 5 rows" in one.unknown_why
+            )
             refused = post(client, f"/locks/{holder_id}/kill/confirm", htmx=False)
             assert holder.exec_driver_sql("SELECT 1").scalar() == 1 and refused.status_code != 500
         else:
@@ -250,8 +262,9 @@ def test_a_second_waiter_is_not_named_as_the_rows_holder(client, engine, held_jo
     job's panel and the Locks page, and the Kill button is offered for it alone."""
     job_id, holder_id, holder = held_job
     url = engine.url
-    parts = dict(host=url.host, port=url.port or 3306, user=url.username, password=url.password or "",
-                 database=url.database)
+    parts = dict(
+        host=url.host, port=url.port or 3306, user=url.username, password=url.password or "", database=url.database
+    )
     waiters = []
     try:
         for _ in range(2):
@@ -263,8 +276,11 @@ def test_a_second_waiter_is_not_named_as_the_rows_holder(client, engine, held_jo
             with engine.connect() as conn:
                 n = len(waiters)
                 # InnoDB refreshes what its information_schema tables show at most every 0.1 s.
-                wait_until(lambda: sum(bool(t.waiting_for) for t in repository.locks.lock_report(conn).transactions) == n,
-                           interval=0.2, message=f"{n} waiters show")
+                wait_until(
+                    lambda: sum(bool(t.waiting_for) for t in repository.locks.lock_report(conn).transactions) == n,
+                    interval=0.2,
+                    message=f"{n} waiters show",
+                )
         with engine.connect() as conn:
             assert [t.connection_id for t in repository.locks.row_lock(conn, job_id).holders] == [holder_id]
             report = repository.locks.lock_report(conn).transactions
@@ -273,6 +289,6 @@ def test_a_second_waiter_is_not_named_as_the_rows_holder(client, engine, held_jo
         page = client.get("/locks").get_data(as_text=True)
         assert page.count(">Kill connection</button>") == 1
     finally:
-        holder.rollback()        # the waiters get the row in turn, then let go
+        holder.rollback()  # the waiters get the row in turn, then let go
         for t in waiters:
             t.join(25)

@@ -9,11 +9,10 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from testkit.web import VIEWER_TOKEN, api, csrf_token, post
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.models import Status
 from jobqueue.core.schema import job_queue
+from testkit.web import VIEWER_TOKEN, api, csrf_token, post
 
 jq = job_queue.c
 
@@ -25,13 +24,18 @@ def job(engine, job_id):
 
 # --- API -------------------------------------------------------------------------------------------
 
+
 def test_api_cancel(client, engine):
     with engine.connect() as conn:
         job_id = service.enqueue(conn, "noop", "c1").id
         done_id = service.enqueue(conn, "noop", "c2").id
     r = api(client, "POST", f"/api/jobs/{job_id}/cancel", json={"reason": "not needed"})
-    assert r.status_code == 200 and r.get_json() == {"id": job_id, "before": "ready", "after": "cancelled",
-                                                     "changed": True}
+    assert r.status_code == 200 and r.get_json() == {
+        "id": job_id,
+        "before": "ready",
+        "after": "cancelled",
+        "changed": True,
+    }
     with engine.connect() as conn:
         (c,) = service.claim(conn, "w", 1, ["default"], lease_seconds=60)
         service.complete(conn, c.lease)
@@ -59,8 +63,11 @@ def test_api_pause_resume_and_queues(client, engine):
     scraped = api(client, "GET", "/metrics", token=VIEWER_TOKEN).get_data(as_text=True)
     assert 'jobqueue_queue_paused{queue="mail"} 1.0' in scraped
     assert 'jobqueue_queue_jobs{queue="mail",status="cancelled"} 1.0' in scraped
-    assert api(client, "POST", "/api/queues/mail/resume").get_json() == {"queue": "mail", "paused": False,
-                                                                        "changed": True}
+    assert api(client, "POST", "/api/queues/mail/resume").get_json() == {
+        "queue": "mail",
+        "paused": False,
+        "changed": True,
+    }
 
 
 def test_api_recurring(client, engine):
@@ -69,7 +76,12 @@ def test_api_recurring(client, engine):
     assert r.status_code == 201, r.get_json()
     data = r.get_json()
     assert (data["name"], data["cron"], data["task"], data["enabled"], data["created"]) == (
-        "hourly", "0 * * * *", "noop", True, True)
+        "hourly",
+        "0 * * * *",
+        "noop",
+        True,
+        True,
+    )
     assert api(client, "POST", "/api/recurring", json={**body, "cron": "30 * * * *"}).status_code == 200
     bad = api(client, "POST", "/api/recurring", json={**body, "cron": "every hour"})
     assert bad.status_code == 422 and bad.get_json()["field"] == "cron"
@@ -89,8 +101,9 @@ def test_api_retention_and_prune(client, engine):
     with engine.connect() as conn:
         ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"p{i}"} for i in range(3)])]
         long_ago = repository.reads.database_now(conn) - timedelta(days=10)
-        conn.execute(sa.update(job_queue).where(jq.id.in_(ids)).values(status="done", run_at=long_ago,
-                                                                      finished_at=long_ago))
+        conn.execute(
+            sa.update(job_queue).where(jq.id.in_(ids)).values(status="done", run_at=long_ago, finished_at=long_ago)
+        )
         conn.commit()
     info = api(client, "GET", "/api/retention", token=VIEWER_TOKEN).get_json()
     assert (info["keep_done_days"], info["keep_failed_days"], info["last_prune"]) == (7.0, 30.0, None)
@@ -110,19 +123,23 @@ def test_api_retention_and_prune(client, engine):
 
 # --- dashboard -------------------------------------------------------------------------------------
 
+
 def test_cancel_button_single_and_bulk(client, viewer, engine):
     with engine.connect() as conn:
         ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"b{i}"} for i in range(4)])]
     page = client.get("/jobs").get_data(as_text=True)
     assert f'action="/jobs/{ids[0]}/cancel"' in page and 'name="action" value="cancel"' in page
     assert "/cancel" not in viewer.get("/jobs").get_data(as_text=True)
-    assert post(client, f"/jobs/{ids[0]}/cancel", {}).status_code == 400   # needs confirmation
+    assert post(client, f"/jobs/{ids[0]}/cancel", {}).status_code == 400  # needs confirmation
     assert post(viewer, f"/jobs/{ids[0]}/cancel", {"confirm": "yes"}).status_code == 403
     html = post(client, f"/jobs/{ids[0]}/cancel", {"confirm": "yes"}).get_data(as_text=True)
     assert html.lstrip().startswith(f'<tr id="job-{ids[0]}" class="status-cancelled"')
     assert "cancelled (ready → cancelled)" in html
-    bulk = post(client, "/jobs/bulk", {"confirm": "yes", "action": "cancel", "scope": "selected",
-                                       "ids": [str(i) for i in ids[1:3]]})
+    bulk = post(
+        client,
+        "/jobs/bulk",
+        {"confirm": "yes", "action": "cancel", "scope": "selected", "ids": [str(i) for i in ids[1:3]]},
+    )
     assert "2 jobs cancelled" in bulk.get_data(as_text=True)
     by_filter = post(client, "/jobs/bulk", {"confirm": "yes", "action": "cancel", "scope": "filter", "status": "ready"})
     assert "1 job cancelled" in by_filter.get_data(as_text=True)
@@ -155,29 +172,49 @@ def test_recurring_page(client, viewer, engine):
     assert 'href="/recurring"' in client.get("/").get_data(as_text=True)
     assert "No recurring jobs yet" in client.get("/recurring").get_data(as_text=True)
     token = client.token
-    added = client.post("/recurring", data={"csrf_token": token, "confirm": "yes", "name": "tick", "cron": "*/5 * * * *",
-                                            "task": "noop", "payload": '{"a": 1}', "queue": ""}, follow_redirects=True)
+    added = client.post(
+        "/recurring",
+        data={
+            "csrf_token": token,
+            "confirm": "yes",
+            "name": "tick",
+            "cron": "*/5 * * * *",
+            "task": "noop",
+            "payload": '{"a": 1}',
+            "queue": "",
+        },
+        follow_redirects=True,
+    )
     page = added.get_data(as_text=True)
     assert "Recurring job tick added" in page and "*/5 * * * *" in page and "enabled" in page
-    bad = client.post("/recurring", data={"csrf_token": token, "confirm": "yes", "name": "bad", "cron": "* *",
-                                          "task": "noop"}, follow_redirects=True).get_data(as_text=True)
+    bad = client.post(
+        "/recurring",
+        data={"csrf_token": token, "confirm": "yes", "name": "bad", "cron": "* *", "task": "noop"},
+        follow_redirects=True,
+    ).get_data(as_text=True)
     assert "must have 5 fields" in bad
     assert 'action="/recurring/tick/disable"' in page and "data-confirm=" in page
     assert "/recurring/tick/disable" not in viewer.get("/recurring").get_data(as_text=True)
-    assert viewer.post("/recurring/tick/disable", data={"csrf_token": viewer.token, "confirm": "yes"}).status_code == 403
+    assert (
+        viewer.post("/recurring/tick/disable", data={"csrf_token": viewer.token, "confirm": "yes"}).status_code == 403
+    )
     assert client.post("/recurring/tick/disable", data={"csrf_token": token}).status_code == 400
-    page = client.post("/recurring/tick/disable", data={"csrf_token": token, "confirm": "yes"},
-                       follow_redirects=True).get_data(as_text=True)
+    page = client.post(
+        "/recurring/tick/disable", data={"csrf_token": token, "confirm": "yes"}, follow_redirects=True
+    ).get_data(as_text=True)
     assert "Recurring job tick disabled" in page and 'action="/recurring/tick/enable"' in page
     with engine.connect() as conn:
         row = repository.recurring.get_recurring(conn, "tick")
         assert row["enabled"] is False
         service.set_recurring_enabled(conn, "tick", True, actor="t")
-        run = service.enqueue_due_recurring(conn, now=repository.recurring.get_recurring(conn, "tick")["next_run_at"]).runs[0]
+        run = service.enqueue_due_recurring(
+            conn, now=repository.recurring.get_recurring(conn, "tick")["next_run_at"]
+        ).runs[0]
     page = client.get("/recurring").get_data(as_text=True)
-    assert f'href="/jobs/{run.id}"' in page   # the last run and its job
-    page = client.post("/recurring/tick/remove", data={"csrf_token": token, "confirm": "yes"},
-                       follow_redirects=True).get_data(as_text=True)
+    assert f'href="/jobs/{run.id}"' in page  # the last run and its job
+    page = client.post(
+        "/recurring/tick/remove", data={"csrf_token": token, "confirm": "yes"}, follow_redirects=True
+    ).get_data(as_text=True)
     assert "Recurring job tick removed" in page and "No recurring jobs yet" in page
     with engine.connect() as conn:
         actions = [a["action"] for a in repository.operator.list_audit(conn)]

@@ -11,22 +11,26 @@ import pytest
 from flask import Blueprint, Flask, abort, redirect, render_template, request, session, url_for
 from flask_wtf.csrf import CSRFProtect
 
-from testkit.web import ADMIN_TOKEN, VIEWER_TOKEN, tokens_setting
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.models import Status
 from jobqueue.web import init_dashboard
 from jobqueue.web.config import ConfigError
+from testkit.web import ADMIN_TOKEN, VIEWER_TOKEN, tokens_setting
 
-ROLES = {"ada": "admin", "vic": "viewer", "bob": None}    # bob is a shop customer: no access
+ROLES = {"ada": "admin", "vic": "viewer", "bob": None}  # bob is a shop customer: no access
 
 
 def host_app(url: str, tmp_path, *, host_csrf: bool = False) -> Flask:
     """A small host: its own login (a session key), its own base.html and an "auth" blueprint."""
     (tmp_path / "base.html").write_text("<title>HOST BASE</title>{{ items|count }} items")
     app = Flask("host", template_folder=str(tmp_path))
-    app.config.update(SECRET_KEY="host-secret", TESTING=True, JOBQUEUE_DATABASE_URL=url,
-                      JOBQUEUE_API_TOKENS=tokens_setting(), JOBQUEUE_EMBEDDED_WORKERS=0)
+    app.config.update(
+        SECRET_KEY="host-secret",
+        TESTING=True,
+        JOBQUEUE_DATABASE_URL=url,
+        JOBQUEUE_API_TOKENS=tokens_setting(),
+        JOBQUEUE_EMBEDDED_WORKERS=0,
+    )
     if host_csrf:
         CSRFProtect(app)
     auth = Blueprint("auth", __name__)
@@ -88,7 +92,7 @@ def job(app, job_id: int):
 
 def test_a_request_authorize_denies_is_refused(host):
     signed_out = host.test_client().get("/jobs-admin/jobs")
-    assert signed_out.status_code == 302          # authorize's own redirect to the host's login
+    assert signed_out.status_code == 302  # authorize's own redirect to the host's login
     assert signed_out.headers["Location"] == "/login?next=/jobs-admin/jobs"
     customer = signed_in(host, "bob")
     for path in ("/jobs-admin/", "/jobs-admin/jobs", "/jobs-admin/audit", "/jobs-admin/health"):
@@ -110,19 +114,29 @@ def test_a_viewer_looks_but_cannot_act(host):
     assert viewer.get(f"/jobs-admin/jobs/{job_id}").status_code == 200
     token = csrf_of(viewer)
     for action in ("requeue", "fail", "cancel"):
-        answer = viewer.post(f"/jobs-admin/jobs/{job_id}/{action}", data={"confirm": "yes"},
-                             headers={"X-CSRFToken": token, "HX-Request": "true"})
+        answer = viewer.post(
+            f"/jobs-admin/jobs/{job_id}/{action}",
+            data={"confirm": "yes"},
+            headers={"X-CSRFToken": token, "HX-Request": "true"},
+        )
         assert answer.status_code == 403, action
-    assert viewer.post("/jobs-admin/queues/default/pause", data={"confirm": "yes"},
-                       headers={"X-CSRFToken": token}).status_code == 403
+    assert (
+        viewer.post(
+            "/jobs-admin/queues/default/pause", data={"confirm": "yes"}, headers={"X-CSRFToken": token}
+        ).status_code
+        == 403
+    )
     assert job(host, job_id).status is Status.READY
 
 
 def test_an_admin_acts_and_the_audit_log_names_the_host_user(host):
     job_id = new_job(host, "act-1")
     admin = signed_in(host, "ada")
-    answer = admin.post(f"/jobs-admin/jobs/{job_id}/cancel", data={"confirm": "yes", "reason": "duplicate order"},
-                        headers={"X-CSRFToken": csrf_of(admin), "HX-Request": "true"})
+    answer = admin.post(
+        f"/jobs-admin/jobs/{job_id}/cancel",
+        data={"confirm": "yes", "reason": "duplicate order"},
+        headers={"X-CSRFToken": csrf_of(admin), "HX-Request": "true"},
+    )
     assert answer.status_code == 200 and "cancelled" in answer.get_data(as_text=True)
     assert job(host, job_id).status is Status.CANCELLED
     with host.extensions["jobqueue"].engine.connect() as conn:
@@ -148,11 +162,20 @@ def test_the_api_under_the_prefix_takes_bearer_tokens(host):
     assert client.get("/jobs-admin/api/stats").status_code == 401
     stats = client.get("/jobs-admin/api/stats", headers={"Authorization": f"Bearer {VIEWER_TOKEN}"})
     assert stats.status_code == 200 and stats.is_json
-    made = client.post("/jobs-admin/api/jobs", json={"task": "noop", "task_key": "api-1"},
-                       headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    made = client.post(
+        "/jobs-admin/api/jobs",
+        json={"task": "noop", "task_key": "api-1"},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
     assert made.status_code == 201
-    assert client.post("/jobs-admin/api/jobs", json={"task": "noop", "task_key": "api-2"},
-                       headers={"Authorization": f"Bearer {VIEWER_TOKEN}"}).status_code == 403
+    assert (
+        client.post(
+            "/jobs-admin/api/jobs",
+            json={"task": "noop", "task_key": "api-2"},
+            headers={"Authorization": f"Bearer {VIEWER_TOKEN}"},
+        ).status_code
+        == 403
+    )
     # A session is no key to the API, not even an admin's.
     assert signed_in(host, "ada").get("/jobs-admin/api/stats").status_code == 401
     missing = client.get("/jobs-admin/api/jobs/999999999", headers={"Authorization": f"Bearer {VIEWER_TOKEN}"})
@@ -165,13 +188,22 @@ def test_the_api_works_beside_the_hosts_own_csrf_protection(mysql_url, tmp_path)
     app = host_app(mysql_url, tmp_path, host_csrf=True)
     try:
         client = app.test_client()
-        made = client.post("/jobs-admin/api/jobs", json={"task": "noop", "task_key": "api-csrf"},
-                           headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        made = client.post(
+            "/jobs-admin/api/jobs",
+            json={"task": "noop", "task_key": "api-csrf"},
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
         assert made.status_code == 201
         admin = signed_in(app, "ada")
         assert admin.post(f"/jobs-admin/jobs/{made.json['id']}/cancel", data={"confirm": "yes"}).status_code == 400
-        assert admin.post(f"/jobs-admin/jobs/{made.json['id']}/cancel", data={"confirm": "yes"},
-                          headers={"X-CSRFToken": csrf_of(admin)}).status_code == 302
+        assert (
+            admin.post(
+                f"/jobs-admin/jobs/{made.json['id']}/cancel",
+                data={"confirm": "yes"},
+                headers={"X-CSRFToken": csrf_of(admin)},
+            ).status_code
+            == 302
+        )
         assert job(app, made.json["id"]).status is Status.CANCELLED
     finally:
         app.extensions["jobqueue"].engine.dispose()
@@ -182,14 +214,14 @@ def test_static_files_links_and_headers_live_under_the_prefix_and_the_host_keeps
     page = admin.get("/jobs-admin/")
     html = page.get_data(as_text=True)
     assert 'src="/jobs-admin/static/htmx.min.js"' in html and 'href="/jobs-admin/jobs"' in html
-    assert "HOST BASE" not in html                     # our base.html, not the host's
+    assert "HOST BASE" not in html  # our base.html, not the host's
     assert "Content-Security-Policy" in page.headers and page.headers["X-Frame-Options"] == "DENY"
     with admin.get("/jobs-admin/static/app.css") as css:
         assert css.status_code == 200 and "Content-Security-Policy" in css.headers
     home = admin.get("/")
-    assert home.get_data(as_text=True) == "<title>HOST BASE</title>3 items"   # Jinja's own |count
+    assert home.get_data(as_text=True) == "<title>HOST BASE</title>3 items"  # Jinja's own |count
     assert "Content-Security-Policy" not in home.headers
-    assert "Strict-Transport-Security" not in page.headers   # the host's site, the host's call
+    assert "Strict-Transport-Security" not in page.headers  # the host's site, the host's call
     # A 404 outside the prefix is the host's; one inside a dashboard view is the dashboard's page.
     assert "Back to the overview" not in admin.get("/nowhere").get_data(as_text=True)
     assert "Back to the overview" in admin.get("/jobs-admin/jobs/999999999").get_data(as_text=True)

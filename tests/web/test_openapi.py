@@ -13,13 +13,15 @@ from schemathesis import GenerationMode
 from schemathesis.checks import positive_data_acceptance
 from schemathesis.config import SchemathesisConfig
 
-from testkit.web import ADMIN_TOKEN, app_config
 from jobqueue import create_app
 from jobqueue.core import service
 from jobqueue.web import api, openapi
+from testkit.web import ADMIN_TOKEN, app_config
 
-ADD_IT = ("add it to jobqueue/web/openapi.py (PATHS: the path with {parameters}, the method, its request body and "
-          "every status it can answer, with the schemas of those answers)")
+ADD_IT = (
+    "add it to jobqueue/web/openapi.py (PATHS: the path with {parameters}, the method, its request body and "
+    "every status it can answer, with the schemas of those answers)"
+)
 
 
 def _app_routes(app) -> set[tuple[str, str]]:
@@ -49,9 +51,30 @@ AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 # An array of more than 1,000 jobs is refused with 413 (issue 17 spells it): a rejection too, which
 # schemathesis' negative mode does not count among its default ones.
 # The rest is schemathesis' default list.
-CONFIG = SchemathesisConfig.from_dict({"checks": {"negative_data_rejection": {"expected-statuses": [
-    "400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]}}})
-EXAMPLES = 100     # per operation and generation mode: about 15 s for the whole API
+CONFIG = SchemathesisConfig.from_dict(
+    {
+        "checks": {
+            "negative_data_rejection": {
+                "expected-statuses": [
+                    "400",
+                    "401",
+                    "403",
+                    "404",
+                    "405",
+                    "406",
+                    "409",
+                    "413",
+                    "415",
+                    "422",
+                    "428",
+                    "429",
+                    "5xx",
+                ]
+            }
+        }
+    }
+)
+EXAMPLES = 100  # per operation and generation mode: about 15 s for the whole API
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
@@ -61,14 +84,16 @@ def test_every_endpoint_answers_as_documented(mysql_url, mode, monkeypatch):
     app = create_app(app_config(mysql_url))
     try:
         with app.extensions["jobqueue"].engine.connect() as conn:
-            ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"seed-{i}"}
-                                                               for i in range(3)])]
+            ids = [
+                r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"seed-{i}"} for i in range(3)])
+            ]
             service.fail_job(conn, ids[1], "seeded", actor="test")
         # A long poll of up to 30 s per generated request would take minutes: the route is
         # called with its wait capped (tests/web/test_security_and_api.py waits for real).
         real_wait = api.wait_for
-        monkeypatch.setattr(api, "wait_for",
-                            lambda engine, **kw: real_wait(engine, **{**kw, "timeout": min(kw["timeout"], 0.01)}))
+        monkeypatch.setattr(
+            api, "wait_for", lambda engine, **kw: real_wait(engine, **{**kw, "timeout": min(kw["timeout"], 0.01)})
+        )
         schema = schemathesis.openapi.from_wsgi("/api/openapi.json", app, config=CONFIG)
         operations = [result.ok() for result in schema.get_all_operations()]
         # Every operation but the document itself, which schemathesis leaves out.
@@ -82,8 +107,7 @@ def test_every_endpoint_answers_as_documented(mysql_url, mode, monkeypatch):
             # The token as a fixed header of the generated cases, not added after: a negative case
             # whose mutation is "no Authorization" would otherwise get it back and be accepted.
             @given(case=operation.as_strategy(generation_mode=mode, headers=AUTH))
-            @settings(max_examples=EXAMPLES, deadline=None, database=None,
-                      suppress_health_check=list(HealthCheck))
+            @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
             def check(case):
                 case.call_and_validate(excluded_checks=excluded)
 

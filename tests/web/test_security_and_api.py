@@ -7,14 +7,13 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from testkit.web import (ADMIN_PASSWORD, ADMIN_TOKEN, VIEWER_TOKEN, api, app_config, csrf_token, login)
 from jobqueue import create_app
-from jobqueue.core import repository
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Status
 from jobqueue.core.schema import job_queue
 from jobqueue.web.config import ConfigError
+from testkit.web import ADMIN_PASSWORD, ADMIN_TOKEN, VIEWER_TOKEN, api, app_config, csrf_token, login
 
 PAGES = ["/", "/overview/panels", "/jobs", "/jobs/1", "/jobs/1/row", "/jobs/1/summary", "/workers", "/audit"]
 
@@ -33,9 +32,19 @@ def test_pages_refuse_anonymous_requests(app, path):
     assert polled.status_code == 401 and polled.headers["HX-Redirect"].startswith("/login")
 
 
-@pytest.mark.parametrize("method, path", [("POST", "/jobs/1/requeue"), ("POST", "/jobs/1/fail"), ("POST", "/jobs/bulk"),
-                                          ("GET", "/api/jobs/1"), ("GET", "/api/stats"), ("POST", "/api/jobs"),
-                                          ("POST", "/api/jobs/1/requeue"), ("POST", "/api/jobs/1/fail")])
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("POST", "/jobs/1/requeue"),
+        ("POST", "/jobs/1/fail"),
+        ("POST", "/jobs/bulk"),
+        ("GET", "/api/jobs/1"),
+        ("GET", "/api/stats"),
+        ("POST", "/api/jobs"),
+        ("POST", "/api/jobs/1/requeue"),
+        ("POST", "/api/jobs/1/fail"),
+    ],
+)
 def test_actions_and_api_refuse_anonymous_requests(app, method, path):
     c = app.test_client()
     token = csrf_token(c)
@@ -55,8 +64,9 @@ def test_login_logout_and_safe_redirects(app):
     assert login(c, "alice", "wrong").status_code == 401
     assert login(c, "nobody", "wrong").status_code == 401
     token = csrf_token(c)
-    ok = c.post("/login?next=//evil.example/x", data={"username": "alice", "password": ADMIN_PASSWORD,
-                                                       "csrf_token": token})
+    ok = c.post(
+        "/login?next=//evil.example/x", data={"username": "alice", "password": ADMIN_PASSWORD, "csrf_token": token}
+    )
     assert ok.status_code == 302 and ok.headers["Location"] == "/"
     cookie = ok.headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Lax" in cookie and "Secure" in cookie
@@ -95,7 +105,7 @@ def test_security_headers(client):
     assert response.headers["X-Frame-Options"] == "DENY"
     html = response.get_data(as_text=True)
     assert "<script>" not in html and "onclick" not in html  # no inline script for the CSP to block
-    assert '/static/htmx.min.js' in html
+    assert "/static/htmx.min.js" in html
     with client.get("/static/htmx.min.js") as static:
         assert static.status_code == 200
 
@@ -125,7 +135,8 @@ def test_database_down_gives_a_clear_page_and_health(mysql_url):
     assert refused.status_code == 503 and "database is unavailable" in refused.get_data(as_text=True)
     assert c.get("/").status_code == 302
     assert api(c, "GET", "/api/stats").get_json() == {
-        "error": "The database is unavailable or busy right now; try again in a moment."}
+        "error": "The database is unavailable or busy right now; try again in a moment."
+    }
     health = c.get("/healthz")
     assert health.status_code == 503 and health.get_json()["status"] == "error"
 
@@ -146,9 +157,21 @@ def test_database_gone_after_sign_in_gives_a_clear_page(mysql_url):
 
 # --- the JSON API --------------------------------------------------------------------------------
 
+
 def test_api_enqueue_contract(client, engine):
-    created = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "api-1", "payload": {"a": 1},
-                                                      "queue": "mail", "priority": 2, "max_attempts": 3})
+    created = api(
+        client,
+        "POST",
+        "/api/jobs",
+        json={
+            "task": "noop",
+            "task_key": "api-1",
+            "payload": {"a": 1},
+            "queue": "mail",
+            "priority": 2,
+            "max_attempts": 3,
+        },
+    )
     assert created.status_code == 201
     body = created.get_json()
     assert body == {"id": body["id"], "task_key": "api-1", "duplicate": False, "status": "ready"}
@@ -161,24 +184,27 @@ def test_api_enqueue_contract(client, engine):
     assert job["created_at"].endswith("Z") and job["result"] is None and job["attempt_history"] == []
 
 
-@pytest.mark.parametrize("body, content_type, status", [
-    ("{not json", "application/json", 400),
-    ("[1, 2]", "application/json", 400),
-    ('"text"', "application/json", 400),
-    ("task=noop", "application/x-www-form-urlencoded", 400),
-    (json.dumps({"task": "noop"}), "application/json", 422),
-    (json.dumps({"task": "nope", "task_key": "k"}), "application/json", 422),
-    (json.dumps({"task": "noop", "task_key": ""}), "application/json", 422),
-    (json.dumps({"task": "noop", "task_key": "k" * 81}), "application/json", 422),
-    (json.dumps({"task": "noop", "task_key": "a\u0007b"}), "application/json", 422),
-    (json.dumps({"task": "noop", "task_key": "k", "payload": [1]}), "application/json", 422),
-    (json.dumps({"task": "noop", "task_key": "k", "priority": "high"}), "application/json", 422),
-    (json.dumps({"task": "noop", "task_key": "k", "delay": "soon"}), "application/json", 422),
-    (json.dumps({"task": "noop", "task_key": "k", "max_attempts": 1.5}), "application/json", 422),
-    (json.dumps({"task": "noop", "task_key": "k", "surprise": 1}), "application/json", 422),
-    (json.dumps({"task": "noop", "task_key": "k", "payload": {"x": "y" * 70000}}), "application/json", 413),
-    (json.dumps({"task": "noop", "task_key": "k", "payload": {"x": "y" * 200000}}), "application/json", 413),
-])
+@pytest.mark.parametrize(
+    "body, content_type, status",
+    [
+        ("{not json", "application/json", 400),
+        ("[1, 2]", "application/json", 400),
+        ('"text"', "application/json", 400),
+        ("task=noop", "application/x-www-form-urlencoded", 400),
+        (json.dumps({"task": "noop"}), "application/json", 422),
+        (json.dumps({"task": "nope", "task_key": "k"}), "application/json", 422),
+        (json.dumps({"task": "noop", "task_key": ""}), "application/json", 422),
+        (json.dumps({"task": "noop", "task_key": "k" * 81}), "application/json", 422),
+        (json.dumps({"task": "noop", "task_key": "a\u0007b"}), "application/json", 422),
+        (json.dumps({"task": "noop", "task_key": "k", "payload": [1]}), "application/json", 422),
+        (json.dumps({"task": "noop", "task_key": "k", "priority": "high"}), "application/json", 422),
+        (json.dumps({"task": "noop", "task_key": "k", "delay": "soon"}), "application/json", 422),
+        (json.dumps({"task": "noop", "task_key": "k", "max_attempts": 1.5}), "application/json", 422),
+        (json.dumps({"task": "noop", "task_key": "k", "surprise": 1}), "application/json", 422),
+        (json.dumps({"task": "noop", "task_key": "k", "payload": {"x": "y" * 70000}}), "application/json", 413),
+        (json.dumps({"task": "noop", "task_key": "k", "payload": {"x": "y" * 200000}}), "application/json", 413),
+    ],
+)
 def test_api_rejects_bad_input_and_writes_nothing(client, engine, body, content_type, status):
     response = api(client, "POST", "/api/jobs", data=body, content_type=content_type)
     assert response.status_code == status, response.get_data(as_text=True)
@@ -219,20 +245,40 @@ def test_api_stats_for_a_viewer_token(client, engine):
     stats = api(client, "GET", "/api/stats", token=VIEWER_TOKEN).get_json()
     assert stats["totals"]["ready"] == 3 and stats["queues"]["default"]["ready"] == 3
     assert stats["queues"]["default"]["oldest_ready_age_seconds"] >= 0
-    assert api(client, "POST", "/api/jobs", token=VIEWER_TOKEN, json={"task": "noop", "task_key": "v"}).status_code == 403
+    assert (
+        api(client, "POST", "/api/jobs", token=VIEWER_TOKEN, json={"task": "noop", "task_key": "v"}).status_code == 403
+    )
 
 
 def test_api_uses_same_admin_token_for_writes(client):
-    assert api(client, "POST", "/api/jobs", token=ADMIN_TOKEN, json={"task": "noop", "task_key": "w"}).status_code == 201
+    assert (
+        api(client, "POST", "/api/jobs", token=ADMIN_TOKEN, json={"task": "noop", "task_key": "w"}).status_code == 201
+    )
 
 
 # --- issue 12: next= stays on the site -------------------------------------------------------------
 
-HOSTILE_NEXT = ["/%09/evil.example", "/%5Cevil.example", "//evil.example", "https:evil.example",
-                "https://evil.example/", "/%0d/evil.example", "/%0a/evil.example", "%20//evil.example",
-                "/\\evil.example", "\\\\evil.example", "%09//evil.example", "/%0d%0aSet-Cookie:x=1",
-                "javascript:alert(1)", "/%00/evil.example", "%E2%80%A8//evil.example", "//%09evil.example",
-                "http:/evil.example", "/%C2%A0/evil.example", "%2F%2Fevil.example"]
+HOSTILE_NEXT = [
+    "/%09/evil.example",
+    "/%5Cevil.example",
+    "//evil.example",
+    "https:evil.example",
+    "https://evil.example/",
+    "/%0d/evil.example",
+    "/%0a/evil.example",
+    "%20//evil.example",
+    "/\\evil.example",
+    "\\\\evil.example",
+    "%09//evil.example",
+    "/%0d%0aSet-Cookie:x=1",
+    "javascript:alert(1)",
+    "/%00/evil.example",
+    "%E2%80%A8//evil.example",
+    "//%09evil.example",
+    "http:/evil.example",
+    "/%C2%A0/evil.example",
+    "%2F%2Fevil.example",
+]
 
 
 @pytest.mark.parametrize("target", HOSTILE_NEXT)
@@ -241,8 +287,9 @@ def test_login_next_never_leaves_the_site(app, target):
 
     c = app.test_client()
     token = csrf_token(c)
-    response = c.post("/login?next=" + target, data={"username": "alice", "password": ADMIN_PASSWORD,
-                                                      "csrf_token": token})
+    response = c.post(
+        "/login?next=" + target, data={"username": "alice", "password": ADMIN_PASSWORD, "csrf_token": token}
+    )
     assert response.status_code == 302, response.status_code
     location = response.headers["Location"]
     # Judged the way a browser reads it: relative to the page, after its own clean-up.
@@ -251,13 +298,21 @@ def test_login_next_never_leaves_the_site(app, target):
     assert not any(ch in location for ch in "\t\r\n\\ ") and location.isascii()
 
 
-@pytest.mark.parametrize("target, expected", [("/jobs?status=failed", "/jobs?status=failed"),
-                                              ("/jobs/12", "/jobs/12"), ("/audit?before=40", "/audit?before=40"),
-                                              ("/jobs?key=caf%C3%A9", "/jobs?key=caf%C3%A9")])
+@pytest.mark.parametrize(
+    "target, expected",
+    [
+        ("/jobs?status=failed", "/jobs?status=failed"),
+        ("/jobs/12", "/jobs/12"),
+        ("/audit?before=40", "/audit?before=40"),
+        ("/jobs?key=caf%C3%A9", "/jobs?key=caf%C3%A9"),
+    ],
+)
 def test_login_next_keeps_paths_on_the_site(app, target, expected):
     c = app.test_client()
-    response = c.post("/login?next=" + target.replace("?", "%3F").replace("&", "%26").replace("=", "%3D"),
-                      data={"username": "alice", "password": ADMIN_PASSWORD, "csrf_token": csrf_token(c)})
+    response = c.post(
+        "/login?next=" + target.replace("?", "%3F").replace("&", "%26").replace("=", "%3D"),
+        data={"username": "alice", "password": ADMIN_PASSWORD, "csrf_token": csrf_token(c)},
+    )
     assert response.status_code == 302 and response.headers["Location"] == expected
 
 
@@ -270,18 +325,33 @@ def test_hsts_when_secure_cookies_are_on(client, mysql_url):
 
 # --- POST /api/jobs with an array ----------------------------------------------------------------
 
+
 def test_api_enqueues_an_array_in_one_transaction(client, engine):
     repository_job = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "known"}).get_json()
-    created = api(client, "POST", "/api/jobs", json=[
-        {"task": "noop", "task_key": "b1", "payload": {"a": 1}}, {"task": "noop", "task_key": "known"},
-        {"task": "noop", "task_key": "b2", "delay": 60}, {"task": "noop", "task_key": "b1"}])
+    created = api(
+        client,
+        "POST",
+        "/api/jobs",
+        json=[
+            {"task": "noop", "task_key": "b1", "payload": {"a": 1}},
+            {"task": "noop", "task_key": "known"},
+            {"task": "noop", "task_key": "b2", "delay": 60},
+            {"task": "noop", "task_key": "b1"},
+        ],
+    )
     assert created.status_code == 201
     body = created.get_json()
     assert [(r["task_key"], r["duplicate"], r["status"]) for r in body] == [
-        ("b1", False, "ready"), ("known", True, "ready"), ("b2", False, "scheduled"), ("b1", True, "ready")]
+        ("b1", False, "ready"),
+        ("known", True, "ready"),
+        ("b2", False, "scheduled"),
+        ("b1", True, "ready"),
+    ]
     assert body[1]["id"] == repository_job["id"] and body[3]["id"] == body[0]["id"]
     assert all(set(r) == {"id", "task_key", "duplicate", "status"} for r in body)
-    again = api(client, "POST", "/api/jobs", json=[{"task": "noop", "task_key": "b1"}, {"task": "noop", "task_key": "b2"}])
+    again = api(
+        client, "POST", "/api/jobs", json=[{"task": "noop", "task_key": "b1"}, {"task": "noop", "task_key": "b2"}]
+    )
     assert again.status_code == 200 and all(r["duplicate"] for r in again.get_json())
     empty = api(client, "POST", "/api/jobs", json=[])
     assert empty.status_code == 200 and empty.get_json() == []
@@ -290,20 +360,23 @@ def test_api_enqueues_an_array_in_one_transaction(client, engine):
 
 def test_an_array_of_a_thousand_jobs_is_taken_and_one_more_is_413(client, engine):
     jobs = [{"task": "noop", "task_key": f"t{i}", "payload": {"order": i, "note": "x" * 40}} for i in range(1000)]
-    taken = api(client, "POST", "/api/jobs", json=jobs)   # about 80 kB: more than one job's body limit
+    taken = api(client, "POST", "/api/jobs", json=jobs)  # about 80 kB: more than one job's body limit
     assert taken.status_code == 201 and len(taken.get_json()) == 1000
     refused = api(client, "POST", "/api/jobs", json=jobs + [{"task": "noop", "task_key": "t1000"}])
     assert refused.status_code == 413 and "1000" in refused.get_json()["error"]
     assert count_jobs(engine) == 1000
 
 
-@pytest.mark.parametrize("bad, status, field", [
-    ({"task": "noop", "task_key": "x", "priority": "high"}, 422, "priority"),
-    ({"task": "noop", "task_key": "x", "colour": "red"}, 422, "colour"),
-    ({"task": "nope", "task_key": "x"}, 422, "task"),
-    ({"task": "noop", "task_key": "x", "payload": {"x": "y" * 70000}}, 413, "payload"),
-    ("not a job", 400, None),
-])
+@pytest.mark.parametrize(
+    "bad, status, field",
+    [
+        ({"task": "noop", "task_key": "x", "priority": "high"}, 422, "priority"),
+        ({"task": "noop", "task_key": "x", "colour": "red"}, 422, "colour"),
+        ({"task": "nope", "task_key": "x"}, 422, "task"),
+        ({"task": "noop", "task_key": "x", "payload": {"x": "y" * 70000}}, 413, "payload"),
+        ("not a job", 400, None),
+    ],
+)
 def test_one_invalid_job_in_an_array_names_its_index_and_writes_nothing(client, engine, bad, status, field):
     jobs = [{"task": "noop", "task_key": f"ok-{i}"} for i in range(5)]
     jobs.insert(3, bad)
@@ -326,7 +399,12 @@ def test_api_job_result_answers_200_when_finished_and_202_while_pending(client, 
     done = api(client, "GET", f"/api/jobs/{c.job.id}/result", token=VIEWER_TOKEN)
     assert done.status_code == 200
     assert {k: v for k, v in done.get_json().items() if k != "finished_at"} == {
-        "id": c.job.id, "task_key": c.job.task_key, "status": "done", "result": {"rows": 3}, "error": None}
+        "id": c.job.id,
+        "task_key": c.job.task_key,
+        "status": "done",
+        "result": {"rows": 3},
+        "error": None,
+    }
     failed = api(client, "GET", f"/api/jobs/{ids[1]}/result").get_json()
     assert (failed["status"], failed["result"], failed["error"]) == ("failed", None, "bad data")
     started = time.monotonic()

@@ -6,10 +6,10 @@ from __future__ import annotations
 import sqlalchemy as sa
 from werkzeug.security import generate_password_hash
 
-from testkit.web import ADMIN_PASSWORD, VIEWER_PASSWORD, app_config, csrf_token, login, users_setting
 from jobqueue import create_app
 from jobqueue.core import metrics
 from jobqueue.core.schema import audit_log, login_throttle, web_session
+from testkit.web import ADMIN_PASSWORD, VIEWER_PASSWORD, app_config, csrf_token, login, users_setting
 
 COOKIE = "jobqueue_session"
 
@@ -41,7 +41,9 @@ def test_a_cookie_copied_before_logout_is_refused_after_it(app, engine):
     # An action with the copied cookie and its (valid) CSRF token is refused too.
     token_client = copy_of(app, c)
     assert token_client.post("/jobs/bulk", data={"confirm": "yes"}, headers={"HX-Request": "true"}).status_code in (
-        400, 401)
+        400,
+        401,
+    )
     with engine.connect() as conn:
         (row,) = conn.execute(sa.select(web_session.c.user_name, web_session.c.end_reason)).all()
     assert tuple(row) == ("alice", "logout")
@@ -64,10 +66,16 @@ def test_idle_sessions_and_old_sessions_end(app, engine):
     idle, old, fresh = signed_in(app), signed_in(app), signed_in(app)
     with engine.begin() as conn:
         rows = conn.execute(sa.select(web_session.c.id).order_by(web_session.c.created_at)).scalars().all()
-        conn.execute(sa.update(web_session).where(web_session.c.id == rows[0]).values(
-            last_seen_at=sa.func.utc_timestamp(6) - sa.text("INTERVAL 61 MINUTE")))
-        conn.execute(sa.update(web_session).where(web_session.c.id == rows[1]).values(
-            created_at=sa.func.utc_timestamp(6) - sa.text("INTERVAL 721 MINUTE")))
+        conn.execute(
+            sa.update(web_session)
+            .where(web_session.c.id == rows[0])
+            .values(last_seen_at=sa.func.utc_timestamp(6) - sa.text("INTERVAL 61 MINUTE"))
+        )
+        conn.execute(
+            sa.update(web_session)
+            .where(web_session.c.id == rows[1])
+            .values(created_at=sa.func.utc_timestamp(6) - sa.text("INTERVAL 721 MINUTE"))
+        )
     assert idle.get("/").status_code == 302
     assert old.get("/").status_code == 302
     assert fresh.get("/").status_code == 200
@@ -84,8 +92,9 @@ def test_the_limits_are_settings(mysql_url):
         assert app.permanent_session_lifetime.total_seconds() == 3600
         c = signed_in(app)
         with app.extensions["jobqueue"].engine.begin() as conn:
-            conn.execute(sa.update(web_session).values(
-                last_seen_at=sa.func.utc_timestamp(6) - sa.text("INTERVAL 6 MINUTE")))
+            conn.execute(
+                sa.update(web_session).values(last_seen_at=sa.func.utc_timestamp(6) - sa.text("INTERVAL 6 MINUTE"))
+            )
         assert c.get("/").status_code == 302
     finally:
         app.extensions["jobqueue"].engine.dispose()
@@ -93,15 +102,16 @@ def test_the_limits_are_settings(mysql_url):
 
 def test_a_password_change_ends_the_old_sessions(mysql_url):
     before = create_app(app_config(mysql_url))
-    changed_users = users_setting().replace(users_setting().split(";")[0].split(":", 2)[2],
-                                            generate_password_hash("new-password-2"))
+    changed_users = users_setting().replace(
+        users_setting().split(";")[0].split(":", 2)[2], generate_password_hash("new-password-2")
+    )
     after = create_app(app_config(mysql_url, USERS=changed_users))
     try:
         c = signed_in(before)
         victor = signed_in(before, "victor", VIEWER_PASSWORD)
-        assert copy_of(after, victor).get("/").status_code == 200   # victor's password did not change
+        assert copy_of(after, victor).get("/").status_code == 200  # victor's password did not change
         assert copy_of(after, c).get("/").status_code == 302
-        assert c.get("/").status_code == 302                        # ended for good, in the old process too
+        assert c.get("/").status_code == 302  # ended for good, in the old process too
         assert signed_in(after, "alice", "new-password-2").get("/").status_code == 200
     finally:
         for a in (before, after):
@@ -132,8 +142,12 @@ def test_an_admin_ends_one_users_sessions(app):
     response = alice.post("/sessions/end", data={"scope": "user", "user": "victor", "csrf_token": csrf_token(alice)})
     assert response.status_code == 302 and response.headers["Location"] == "/sessions"
     assert victor.get("/").status_code == 302 and alice.get("/").status_code == 200
-    assert alice.post("/sessions/end", data={"scope": "user", "user": "nobody",
-                                             "csrf_token": csrf_token(alice)}).status_code == 400
+    assert (
+        alice.post(
+            "/sessions/end", data={"scope": "user", "user": "nobody", "csrf_token": csrf_token(alice)}
+        ).status_code
+        == 400
+    )
 
 
 def test_cookies_from_before_server_sessions_are_refused(app):
@@ -149,6 +163,7 @@ def test_cookies_from_before_server_sessions_are_refused(app):
 
 # --- the throttle --------------------------------------------------------------------------------
 
+
 def attempt(app, user, password, addr):
     c = app.test_client()
     c.environ_base["REMOTE_ADDR"] = addr
@@ -162,7 +177,7 @@ def test_the_guesser_is_throttled_not_the_owner(app):
     more = [attempt(app, "alice", ADMIN_PASSWORD if i % 2 else "guess", "10.0.0.3") for i in range(12)]
     assert {r.status_code for r in more} == {429}
     waits = [int(r.headers["Retry-After"]) for r in more]
-    assert waits == sorted(waits) and waits[-1] > waits[0]     # the wait grows with every attempt
+    assert waits == sorted(waits) and waits[-1] > waits[0]  # the wait grows with every attempt
 
 
 def test_an_address_spraying_user_names_is_throttled_with_bounded_rows(app, engine):
@@ -171,7 +186,7 @@ def test_an_address_spraying_user_names_is_throttled_with_bounded_rows(app, engi
     assert codes[:20] == [401] * 20 and set(codes[20:]) == {429}
     with engine.connect() as conn:
         rows = conn.execute(sa.select(sa.func.count()).select_from(login_throttle)).scalar()
-    assert rows == 21                     # the address and the 20 names it could try; no more
+    assert rows == 21  # the address and the 20 names it could try; no more
     assert _throttled("address") - throttled_before == 40
     # Another address is not affected.
     assert attempt(app, "alice", ADMIN_PASSWORD, "10.0.0.10").status_code == 302
@@ -188,16 +203,23 @@ def test_throttle_rows_expire_and_are_pruned(app, engine):
         attempt(app, "alice", "guess", "10.0.0.5")
     assert attempt(app, "alice", ADMIN_PASSWORD, "10.0.0.5").status_code == 429
     with engine.begin() as conn:
-        conn.execute(sa.update(login_throttle).values(
-            blocked_until=None, expires_at=sa.func.utc_timestamp(6) - sa.text("INTERVAL 1 SECOND")))
+        conn.execute(
+            sa.update(login_throttle).values(
+                blocked_until=None, expires_at=sa.func.utc_timestamp(6) - sa.text("INTERVAL 1 SECOND")
+            )
+        )
     assert attempt(app, "alice", ADMIN_PASSWORD, "10.0.0.5").status_code == 302
     app.extensions["jobqueue"].sign_in_pruned_at = 0.0
     with engine.begin() as conn:
-        conn.execute(sa.update(login_throttle).values(expires_at=sa.func.utc_timestamp(6) - sa.text("INTERVAL 1 SECOND")))
-    attempt(app, "nobody", "x", "10.0.0.6")           # prunes, then counts this one
+        conn.execute(
+            sa.update(login_throttle).values(expires_at=sa.func.utc_timestamp(6) - sa.text("INTERVAL 1 SECOND"))
+        )
+    attempt(app, "nobody", "x", "10.0.0.6")  # prunes, then counts this one
     with engine.connect() as conn:
         assert conn.execute(sa.select(login_throttle.c.scope).order_by(login_throttle.c.scope)).scalars().all() == [
-            "address", "address_user"]
+            "address",
+            "address_user",
+        ]
 
 
 def _throttled(limit: str) -> float:

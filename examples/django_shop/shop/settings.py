@@ -9,7 +9,7 @@ from urllib.parse import unquote, urlsplit
 import django
 import pymysql
 
-pymysql.install_as_MySQLdb()   # Django's MySQL backend on PyMySQL, the queue's driver
+pymysql.install_as_MySQLdb()  # Django's MySQL backend on PyMySQL, the queue's driver
 
 url = urlsplit(os.environ.get("SHOP_DATABASE_URL", "mysql://root@127.0.0.1:3306/django_shop"))
 
@@ -29,7 +29,7 @@ INSTALLED_APPS = [
     "shop",
 ]
 if django.VERSION < (6, 0):
-    INSTALLED_APPS.append("django_tasks")   # the backport of django.tasks
+    INSTALLED_APPS.append("django_tasks")  # the backport of django.tasks
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -40,29 +40,39 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
 ROOT_URLCONF = "shop.urls"
-TEMPLATES = [{
-    "BACKEND": "django.template.backends.django.DjangoTemplates",
-    "APP_DIRS": True,
-    "OPTIONS": {"context_processors": ["django.template.context_processors.request",
-                                       "django.contrib.auth.context_processors.auth",
-                                       "django.contrib.messages.context_processors.messages"]},
-}]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
 WSGI_APPLICATION = "shop.wsgi.application"
-DATABASES = {"default": {
-    "ENGINE": "django.db.backends.mysql",
-    "NAME": url.path.lstrip("/"),
-    "USER": unquote(url.username or ""),
-    "PASSWORD": unquote(url.password or ""),
-    "HOST": url.hostname or "127.0.0.1",
-    "PORT": str(url.port or 3306),
-    "OPTIONS": {"charset": "utf8mb4"},
-}}
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.mysql",
+        "NAME": url.path.lstrip("/"),
+        "USER": unquote(url.username or ""),
+        "PASSWORD": unquote(url.password or ""),
+        "HOST": url.hostname or "127.0.0.1",
+        "PORT": str(url.port or 3306),
+        "OPTIONS": {"charset": "utf8mb4"},
+    }
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-TASKS = {"default": {
-    "BACKEND": "jobqueue.django.JobQueueBackend",
-    "QUEUES": ["default", "receipts"],
-    "OPTIONS": {"DATABASE": "default", "MAX_ATTEMPTS": 3},
-}}
+TASKS = {
+    "default": {
+        "BACKEND": "jobqueue.django.JobQueueBackend",
+        "QUEUES": ["default", "receipts"],
+        "OPTIONS": {"DATABASE": "default", "MAX_ATTEMPTS": 3},
+    }
+}
 STATIC_URL = "static/"
 LOGIN_URL = "admin:login"

@@ -1,9 +1,9 @@
 """The shop's tasks: Django's own @task decorator; the job queue's workers run them."""
 
 try:
-    from django.tasks import task            # Django 6
+    from django.tasks import task  # Django 6
 except ImportError:
-    from django_tasks import task            # Django 5.2 LTS: the backport
+    from django_tasks import task  # Django 5.2 LTS: the backport
 
 from .models import Order
 

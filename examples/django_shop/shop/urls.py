@@ -8,5 +8,5 @@ urlpatterns = [
     path("orders", views.place_order, name="place-order"),
     path("orders/<int:order_id>/receipt", views.receipt, name="receipt"),
     path("admin/", admin.site.urls),
-    path("jobs-admin/", include("jobqueue.django.urls")),    # staff only: Django's admin login
+    path("jobs-admin/", include("jobqueue.django.urls")),  # staff only: Django's admin login
 ]

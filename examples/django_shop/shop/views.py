@@ -13,8 +13,9 @@ class OutOfStock(Exception):
 
 
 def home(request):
-    return render(request, "shop/home.html", {"products": Product.objects.all(),
-                                              "orders": Order.objects.order_by("-id")[:10]})
+    return render(
+        request, "shop/home.html", {"products": Product.objects.all(), "orders": Order.objects.order_by("-id")[:10]}
+    )
 
 
 @require_POST
@@ -31,17 +32,28 @@ def place_order(request):
             if not taken:
                 raise OutOfStock(product.name)
     except OutOfStock as exc:
-        return render(request, "shop/home.html", {"products": Product.objects.all(), "error": f"not enough {exc}",
-                                                  "orders": Order.objects.order_by("-id")[:10]}, status=409)
+        return render(
+            request,
+            "shop/home.html",
+            {
+                "products": Product.objects.all(),
+                "error": f"not enough {exc}",
+                "orders": Order.objects.order_by("-id")[:10],
+            },
+            status=409,
+        )
     return redirect("receipt", order_id=order.id)
 
 
 def receipt(request, order_id: int):
     order = get_object_or_404(Order, pk=order_id)
     result = send_receipt.get_result(order.receipt_task)
-    answer = {"order": order.id, "status": result.status, "attempts": result.attempts,
-              "enqueued_at": result.enqueued_at.isoformat()}
+    answer = {
+        "order": order.id,
+        "status": result.status,
+        "attempts": result.attempts,
+        "enqueued_at": result.enqueued_at.isoformat(),
+    }
     if result.is_finished and not result.errors:
         answer["receipt"] = result.return_value
     return JsonResponse(answer)
-

@@ -14,8 +14,29 @@ from __future__ import annotations
 
 from . import admin, jobs, queues  # noqa: F401 - each registers its commands on `main`
 from .admin import enqueue_demo
-from .base import (answers_errors, engine_of, fail, main, pause_collector, setting_option, settings_of, started,
-                   tasks_option, url_option)
+from .base import (
+    answers_errors,
+    engine_of,
+    fail,
+    main,
+    pause_collector,
+    setting_option,
+    settings_of,
+    started,
+    tasks_option,
+    url_option,
+)
 
-__all__ = ["answers_errors", "engine_of", "enqueue_demo", "fail", "main", "pause_collector", "setting_option",
-           "settings_of", "started", "tasks_option", "url_option"]
+__all__ = [
+    "answers_errors",
+    "engine_of",
+    "enqueue_demo",
+    "fail",
+    "main",
+    "pause_collector",
+    "setting_option",
+    "settings_of",
+    "started",
+    "tasks_option",
+    "url_option",
+]

@@ -15,12 +15,21 @@ import click
 from ..errors import EXIT_BAD_INPUT, EXIT_ERROR, JobQueueError, LeaseStillValid, RunAgainNeeded, answer_for
 from ..settings import BY_ATTRIBUTE, PREFIX, Settings, SettingsError, use
 
-url_option = click.option("--database-url", envvar="JOBQUEUE_DATABASE_URL", default=None,
-                          help="mysql+pymysql://user:pass@host/db or sqlite:///path; several URLs separated by "
-                               "spaces name candidate primaries [env JOBQUEUE_DATABASE_URL; default: SQLite under "
-                               "./instance]")
-tasks_option = click.option("--tasks", "tasks", envvar="JOBQUEUE_TASKS", default=None,
-                            help="Comma-separated modules that register tasks [env JOBQUEUE_TASKS]")
+url_option = click.option(
+    "--database-url",
+    envvar="JOBQUEUE_DATABASE_URL",
+    default=None,
+    help="mysql+pymysql://user:pass@host/db or sqlite:///path; several URLs separated by "
+    "spaces name candidate primaries [env JOBQUEUE_DATABASE_URL; default: SQLite under "
+    "./instance]",
+)
+tasks_option = click.option(
+    "--tasks",
+    "tasks",
+    envvar="JOBQUEUE_TASKS",
+    default=None,
+    help="Comma-separated modules that register tasks [env JOBQUEUE_TASKS]",
+)
 
 
 def setting_option(attribute: str, *flags: str, **kwargs: Any):
@@ -41,9 +50,11 @@ def setting_option(attribute: str, *flags: str, **kwargs: Any):
 
 
 allow_unregistered_option = click.option(
-    "--allow-unregistered", is_flag=True,
+    "--allow-unregistered",
+    is_flag=True,
     help="Take a task name that neither --tasks, the built-in tasks nor any worker registered (its worker "
-         "has not started yet); without it such a name is refused as a likely typo")
+    "has not started yet); without it such a name is refused as a likely typo",
+)
 
 
 def fail(code: int, message: str) -> None:
@@ -53,6 +64,7 @@ def fail(code: int, message: str) -> None:
 
 def answers_errors(fn):
     """The queue's errors as their exit code and one line, the same mapping the API uses."""
+
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
         from sqlalchemy.exc import SQLAlchemyError
@@ -69,6 +81,7 @@ def answers_errors(fn):
             fail(EXIT_BAD_INPUT, str(exc))
         except SQLAlchemyError as exc:
             fail(EXIT_ERROR, f"database: {getattr(exc, 'orig', None) or exc}")
+
     return wrapped
 
 
@@ -159,8 +172,9 @@ def actor() -> str:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @url_option
-@setting_option("log_level", "--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
-                                                               case_sensitive=False))
+@setting_option(
+    "log_level", "--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False)
+)
 @click.pass_context
 def main(ctx: click.Context, database_url: str | None, log_level: str) -> None:
     """A job queue in a MySQL table, claimed with SELECT ... FOR UPDATE SKIP LOCKED."""
@@ -168,10 +182,10 @@ def main(ctx: click.Context, database_url: str | None, log_level: str) -> None:
 
     long_running = ctx.invoked_subcommand in ("worker", "serve", "demo")
     if ctx.invoked_subcommand not in main.commands:
-        started()   # commands from above the core (serve) make no engine here: collect as usual
+        started()  # commands from above the core (serve) make no engine here: collect as usual
     logs.setup(log_level, threaded=long_running)
     if not long_running:
-        metrics.off()   # a one-shot command serves no metrics: do not pay for them
+        metrics.off()  # a one-shot command serves no metrics: do not pay for them
     ctx.ensure_object(dict)
     ctx.obj["database_url"] = database_url
 

@@ -9,8 +9,19 @@ from typing import Any
 import click
 
 from ..errors import EXIT_BAD_INPUT, EXIT_NOT_FOUND, ValidationError
-from .base import (actor, allow_unregistered_option, engine_of, fail, json_option, main, payload_of, print_json,
-                   queue_command, tasks_option, with_tasks)
+from .base import (
+    actor,
+    allow_unregistered_option,
+    engine_of,
+    fail,
+    json_option,
+    main,
+    payload_of,
+    print_json,
+    queue_command,
+    tasks_option,
+    with_tasks,
+)
 
 
 @main.command()
@@ -24,19 +35,37 @@ from .base import (actor, allow_unregistered_option, engine_of, fail, json_optio
 @allow_unregistered_option
 @tasks_option
 @queue_command
-def enqueue(ctx: click.Context, task: str, task_key: str, payload: str, queue: str | None, priority: int,
-            delay: float, max_attempts: int | None, allow_unregistered: bool, tasks: str | None,
-            database_url: str | None) -> None:
+def enqueue(
+    ctx: click.Context,
+    task: str,
+    task_key: str,
+    payload: str,
+    queue: str | None,
+    priority: int,
+    delay: float,
+    max_attempts: int | None,
+    allow_unregistered: bool,
+    tasks: str | None,
+    database_url: str | None,
+) -> None:
     """Add a job; prints {"id", "task_key", "duplicate", "status"}. TASK is a task of --tasks, a
     built-in one, or one a worker registered; --allow-unregistered takes any name."""
-    from .. import repository
-    from .. import service
+    from .. import repository, service
 
     with_tasks(ctx, database_url, tasks)
     data = payload_of(payload)
     with engine_of(ctx, database_url).connect() as conn:
-        res = service.enqueue(conn, task, task_key, data, queue=queue, priority=priority, delay=delay,
-                                 max_attempts=max_attempts, allow_unregistered=allow_unregistered)
+        res = service.enqueue(
+            conn,
+            task,
+            task_key,
+            data,
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            max_attempts=max_attempts,
+            allow_unregistered=allow_unregistered,
+        )
         status = res.status or repository.reads.get_job(conn, res.id).status
     print_json({"id": res.id, "task_key": res.task_key, "duplicate": res.duplicate, "status": str(status)})
 
@@ -46,8 +75,9 @@ def enqueue(ctx: click.Context, task: str, task_key: str, payload: str, queue: s
 @allow_unregistered_option
 @tasks_option
 @queue_command
-def enqueue_many_cmd(ctx: click.Context, file, allow_unregistered: bool, tasks: str | None,
-                     database_url: str | None) -> None:
+def enqueue_many_cmd(
+    ctx: click.Context, file, allow_unregistered: bool, tasks: str | None, database_url: str | None
+) -> None:
     """Add the jobs in FILE, JSON lines (`-`: standard input), one job a line with the fields of
     POST /api/jobs ({"task", "task_key", "payload", "queue", "priority", "delay",
     "max_attempts", "allow_unregistered"}); blank lines are skipped. 1,000 jobs per transaction.
@@ -58,7 +88,7 @@ def enqueue_many_cmd(ctx: click.Context, file, allow_unregistered: bool, tasks: 
     was refused."""
     import queue
     import threading
-    from json.encoder import encode_basestring_ascii as json_string   # json.dumps of a str, minus its overhead
+    from json.encoder import encode_basestring_ascii as json_string  # json.dumps of a str, minus its overhead
 
     from .. import repository, service
     from ..validation import MAX_BATCH_JOBS, job_spec, max_payload_bytes
@@ -73,13 +103,17 @@ def enqueue_many_cmd(ctx: click.Context, file, allow_unregistered: bool, tasks: 
 
     def parse(raw: bytes):
         try:
-            return repository.enqueue.validate_job(job_spec(json.loads(raw.decode("utf-8"))), limit=limit, registry=known,
-                                           allow_unregistered=allow_unregistered)
+            return repository.enqueue.validate_job(
+                job_spec(json.loads(raw.decode("utf-8"))),
+                limit=limit,
+                registry=known,
+                allow_unregistered=allow_unregistered,
+            )
         except ValidationError as exc:
             return exc
         except RecursionError:
             return ValidationError("the line is nested too deeply to be read")
-        except ValueError as exc:   # not JSON, or not UTF-8 (UnicodeDecodeError)
+        except ValueError as exc:  # not JSON, or not UTF-8 (UnicodeDecodeError)
             return ValidationError(f"not a JSON object: {exc}")
 
     def flush(conn, batch: list[tuple[int, Any]]) -> None:
@@ -91,20 +125,27 @@ def enqueue_many_cmd(ctx: click.Context, file, allow_unregistered: bool, tasks: 
                     refused.append(f"line {number}: {job}")
                     line = {"line": number, "error": str(job), "field": job.field}
                 else:
-                    line = {"line": number, "task_key": job.task_key,
-                            "error": f"not written: line {first} of the same batch was refused"}
+                    line = {
+                        "line": number,
+                        "task_key": job.task_key,
+                        "error": f"not written: line {first} of the same batch was refused",
+                    }
                 out.write(json.dumps(line) + "\n")
             return
         results = service.enqueue_many(conn, repository.enqueue.Validated(job for _, job in batch))
-        out.write("".join(f'{{"id": {r.id}, "task_key": {json_string(r.task_key)}, "duplicate": '
-                          f'{"true" if r.duplicate else "false"}, "status": "{r.status.value}"}}\n'
-                          for r in results))
+        out.write(
+            "".join(
+                f'{{"id": {r.id}, "task_key": {json_string(r.task_key)}, "duplicate": '
+                f'{"true" if r.duplicate else "false"}, "status": "{r.status.value}"}}\n'
+                for r in results
+            )
+        )
         out.flush()
 
     # A thread reads and checks the next batch while this one is written: the GIL is free while
     # the write waits for the server, and the lines cost about as much as the write's own Python.
     batches: queue.Queue = queue.Queue(maxsize=1)
-    taking = threading.Event()   # cleared when this thread stops taking batches
+    taking = threading.Event()  # cleared when this thread stops taking batches
     taking.set()
 
     def hand_over(item: Any) -> None:
@@ -129,7 +170,7 @@ def enqueue_many_cmd(ctx: click.Context, file, allow_unregistered: bool, tasks: 
                         return
             hand_over(batch)
             hand_over(None)
-        except BaseException as exc:   # noqa: BLE001 - raised in the main thread
+        except BaseException as exc:  # noqa: BLE001 - raised in the main thread
             hand_over(exc)
 
     # Start-up's objects are out of the collector's way already (engine_of: started()).
@@ -144,29 +185,34 @@ def enqueue_many_cmd(ctx: click.Context, file, allow_unregistered: bool, tasks: 
     finally:
         taking.clear()
     if refused:
-        fail(EXIT_BAD_INPUT, f"{len(refused)} line(s) refused; their batches were not written "
-                             f"(first: {refused[0]})")
+        fail(EXIT_BAD_INPUT, f"{len(refused)} line(s) refused; their batches were not written (first: {refused[0]})")
 
 
 def _operator(ctx: click.Context, database_url: str | None, action) -> None:
     with engine_of(ctx, database_url).connect() as conn:
         result = action(conn)
-    print_json({"id": result.job_id, "before": str(result.before), "after": str(result.after),
-                "changed": result.changed})
+    print_json(
+        {"id": result.job_id, "before": str(result.before), "after": str(result.after), "changed": result.changed}
+    )
 
 
 @main.command()
 @click.argument("job_id", type=int)
 @click.option("--force", is_flag=True, help="Also requeue a running job whose lease is still valid")
-@click.option("--again", is_flag=True, help="Also requeue a done job: its handler runs again (record_result still "
-                                            "keeps the one result row of its task_key)")
+@click.option(
+    "--again",
+    is_flag=True,
+    help="Also requeue a done job: its handler runs again (record_result still "
+    "keeps the one result row of its task_key)",
+)
 @queue_command
 def requeue(ctx: click.Context, job_id: int, force: bool, again: bool, database_url: str | None) -> None:
     """Put a job back to ready (attempts kept)."""
     from .. import service
 
-    _operator(ctx, database_url, lambda conn: service.requeue_job(conn, job_id, force=force, again=again,
-                                                                     actor=actor()))
+    _operator(
+        ctx, database_url, lambda conn: service.requeue_job(conn, job_id, force=force, again=again, actor=actor())
+    )
 
 
 @main.command("fail")
@@ -197,21 +243,37 @@ def cancel_cmd(ctx: click.Context, job_id: int, reason: str | None, database_url
 @click.option("--queue", default=None)
 @click.option("--task", default=None, help="Task name")
 @click.option("--key", default=None, help="task_key prefix")
-@click.option("-q", "--search", "q", default=None,
-              help="Text in the payload, the last error or the task_key (reads at most the newest 50,000 jobs "
-                   "matching the other filters; --before continues below)")
+@click.option(
+    "-q",
+    "--search",
+    "q",
+    default=None,
+    help="Text in the payload, the last error or the task_key (reads at most the newest 50,000 jobs "
+    "matching the other filters; --before continues below)",
+)
 @click.option("--before", default=None, help="Jobs older than this id (the previous answer's next_before)")
 @click.option("--limit", default=None, help="At most this many (default 50, at most 500)")
 @json_option("{jobs, next_before, prev_after, matches, ...}")
 @queue_command
-def list_cmd(ctx: click.Context, status: str | None, queue: str | None, task: str | None, key: str | None,
-             q: str | None, before: str | None, limit: str | None, as_json: bool, database_url: str | None) -> None:
+def list_cmd(
+    ctx: click.Context,
+    status: str | None,
+    queue: str | None,
+    task: str | None,
+    key: str | None,
+    q: str | None,
+    before: str | None,
+    limit: str | None,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
     """Jobs matching the filters, newest first (keyset paging: --before)."""
     from .. import repository
     from ..validation import job_query
 
-    query = job_query({"status": status, "queue": queue, "task": task, "key": key, "q": q, "before": before,
-                       "limit": limit})
+    query = job_query(
+        {"status": status, "queue": queue, "task": task, "key": key, "q": q, "before": before, "limit": limit}
+    )
     with engine_of(ctx, database_url).connect() as conn:
         page = repository.reads.page_jobs(conn, query.job_filter, before=query.before, limit=query.limit)
     if as_json:
@@ -220,8 +282,10 @@ def list_cmd(ctx: click.Context, status: str | None, queue: str | None, task: st
     click.echo(f"{'id':>10}  {'status':<9} {'attempts':>8}  {'queue':<12} {'task':<16} {'task_key':<32} last error")
     for job in page.jobs:
         error = (job.last_error or "").splitlines()[0][:60] if job.last_error and job.status.value == "failed" else ""
-        click.echo(f"{job.id:>10}  {job.status.value:<9} {f'{job.attempts}/{job.max_attempts}':>8}  "
-                   f"{job.queue[:12]:<12} {job.task_name[:16]:<16} {job.task_key[:32]:<32} {error}")
+        click.echo(
+            f"{job.id:>10}  {job.status.value:<9} {f'{job.attempts}/{job.max_attempts}':>8}  "
+            f"{job.queue[:12]:<12} {job.task_name[:16]:<16} {job.task_key[:32]:<32} {error}"
+        )
     matches = f"{page.matches:,}{'+' if page.capped else ''}"
     tail = f"{len(page.jobs)} shown of {matches} matching"
     if page.window is not None:
@@ -248,25 +312,40 @@ def show(ctx: click.Context, job_id: int, as_json: bool, database_url: str | Non
         attempts = repository.reads.list_attempts(conn, job_id)
     data = job.as_dict()
     data["result"] = result["result"] if result else None
-    data["attempt_history"] = [{**a, "started_at": iso(a["started_at"]), "finished_at": iso(a["finished_at"])}
-                               for a in attempts]
+    data["attempt_history"] = [
+        {**a, "started_at": iso(a["started_at"]), "finished_at": iso(a["finished_at"])} for a in attempts
+    ]
     if as_json:
         print_json(data)
         return
-    for name in ("id", "task_key", "task", "queue", "status", "priority", "lease_owner", "lease_until", "run_at",
-                 "created_at", "started_at", "finished_at", "updated_at"):
+    for name in (
+        "id",
+        "task_key",
+        "task",
+        "queue",
+        "status",
+        "priority",
+        "lease_owner",
+        "lease_until",
+        "run_at",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "updated_at",
+    ):
         click.echo(f"{name:<13} {data[name] if data[name] is not None else '-'}")
     click.echo(f"{'attempts':<13} {job.attempts}/{job.max_attempts}")
     click.echo(f"{'payload':<13} {json.dumps(job.payload, sort_keys=True, ensure_ascii=False)}")
-    click.echo(f"{'result':<13} " + (json.dumps(data['result'], sort_keys=True, ensure_ascii=False)
-                                      if result else "-"))
+    click.echo(f"{'result':<13} " + (json.dumps(data["result"], sort_keys=True, ensure_ascii=False) if result else "-"))
     if job.last_error:
         click.echo("last error:")
         click.echo("  " + job.last_error.replace("\n", "\n  "))
     for a in attempts:
         error = (a["error"] or "").splitlines()[0][:80] if a["error"] else ""
-        click.echo(f"attempt {a['attempt']}: {a['outcome']} by {a['worker'] or '-'} "
-                   f"{iso(a['started_at']) or '-'} .. {iso(a['finished_at'])} {error}".rstrip())
+        click.echo(
+            f"attempt {a['attempt']}: {a['outcome']} by {a['worker'] or '-'} "
+            f"{iso(a['started_at']) or '-'} .. {iso(a['finished_at'])} {error}".rstrip()
+        )
 
 
 @main.command()
@@ -291,8 +370,14 @@ def explain(ctx: click.Context, job_id: int, as_json: bool, database_url: str | 
 
 @main.command("result")
 @click.argument("task_key")
-@click.option("--wait", "wait", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Seconds to wait for the job to finish (0: answer at once)")
+@click.option(
+    "--wait",
+    "wait",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds to wait for the job to finish (0: answer at once)",
+)
 @json_option('{"id", "task_key", "status", "result", "error", "finished_at"}')
 @queue_command
 def result_cmd(ctx: click.Context, task_key: str, wait: float, as_json: bool, database_url: str | None) -> None:

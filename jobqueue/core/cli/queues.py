@@ -6,8 +6,18 @@ from typing import Any
 
 import click
 
-from .base import (actor, engine_of, json_option, main, payload_of, print_json, print_table, queue_command,
-                   tasks_option, with_tasks)
+from .base import (
+    actor,
+    engine_of,
+    json_option,
+    main,
+    payload_of,
+    print_json,
+    print_table,
+    queue_command,
+    tasks_option,
+    with_tasks,
+)
 
 
 def _queue_state(ctx: click.Context, database_url: str | None, queue: str, paused: bool) -> None:
@@ -49,12 +59,18 @@ def queues(ctx: click.Context, as_json: bool, database_url: str | None) -> None:
 
     def line(r: dict[str, Any]) -> str:
         changed = f"  {r['changed_by']} at {r['changed_at']:%Y-%m-%d %H:%M:%S}" if r["changed_at"] else ""
-        return (f"{r['queue']:<20}{'paused' if r['paused'] else 'active':<9}"
-                + "".join(f"{r['counts'][c]:>11}" for c in columns) + changed)
+        return (
+            f"{r['queue']:<20}{'paused' if r['paused'] else 'active':<9}"
+            + "".join(f"{r['counts'][c]:>11}" for c in columns)
+            + changed
+        )
 
-    print_table(as_json, {"queues": [{k: r[k] for k in ("queue", "paused", "changed_at", "changed_by", "counts")}
-                                     for r in rows]},
-                f"{'queue':<20}{'state':<9}" + "".join(f"{c:>11}" for c in columns) + "  changed", map(line, rows))
+    print_table(
+        as_json,
+        {"queues": [{k: r[k] for k in ("queue", "paused", "changed_at", "changed_by", "counts")} for r in rows]},
+        f"{'queue':<20}{'state':<9}" + "".join(f"{c:>11}" for c in columns) + "  changed",
+        map(line, rows),
+    )
 
 
 @main.group()
@@ -63,9 +79,18 @@ def recurring() -> None:
 
 
 def _schedule_json(row: dict[str, Any]) -> dict[str, Any]:
-    return {"name": row["name"], "cron": row["cron"], "task": row["task_name"], "payload": row["payload"],
-            "queue": row["queue"], "enabled": row["enabled"], "source": row["source"],
-            "next_run_at": row["next_run_at"], "last_run_at": row["last_run_at"], "last_job_id": row["last_job_id"]}
+    return {
+        "name": row["name"],
+        "cron": row["cron"],
+        "task": row["task_name"],
+        "payload": row["payload"],
+        "queue": row["queue"],
+        "enabled": row["enabled"],
+        "source": row["source"],
+        "next_run_at": row["next_run_at"],
+        "last_run_at": row["last_run_at"],
+        "last_job_id": row["last_job_id"],
+    }
 
 
 @recurring.command("add")
@@ -76,16 +101,25 @@ def _schedule_json(row: dict[str, Any]) -> dict[str, Any]:
 @click.option("--queue", default=None, help="Queue name (default: the task's queue)")
 @tasks_option
 @queue_command
-def recurring_add(ctx: click.Context, name: str, cron: str, task: str, payload: str, queue: str | None,
-                  tasks: str | None, database_url: str | None) -> None:
+def recurring_add(
+    ctx: click.Context,
+    name: str,
+    cron: str,
+    task: str,
+    payload: str,
+    queue: str | None,
+    tasks: str | None,
+    database_url: str | None,
+) -> None:
     """Add a recurring job (or replace the definition of NAME); prints it."""
     from .. import service
 
     with_tasks(ctx, database_url, tasks)
     data = payload_of(payload)
     with engine_of(ctx, database_url).connect() as conn:
-        row, created = service.upsert_recurring(conn, name, cron=cron, task=task, payload=data, queue=queue,
-                                                   actor=actor())
+        row, created = service.upsert_recurring(
+            conn, name, cron=cron, task=task, payload=data, queue=queue, actor=actor()
+        )
     print_json({**_schedule_json(row), "created": created})
 
 
@@ -101,12 +135,17 @@ def recurring_list(ctx: click.Context, as_json: bool, database_url: str | None) 
 
     def line(r: dict[str, Any]) -> str:
         last = f"{r['last_run_at']:%Y-%m-%d %H:%M}" if r["last_run_at"] else "-"
-        return (f"{r['name']:<24}{r['cron']:<18}{r['task_name']:<20}{'yes' if r['enabled'] else 'no':<9}"
-                f"{r['next_run_at']:%Y-%m-%d %H:%M}{'':<5}{last:<21}{r['last_job_id'] or '-'}")
+        return (
+            f"{r['name']:<24}{r['cron']:<18}{r['task_name']:<20}{'yes' if r['enabled'] else 'no':<9}"
+            f"{r['next_run_at']:%Y-%m-%d %H:%M}{'':<5}{last:<21}{r['last_job_id'] or '-'}"
+        )
 
-    print_table(as_json, {"recurring": [_schedule_json(r) for r in rows]},
-                f"{'name':<24}{'cron':<18}{'task':<20}{'enabled':<9}{'next run (UTC)':<21}{'last run':<21}last job",
-                map(line, rows))
+    print_table(
+        as_json,
+        {"recurring": [_schedule_json(r) for r in rows]},
+        f"{'name':<24}{'cron':<18}{'task':<20}{'enabled':<9}{'next run (UTC)':<21}{'last run':<21}last job",
+        map(line, rows),
+    )
 
 
 @recurring.command("remove")
@@ -160,6 +199,12 @@ def stats(ctx: click.Context, as_json: bool, database_url: str | None) -> None:
         queues.setdefault(queue, {s.value: 0 for s in Status})[status] = n
     totals = {s.value: sum(q[s.value] for q in queues.values()) for s in Status}
     columns = [s.value for s in Status]
-    print_table(as_json, {"queues": queues, "totals": totals}, f"{'queue':<20}" + "".join(f"{c:>11}" for c in columns),
-                [f"{name:<20}" + "".join(f"{counts[c]:>11}" for c in columns) for name, counts in
-                 [*sorted(queues.items()), ("(all)", totals)]])
+    print_table(
+        as_json,
+        {"queues": queues, "totals": totals},
+        f"{'queue':<20}" + "".join(f"{c:>11}" for c in columns),
+        [
+            f"{name:<20}" + "".join(f"{counts[c]:>11}" for c in columns)
+            for name, counts in [*sorted(queues.items()), ("(all)", totals)]
+        ],
+    )

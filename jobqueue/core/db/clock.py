@@ -4,7 +4,7 @@ with skewed clocks still agree on when a lease expires. SQLite's clock is `sqlit
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -21,18 +21,18 @@ def sqlite_clock() -> float:
 
 
 def sqlite_now() -> str:
-    return datetime.fromtimestamp(sqlite_clock(), timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    return datetime.fromtimestamp(sqlite_clock(), UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
 def sqlite_now_plus(microseconds: int) -> str:
     ts = sqlite_clock() + microseconds / 1e6
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
 def sqlite_micros_since(stamp: str | None) -> int | None:
     if stamp is None:
         return None
-    then = datetime.fromisoformat(stamp).replace(tzinfo=timezone.utc)
+    then = datetime.fromisoformat(stamp).replace(tzinfo=UTC)
     return int((sqlite_clock() - then.timestamp()) * 1_000_000)
 
 

@@ -44,7 +44,7 @@ def resolve_urls(url: str | Sequence[str] | None = None, settings: Settings | No
     for one in urls:
         for bare in ("mysql", "mariadb"):
             if one.startswith(bare + "://"):
-                one = f"{bare}+pymysql://" + one[len(bare) + 3:]
+                one = f"{bare}+pymysql://" + one[len(bare) + 3 :]
         out.append(one)
     backends = {make_url(u).get_backend_name() for u in out}
     if len(out) > 1 and backends - {"mysql", "mariadb"}:
@@ -58,9 +58,16 @@ def resolve_url(url: str | None = None) -> str:
 
 # --- engines -------------------------------------------------------------------------------------
 
-def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10,
-                  lock_wait_seconds: int | None = None, statement_timeout_seconds: float | None = None,
-                  settings: Settings | None = None, read_only: bool = False) -> Engine:
+
+def create_engine(
+    url: str | Sequence[str] | None = None,
+    *,
+    pool_size: int = 10,
+    lock_wait_seconds: int | None = None,
+    statement_timeout_seconds: float | None = None,
+    settings: Settings | None = None,
+    read_only: bool = False,
+) -> Engine:
     """An engine for the queue. `url` is one URL or several candidate primaries (default: the
     settings). `statement_timeout_seconds` bounds every statement, and makes metadata-lock
     waits as short as row-lock waits and lock-wait timeouts answered without a second try (web
@@ -122,7 +129,7 @@ def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10
             pool_reset_on_return=None,
         )
         engine.candidates = candidates
-        engine.read_committed = True   # see reads_committed
+        engine.read_committed = True  # see reads_committed
         if statement_timeout_seconds:
             engine.transaction_policy = REQUEST_TRANSACTION
         if not read_only:
@@ -133,7 +140,8 @@ def create_engine(url: str | Sequence[str] | None = None, *, pool_size: int = 10
             raise ValueError("SQLite takes one database URL")
         in_memory = make_url(urls[0]).database in (None, "", ":memory:")
         engine = sa.create_engine(
-            urls[0], connect_args={"timeout": 30, "check_same_thread": False},
+            urls[0],
+            connect_args={"timeout": 30, "check_same_thread": False},
             **({} if in_memory else {"pool_size": pool_size, "max_overflow": pool_size}),
         )
         _configure_sqlite(engine)
@@ -146,8 +154,9 @@ def _statement_timeout_sql(seconds: float | None) -> Callable[[bool], str] | Non
         return None
     # MariaDB bounds every statement; MySQL's MAX_EXECUTION_TIME bounds read-only SELECTs (the
     # write paths are bounded by the lock waits above).
-    return lambda mariadb: (f"max_statement_time = {seconds:g}" if mariadb
-                            else f"max_execution_time = {int(seconds * 1000)}")
+    return lambda mariadb: (
+        f"max_statement_time = {seconds:g}" if mariadb else f"max_execution_time = {int(seconds * 1000)}"
+    )
 
 
 def _configure_sqlite(engine: Engine) -> None:

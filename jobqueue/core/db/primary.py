@@ -61,10 +61,10 @@ PEER_MISSED_LOOKS = 3
 class ServerRole:
     """What a connection's server said about itself when last checked."""
 
-    address: str                    # host:port
-    refusal: str | None             # why it must not take writes (None: a writable primary)
-    checked_at: float               # time.monotonic()
-    candidate: int | None = None    # which of the engine's candidates (Candidates.urls) it is on
+    address: str  # host:port
+    refusal: str | None  # why it must not take writes (None: a writable primary)
+    checked_at: float  # time.monotonic()
+    candidate: int | None = None  # which of the engine's candidates (Candidates.urls) it is on
 
     @property
     def writable(self) -> bool:
@@ -82,7 +82,9 @@ def server_refusal(dbapi_conn) -> str | None:
     flags = ["read_only", "innodb_read_only"] + ([] if mariadb else ["super_read_only"])
     cursor = dbapi_conn.cursor()
     try:
-        cursor.execute("SELECT " + ", ".join(f"@@global.{f}" for f in flags) + ", @@session.binlog_format, @@global.log_bin")
+        cursor.execute(
+            "SELECT " + ", ".join(f"@@global.{f}" for f in flags) + ", @@session.binlog_format, @@global.log_bin"
+        )
         row = cursor.fetchone()
     finally:
         cursor.close()
@@ -104,7 +106,7 @@ def replica_refusal(dbapi_conn) -> str | None:
     try:
         try:
             cursor.execute(statement)
-        except Exception as exc:   # a missing privilege (1227) or an older MySQL: skip this check
+        except Exception as exc:  # a missing privilege (1227) or an older MySQL: skip this check
             if code_of(exc) in CR_CONNECTION_ERRORS:
                 raise
             return None
@@ -130,10 +132,10 @@ class Candidates:
         self.connect_args = connect_args
         self._preferred = 0
         self._lock = threading.Lock()
-        self.two_writable: tuple[str, ...] = ()   # addresses, while the last look found several
+        self.two_writable: tuple[str, ...] = ()  # addresses, while the last look found several
         self._watchers = 0
         self._watch_stop: threading.Event | None = None
-        self._missed: dict[int, int] = {}   # looks a candidate did not answer in a row
+        self._missed: dict[int, int] = {}  # looks a candidate did not answer in a row
 
     @property
     def chosen(self) -> int:
@@ -144,9 +146,15 @@ class Candidates:
 
     def _open(self, i: int, **overrides):
         u = self.urls[i]
-        return _connection_class()(host=u.host or "localhost", port=u.port or 3306, user=u.username,
-                                   password=u.password or "", database=u.database,
-                                   **{**self.connect_args, **overrides}, **dict(u.query))
+        return _connection_class()(
+            host=u.host or "localhost",
+            port=u.port or 3306,
+            user=u.username,
+            password=u.password or "",
+            database=u.database,
+            **{**self.connect_args, **overrides},
+            **dict(u.query),
+        )
 
     def _refusal(self, conn) -> str | None:
         return server_refusal(conn) or (replica_refusal(conn) if len(self.urls) > 1 else None)
@@ -181,10 +189,12 @@ class Candidates:
                 errors.append(f"{self.address(i)}: {exc}")
                 continue
             if i == preferred and refusal is not None:
-                self.two_writable = ()   # the chosen one is not writable: no longer two (the next look confirms)
+                self.two_writable = ()  # the chosen one is not writable: no longer two (the next look confirms)
             elif refusal is None and i != preferred and self.two_writable:
-                refusal = (f"two candidates are writable ({', '.join(self.two_writable)}): staying with "
-                           f"{self.address(preferred)}, which does not answer")
+                refusal = (
+                    f"two candidates are writable ({', '.join(self.two_writable)}): staying with "
+                    f"{self.address(preferred)}, which does not answer"
+                )
             conn._jobqueue_role = ServerRole(self.address(i), refusal, time.monotonic(), i)
             if refusal is None:
                 if fallback is not None:
@@ -227,9 +237,14 @@ class Candidates:
         found = tuple(writable) if len(writable) > 1 else ()
         before, self.two_writable = self.two_writable, found
         if found and found != before:
-            log_event(log, logging.ERROR, "two_primaries", writable=",".join(found),
-                      chosen=self.address(self._preferred),
-                      detail="two candidates are writable (split brain): claims stop until one is read-only")
+            log_event(
+                log,
+                logging.ERROR,
+                "two_primaries",
+                writable=",".join(found),
+                chosen=self.address(self._preferred),
+                detail="two candidates are writable (split brain): claims stop until one is read-only",
+            )
         elif before and not found:
             log_event(log, logging.WARNING, "two_primaries_resolved", chosen=self.address(self._preferred))
         return found
@@ -248,7 +263,7 @@ class Candidates:
             while not stop.wait(NOT_WRITABLE_CHECK_SECONDS if self.two_writable else PEER_CHECK_SECONDS):
                 try:
                     self.look()
-                except Exception as exc:   # never let the watch die silently
+                except Exception as exc:  # never let the watch die silently
                     log_event(log, logging.WARNING, "primaries_look_failed", error=str(exc)[:300])
 
         threading.Thread(target=run, name="jobqueue-primaries", daemon=True).start()
@@ -316,8 +331,9 @@ def watch_roles(engine: Engine, candidates: Candidates) -> None:
             # One server at a time: this process moved to another candidate since this connection
             # was made. Were it kept because its server still answers as writable (a failover that
             # left the old primary writable), claims and completions would alternate between them.
-            raise DisconnectionError(f"{role.address} is not the chosen primary "
-                                     f"({candidates.address(candidates.chosen)}); dropped")
+            raise DisconnectionError(
+                f"{role.address} is not the chosen primary ({candidates.address(candidates.chosen)}); dropped"
+            )
         if role is not None:
             interval = PRIMARY_CHECK_SECONDS if role.writable or not several else NOT_WRITABLE_CHECK_SECONDS
             if time.monotonic() - role.checked_at < interval:
@@ -342,8 +358,13 @@ def on_chosen_primary(engine: Engine, info: dict) -> bool:
     checkout hook does not see again."""
     candidates = getattr(engine, "candidates", None)
     role = info.get("role")
-    return (candidates is None or len(candidates.urls) < 2 or role is None or role.candidate is None
-            or role.candidate == candidates.chosen)
+    return (
+        candidates is None
+        or len(candidates.urls) < 2
+        or role is None
+        or role.candidate is None
+        or role.candidate == candidates.chosen
+    )
 
 
 def watch_primaries(engine: Engine) -> None:
@@ -364,9 +385,11 @@ def two_primaries(engine: Engine) -> str | None:
     candidates = getattr(engine, "candidates", None)
     if candidates is None or not candidates.two_writable:
         return None
-    return (f"two writable primaries ({', '.join(candidates.two_writable)}): a failover left the old primary "
-            f"writable; claiming stopped on {candidates.address(candidates.chosen)} until one of them is "
-            "read-only")
+    return (
+        f"two writable primaries ({', '.join(candidates.two_writable)}): a failover left the old primary "
+        f"writable; claiming stopped on {candidates.address(candidates.chosen)} until one of them is "
+        "read-only"
+    )
 
 
 def role_of(conn: Connection) -> ServerRole | None:
@@ -392,5 +415,6 @@ def mark_not_primary(conn: Connection, reason: str) -> None:
         role = conn.connection.info.get("role")
         if role is not None and not role.writable:
             return
-        conn.connection.info["role"] = ServerRole(role.address if role else "?", reason, 0.0,
-                                                  role.candidate if role else None)
+        conn.connection.info["role"] = ServerRole(
+            role.address if role else "?", reason, 0.0, role.candidate if role else None
+        )

@@ -24,8 +24,9 @@ T = TypeVar("T")
 TRANSACTION = retry.RetryPolicy(attempts=6, first_delay=0.01, max_delay=0.5, attempts_by_kind={"lock_timeout": 2})
 # A web request (an engine built with a statement time limit) does not wait twice: its user gets
 # 503 with Retry-After after one lock wait, and the thread is free for the next request.
-REQUEST_TRANSACTION = retry.RetryPolicy(attempts=6, first_delay=0.01, max_delay=0.5,
-                                        attempts_by_kind={"lock_timeout": 1})
+REQUEST_TRANSACTION = retry.RetryPolicy(
+    attempts=6, first_delay=0.01, max_delay=0.5, attempts_by_kind={"lock_timeout": 1}
+)
 
 
 @contextlib.contextmanager
@@ -38,14 +39,20 @@ def callers_transaction(what: str) -> Iterator[None]:
         code = error_code(exc)
         if code not in TRANSACTION_ROLLED_BACK:
             raise
-        why = ("a row changed after the transaction's snapshot (REPEATABLE READ with innodb_snapshot_isolation)"
-               if code == ER_CHECKREAD else "a deadlock")
-        raise TransactionConflict(f"{what}: the server rolled back your transaction ({why}: {exc.orig}); "
-                                  "none of its writes were kept: run the whole transaction again") from exc
+        why = (
+            "a row changed after the transaction's snapshot (REPEATABLE READ with innodb_snapshot_isolation)"
+            if code == ER_CHECKREAD
+            else "a deadlock"
+        )
+        raise TransactionConflict(
+            f"{what}: the server rolled back your transaction ({why}: {exc.orig}); "
+            "none of its writes were kept: run the whole transaction again"
+        ) from exc
 
 
-def transaction(conn: Connection, fn: Callable[[Connection], T], *, what: str,
-                policy: retry.RetryPolicy | None = None) -> T:
+def transaction(
+    conn: Connection, fn: Callable[[Connection], T], *, what: str, policy: retry.RetryPolicy | None = None
+) -> T:
     """Run `fn(conn)` in its own short transaction; retry deadlocks, lock-wait timeouts and lost
     connections with jittered exponential backoff.
 
@@ -81,8 +88,16 @@ def transaction(conn: Connection, fn: Callable[[Connection], T], *, what: str,
         from .. import metrics
 
         metrics.TRANSIENT_RETRIES.labels(kind=kind, operation=what).inc()
-        log_event(log, logging.WARNING, "db_retry", operation=what, kind=kind, attempt=attempt, delay_ms=f"{delay * 1000:.0f}",
-              error=str(getattr(exc, "orig", exc))[:200])
+        log_event(
+            log,
+            logging.WARNING,
+            "db_retry",
+            operation=what,
+            kind=kind,
+            attempt=attempt,
+            delay_ms=f"{delay * 1000:.0f}",
+            error=str(getattr(exc, "orig", exc))[:200],
+        )
 
     try:
         return retry.call(once, policy, transient_kind, on_retry=on_retry)
@@ -90,5 +105,6 @@ def transaction(conn: Connection, fn: Callable[[Connection], T], *, what: str,
         from .. import metrics
 
         metrics.TRANSIENT_RETRIES.labels(kind=exc.kind, operation=what).inc()
-        raise TransientDatabaseError(f"{what}: {exc.kind} persisted after {exc.attempts} attempts: "
-                                     f"{getattr(exc.last, 'orig', exc.last)}") from exc.last
+        raise TransientDatabaseError(
+            f"{what}: {exc.kind} persisted after {exc.attempts} attempts: {getattr(exc.last, 'orig', exc.last)}"
+        ) from exc.last

@@ -50,8 +50,10 @@ def create_index(name: str, table: str, columns: Sequence[str], *, unique: bool 
     if not _on_mysql():
         op.create_index(name, table, list(columns), unique=unique)
         return
-    op.execute(f"ALTER TABLE {table} ADD {'UNIQUE ' if unique else ''}INDEX {name} ({', '.join(columns)}), "
-               "ALGORITHM=INPLACE, LOCK=NONE")
+    op.execute(
+        f"ALTER TABLE {table} ADD {'UNIQUE ' if unique else ''}INDEX {name} ({', '.join(columns)}), "
+        "ALGORITHM=INPLACE, LOCK=NONE"
+    )
 
 
 def drop_index(name: str, table: str) -> None:

@@ -27,8 +27,44 @@ on the module of their concern.
 The package defines no names of its own, so `repository.claim` is always the module.
 """
 
-from . import (claim, claim_sql, doorbell, enqueue, explain, leases, locks, maintenance, operator, processes, queues, reads,
-               recurring, replicas, retention, sessions, stats, task_definitions)
+from . import (
+    claim,
+    claim_sql,
+    doorbell,
+    enqueue,
+    explain,
+    leases,
+    locks,
+    maintenance,
+    operator,
+    processes,
+    queues,
+    reads,
+    recurring,
+    replicas,
+    retention,
+    sessions,
+    stats,
+    task_definitions,
+)
 
-__all__ = ["claim", "claim_sql", "doorbell", "enqueue", "explain", "leases", "locks", "maintenance", "operator", "processes",
-           "queues", "reads", "recurring", "replicas", "retention", "sessions", "stats", "task_definitions"]
+__all__ = [
+    "claim",
+    "claim_sql",
+    "doorbell",
+    "enqueue",
+    "explain",
+    "leases",
+    "locks",
+    "maintenance",
+    "operator",
+    "processes",
+    "queues",
+    "reads",
+    "recurring",
+    "replicas",
+    "retention",
+    "sessions",
+    "stats",
+    "task_definitions",
+]

@@ -59,15 +59,32 @@ from ..db import db_now, error_code, is_mysql, require_primary, transaction
 from ..errors import NotPrimary
 from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Job, Lease, LeaseLoss, Outcome, Status
 from ..schema import concurrency_key, queue_state
-from .claim_sql import (ADD_QUEUE_STATE, ER_NO_SUCH_KEY, ER_PARSE_ERROR, ER_WRONG_USAGE, KEYS_PRESENT, QUEUE_STATES,
-                        QUEUE_STATES_SHARED, READ_ONLY_FLAGS, REFUSED, RUNNING_PER_KEY, LockedRow, PickedRow,
-                        complete_and_take_statement, lock_and_pick_sql, lock_finished_statement, lock_keys_statement,
-                        pick_after_statement, pick_statement, split_rows)
+from .claim_sql import (
+    ADD_QUEUE_STATE,
+    ER_NO_SUCH_KEY,
+    ER_PARSE_ERROR,
+    ER_WRONG_USAGE,
+    KEYS_PRESENT,
+    QUEUE_STATES,
+    QUEUE_STATES_SHARED,
+    READ_ONLY_FLAGS,
+    REFUSED,
+    RUNNING_PER_KEY,
+    LockedRow,
+    PickedRow,
+    complete_and_take_statement,
+    lock_and_pick_sql,
+    lock_finished_statement,
+    lock_keys_statement,
+    pick_after_statement,
+    pick_statement,
+    split_rows,
+)
 from .common import NO_ROW, as_datetime, execute_fast, execute_sql, jq, shape
 from .leases import completions_read_back, fence_params
 
 LOOKAHEAD_ROUNDS = 2  # extra picks past jobs whose concurrency key is full, per queue and claim
-LOOKAHEAD_MAX = 200   # rows each of them may return
+LOOKAHEAD_MAX = 200  # rows each of them may return
 ck = concurrency_key.c
 
 
@@ -77,9 +94,16 @@ def flavour(conn: Connection) -> str:
     return "mariadb" if getattr(conn.dialect, "is_mariadb", False) else "mysql"
 
 
-def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], *, lease_seconds: float,
-                completions: Sequence[Lease] = (), classify_queues: Sequence[str] | None = None,
-                refill: bool = True) -> ClaimCycle:
+def claim_cycle(
+    conn: Connection,
+    owners: Sequence[str],
+    queues: Sequence[str],
+    *,
+    lease_seconds: float,
+    completions: Sequence[Lease] = (),
+    classify_queues: Sequence[str] | None = None,
+    refill: bool = True,
+) -> ClaimCycle:
     """One cycle in one short transaction: complete `completions` (fenced, rows held elsewhere
     left BUSY), then claim up to one job per owner in `owners` plus (with `refill`) one per
     completed job, which takes over that job's owner, i.e. its slot, from `queues` in that order.
@@ -116,7 +140,11 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
             for queue in open_queues:
                 tried.append(queue)
                 room = limit - len(picked)
-                rows = first_rows[:room] if queue == first and len(tried) == 1 else _pick(c, kind, {"queue": queue, "limit": room})
+                rows = (
+                    first_rows[:room]
+                    if queue == first and len(tried) == 1
+                    else _pick(c, kind, {"queue": queue, "limit": room})
+                )
                 taken, refused = places.admit(rows, room)
                 more_there = len(rows) >= room
                 rounds = 0
@@ -139,12 +167,25 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
         for row, queue in picked:
             payload = json.loads(row.payload) if isinstance(row.payload, (str, bytes)) else row.payload
             owner = owner_of[row.id]
-            claimed.append(ClaimedJob(
-                job=Job(id=row.id, task_key=row.task_key, task_name=row.task_name, queue=queue, priority=row.priority,
-                        payload=payload, status=Status.RUNNING, attempts=row.attempts + 1,
-                        max_attempts=row.max_attempts, lease_owner=owner, concurrency_key=row.concurrency_key),
-                lease=Lease(row.id, owner, row.attempts + 1),
-                start_delay=None if row.waited_us is None else max(0.0, int(row.waited_us) / 1e6)))
+            claimed.append(
+                ClaimedJob(
+                    job=Job(
+                        id=row.id,
+                        task_key=row.task_key,
+                        task_name=row.task_name,
+                        queue=queue,
+                        priority=row.priority,
+                        payload=payload,
+                        status=Status.RUNNING,
+                        attempts=row.attempts + 1,
+                        max_attempts=row.max_attempts,
+                        lease_owner=owner,
+                        concurrency_key=row.concurrency_key,
+                    ),
+                    lease=Lease(row.id, owner, row.attempts + 1),
+                    start_delay=None if row.waited_us is None else max(0.0, int(row.waited_us) / 1e6),
+                )
+            )
         report = None
         if limit and len(claimed) < limit:
             report = classify_row(tuple(c.execute(classify_statement(classify_queues)).one()))
@@ -152,8 +193,16 @@ def claim_cycle(conn: Connection, owners: Sequence[str], queues: Sequence[str], 
                 # We left ready rows for their concurrency key, and did not look at all the others:
                 # the ready rows the read counts are not known to be held by anyone else.
                 report = dataclasses.replace(report, skipped=0, kind=EmptyClaim.LIMITED)
-        return ClaimCycle(claimed, {(lease.job_id, lease.attempt): o for lease, o in completed.items()}, losses,
-                          report.skipped if report else 0, tried, limit, report, places.refused)
+        return ClaimCycle(
+            claimed,
+            {(lease.job_id, lease.attempt): o for lease, o in completed.items()},
+            losses,
+            report.skipped if report else 0,
+            tried,
+            limit,
+            report,
+            places.refused,
+        )
 
     cycle = transaction(conn, write, what="claim")
     if missing:
@@ -170,7 +219,7 @@ def _open_queues(c: Connection, kind: str, queues: Sequence[str]) -> list[str]:
     queue commits. A queue without a row gets one (not paused) first: a missing row could not be
     locked, and a pause that created it would not wait for this claim. That happens once per
     queue; a pause creating the same row meanwhile makes the insert wait for it."""
-    statement = QUEUE_STATES if kind == "sqlite" else QUEUE_STATES_SHARED   # SQLite: the claim holds the database
+    statement = QUEUE_STATES if kind == "sqlite" else QUEUE_STATES_SHARED  # SQLite: the claim holds the database
     names = list(dict.fromkeys(queues))
     paused = dict(c.execute(statement, {"queues": names}).all())
     missing = [q for q in names if q not in paused]
@@ -190,16 +239,17 @@ class _Places:
         # Keys of jobs this cycle completes: still running when the places are counted, done
         # when the cycle's UPDATE lands, so their places are free for this claim already.
         self.finishing = collections.Counter(finishing)
-        self.left: dict[str, int] = {}      # key -> places left (keys whose row we hold)
-        self.blocked: set[str] = set()      # keys that are full, held by another claim, or missing
+        self.left: dict[str, int] = {}  # key -> places left (keys whose row we hold)
+        self.blocked: set[str] = set()  # keys that are full, held by another claim, or missing
         self.missing: set[str] = set()
-        self.refused = 0                    # rows left ready for their key
+        self.refused = 0  # rows left ready for their key
 
     def admit(self, rows: list[PickedRow], room: int) -> tuple[list[PickedRow], int]:
         """The rows (in claim order) this claim may take, at most `room`, and how many it left
         for their key."""
-        new = sorted({row.concurrency_key for row in rows if row.concurrency_key is not None} - set(self.left)
-                     - self.blocked)
+        new = sorted(
+            {row.concurrency_key for row in rows if row.concurrency_key is not None} - set(self.left) - self.blocked
+        )
         if new:
             self._acquire(new)
         out: list[PickedRow] = []
@@ -233,8 +283,11 @@ class _Places:
 
 
 def _pick_after(c: Connection, kind: str, queue: str, limit: int, last: PickedRow) -> list[PickedRow]:
-    rows = execute_fast(c, pick_after_statement(kind), {"queue": queue, "limit": limit,
-                                                        "after_priority": last.priority, "after_id": last.id}).rows
+    rows = execute_fast(
+        c,
+        pick_after_statement(kind),
+        {"queue": queue, "limit": limit, "after_priority": last.priority, "after_id": last.id},
+    ).rows
     return split_rows(rows)[1]
 
 
@@ -247,17 +300,26 @@ def ensure_keys(c: Connection, wanted: dict[str, int]) -> None:
     have = dict(c.execute(sa.select(ck.name, ck.max_running).where(ck.name.in_(sorted(wanted)))).all())
     missing = [key for key in sorted(wanted) if key not in have]
     if missing:
-        insert = (sa.insert(concurrency_key)
-                  .values(name=sa.bindparam("key"), max_running=sa.bindparam("limit"), updated_at=db_now())
-                  .prefix_with("IGNORE", dialect="mysql").prefix_with("IGNORE", dialect="mariadb")
-                  .prefix_with("OR IGNORE", dialect="sqlite"))
+        insert = (
+            sa.insert(concurrency_key)
+            .values(name=sa.bindparam("key"), max_running=sa.bindparam("limit"), updated_at=db_now())
+            .prefix_with("IGNORE", dialect="mysql")
+            .prefix_with("IGNORE", dialect="mariadb")
+            .prefix_with("OR IGNORE", dialect="sqlite")
+        )
         c.execute(insert, [{"key": key, "limit": wanted[key]} for key in missing])
     for key in sorted(k for k, n in have.items() if n != wanted[k]):
         c.execute(sa.update(concurrency_key).where(ck.name == key).values(max_running=wanted[key], updated_at=db_now()))
 
 
-def _write(c: Connection, done: list[Lease], picked: list[tuple[PickedRow, str]], owner_of: dict[int, str],
-           lease_us: int, completed: dict[Lease, Outcome]) -> tuple[list[tuple[PickedRow, str]], list[LeaseLoss]]:
+def _write(
+    c: Connection,
+    done: list[Lease],
+    picked: list[tuple[PickedRow, str]],
+    owner_of: dict[int, str],
+    lease_us: int,
+    completed: dict[Lease, Outcome],
+) -> tuple[list[tuple[PickedRow, str]], list[LeaseLoss]]:
     """The cycle's one UPDATE (complete_and_take_statement). Fills `completed` with each finished lease's outcome;
     returns the picked rows that now carry our lease, and the leases found lost."""
     if not done and not picked:
@@ -277,16 +339,26 @@ def _write(c: Connection, done: list[Lease], picked: list[tuple[PickedRow, str]]
     # only if it now carries our lease.
     losses = completions_read_back(c, done, completed) if done else []
     if picked:
-        now = {r.id: r for r in c.execute(sa.select(jq.id, jq.attempts, jq.lease_owner, jq.status)
-                                           .where(jq.id.in_(list(owner_of)))).all()}
-        picked = [(row, q) for row, q in picked
-                  if (r := now.get(row.id)) is not None and r.status == Status.RUNNING.value
-                  and r.lease_owner == owner_of[row.id] and r.attempts == row.attempts + 1]
+        now = {
+            r.id: r
+            for r in c.execute(
+                sa.select(jq.id, jq.attempts, jq.lease_owner, jq.status).where(jq.id.in_(list(owner_of)))
+            ).all()
+        }
+        picked = [
+            (row, q)
+            for row, q in picked
+            if (r := now.get(row.id)) is not None
+            and r.status == Status.RUNNING.value
+            and r.lease_owner == owner_of[row.id]
+            and r.attempts == row.attempts + 1
+        ]
     return picked, losses
 
 
-def _lock_and_pick(c: Connection, kind: str, finished: Sequence[Lease], queue: str | None, limit: int
-                   ) -> tuple[set[int], list[str], list[PickedRow]]:
+def _lock_and_pick(
+    c: Connection, kind: str, finished: Sequence[Lease], queue: str | None, limit: int
+) -> tuple[set[int], list[str], list[PickedRow]]:
     """Lock the finished leases' rows (those another transaction holds this instant stay out) and
     pick up to `limit` ready rows of `queue`, in one round trip where the server takes a UNION of
     the two locking SELECTs (one round trip less per cycle), else in two. Returns the ids locked,
@@ -315,7 +387,7 @@ def _lock_and_pick(c: Connection, kind: str, finished: Sequence[Lease], queue: s
             return {row.id for row in locked}, _freed(locked), picked
     locked = split_rows(execute_fast(c, lock, params).rows)[0]
     if kind == "sqlite":
-        mine = {lease.job_id for lease in finished}   # BEGIN IMMEDIATE already holds the whole database
+        mine = {lease.job_id for lease in finished}  # BEGIN IMMEDIATE already holds the whole database
     else:
         _refuse_if_read_only(c, locked, kind)
         mine = {row.id for row in locked}
@@ -342,7 +414,7 @@ def _pick(c: Connection, kind: str, params: dict[str, Any]) -> list[PickedRow]:
         except DBAPIError as exc:
             if error_code(exc) != ER_NO_SUCH_KEY:
                 raise
-            REFUSED.index_missing = True   # a statement error; the transaction goes on
+            REFUSED.index_missing = True  # a statement error; the transaction goes on
     if rows is None:
         rows = execute_fast(c, pick_statement(kind, hinted=False), params).rows
     picked = split_rows(rows)[1]
@@ -351,8 +423,9 @@ def _pick(c: Connection, kind: str, params: dict[str, Any]) -> list[PickedRow]:
     return picked
 
 
-def claim(conn: Connection, worker_id: str | Sequence[str], limit: int, queues: Sequence[str], *,
-          lease_seconds: float) -> ClaimCycle:
+def claim(
+    conn: Connection, worker_id: str | Sequence[str], limit: int, queues: Sequence[str], *, lease_seconds: float
+) -> ClaimCycle:
     """Take up to `limit` ready jobs from `queues` (in that order) in one short transaction.
     `worker_id` is the lease owner, or one owner per slot (job i goes to worker_id[i])."""
     if limit <= 0 or not queues:
@@ -370,9 +443,19 @@ def _paused():
 def ready_queues(conn: Connection) -> list[str]:
     """Queues that have ready jobs right now and are not paused (a loose scan of ix_ready_pick,
     no locks): what a worker on every queue claims from."""
-    return list(transaction(conn, lambda c: c.execute(
-        sa.select(jq.queue).where(jq.status == Status.READY.value, jq.queue.notin_(_paused())).distinct()
-    ).scalars().all(), what="ready_queues"))
+    return list(
+        transaction(
+            conn,
+            lambda c: (
+                c.execute(
+                    sa.select(jq.queue).where(jq.status == Status.READY.value, jq.queue.notin_(_paused())).distinct()
+                )
+                .scalars()
+                .all()
+            ),
+            what="ready_queues",
+        )
+    )
 
 
 def paused_queues(conn: Connection) -> set[str]:
@@ -396,10 +479,11 @@ def explain_claim(conn: Connection, queue: str = "default", limit: int = 1) -> l
     except DBAPIError as exc:
         if error_code(exc) != ER_NO_SUCH_KEY:
             raise
-        return explain(False)   # the index is missing: what the server does without it
+        return explain(False)  # the index is missing: what the server does without it
 
 
 # --- why a claim found nothing ----------------------------------------------------------------
+
 
 def classify_statement(queues: Sequence[str] | None, flavour_name: str | None = None) -> sa.Select:
     """The plain read behind classify_empty: ready rows of queues not paused (up to 1000), the next lease expiry and
@@ -408,14 +492,19 @@ def classify_statement(queues: Sequence[str] | None, flavour_name: str | None = 
     in_queues = (lambda q: q) if queues is None else (lambda q: q.where(jq.queue.in_(list(queues))))
     # Ready jobs of a paused queue are nobody's to claim: they count as nothing to do, not as
     # rows held by someone else (which would make idle workers retry fast).
-    ready_sample = in_queues(sa.select(sa.literal(1)).where(jq.status == Status.READY.value,
-                                                            jq.queue.notin_(_paused()))).limit(1000).subquery()
+    ready_sample = (
+        in_queues(sa.select(sa.literal(1)).where(jq.status == Status.READY.value, jq.queue.notin_(_paused())))
+        .limit(1000)
+        .subquery()
+    )
     columns = [
         sa.select(sa.func.count()).select_from(ready_sample).scalar_subquery().label("ready"),
         in_queues(sa.select(sa.func.min(jq.lease_until)).where(jq.status == Status.RUNNING.value))
-        .scalar_subquery().label("next_lease_expiry"),
+        .scalar_subquery()
+        .label("next_lease_expiry"),
         in_queues(sa.select(sa.func.min(jq.run_at)).where(jq.status == Status.SCHEDULED.value))
-        .scalar_subquery().label("next_scheduled"),
+        .scalar_subquery()
+        .label("next_scheduled"),
         db_now().label("now"),
     ]
     if flavour_name in ("mariadb", "mysql"):
@@ -439,8 +528,13 @@ def classify_row(row: Sequence[Any]) -> EmptyClaimReport:
         kind = EmptyClaim.WAITING
     else:
         kind = EmptyClaim.IDLE
-    return EmptyClaimReport(kind, skipped=int(ready or 0), next_lease_expiry=as_datetime(next_lease_expiry),
-                            next_scheduled=as_datetime(next_scheduled), db_now=as_datetime(now))
+    return EmptyClaimReport(
+        kind,
+        skipped=int(ready or 0),
+        next_lease_expiry=as_datetime(next_lease_expiry),
+        next_scheduled=as_datetime(next_scheduled),
+        db_now=as_datetime(now),
+    )
 
 
 def classify_empty(conn: Connection, queues: Sequence[str] | None) -> EmptyClaimReport:

@@ -24,8 +24,10 @@ from .common import by_id, jq
 from .leases import fence_any
 
 PICK_INDEX = "ix_ready_pick"
-READ_ONLY_FLAGS = {"mariadb": ("read_only", "innodb_read_only"),
-                   "mysql": ("read_only", "innodb_read_only", "super_read_only")}
+READ_ONLY_FLAGS = {
+    "mariadb": ("read_only", "innodb_read_only"),
+    "mysql": ("read_only", "innodb_read_only", "super_read_only"),
+}
 ER_PARSE_ERROR = 1064
 ER_NO_SUCH_KEY = 1176
 ER_WRONG_USAGE = 1221
@@ -42,6 +44,7 @@ class Refusals:
     union: it refused the one-statement lock-and-pick (1064 / 1221: a grammar with no locking
         clause inside a UNION). Cycles then send the lock and the pick apart, one round trip more.
     """
+
     index_missing: bool = False
     union: bool = False
 
@@ -54,9 +57,11 @@ REFUSED = Refusals()
 
 # --- the rows -----------------------------------------------------------------------------------
 
+
 class PickedRow(NamedTuple):
     """A row of pick_statement (or of lock_finished_statement, `finishing` 1, in the same columns
     so that both go in one UNION ALL)."""
+
     id: int
     task_key: str
     task_name: str
@@ -64,16 +69,17 @@ class PickedRow(NamedTuple):
     payload: Any
     attempts: int
     max_attempts: int
-    waited_us: int | None            # since run_at, by the database clock
+    waited_us: int | None  # since run_at, by the database clock
     concurrency_key: str | None
-    finishing: int                   # 0: a ready row picked; 1: a finished job's row locked
-    read_only: Any = None            # any of the server's read-only flags on (not read on SQLite)
+    finishing: int  # 0: a ready row picked; 1: a finished job's row locked
+    read_only: Any = None  # any of the server's read-only flags on (not read on SQLite)
 
 
 class LockedRow(NamedTuple):
     """A finished job's row the cycle locked to complete it."""
+
     id: int
-    frees_key: str | None            # its concurrency key if it still runs under the lease: a place freed
+    frees_key: str | None  # its concurrency key if it still runs under the lease: a place freed
     read_only: Any = None
 
 
@@ -92,6 +98,7 @@ def split_rows(rows: list[tuple]) -> tuple[list[LockedRow], list[PickedRow]]:
 
 # --- the statements -----------------------------------------------------------------------------
 
+
 def read_only_column(flavour: str) -> sa.ColumnElement:
     """One column that is 0 unless one of the server's read-only flags is on: every pick and lock
     of the cycle reads it (one column, not three); which flag it was is read only when one is."""
@@ -108,14 +115,26 @@ def pick_statement(flavour: str, hinted: bool = True) -> sa.Select:
     """The claim's locking SELECT for 'mariadb', 'mysql' or 'sqlite': ready rows of one queue in
     ix_ready_pick's order, rows other transactions hold skipped. The index is forced so that MySQL
     and MariaDB take the same plan whatever their statistics say."""
-    columns = [jq.id, jq.task_key, jq.task_name, jq.priority, jq.payload, jq.attempts, jq.max_attempts,
-               db_micros_since(jq.run_at), jq.concurrency_key, sa.literal_column("0").label("finishing")]
+    columns = [
+        jq.id,
+        jq.task_key,
+        jq.task_name,
+        jq.priority,
+        jq.payload,
+        jq.attempts,
+        jq.max_attempts,
+        db_micros_since(jq.run_at),
+        jq.concurrency_key,
+        sa.literal_column("0").label("finishing"),
+    ]
     if flavour != "sqlite":
         columns.append(read_only_column(flavour))
-    stmt = (sa.select(*columns)
-            .where(jq.status == Status.READY.value, jq.queue == sa.bindparam("queue"))
-            .order_by(jq.priority, jq.id)
-            .limit(sa.bindparam("limit", type_=sa.Integer)))
+    stmt = (
+        sa.select(*columns)
+        .where(jq.status == Status.READY.value, jq.queue == sa.bindparam("queue"))
+        .order_by(jq.priority, jq.id)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+    )
     if flavour != "sqlite" and hinted:
         stmt = _force(stmt, job_queue, PICK_INDEX)
     return stmt.with_for_update(skip_locked=True)
@@ -140,7 +159,7 @@ def lock_finished_statement(n: int, flavour: str) -> sa.Select:
     every row."""
     ids = [sa.bindparam(f"id_{i}", type_=sa.BigInteger) for i in range(n)]
     blanks = [sa.literal_column("NULL") for _ in range(PickedRow._fields.index("concurrency_key") - 1)]
-    running = sa.bindparam("lock_status", Status.RUNNING.value)   # its own name: the pick's status_1 is 'ready'
+    running = sa.bindparam("lock_status", Status.RUNNING.value)  # its own name: the pick's status_1 is 'ready'
     key = sa.case((sa.and_(jq.status == running, fence_any(n)), jq.concurrency_key))
     finishing = sa.literal_column("1").label("finishing")
     if flavour == "sqlite":
@@ -186,8 +205,14 @@ def complete_and_take_statement(done: int, take: int) -> sa.Update:
         return stmt.values(status=Status.DONE.value, finished_at=db_now(), lease_until=None, updated_at=db_now())
     owner = sa.case({take_ids[i]: sa.bindparam(f"owner_take_{i}", type_=sa.String) for i in range(take)}, value=jq.id)
     if not done:
-        return stmt.values(status=Status.RUNNING.value, lease_owner=owner, lease_until=lease_until,
-                           attempts=jq.attempts + 1, started_at=db_now(), updated_at=db_now())
+        return stmt.values(
+            status=Status.RUNNING.value,
+            lease_owner=owner,
+            lease_until=lease_until,
+            attempts=jq.attempts + 1,
+            started_at=db_now(),
+            updated_at=db_now(),
+        )
     taking = jq.id.in_(take_ids)
     return stmt.values(
         status=sa.case((taking, Status.RUNNING.value), else_=Status.DONE.value),
@@ -196,22 +221,28 @@ def complete_and_take_statement(done: int, take: int) -> sa.Update:
         attempts=sa.case((taking, jq.attempts + 1), else_=jq.attempts),
         started_at=sa.case((taking, db_now()), else_=jq.started_at),
         finished_at=sa.case((taking, jq.finished_at), else_=db_now()),
-        updated_at=db_now())
+        updated_at=db_now(),
+    )
 
 
 # Built once (expanding IN lists keep them in SQLAlchemy's statement cache whatever the count).
 _QUEUES = sa.bindparam("queues", expanding=True)
 QUEUE_STATES = sa.select(queue_state.c.queue, queue_state.c.paused).where(queue_state.c.queue.in_(_QUEUES))
 QUEUE_STATES_SHARED = QUEUE_STATES.with_for_update(read=True)
-ADD_QUEUE_STATE = (sa.insert(queue_state).values(queue=sa.bindparam("name"), paused=False, changed_at=db_now(),
-                                                 changed_by="")
-                   .prefix_with("IGNORE", dialect="mysql").prefix_with("IGNORE", dialect="mariadb")
-                   .prefix_with("OR IGNORE", dialect="sqlite"))
+ADD_QUEUE_STATE = (
+    sa.insert(queue_state)
+    .values(queue=sa.bindparam("name"), paused=False, changed_at=db_now(), changed_by="")
+    .prefix_with("IGNORE", dialect="mysql")
+    .prefix_with("IGNORE", dialect="mariadb")
+    .prefix_with("OR IGNORE", dialect="sqlite")
+)
 _KEYS = sa.bindparam("keys", expanding=True)
 KEYS_PRESENT = sa.select(ck.name).where(ck.name.in_(_KEYS))
-RUNNING_PER_KEY = (sa.select(jq.concurrency_key, sa.func.count())
-                   .where(jq.concurrency_key.in_(_KEYS), jq.status == Status.RUNNING.value)
-                   .group_by(jq.concurrency_key))
+RUNNING_PER_KEY = (
+    sa.select(jq.concurrency_key, sa.func.count())
+    .where(jq.concurrency_key.in_(_KEYS), jq.status == Status.RUNNING.value)
+    .group_by(jq.concurrency_key)
+)
 
 
 @functools.lru_cache(maxsize=4)
@@ -227,41 +258,77 @@ def lock_keys_statement(flavour: str) -> sa.Select:
 # --- which statement, when ----------------------------------------------------------------------
 
 # Example values for the document: two finished leases (ids 101, 102) and two jobs taken (103, 104).
-_EXAMPLE = {"queue": "default", "limit": 4, "queues": ["default", "mail"], "name": "mail", "keys": ["mail"],
-            "after_priority": 0, "after_id": 104, "lease_us": 60_000_000,
-            **{f"id_{i}": 101 + i for i in range(2)}, **{f"owner_{i}": f"host:7:{i + 1}" for i in range(2)},
-            **{f"attempt_{i}": 1 for i in range(2)}, **{f"take_{i}": 103 + i for i in range(2)},
-            **{f"owner_take_{i}": f"host:7:{i + 1}" for i in range(2)}}
+_EXAMPLE = {
+    "queue": "default",
+    "limit": 4,
+    "queues": ["default", "mail"],
+    "name": "mail",
+    "keys": ["mail"],
+    "after_priority": 0,
+    "after_id": 104,
+    "lease_us": 60_000_000,
+    **{f"id_{i}": 101 + i for i in range(2)},
+    **{f"owner_{i}": f"host:7:{i + 1}" for i in range(2)},
+    **{f"attempt_{i}": 1 for i in range(2)},
+    **{f"take_{i}": 103 + i for i in range(2)},
+    **{f"owner_take_{i}": f"host:7:{i + 1}" for i in range(2)},
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
     name: str
     when: str
-    build: Callable[[str], Any]   # flavour -> a statement, or (lock, pick) for the UNION ALL
+    build: Callable[[str], Any]  # flavour -> a statement, or (lock, pick) for the UNION ALL
 
 
 SHAPES = (
-    Shape("open queues", "First in every cycle that may claim: share-locks the queue_state rows of its queues (a "
-          "pause waits for it) and leaves out the paused ones.", lambda f: QUEUE_STATES_SHARED),
-    Shape("add queue state", "Only for a queue that has no queue_state row yet (once per queue).",
-          lambda f: ADD_QUEUE_STATE),
-    Shape("lock and pick", "A cycle with finished jobs and room to claim: locks the finished jobs' rows and picks "
-          "from its first queue in one round trip. Not sent once the server refused it (`REFUSED.union`) or "
-          "said the index is missing (`REFUSED.index_missing`).",
-          lambda f: (lock_finished_statement(2, f), pick_statement(f))),
-    Shape("lock finished", "A cycle with finished jobs when `lock and pick` is not sent: nothing to pick, or "
-          "refused.", lambda f: lock_finished_statement(2, f)),
-    Shape("pick", "Each queue a cycle claims from (the first one's rows come from `lock and pick` when that "
-          "was sent).", lambda f: pick_statement(f)),
-    Shape("pick without the index", "Instead of `pick` once the server said ix_ready_pick does not exist "
-          "(`REFUSED.index_missing`).", lambda f: pick_statement(f, hinted=False)),
-    Shape("pick after", "Only jobs of full concurrency keys at the head of a queue: looks past them (at most "
-          "LOOKAHEAD_ROUNDS times).", lambda f: pick_after_statement(f)),
-    Shape("lock keys", "Picked rows carry concurrency keys this cycle has not met yet.",
-          lambda f: lock_keys_statement(f)),
-    Shape("keys present", "Some keys were not locked: held by another claim, or their row is missing.",
-          lambda f: KEYS_PRESENT),
+    Shape(
+        "open queues",
+        "First in every cycle that may claim: share-locks the queue_state rows of its queues (a "
+        "pause waits for it) and leaves out the paused ones.",
+        lambda f: QUEUE_STATES_SHARED,
+    ),
+    Shape(
+        "add queue state",
+        "Only for a queue that has no queue_state row yet (once per queue).",
+        lambda f: ADD_QUEUE_STATE,
+    ),
+    Shape(
+        "lock and pick",
+        "A cycle with finished jobs and room to claim: locks the finished jobs' rows and picks "
+        "from its first queue in one round trip. Not sent once the server refused it (`REFUSED.union`) or "
+        "said the index is missing (`REFUSED.index_missing`).",
+        lambda f: (lock_finished_statement(2, f), pick_statement(f)),
+    ),
+    Shape(
+        "lock finished",
+        "A cycle with finished jobs when `lock and pick` is not sent: nothing to pick, or refused.",
+        lambda f: lock_finished_statement(2, f),
+    ),
+    Shape(
+        "pick",
+        "Each queue a cycle claims from (the first one's rows come from `lock and pick` when that was sent).",
+        lambda f: pick_statement(f),
+    ),
+    Shape(
+        "pick without the index",
+        "Instead of `pick` once the server said ix_ready_pick does not exist (`REFUSED.index_missing`).",
+        lambda f: pick_statement(f, hinted=False),
+    ),
+    Shape(
+        "pick after",
+        "Only jobs of full concurrency keys at the head of a queue: looks past them (at most LOOKAHEAD_ROUNDS times).",
+        lambda f: pick_after_statement(f),
+    ),
+    Shape(
+        "lock keys", "Picked rows carry concurrency keys this cycle has not met yet.", lambda f: lock_keys_statement(f)
+    ),
+    Shape(
+        "keys present",
+        "Some keys were not locked: held by another claim, or their row is missing.",
+        lambda f: KEYS_PRESENT,
+    ),
     Shape("running per key", "Some keys were locked: how many of their jobs run.", lambda f: RUNNING_PER_KEY),
     Shape("complete", "Finished jobs locked, nothing taken.", lambda f: complete_and_take_statement(2, 0)),
     Shape("take", "Jobs taken, no finished job.", lambda f: complete_and_take_statement(0, 2)),
@@ -272,7 +339,7 @@ SHAPES = (
 def _dialect(flavour: str) -> Dialect:
     dialect = sa.create_engine(f"{flavour}+pymysql://").dialect
     if flavour == "mysql":
-        dialect.use_mysql_for_share = True   # what a connection to MySQL 8.0.1 or later says
+        dialect.use_mysql_for_share = True  # what a connection to MySQL 8.0.1 or later says
     return dialect
 
 
@@ -293,16 +360,21 @@ def as_sent(dialect: Dialect, built: Any, params: dict[str, Any]) -> str:
 
 def document() -> str:
     """docs/claim-sql.md."""
-    out = ["# The claim's SQL", "",
-           "Every statement a claim cycle (`jobqueue/core/repository/claim.py`) sends, as MariaDB and MySQL",
-           "receive it, with example values (two finished leases, ids 101 and 102; two jobs taken, 103 and 104).",
-           "Built in `jobqueue/core/repository/claim_sql.py`; written by",
-           "`python -m jobqueue.core.repository.claim_sql > docs/claim-sql.md` (a unit test keeps it equal).",
-           "A statement over n rows is built for n up to 2, else the next power of two; the places past n get",
-           "ids no row has. Each SELECT below can be run with `EXPLAIN` in front.", "",
-           "One cycle: `open queues`, `lock and pick` (or `lock finished` and `pick`), `complete and take`,",
-           "COMMIT. When it took fewer jobs than it asked for, one plain read says why",
-           "(`claim.classify_statement`).", ""]
+    out = [
+        "# The claim's SQL",
+        "",
+        "Every statement a claim cycle (`jobqueue/core/repository/claim.py`) sends, as MariaDB and MySQL",
+        "receive it, with example values (two finished leases, ids 101 and 102; two jobs taken, 103 and 104).",
+        "Built in `jobqueue/core/repository/claim_sql.py`; written by",
+        "`python -m jobqueue.core.repository.claim_sql > docs/claim-sql.md` (a unit test keeps it equal).",
+        "A statement over n rows is built for n up to 2, else the next power of two; the places past n get",
+        "ids no row has. Each SELECT below can be run with `EXPLAIN` in front.",
+        "",
+        "One cycle: `open queues`, `lock and pick` (or `lock finished` and `pick`), `complete and take`,",
+        "COMMIT. When it took fewer jobs than it asked for, one plain read says why",
+        "(`claim.classify_statement`).",
+        "",
+    ]
     for shape in SHAPES:
         out += [f"## {shape.name}", "", shape.when, ""]
         for flavour, title in (("mariadb", "MariaDB"), ("mysql", "MySQL")):

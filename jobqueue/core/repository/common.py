@@ -45,12 +45,24 @@ def job_from_row(row: Row | Mapping[str, Any]) -> Job:
     m = row._mapping if isinstance(row, Row) else row
     payload = m["payload"]
     return Job(
-        id=m["id"], task_key=m["task_key"], task_name=m["task_name"], queue=m["queue"],
-        priority=m["priority"], payload=json.loads(payload) if isinstance(payload, (str, bytes)) else payload,
-        status=Status(m["status"]), attempts=m["attempts"], max_attempts=m["max_attempts"],
-        lease_owner=m.get("lease_owner"), lease_until=m.get("lease_until"), run_at=m.get("run_at"),
-        started_at=m.get("started_at"), last_error=m.get("last_error"), created_at=m.get("created_at"),
-        updated_at=m.get("updated_at"), finished_at=m.get("finished_at"), concurrency_key=m.get("concurrency_key"),
+        id=m["id"],
+        task_key=m["task_key"],
+        task_name=m["task_name"],
+        queue=m["queue"],
+        priority=m["priority"],
+        payload=json.loads(payload) if isinstance(payload, (str, bytes)) else payload,
+        status=Status(m["status"]),
+        attempts=m["attempts"],
+        max_attempts=m["max_attempts"],
+        lease_owner=m.get("lease_owner"),
+        lease_until=m.get("lease_until"),
+        run_at=m.get("run_at"),
+        started_at=m.get("started_at"),
+        last_error=m.get("last_error"),
+        created_at=m.get("created_at"),
+        updated_at=m.get("updated_at"),
+        finished_at=m.get("finished_at"),
+        concurrency_key=m.get("concurrency_key"),
     )
 
 
@@ -77,30 +89,49 @@ def database_now(c: Connection) -> datetime:
 
 # --- the lease fence ----------------------------------------------------------------------------
 
+
 def fence(lease: Lease):
     """The guard of every write on behalf of a lease holder: the row must still be running under
     exactly this lease (owner and attempt). A reaped, requeued, failed or cancelled job fails it."""
-    return sa.and_(jq.id == lease.job_id, jq.status == Status.RUNNING.value,
-                   jq.lease_owner == lease.owner, jq.attempts == lease.attempt)
+    return sa.and_(
+        jq.id == lease.job_id,
+        jq.status == Status.RUNNING.value,
+        jq.lease_owner == lease.owner,
+        jq.attempts == lease.attempt,
+    )
 
 
 def lease_loss(c: Connection, lease: Lease, operation: str) -> LeaseLoss:
     """What the row says now, for a fenced write that changed nothing."""
     now = c.execute(sa.select(jq.status, jq.lease_owner, jq.attempts, jq.task_key).where(jq.id == lease.job_id)).first()
-    return LeaseLoss(lease, operation, now.task_key if now else None, now.status if now else "missing",
-                     now.lease_owner if now else None, now.attempts if now else None)
+    return LeaseLoss(
+        lease,
+        operation,
+        now.task_key if now else None,
+        now.status if now else "missing",
+        now.lease_owner if now else None,
+        now.attempts if now else None,
+    )
 
 
 def record_attempts(c: Connection, where: Any, outcome: str, error: Any, *, finished_at: Any = None) -> None:
     """Keep a row in job_attempt for attempts that did not succeed (or, for a finished job run
     again, the attempt that finished it: `finished_at=jq.finished_at`). Runs before the state
     change, while the job row still carries the attempt's owner and start."""
-    c.execute(sa.insert(job_attempt).from_select(
-        ["job_id", "attempt", "worker", "started_at", "finished_at", "outcome", "error"],
-        sa.select(jq.id, jq.attempts, jq.lease_owner, jq.started_at,
-                  db_now() if finished_at is None else sa.func.coalesce(finished_at, db_now()), sa.literal(outcome),
-                  error if isinstance(error, sa.ColumnElement) else sa.literal(truncate_error(error), sa.Text))
-        .where(where)))
+    c.execute(
+        sa.insert(job_attempt).from_select(
+            ["job_id", "attempt", "worker", "started_at", "finished_at", "outcome", "error"],
+            sa.select(
+                jq.id,
+                jq.attempts,
+                jq.lease_owner,
+                jq.started_at,
+                db_now() if finished_at is None else sa.func.coalesce(finished_at, db_now()),
+                sa.literal(outcome),
+                error if isinstance(error, sa.ColumnElement) else sa.literal(truncate_error(error), sa.Text),
+            ).where(where),
+        )
+    )
 
 
 def one_more_attempt():
@@ -108,28 +139,52 @@ def one_more_attempt():
     return sa.case((jq.attempts + 1 > jq.max_attempts, jq.attempts + 1), else_=jq.max_attempts)
 
 
-def audit(c: Connection, actor: str, action: str, *, job_id: int | None = None, selection: str | None = None,
-          before: str | None = None, after: str | None = None, count: int = 1, detail: str | None = None) -> None:
-    c.execute(sa.insert(audit_log).values(at=db_now(), actor=actor[:100], action=action, job_id=job_id,
-                                          selection=selection, before_status=before, after_status=after,
-                                          count=count, detail=truncate_error(detail)))
+def audit(
+    c: Connection,
+    actor: str,
+    action: str,
+    *,
+    job_id: int | None = None,
+    selection: str | None = None,
+    before: str | None = None,
+    after: str | None = None,
+    count: int = 1,
+    detail: str | None = None,
+) -> None:
+    c.execute(
+        sa.insert(audit_log).values(
+            at=db_now(),
+            actor=actor[:100],
+            action=action,
+            job_id=job_id,
+            selection=selection,
+            before_status=before,
+            after_status=after,
+            count=count,
+            detail=truncate_error(detail),
+        )
+    )
 
 
 def upsert(c: Connection, table: sa.Table, keys: list[str], values: dict[str, Any], update: dict[str, Any]) -> None:
     """INSERT, or on a key clash UPDATE `update` (column -> function of the proposed row)."""
     if is_mysql(c):
         from sqlalchemy.dialects.mysql import insert as mysql_insert
+
         stmt = mysql_insert(table).values(**values)
         c.execute(stmt.on_duplicate_key_update({k: fn(stmt.inserted) for k, fn in update.items()}))
     else:
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
         stmt = sqlite_insert(table).values(**values)
-        c.execute(stmt.on_conflict_do_update(index_elements=keys, set_={k: fn(stmt.excluded) for k, fn in update.items()}))
+        c.execute(
+            stmt.on_conflict_do_update(index_elements=keys, set_={k: fn(stmt.excluded) for k, fn in update.items()})
+        )
 
 
 # --- the hot path's executor ---------------------------------------------------------------------
 
-NO_ROW = -1   # a job id no row has (ids count up from 1): what a statement's unused places get
+NO_ROW = -1  # a job id no row has (ids count up from 1): what a statement's unused places get
 
 
 def shape(n: int) -> int:
@@ -184,13 +239,18 @@ def execute_sql(c: Connection, sql: str, params: Any = None) -> Result:
     cursor = dbapi_conn.cursor()
     try:
         cursor.execute(sql, params)
-        return Result(list(cursor.fetchall()) if cursor.description else [], cursor.rowcount, cursor.lastrowid,
-                      cursor.warning_count)
+        return Result(
+            list(cursor.fetchall()) if cursor.description else [],
+            cursor.rowcount,
+            cursor.lastrowid,
+            cursor.warning_count,
+        )
     except pymysql.err.Error as exc:
         lost = c.dialect.is_disconnect(exc, dbapi_conn, cursor)
         if lost:
             c.invalidate(exc)
-        raise sa.exc.DBAPIError.instance(sql[:2000], params, exc, pymysql.err.Error, connection_invalidated=lost,
-                                         dialect=c.dialect) from exc
+        raise sa.exc.DBAPIError.instance(
+            sql[:2000], params, exc, pymysql.err.Error, connection_invalidated=lost, dialect=c.dialect
+        ) from exc
     finally:
         cursor.close()

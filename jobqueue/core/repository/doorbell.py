@@ -38,13 +38,14 @@ _QUEUES = re.compile(r"queues=([A-Za-z0-9_.,\-*]*)")
 # Only this database's sleepers: another install on the same server has workers of its own.
 _SLEEPERS = sa.text(
     "SELECT ID, INFO FROM information_schema.PROCESSLIST "
-    f"WHERE INFO LIKE 'SELECT SLEEP(%) /* {MARKER} %' AND ID <> CONNECTION_ID() AND DB = DATABASE()")
+    f"WHERE INFO LIKE 'SELECT SLEEP(%) /* {MARKER} %' AND ID <> CONNECTION_ID() AND DB = DATABASE()"
+)
 
 
 @dataclass(frozen=True)
 class Sleeper:
     connection_id: int
-    queues: tuple[str, ...]     # ("*",): every queue
+    queues: tuple[str, ...]  # ("*",): every queue
 
     def serves(self, queue: str) -> bool:
         return "*" in self.queues or queue in self.queues

@@ -46,7 +46,6 @@ the statement's time in the server.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -54,8 +53,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .. import retry
-from ..db import (TRANSACTION_ROLLED_BACK, callers_transaction, error_code, is_mysql, reads_committed, require_primary,
-                  transaction)
+from ..db import (
+    TRANSACTION_ROLLED_BACK,
+    callers_transaction,
+    error_code,
+    is_mysql,
+    reads_committed,
+    require_primary,
+    transaction,
+)
 from ..errors import JobQueueError, ValidationError
 from ..models import Enqueued, Status
 from ..schema import job_queue
@@ -65,9 +71,9 @@ from .claim import ensure_keys
 from .common import execute_sql, jq
 
 ER_DUP_ENTRY = 1062
-READ_KEYS = 1000                 # task_keys per read (an IN list)
-STATEMENT_BYTES = 4 << 20        # an INSERT's text stays well under max_allowed_packet (16 MiB on MariaDB)
-SQLITE_ROWS = 1000               # rows per INSERT on SQLite (11 parameters each; SQLite allows 32,766)
+READ_KEYS = 1000  # task_keys per read (an IN list)
+STATEMENT_BYTES = 4 << 20  # an INSERT's text stays well under max_allowed_packet (16 MiB on MariaDB)
+SQLITE_ROWS = 1000  # rows per INSERT on SQLite (11 parameters each; SQLite allows 32,766)
 
 # A try undone on purpose (some rows of the batch were known, or another transaction inserted
 # one of our keys between our read and our insert) runs again at once: the rows are there now.
@@ -88,38 +94,67 @@ class Validated(list):
     """Jobs that validate_jobs / validate_job checked: enqueue_many takes them as they are."""
 
 
-def validate_job(spec: NewJob | Mapping[str, Any], *, registry: Registry = TASKS, limit: int | None = None,
-                 allow_unregistered: bool = False) -> NewJob:
+def validate_job(
+    spec: NewJob | Mapping[str, Any],
+    *,
+    registry: Registry = TASKS,
+    limit: int | None = None,
+    allow_unregistered: bool = False,
+) -> NewJob:
     """One job checked (a NewJob again: it may have been built or changed by hand, and INSERT
     IGNORE must never meet a value the server would refuse); `limit` is the payload size limit."""
     if limit is None:
         limit = max_payload_bytes()
     try:
         if isinstance(spec, NewJob):
-            return new_job(spec.task_name, spec.task_key, spec.payload, queue=spec.queue, priority=spec.priority,
-                           delay=spec.delay_seconds, max_attempts=spec.max_attempts, registry=registry,
-                           max_payload=limit, allow_unregistered=allow_unregistered)
+            return new_job(
+                spec.task_name,
+                spec.task_key,
+                spec.payload,
+                queue=spec.queue,
+                priority=spec.priority,
+                delay=spec.delay_seconds,
+                max_attempts=spec.max_attempts,
+                registry=registry,
+                max_payload=limit,
+                allow_unregistered=allow_unregistered,
+            )
         if type(spec) is dict and spec.keys() <= ENQUEUE_FIELDS:
             # The fields of POST /api/jobs (what the CLI, the API and most callers pass): read
             # where they are, without a copy of the dict and a call by keywords.
             get = spec.get
-            return new_job(get("task"), get("task_key"), get("payload"), queue=get("queue"),
-                           priority=get("priority", 0), delay=get("delay", 0), max_attempts=get("max_attempts"),
-                           registry=registry, max_payload=limit,
-                           allow_unregistered=get("allow_unregistered", allow_unregistered))
+            return new_job(
+                get("task"),
+                get("task_key"),
+                get("payload"),
+                queue=get("queue"),
+                priority=get("priority", 0),
+                delay=get("delay", 0),
+                max_attempts=get("max_attempts"),
+                registry=registry,
+                max_payload=limit,
+                allow_unregistered=get("allow_unregistered", allow_unregistered),
+            )
         fields = dict(spec)
         fields.setdefault("allow_unregistered", allow_unregistered)
-        return new_job(fields.pop("task", fields.pop("task_name", None)), fields.pop("task_key", None),
-                       fields.pop("payload", None), registry=registry, max_payload=limit, **fields)
-    except TypeError as exc:   # a field new_job does not take
+        return new_job(
+            fields.pop("task", fields.pop("task_name", None)),
+            fields.pop("task_key", None),
+            fields.pop("payload", None),
+            registry=registry,
+            max_payload=limit,
+            **fields,
+        )
+    except TypeError as exc:  # a field new_job does not take
         raise ValidationError(str(exc)) from None
 
 
-def validate_jobs(jobs: Iterable[NewJob | Mapping[str, Any]], *, registry: Registry = TASKS,
-                  allow_unregistered: bool = False) -> Validated:
+def validate_jobs(
+    jobs: Iterable[NewJob | Mapping[str, Any]], *, registry: Registry = TASKS, allow_unregistered: bool = False
+) -> Validated:
     """Every job checked before anything is written; the error names the job's position."""
     validated = Validated()
-    limit = max_payload_bytes()   # read once: the settings are not looked up again per job
+    limit = max_payload_bytes()  # read once: the settings are not looked up again per job
     for i, item in enumerate(jobs):
         try:
             validated.append(validate_job(item, registry=registry, limit=limit, allow_unregistered=allow_unregistered))
@@ -128,8 +163,13 @@ def validate_jobs(jobs: Iterable[NewJob | Mapping[str, Any]], *, registry: Regis
     return validated
 
 
-def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *,
-                 registry: Registry = TASKS, allow_unregistered: bool = False) -> list[Enqueued]:
+def enqueue_many(
+    conn: Connection,
+    jobs: Iterable[NewJob | Mapping[str, Any]],
+    *,
+    registry: Registry = TASKS,
+    allow_unregistered: bool = False,
+) -> list[Enqueued]:
     """Add many jobs in one transaction (the caller's, if one is open). All are validated before
     anything is written; task_keys already known (in the table, pruned, or repeated in the
     batch) come back duplicate=True with the existing job's id and status.
@@ -138,8 +178,12 @@ def enqueue_many(conn: Connection, jobs: Iterable[NewJob | Mapping[str, Any]], *
     A key that a try which may have committed wrote, and that now holds this call's job (same
     task, queue, priority and payload), is reported as written by us, not as a duplicate.
     """
-    return _write(conn, jobs if type(jobs) is Validated else
-                  validate_jobs(jobs, registry=registry, allow_unregistered=allow_unregistered))
+    return _write(
+        conn,
+        jobs
+        if type(jobs) is Validated
+        else validate_jobs(jobs, registry=registry, allow_unregistered=allow_unregistered),
+    )
 
 
 def _write(conn: Connection, validated: list[NewJob]) -> list[Enqueued]:
@@ -156,7 +200,7 @@ def _write(conn: Connection, validated: list[NewJob]) -> list[Enqueued]:
                 try:
                     written = batch.run(conn)
                 except BaseException as exc:
-                    if error_code(exc) not in TRANSACTION_ROLLED_BACK:   # else there is no savepoint left
+                    if error_code(exc) not in TRANSACTION_ROLLED_BACK:  # else there is no savepoint left
                         savepoint.rollback()
                     if not isinstance(exc, _Undo):
                         raise
@@ -187,9 +231,9 @@ class _Batch:
         self.firsts: dict[str, NewJob] = {}
         for job in validated:
             self.firsts.setdefault(job.task_key, job)
-        self.exact = False            # after an undone try: read first, insert only new keys
-        self.pending: set[str] = set()   # keys the current try inserts
-        self.unsure: set[str] = set()    # keys a try that may have committed inserted
+        self.exact = False  # after an undone try: read first, insert only new keys
+        self.pending: set[str] = set()  # keys the current try inserts
+        self.unsure: set[str] = set()  # keys a try that may have committed inserted
 
     def undone(self) -> None:
         """The try was rolled back on purpose: what it inserted is gone."""
@@ -204,8 +248,14 @@ class _Batch:
         self.unsure |= self.pending
         self.pending = set()
         try:
-            ensure_keys(c, {job.concurrency_key: job.concurrency_limit for job in self.firsts.values()
-                            if job.concurrency_key is not None})
+            ensure_keys(
+                c,
+                {
+                    job.concurrency_key: job.concurrency_limit
+                    for job in self.firsts.values()
+                    if job.concurrency_key is not None
+                },
+            )
             return self._exact(c) if self.exact else self._optimistic(c)
         except BaseException:
             # Raised before the COMMIT was sent (a deadlock, a lost connection, an undo): rolled
@@ -222,7 +272,7 @@ class _Batch:
             # All ours, ids known: only pruned keys are left to check (after the INSERT: a prune
             # that committed while our INSERT waited on its row is seen).
             _, pruned = _read(c, keys, queue=False)
-            if not pruned:   # the common case: one tuple per key and nothing else
+            if not pruned:  # the common case: one tuple per key and nothing else
                 return {key: (job_id, _status(job), True) for (key, job), job_id in zip(self.firsts.items(), ids)}
             rows = {key: (job_id, _status(job)) for (key, job), job_id in zip(self.firsts.items(), ids)}
         else:
@@ -272,8 +322,9 @@ class _Batch:
         maybe = [key for key in existing if key in self.unsure]
         if not maybe:
             return set()
-        found = c.execute(sa.select(jq.task_key, jq.task_name, jq.queue, jq.priority, jq.payload)
-                          .where(jq.task_key.in_(maybe))).all()
+        found = c.execute(
+            sa.select(jq.task_key, jq.task_name, jq.queue, jq.priority, jq.payload).where(jq.task_key.in_(maybe))
+        ).all()
         return {row.task_key for row in found if _same_job(row, self.firsts[row.task_key])}
 
     def results(self, written: dict[str, tuple[int, Status, bool]]) -> list[Enqueued]:
@@ -296,11 +347,15 @@ def _same_job(row, job: NewJob) -> bool:
 
 # --- the statements ----------------------------------------------------------------------------------
 
-_COLUMNS = ("task_key, task_name, queue, priority, payload, status, run_at, attempts, max_attempts, "
-            "concurrency_key, created_at, updated_at")
+_COLUMNS = (
+    "task_key, task_name, queue, priority, payload, status, run_at, attempts, max_attempts, "
+    "concurrency_key, created_at, updated_at"
+)
 # The same columns, the two that differ from job to job first (see _mysql_inserts).
-_MYSQL_COLUMNS = ("task_key, payload, task_name, queue, priority, status, run_at, attempts, max_attempts, "
-                  "concurrency_key, created_at, updated_at")
+_MYSQL_COLUMNS = (
+    "task_key, payload, task_name, queue, priority, status, run_at, attempts, max_attempts, "
+    "concurrency_key, created_at, updated_at"
+)
 
 
 def _status(job: NewJob) -> Status:
@@ -321,7 +376,7 @@ def _insert(c: Connection, jobs: Iterable[NewJob]) -> tuple[int, list[int] | Non
     for sql, rows in _mysql_inserts(c, jobs):
         result = execute_sql(c, sql)
         if result.warnings != rows - result.rowcount:
-            _refusals(c)   # a warning besides one per known key: raised unless all are duplicates
+            _refusals(c)  # a warning besides one per known key: raised unless all are duplicates
         inserted += result.rowcount
         if result.rowcount == rows and consecutive:
             ids.extend(range(result.lastrowid, result.lastrowid + rows))
@@ -347,7 +402,7 @@ def _mysql_inserts(c: Connection, jobs: Iterable[NewJob]) -> Iterator[tuple[str,
     many rows each holds. A row is its escaped task_key, its payload's literal and the literals of
     its other values; the last two are escaped once per distinct value in a batch, since most
     batches repeat them (1,000 jobs of one task with no payload: three escapes in all)."""
-    escape = c.connection.dbapi_connection.escape   # quotes and escapes a str as PyMySQL's parameters do
+    escape = c.connection.dbapi_connection.escape  # quotes and escapes a str as PyMySQL's parameters do
     payloads: dict[str, str] = {}
     tails: dict[tuple, str] = {}
     head = f"INSERT IGNORE INTO job_queue ({_MYSQL_COLUMNS}) VALUES "
@@ -377,8 +432,10 @@ def _row_tail(escape: Callable[[str], str], job: NewJob) -> str:
     micros = int(round(job.delay_seconds * 1_000_000))
     run_at = f"UTC_TIMESTAMP(6) + INTERVAL {micros:d} MICROSECOND" if micros else "UTC_TIMESTAMP(6)"
     key = "NULL" if job.concurrency_key is None else escape(job.concurrency_key)
-    return (f"{escape(job.task_name)},{escape(job.queue)},{int(job.priority):d},'{_status(job).value}',{run_at},0,"
-            f"{int(job.max_attempts):d},{key},UTC_TIMESTAMP(6),UTC_TIMESTAMP(6)")
+    return (
+        f"{escape(job.task_name)},{escape(job.queue)},{int(job.priority):d},'{_status(job).value}',{run_at},0,"
+        f"{int(job.max_attempts):d},{key},UTC_TIMESTAMP(6),UTC_TIMESTAMP(6)"
+    )
 
 
 def _sqlite_inserts(jobs: Iterable[NewJob]) -> Iterator[tuple[str, tuple]]:
@@ -386,17 +443,27 @@ def _sqlite_inserts(jobs: Iterable[NewJob]) -> Iterator[tuple[str, tuple]]:
     from the database clock (db.jq_now, jq_now_plus)."""
     jobs = list(jobs)
     for lo in range(0, len(jobs), SQLITE_ROWS):
-        chunk = jobs[lo:lo + SQLITE_ROWS]
+        chunk = jobs[lo : lo + SQLITE_ROWS]
         params: list[Any] = []
         for job in chunk:
-            params += (job.task_key, job.task_name, job.queue, job.priority, _payload_json(job), _status(job).value,
-                       int(round(job.delay_seconds * 1_000_000)), job.max_attempts, job.concurrency_key)
+            params += (
+                job.task_key,
+                job.task_name,
+                job.queue,
+                job.priority,
+                _payload_json(job),
+                _status(job).value,
+                int(round(job.delay_seconds * 1_000_000)),
+                job.max_attempts,
+                job.concurrency_key,
+            )
         values = ",".join(["(?,?,?,?,?,?,jq_now_plus(?),0,?,?,jq_now(),jq_now())"] * len(chunk))
         yield f"INSERT OR IGNORE INTO job_queue ({_COLUMNS}) VALUES {values}", tuple(params)
 
 
-def _read(c: Connection, keys: list[str], *, queue: bool = True, pruned: bool = True, lock_jobs: bool = False
-          ) -> tuple[dict[str, tuple[int, Status]], dict[str, tuple[int, Status]]]:
+def _read(
+    c: Connection, keys: list[str], *, queue: bool = True, pruned: bool = True, lock_jobs: bool = False
+) -> tuple[dict[str, tuple[int, Status]], dict[str, tuple[int, Status]]]:
     """The jobs holding `keys` (task_key -> (id, status)) and the records of pruned jobs holding
     them, each unless told not to, in one statement per READ_KEYS keys.
 
@@ -416,7 +483,7 @@ def _read(c: Connection, keys: list[str], *, queue: bool = True, pruned: bool = 
     # uncommitted (4 concurrent batches over the same keys deadlocked six times running).
     lock = mysql and not reads_committed(c)
     for lo in range(0, len(keys), READ_KEYS):
-        chunk = keys[lo:lo + READ_KEYS]
+        chunk = keys[lo : lo + READ_KEYS]
         if mysql:
             in_list, params = ",".join(map(escape, chunk)), None
         else:
@@ -424,12 +491,19 @@ def _read(c: Connection, keys: list[str], *, queue: bool = True, pruned: bool = 
         selects = []
         if queue:
             hint = " FORCE INDEX (uk_task_key)" if mysql else ""
-            selects.append(_locked(f"SELECT 'q', task_key, id, status FROM job_queue{hint} WHERE task_key IN ({in_list})",
-                                   lock and lock_jobs))
+            selects.append(
+                _locked(
+                    f"SELECT 'q', task_key, id, status FROM job_queue{hint} WHERE task_key IN ({in_list})",
+                    lock and lock_jobs,
+                )
+            )
         if pruned:
             hint = " FORCE INDEX (PRIMARY)" if mysql else ""
-            selects.append(_locked(f"SELECT 'p', task_key, job_id, status FROM pruned_key{hint} "
-                                   f"WHERE task_key IN ({in_list})", lock))
+            selects.append(
+                _locked(
+                    f"SELECT 'p', task_key, job_id, status FROM pruned_key{hint} WHERE task_key IN ({in_list})", lock
+                )
+            )
         sql = " UNION ALL ".join(selects)
         found = execute_sql(c, sql).rows if mysql else c.exec_driver_sql(sql, params).all()
         for table, key, job_id, status in found:
@@ -455,14 +529,34 @@ def _refusals(c: Connection) -> None:
     key: a row skipped for another reason, or a value the server changed to store it."""
     for level, code, message in execute_sql(c, "SHOW WARNINGS").rows:
         if int(code) != ER_DUP_ENTRY:
-            raise ServerRefusedRows(f"enqueue: the server refused a row ({level} {code}: {message}); "
-                                    "nothing was written")
+            raise ServerRefusedRows(
+                f"enqueue: the server refused a row ({level} {code}: {message}); nothing was written"
+            )
 
 
-def enqueue(conn: Connection, task_name: str, task_key: str, payload: dict | None = None, *,
-            queue: str | None = None, priority: int = 0, delay: float = 0,
-            max_attempts: int | None = None, registry: Registry = TASKS, allow_unregistered: bool = False) -> Enqueued:
+def enqueue(
+    conn: Connection,
+    task_name: str,
+    task_key: str,
+    payload: dict | None = None,
+    *,
+    queue: str | None = None,
+    priority: int = 0,
+    delay: float = 0,
+    max_attempts: int | None = None,
+    registry: Registry = TASKS,
+    allow_unregistered: bool = False,
+) -> Enqueued:
     """Add one job. A known task_key writes nothing and returns the existing id, duplicate=True."""
-    job = new_job(task_name, task_key, payload, queue=queue, priority=priority, delay=delay,
-                  max_attempts=max_attempts, registry=registry, allow_unregistered=allow_unregistered)
+    job = new_job(
+        task_name,
+        task_key,
+        payload,
+        queue=queue,
+        priority=priority,
+        delay=delay,
+        max_attempts=max_attempts,
+        registry=registry,
+        allow_unregistered=allow_unregistered,
+    )
     return _write(conn, [job])[0]

@@ -31,9 +31,19 @@ from ..db import db_after, db_now, is_mysql, require_primary, transaction
 from ..errors import LeaseLostError, NotPrimary
 from ..models import Lease, LeaseLoss, Outcome, Status
 from ..schema import job_attempt, job_queue, job_result, queue_state
-from .common import NO_ROW, by_id, execute_fast, fence, shape, is_duplicate_key, jq, lease_loss, one_more_attempt, record_attempts, \
-    truncate_error
-
+from .common import (
+    NO_ROW,
+    by_id,
+    execute_fast,
+    fence,
+    is_duplicate_key,
+    jq,
+    lease_loss,
+    one_more_attempt,
+    record_attempts,
+    shape,
+    truncate_error,
+)
 
 _FLAGS = {"mariadb": ("read_only", "innodb_read_only"), "mysql": ("read_only", "innodb_read_only", "super_read_only")}
 
@@ -47,7 +57,8 @@ def _lock_leased(n: int, flavour: str) -> sa.Select:
     ids = [sa.bindparam(f"id_{i}", type_=sa.BigInteger) for i in range(n)]
     stmt = sa.select(jq.id, *[sa.literal_column(f"@@global.{f}") for f in _FLAGS[flavour]]).where(jq.id.in_(ids))
     stmt = stmt.with_hint(job_queue, "FORCE INDEX (PRIMARY)", "mysql").with_hint(
-        job_queue, "FORCE INDEX (PRIMARY)", "mariadb")
+        job_queue, "FORCE INDEX (PRIMARY)", "mariadb"
+    )
     return stmt.with_for_update(skip_locked=True)
 
 
@@ -57,7 +68,7 @@ def lock_leased(c: Connection, job_ids: Sequence[int]) -> set[int]:
         return set()
     require_primary(c)
     if not is_mysql(c):
-        return set(job_ids)   # SQLite: BEGIN IMMEDIATE already holds the whole database
+        return set(job_ids)  # SQLite: BEGIN IMMEDIATE already holds the whole database
     flavour = "mariadb" if getattr(c.dialect, "is_mariadb", False) else "mysql"
     size = shape(len(job_ids))
     params = {f"id_{i}": job_ids[i] if i < len(job_ids) else NO_ROW for i in range(size)}
@@ -69,12 +80,20 @@ def lock_leased(c: Connection, job_ids: Sequence[int]) -> set[int]:
 
 # --- renew ---------------------------------------------------------------------------------------
 
+
 def fence_any(n: int) -> sa.ColumnElement[bool]:
     """The lease fence for n rows at once: each row's (id, lease_owner, attempts) must be one of
     the n leases (parameters id_i, owner_i, attempt_i, see fence_params)."""
-    return sa.or_(*[sa.and_(jq.id == sa.bindparam(f"id_{i}", type_=sa.BigInteger),
-                            jq.lease_owner == sa.bindparam(f"owner_{i}", type_=sa.String),
-                            jq.attempts == sa.bindparam(f"attempt_{i}", type_=sa.Integer)) for i in range(n)])
+    return sa.or_(
+        *[
+            sa.and_(
+                jq.id == sa.bindparam(f"id_{i}", type_=sa.BigInteger),
+                jq.lease_owner == sa.bindparam(f"owner_{i}", type_=sa.String),
+                jq.attempts == sa.bindparam(f"attempt_{i}", type_=sa.Integer),
+            )
+            for i in range(n)
+        ]
+    )
 
 
 def _ids(n: int) -> list[sa.BindParameter]:
@@ -83,8 +102,11 @@ def _ids(n: int) -> list[sa.BindParameter]:
 
 @functools.lru_cache(maxsize=512)
 def _renew(n: int) -> sa.Update:
-    return (by_id(sa.update(job_queue)).where(jq.id.in_(_ids(n)), jq.status == Status.RUNNING.value, fence_any(n))
-            .values(lease_until=db_after(micros=sa.bindparam("lease_us", type_=sa.BigInteger)), updated_at=db_now()))
+    return (
+        by_id(sa.update(job_queue))
+        .where(jq.id.in_(_ids(n)), jq.status == Status.RUNNING.value, fence_any(n))
+        .values(lease_until=db_after(micros=sa.bindparam("lease_us", type_=sa.BigInteger)), updated_at=db_now())
+    )
 
 
 def fence_params(leases: Sequence[Lease], size: int = 0) -> dict[str, Any]:
@@ -98,8 +120,9 @@ def fence_params(leases: Sequence[Lease], size: int = 0) -> dict[str, Any]:
     return params
 
 
-def renew_leases(conn: Connection, leases: Sequence[Lease], lease_seconds: float
-                 ) -> tuple[dict[Lease, Outcome], list[LeaseLoss]]:
+def renew_leases(
+    conn: Connection, leases: Sequence[Lease], lease_seconds: float
+) -> tuple[dict[Lease, Outcome], list[LeaseLoss]]:
     """Extend every lease still held, in one transaction: OK, LEASE_LOST (with what the row holds
     now), or BUSY (held by another transaction this instant: not renewed this time)."""
     if not leases:
@@ -121,7 +144,11 @@ def renew_leases(conn: Connection, leases: Sequence[Lease], lease_seconds: float
             losses = []
             for lease in held:
                 r = now.get(lease.job_id)
-                if r is not None and r.status == Status.RUNNING.value and (r.lease_owner, r.attempts) == (lease.owner, lease.attempt):
+                if (
+                    r is not None
+                    and r.status == Status.RUNNING.value
+                    and (r.lease_owner, r.attempts) == (lease.owner, lease.attempt)
+                ):
                     outcomes[lease] = Outcome.OK
                 else:
                     outcomes[lease] = Outcome.LEASE_LOST
@@ -138,8 +165,7 @@ _QUEUE_PAUSED = sa.select(queue_state.c.paused).where(queue_state.c.queue == sa.
 _QUEUE_PAUSED_SHARED = _QUEUE_PAUSED.with_for_update(read=True)
 
 
-def start_lease(conn: Connection, lease: Lease, queue: str, lease_seconds: float
-                ) -> tuple[Outcome, LeaseLoss | None]:
+def start_lease(conn: Connection, lease: Lease, queue: str, lease_seconds: float) -> tuple[Outcome, LeaseLoss | None]:
     """A job that waited in hand for a thread is about to run its handler: renew its lease under
     the fence, in a transaction that share-locks its queue's row (as the claim does, see
     claim._open_queues). OK: start it (the lease runs from now); LEASE_LOST: an operator took it
@@ -164,8 +190,12 @@ def start_lease(conn: Connection, lease: Lease, queue: str, lease_seconds: float
 
 
 def _current(c: Connection, job_ids: Sequence[int]) -> dict[int, Any]:
-    return {r.id: r for r in c.execute(sa.select(jq.id, jq.status, jq.lease_owner, jq.attempts, jq.task_key)
-                                       .where(jq.id.in_(list(job_ids)))).all()}
+    return {
+        r.id: r
+        for r in c.execute(
+            sa.select(jq.id, jq.status, jq.lease_owner, jq.attempts, jq.task_key).where(jq.id.in_(list(job_ids)))
+        ).all()
+    }
 
 
 def _loss_from(row, lease: Lease, operation: str) -> LeaseLoss:
@@ -176,11 +206,15 @@ def _loss_from(row, lease: Lease, operation: str) -> LeaseLoss:
 
 # --- complete ------------------------------------------------------------------------------------
 
+
 @functools.lru_cache(maxsize=512)
 def _mark_done(n: int) -> sa.Update:
     """running -> done for n leases, each row fenced by its own (id, lease_owner, attempts)."""
-    return (by_id(sa.update(job_queue)).where(jq.id.in_(_ids(n)), jq.status == Status.RUNNING.value, fence_any(n))
-            .values(status=Status.DONE.value, finished_at=db_now(), lease_until=None, updated_at=db_now()))
+    return (
+        by_id(sa.update(job_queue))
+        .where(jq.id.in_(_ids(n)), jq.status == Status.RUNNING.value, fence_any(n))
+        .values(status=Status.DONE.value, finished_at=db_now(), lease_until=None, updated_at=db_now())
+    )
 
 
 def complete_in(c: Connection, leases: Sequence[Lease]) -> tuple[dict[Lease, Outcome], list[LeaseLoss]]:
@@ -210,7 +244,11 @@ def completions_read_back(c: Connection, held: Sequence[Lease], outcomes: dict[L
     losses = []
     for lease in held:
         r = now.get(lease.job_id)
-        if r is not None and r.status == Status.DONE.value and (r.lease_owner, r.attempts) == (lease.owner, lease.attempt):
+        if (
+            r is not None
+            and r.status == Status.DONE.value
+            and (r.lease_owner, r.attempts) == (lease.owner, lease.attempt)
+        ):
             outcomes[lease] = Outcome.OK
         else:
             outcomes[lease] = Outcome.LEASE_LOST
@@ -237,30 +275,53 @@ def complete_many(conn: Connection, leases: Sequence[Lease]) -> tuple[dict[Lease
 
 # --- retry, fail, release ------------------------------------------------------------------------
 
-def retry(conn: Connection, lease: Lease, error: str, delay_seconds: float, *,
-          outcome: str = "retry") -> tuple[Outcome, LeaseLoss | None]:
+
+def retry(
+    conn: Connection, lease: Lease, error: str, delay_seconds: float, *, outcome: str = "retry"
+) -> tuple[Outcome, LeaseLoss | None]:
     """running -> scheduled, to be promoted to ready after `delay_seconds` of backoff (`outcome`
     names the attempt in its history, say `timeout`)."""
-    return _finish(conn, lease, outcome, {"status": Status.SCHEDULED.value, "run_at": db_after(delay_seconds),
-                                           "lease_owner": None, "last_error": truncate_error(error)}, error)
+    return _finish(
+        conn,
+        lease,
+        outcome,
+        {
+            "status": Status.SCHEDULED.value,
+            "run_at": db_after(delay_seconds),
+            "lease_owner": None,
+            "last_error": truncate_error(error),
+        },
+        error,
+    )
 
 
 def fail(conn: Connection, lease: Lease, error: str, *, outcome: str = "fail") -> tuple[Outcome, LeaseLoss | None]:
     """running -> failed for good, with the error kept (`outcome` names it in the attempt history,
     say `timeout`)."""
-    return _finish(conn, lease, outcome, {"status": Status.FAILED.value, "finished_at": db_now(),
-                                          "last_error": truncate_error(error)}, error)
+    return _finish(
+        conn,
+        lease,
+        outcome,
+        {"status": Status.FAILED.value, "finished_at": db_now(), "last_error": truncate_error(error)},
+        error,
+    )
 
 
 def release(conn: Connection, lease: Lease, reason: str = "worker shutting down") -> tuple[Outcome, LeaseLoss | None]:
     """running -> ready without waiting for the lease to expire; attempts are kept. A shutdown
     is not the job's fault: if this was its last attempt, it gets one more."""
-    return _finish(conn, lease, "release", {"status": Status.READY.value, "run_at": db_now(),
-                                             "lease_owner": None, "max_attempts": one_more_attempt()}, reason)
+    return _finish(
+        conn,
+        lease,
+        "release",
+        {"status": Status.READY.value, "run_at": db_now(), "lease_owner": None, "max_attempts": one_more_attempt()},
+        reason,
+    )
 
 
-def _finish(conn: Connection, lease: Lease, operation: str, values: dict[str, Any],
-            error: str | None) -> tuple[Outcome, LeaseLoss | None]:
+def _finish(
+    conn: Connection, lease: Lease, operation: str, values: dict[str, Any], error: str | None
+) -> tuple[Outcome, LeaseLoss | None]:
     """retry, fail or release under the fence, keeping the attempt in job_attempt."""
     passes = 0
 
@@ -270,12 +331,13 @@ def _finish(conn: Connection, lease: Lease, operation: str, values: dict[str, An
         if not lock_leased(c, [lease.job_id]):
             return Outcome.BUSY, None
         record_attempts(c, fence(lease), operation, error)
-        n = c.execute(sa.update(job_queue).where(fence(lease)).values(lease_until=None, updated_at=db_now(),
-                                                                       **values)).rowcount
+        n = c.execute(
+            sa.update(job_queue).where(fence(lease)).values(lease_until=None, updated_at=db_now(), **values)
+        ).rowcount
         if n == 1:
             return Outcome.OK, None
         if passes > 1 and _attempt_recorded(c, lease, operation):
-            return Outcome.OK, None   # our own write: the COMMIT landed, its reply was lost
+            return Outcome.OK, None  # our own write: the COMMIT landed, its reply was lost
         return Outcome.LEASE_LOST, lease_loss(c, lease, operation)
 
     return transaction(conn, write, what=operation)
@@ -283,11 +345,20 @@ def _finish(conn: Connection, lease: Lease, operation: str, values: dict[str, An
 
 def _attempt_recorded(c: Connection, lease: Lease, outcome: str) -> bool:
     ja = job_attempt.c
-    return c.execute(sa.select(ja.id).where(ja.job_id == lease.job_id, ja.attempt == lease.attempt,
-                                            ja.worker == lease.owner, ja.outcome == outcome).limit(1)).first() is not None
+    return (
+        c.execute(
+            sa.select(ja.id)
+            .where(
+                ja.job_id == lease.job_id, ja.attempt == lease.attempt, ja.worker == lease.owner, ja.outcome == outcome
+            )
+            .limit(1)
+        ).first()
+        is not None
+    )
 
 
 # --- record_result -------------------------------------------------------------------------------
+
 
 def record_result(conn: Connection, lease: Lease, task_key: str, result: Any) -> bool:
     """Store the downstream result of `task_key`, at most once, only while `lease` is held.
@@ -312,8 +383,16 @@ def record_result(conn: Connection, lease: Lease, task_key: str, result: Any) ->
             # On a retried pass, a row of this very attempt is our own write whose COMMIT reply
             # was lost; otherwise it is a duplicate (another attempt's, or an earlier call's).
             return passes > 1 and (existing.job_id, existing.attempt) == (lease.job_id, lease.attempt)
-        c.execute(sa.insert(job_result).values(task_key=task_key, job_id=lease.job_id, attempt=lease.attempt,
-                                               worker=lease.owner, result=result, created_at=db_now()))
+        c.execute(
+            sa.insert(job_result).values(
+                task_key=task_key,
+                job_id=lease.job_id,
+                attempt=lease.attempt,
+                worker=lease.owner,
+                result=result,
+                created_at=db_now(),
+            )
+        )
         return True
 
     try:

@@ -42,14 +42,14 @@ from ..schema import job_queue
 from .claim import flavour
 from .common import audit, jq
 
-ER_ACCESS_DENIED = (1227, 1142, 1044)   # PROCESS (or performance_schema) not granted
+ER_ACCESS_DENIED = (1227, 1142, 1044)  # PROCESS (or performance_schema) not granted
 ER_UNKNOWN_THREAD = 1094
-PROBE_SECONDS = 1                       # the waiting probe's innodb_lock_wait_timeout
+PROBE_SECONDS = 1  # the waiting probe's innodb_lock_wait_timeout
 # InnoDB refreshes what its information_schema tables show only when they were last read more
 # than 0.1 s ago: a faster poll would keep reading the same (stale) picture.
 PROBE_POLL = 0.12
-SCAN_READY, SCAN_RUNNING = 300, 200     # rows the inspector checks for locks (MariaDB)
-MAX_PROBES = 8                          # held rows whose holder the inspector looks up by probing (MariaDB)
+SCAN_READY, SCAN_RUNNING = 300, 200  # rows the inspector checks for locks (MariaDB)
+MAX_PROBES = 8  # held rows whose holder the inspector looks up by probing (MariaDB)
 MAX_JOBS_SHOWN = 50
 
 
@@ -62,14 +62,14 @@ class Transaction:
     host: str | None = None
     started_at: datetime | None = None
     age_seconds: float | None = None
-    trx_state: str | None = None          # RUNNING, LOCK WAIT, ...
-    command: str | None = None            # the connection: Sleep, Query, ...
-    state: str | None = None              # what the statement is doing, if one runs
-    statement: str | None = None          # the current statement, or the last one where the server keeps it
+    trx_state: str | None = None  # RUNNING, LOCK WAIT, ...
+    command: str | None = None  # the connection: Sleep, Query, ...
+    state: str | None = None  # what the statement is doing, if one runs
+    statement: str | None = None  # the current statement, or the last one where the server keeps it
     rows_locked: int | None = None
-    jobs: tuple[int, ...] = ()            # job rows it holds (those found)
-    waiting_for: tuple[int, ...] = ()     # job rows it waits on
-    locks_unread: bool = False            # MySQL: it locks too many rows for its locks to be read
+    jobs: tuple[int, ...] = ()  # job rows it holds (those found)
+    waiting_for: tuple[int, ...] = ()  # job rows it waits on
+    locks_unread: bool = False  # MySQL: it locks too many rows for its locks to be read
 
     @property
     def account(self) -> str | None:
@@ -86,11 +86,21 @@ class Transaction:
         return bool(self.waiting_for) or (self.trx_state or "").upper() == "LOCK WAIT"
 
     def as_dict(self, *, statement: bool = True) -> dict[str, Any]:
-        return {"connection_id": self.connection_id, "account": self.account, "user": self.user, "host": self.host,
-                "transaction_age_seconds": self.age_seconds, "transaction_state": self.trx_state,
-                "command": self.command, "state": self.state, "rows_locked": self.rows_locked,
-                "statement": self.statement if statement else None, "jobs": list(self.jobs),
-                "waiting_for": list(self.waiting_for), "locks_unread": self.locks_unread}
+        return {
+            "connection_id": self.connection_id,
+            "account": self.account,
+            "user": self.user,
+            "host": self.host,
+            "transaction_age_seconds": self.age_seconds,
+            "transaction_state": self.trx_state,
+            "command": self.command,
+            "state": self.state,
+            "rows_locked": self.rows_locked,
+            "statement": self.statement if statement else None,
+            "jobs": list(self.jobs),
+            "waiting_for": list(self.waiting_for),
+            "locks_unread": self.locks_unread,
+        }
 
 
 @dataclass(frozen=True)
@@ -99,17 +109,18 @@ class RowLock:
 
     held: bool
     holders: tuple[Transaction, ...] = ()
-    unknown_why: str | None = None        # why the holder could not be named
+    unknown_why: str | None = None  # why the holder could not be named
 
 
 @dataclass(frozen=True)
 class LockReport:
     transactions: list[Transaction]
-    unattributed: list[int] = field(default_factory=list)   # held job rows whose holder was not looked up
-    unavailable: str | None = None                          # why nothing could be read (a privilege, SQLite)
+    unattributed: list[int] = field(default_factory=list)  # held job rows whose holder was not looked up
+    unavailable: str | None = None  # why nothing could be read (a privilege, SQLite)
 
 
 # --- one job's row -------------------------------------------------------------------------------
+
 
 def _try_nowait(c: Connection, job_id: int) -> bool:
     """True when the row could be locked at once (then let go at once): nobody holds it."""
@@ -141,9 +152,12 @@ def row_lock(conn: Connection, job_id: int) -> RowLock:
             found, unread = _mysql_record_locks(conn)
             ids = {cid for cid, job, granted in found if job == job_id and granted}
             if not ids and unread:
-                return RowLock(True, unknown_why=f"the transactions of connections {', '.join(map(str, sorted(unread)))} "
-                                                 f"lock over {MYSQL_LOCK_ROWS} rows: which ones is not read, to "
-                                                 "spare the server (see the Locks page)")
+                return RowLock(
+                    True,
+                    unknown_why=f"the transactions of connections {', '.join(map(str, sorted(unread)))} "
+                    f"lock over {MYSQL_LOCK_ROWS} rows: which ones is not read, to "
+                    "spare the server (see the Locks page)",
+                )
         else:
             blockers = _probe(conn, job_id)
             if blockers is None:
@@ -180,7 +194,7 @@ def _probe(conn: Connection, job_id: int) -> list[int] | None:
             try:
                 probe.execute(sa.select(jq.id).where(jq.id == job_id).with_for_update()).first()
                 got.append(True)
-            except Exception:   # noqa: BLE001 - 1205 after PROBE_SECONDS, 1317 when we end it: expected
+            except Exception:  # noqa: BLE001 - 1205 after PROBE_SECONDS, 1317 when we end it: expected
                 pass
             finally:
                 done.set()
@@ -206,7 +220,7 @@ def _probe(conn: Connection, job_id: int) -> list[int] | None:
                         raise
             thread.join(PROBE_SECONDS + 1)
         if got and not blockers:
-            return None   # the row was let go (a claim's or a completion's moment) before we looked
+            return None  # the row was let go (a claim's or a completion's moment) before we looked
         return blockers
     finally:
         probe.invalidate()
@@ -222,7 +236,8 @@ _MARIADB_BLOCKERS = sa.text(
     "SELECT DISTINCT b.trx_mysql_thread_id FROM information_schema.INNODB_LOCK_WAITS w "
     "JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id "
     "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id "
-    "WHERE r.trx_mysql_thread_id = :probe" + _HOLDERS_ONLY)
+    "WHERE r.trx_mysql_thread_id = :probe" + _HOLDERS_ONLY
+)
 
 # Every wait on a job_queue row (MariaDB): waiter, blocker, and the row.
 _MARIADB_WAITS = sa.text(
@@ -232,7 +247,8 @@ _MARIADB_WAITS = sa.text(
     "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id "
     "JOIN information_schema.INNODB_LOCKS bl ON bl.lock_id = w.blocking_lock_id "
     "WHERE bl.lock_table = CONCAT('`', DATABASE(), '`.`job_queue`') AND r.trx_mysql_thread_id <> CONNECTION_ID()"
-    + _HOLDERS_ONLY)
+    + _HOLDERS_ONLY
+)
 
 # MySQL: performance_schema.data_locks is built by walking InnoDB's lock lists under its
 # transaction-system mutex, every lock of a transaction whatever the WHERE and LIMIT, so a read
@@ -253,7 +269,8 @@ _MYSQL_LOCKING_TRX = sa.text(
     "t.PROCESSLIST_DB <=> DATABASE() FROM information_schema.INNODB_TRX x "
     "LEFT JOIN performance_schema.threads t ON t.PROCESSLIST_ID = x.trx_mysql_thread_id "
     "WHERE (x.trx_rows_locked > 0 OR x.trx_state = 'LOCK WAIT') AND x.trx_mysql_thread_id <> CONNECTION_ID() "
-    f"ORDER BY x.trx_rows_locked, x.trx_started LIMIT {MYSQL_TRANSACTIONS}")
+    f"ORDER BY x.trx_rows_locked, x.trx_started LIMIT {MYSQL_TRANSACTIONS}"
+)
 _MYSQL_LOCKS = sa.text(
     f"SELECT /*+ MAX_EXECUTION_TIME({MYSQL_READ_MS}) */ ENGINE_TRANSACTION_ID, INDEX_NAME, LOCK_DATA, LOCK_STATUS "
     "FROM performance_schema.data_locks WHERE ENGINE_TRANSACTION_ID IN :trx AND OBJECT_SCHEMA = DATABASE() "
@@ -301,8 +318,14 @@ def _denied(kind: str) -> str:
     return "needs the PROCESS privilege" + (f" and SELECT on {tables}" if kind == "mysql" else "")
 
 
-def _details(c: Connection, kind: str, ids: Iterable[int], *, jobs: dict[int, Sequence[int]] | None = None,
-             waiting: dict[int, Sequence[int]] | None = None) -> list[Transaction]:
+def _details(
+    c: Connection,
+    kind: str,
+    ids: Iterable[int],
+    *,
+    jobs: dict[int, Sequence[int]] | None = None,
+    waiting: dict[int, Sequence[int]] | None = None,
+) -> list[Transaction]:
     """Transactions of these connections from INNODB_TRX and the process list, oldest first."""
     ids = sorted(set(ids))
     if not ids:
@@ -310,35 +333,50 @@ def _details(c: Connection, kind: str, ids: Iterable[int], *, jobs: dict[int, Se
     if kind == "mysql":
         # The process list there has no statement of an idle connection; events_statements_current
         # keeps its last one.
-        sql = (f"SELECT /*+ MAX_EXECUTION_TIME({MYSQL_READ_MS}) */ x.trx_mysql_thread_id, t.PROCESSLIST_USER, t.PROCESSLIST_HOST, x.trx_started, "
-               "TIMESTAMPDIFF(SECOND, x.trx_started, NOW()), x.trx_state, t.PROCESSLIST_COMMAND, t.PROCESSLIST_STATE, "
-               "COALESCE(x.trx_query, s.SQL_TEXT), x.trx_rows_locked FROM information_schema.INNODB_TRX x "
-               "LEFT JOIN performance_schema.threads t ON t.PROCESSLIST_ID = x.trx_mysql_thread_id "
-               "LEFT JOIN performance_schema.events_statements_current s ON s.THREAD_ID = t.THREAD_ID "
-               "WHERE x.trx_mysql_thread_id IN :ids ORDER BY x.trx_started")
+        sql = (
+            f"SELECT /*+ MAX_EXECUTION_TIME({MYSQL_READ_MS}) */ x.trx_mysql_thread_id, t.PROCESSLIST_USER, t.PROCESSLIST_HOST, x.trx_started, "
+            "TIMESTAMPDIFF(SECOND, x.trx_started, NOW()), x.trx_state, t.PROCESSLIST_COMMAND, t.PROCESSLIST_STATE, "
+            "COALESCE(x.trx_query, s.SQL_TEXT), x.trx_rows_locked FROM information_schema.INNODB_TRX x "
+            "LEFT JOIN performance_schema.threads t ON t.PROCESSLIST_ID = x.trx_mysql_thread_id "
+            "LEFT JOIN performance_schema.events_statements_current s ON s.THREAD_ID = t.THREAD_ID "
+            "WHERE x.trx_mysql_thread_id IN :ids ORDER BY x.trx_started"
+        )
     else:
-        sql = ("SELECT x.trx_mysql_thread_id, p.USER, p.HOST, x.trx_started, "
-               "TIMESTAMPDIFF(SECOND, x.trx_started, NOW()), x.trx_state, p.COMMAND, p.STATE, "
-               "COALESCE(x.trx_query, p.INFO), x.trx_rows_locked FROM information_schema.INNODB_TRX x "
-               # A connection gone from the process list is gone: INNODB_TRX may still show it for
-               # up to 0.1 s (see PROBE_POLL), the process list never does.
-               "JOIN information_schema.PROCESSLIST p ON p.ID = x.trx_mysql_thread_id "
-               "WHERE x.trx_mysql_thread_id IN :ids ORDER BY x.trx_started")
+        sql = (
+            "SELECT x.trx_mysql_thread_id, p.USER, p.HOST, x.trx_started, "
+            "TIMESTAMPDIFF(SECOND, x.trx_started, NOW()), x.trx_state, p.COMMAND, p.STATE, "
+            "COALESCE(x.trx_query, p.INFO), x.trx_rows_locked FROM information_schema.INNODB_TRX x "
+            # A connection gone from the process list is gone: INNODB_TRX may still show it for
+            # up to 0.1 s (see PROBE_POLL), the process list never does.
+            "JOIN information_schema.PROCESSLIST p ON p.ID = x.trx_mysql_thread_id "
+            "WHERE x.trx_mysql_thread_id IN :ids ORDER BY x.trx_started"
+        )
     rows = c.execute(sa.text(sql).bindparams(sa.bindparam("ids", expanding=True)), {"ids": ids}).all()
     jobs, waiting = jobs or {}, waiting or {}
     out: dict[int, Transaction] = {}
     for cid, user, host, started, age, trx_state, command, state, statement, rows_locked in rows:
         cid = int(cid)
         if cid in out:
-            continue   # several statement rows of one thread (MySQL): the first will do
-        out[cid] = Transaction(cid, user, host, started, float(age) if age is not None else None, trx_state, command,
-                               state or None, statement, int(rows_locked) if rows_locked is not None else None,
-                               tuple(sorted(set(jobs.get(cid, ()))))[:MAX_JOBS_SHOWN],
-                               tuple(sorted(set(waiting.get(cid, ())))))
+            continue  # several statement rows of one thread (MySQL): the first will do
+        out[cid] = Transaction(
+            cid,
+            user,
+            host,
+            started,
+            float(age) if age is not None else None,
+            trx_state,
+            command,
+            state or None,
+            statement,
+            int(rows_locked) if rows_locked is not None else None,
+            tuple(sorted(set(jobs.get(cid, ()))))[:MAX_JOBS_SHOWN],
+            tuple(sorted(set(waiting.get(cid, ())))),
+        )
     return list(out.values())
 
 
 # --- the inspector ---------------------------------------------------------------------------------
+
 
 def lock_report(conn: Connection) -> LockReport:
     """Every transaction that holds or waits on job_queue rows (other than this connection's),
@@ -352,8 +390,11 @@ def lock_report(conn: Connection) -> LockReport:
         if error_code(exc) in ER_ACCESS_DENIED:
             return LockReport([], unavailable=f"reading other connections' transactions {_denied(kind)}")
         if error_code(exc) == ER_QUERY_TIMEOUT:
-            return LockReport([], unavailable=f"the server's lock tables took over {MYSQL_READ_MS} ms to read: "
-                                              "left alone so as not to hold up its transactions")
+            return LockReport(
+                [],
+                unavailable=f"the server's lock tables took over {MYSQL_READ_MS} ms to read: "
+                "left alone so as not to hold up its transactions",
+            )
         raise
     finally:
         if conn.in_transaction():
@@ -380,9 +421,17 @@ def _held_rows(c: Connection) -> list[int]:
     if not seen:
         return []
     try:
-        free = set(c.execute(sa.select(jq.id).with_hint(job_queue, "FORCE INDEX (PRIMARY)", "mysql")
-                             .with_hint(job_queue, "FORCE INDEX (PRIMARY)", "mariadb")
-                             .where(jq.id.in_(seen)).with_for_update(skip_locked=True)).scalars().all())
+        free = set(
+            c.execute(
+                sa.select(jq.id)
+                .with_hint(job_queue, "FORCE INDEX (PRIMARY)", "mysql")
+                .with_hint(job_queue, "FORCE INDEX (PRIMARY)", "mariadb")
+                .where(jq.id.in_(seen))
+                .with_for_update(skip_locked=True)
+            )
+            .scalars()
+            .all()
+        )
     finally:
         c.rollback()
     return [i for i in seen if i not in free]
@@ -417,6 +466,7 @@ def _mariadb_report(c: Connection) -> LockReport:
 
 # --- ending a holder -------------------------------------------------------------------------------
 
+
 def kill_connection(conn: Connection, connection_id: int, *, actor: str) -> Transaction:
     """End connection `connection_id` (KILL CONNECTION: its transaction rolls back, its locks go),
     audited, only when it holds or waits on job_queue rows right now. Returns what it was."""
@@ -425,32 +475,41 @@ def kill_connection(conn: Connection, connection_id: int, *, actor: str) -> Tran
         raise InvalidState(f"cannot kill connection {connection_id}: {report.unavailable}")
     found = next((t for t in report.transactions if t.connection_id == connection_id and t.jobs), None)
     if found is None and any(t.connection_id == connection_id and t.locks_unread for t in report.transactions):
-        raise InvalidState(f"connection {connection_id} locks over {MYSQL_LOCK_ROWS} rows, which were not read: "
-                           "whether it holds job rows is not known, so it is not killed from here")
+        raise InvalidState(
+            f"connection {connection_id} locks over {MYSQL_LOCK_ROWS} rows, which were not read: "
+            "whether it holds job rows is not known, so it is not killed from here"
+        )
     if found is None:
         raise InvalidState(f"connection {connection_id} holds no job_queue rows right now; nothing killed")
 
     def write(c: Connection) -> None:
-        audit(c, actor, "kill", job_id=found.jobs[0] if len(found.jobs) == 1 else None,
-              selection=f"connection {connection_id}", count=len(found.jobs),
-              detail=f"KILL CONNECTION {connection_id} ({found.account or 'unknown account'}, transaction open "
-                     f"{found.age_seconds if found.age_seconds is not None else '?'} s, jobs "
-                     f"{', '.join(map(str, found.jobs))})")
+        audit(
+            c,
+            actor,
+            "kill",
+            job_id=found.jobs[0] if len(found.jobs) == 1 else None,
+            selection=f"connection {connection_id}",
+            count=len(found.jobs),
+            detail=f"KILL CONNECTION {connection_id} ({found.account or 'unknown account'}, transaction open "
+            f"{found.age_seconds if found.age_seconds is not None else '?'} s, jobs "
+            f"{', '.join(map(str, found.jobs))})",
+        )
 
     transaction(conn, write, what="kill")
     try:
         conn.exec_driver_sql(f"KILL CONNECTION {int(connection_id)}")
     except DBAPIError as exc:
         if error_code(exc) == ER_UNKNOWN_THREAD:
-            return replace(found, jobs=())   # it ended meanwhile
+            return replace(found, jobs=())  # it ended meanwhile
         raise
     return found
 
 
 # --- the server's lock counters -------------------------------------------------------------------
 
-_COUNTERS = sa.text("SELECT NAME, `COUNT` FROM information_schema.INNODB_METRICS "
-                    "WHERE NAME IN ('lock_deadlocks', 'lock_timeouts')")
+_COUNTERS = sa.text(
+    "SELECT NAME, `COUNT` FROM information_schema.INNODB_METRICS WHERE NAME IN ('lock_deadlocks', 'lock_timeouts')"
+)
 
 
 def lock_counters(conn: Connection) -> dict[str, int] | None:
@@ -496,5 +555,15 @@ def latest_deadlock(conn: Connection) -> tuple[str | None, str | None]:
     return deadlock_section(row[-1] if row else ""), None
 
 
-__all__ = ["LockReport", "RowLock", "Transaction", "deadlock_section", "job_of_lock", "kill_connection",
-           "latest_deadlock", "lock_counters", "lock_report", "row_lock"]
+__all__ = [
+    "LockReport",
+    "RowLock",
+    "Transaction",
+    "deadlock_section",
+    "job_of_lock",
+    "kill_connection",
+    "latest_deadlock",
+    "lock_counters",
+    "lock_report",
+    "row_lock",
+]

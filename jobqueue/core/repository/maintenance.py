@@ -3,10 +3,9 @@ run these at once: they lock with SKIP LOCKED and repeat their conditions in the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -26,19 +25,20 @@ class Reclaimed:
     task_key: str
     attempt: int
     owner: str | None
-    to: str              # ready | failed
+    to: str  # ready | failed
 
 
 @dataclass(frozen=True)
 class ReapResult:
-    reclaimed: int = 0   # back to ready
-    failed: int = 0      # attempts used up
+    reclaimed: int = 0  # back to ready
+    failed: int = 0  # attempts used up
     batches: int = 0
     jobs: tuple[Reclaimed, ...] = field(default=(), repr=False)
 
 
-def reap(conn: Connection, *, batch_size: int = REAP_BATCH, max_batches: int = 100,
-         keep: Sequence[tuple[int, int]] = ()) -> ReapResult:
+def reap(
+    conn: Connection, *, batch_size: int = REAP_BATCH, max_batches: int = 100, keep: Sequence[tuple[int, int]] = ()
+) -> ReapResult:
     """Return running jobs whose lease expired to ready (or failed when attempts are used up).
 
     `keep`: (job id, attempt) of leases the calling process still holds with their handler
@@ -54,6 +54,7 @@ def reap(conn: Connection, *, batch_size: int = REAP_BATCH, max_batches: int = 1
     reclaimed = failed = batches = 0
     jobs: list[Reclaimed] = []
     while batches < max_batches:
+
         def write(c: Connection) -> tuple[int, int, int, list[Reclaimed]]:
             require_primary(c)
             # Find candidates with a plain read, then lock just those by primary key: a locking
@@ -61,31 +62,57 @@ def reap(conn: Connection, *, batch_size: int = REAP_BATCH, max_batches: int = 1
             # completions would queue up behind the reaper.
             expired_rows = sa.select(jq.id).where(jq.status == Status.RUNNING.value, jq.lease_until < db_now())
             if keep:
-                expired_rows = expired_rows.where(sa.not_(sa.or_(*(sa.and_(jq.id == job_id, jq.attempts == attempt)
-                                                                    for job_id, attempt in keep))))
+                expired_rows = expired_rows.where(
+                    sa.not_(sa.or_(*(sa.and_(jq.id == job_id, jq.attempts == attempt) for job_id, attempt in keep)))
+                )
             candidates = c.execute(expired_rows.limit(batch_size)).scalars().all()
             if not candidates:
                 return 0, 0, 0, []
             rows = c.execute(
                 sa.select(jq.id, jq.task_key, jq.attempts, jq.max_attempts, jq.lease_owner)
                 .where(jq.id.in_(candidates), jq.status == Status.RUNNING.value, jq.lease_until < db_now())
-                .with_for_update(skip_locked=True)).all()
+                .with_for_update(skip_locked=True)
+            ).all()
             if not rows:
                 return 0, 0, len(candidates), []
-            expired = sa.and_(jq.id.in_([r.id for r in rows]), jq.status == Status.RUNNING.value,
-                              jq.lease_until < db_now())
-            record_attempts(c, expired, "lease_expired",
-                            sa.literal("lease expired; held by ") + sa.func.coalesce(jq.lease_owner, "?"))
+            expired = sa.and_(
+                jq.id.in_([r.id for r in rows]), jq.status == Status.RUNNING.value, jq.lease_until < db_now()
+            )
+            record_attempts(
+                c,
+                expired,
+                "lease_expired",
+                sa.literal("lease expired; held by ") + sa.func.coalesce(jq.lease_owner, "?"),
+            )
             used_up = jq.attempts >= jq.max_attempts
-            n_failed = c.execute(sa.update(job_queue).where(expired, used_up).values(
-                status=Status.FAILED.value, lease_until=None, finished_at=db_now(), updated_at=db_now(),
-                last_error=sa.literal("lease expired after attempt ") + sa.cast(jq.attempts, sa.String)
-                + " of " + sa.cast(jq.max_attempts, sa.String) + "; no attempts left")).rowcount
-            n_ready = c.execute(sa.update(job_queue).where(expired, sa.not_(used_up)).values(
-                status=Status.READY.value, lease_owner=None, lease_until=None, run_at=db_now(),
-                updated_at=db_now())).rowcount
-            done = [Reclaimed(r.id, r.task_key, r.attempts, r.lease_owner,
-                              "failed" if r.attempts >= r.max_attempts else "ready") for r in rows]
+            n_failed = c.execute(
+                sa.update(job_queue)
+                .where(expired, used_up)
+                .values(
+                    status=Status.FAILED.value,
+                    lease_until=None,
+                    finished_at=db_now(),
+                    updated_at=db_now(),
+                    last_error=sa.literal("lease expired after attempt ")
+                    + sa.cast(jq.attempts, sa.String)
+                    + " of "
+                    + sa.cast(jq.max_attempts, sa.String)
+                    + "; no attempts left",
+                )
+            ).rowcount
+            n_ready = c.execute(
+                sa.update(job_queue)
+                .where(expired, sa.not_(used_up))
+                .values(
+                    status=Status.READY.value, lease_owner=None, lease_until=None, run_at=db_now(), updated_at=db_now()
+                )
+            ).rowcount
+            done = [
+                Reclaimed(
+                    r.id, r.task_key, r.attempts, r.lease_owner, "failed" if r.attempts >= r.max_attempts else "ready"
+                )
+                for r in rows
+            ]
             return n_ready, n_failed, len(rows), done
 
         n_ready, n_failed, seen, done = transaction(conn, write, what="reap")
@@ -104,14 +131,27 @@ def promote_due(conn: Connection, *, batch_size: int = PROMOTE_BATCH, max_batche
     """scheduled -> ready for delayed jobs and retries whose time has come."""
     total = 0
     for _ in range(max_batches):
+
         def write(c: Connection) -> int:
             require_primary(c)
-            ids = c.execute(sa.select(jq.id).where(jq.status == Status.SCHEDULED.value, jq.run_at <= db_now())
-                            .order_by(jq.run_at).limit(batch_size).with_for_update(skip_locked=True)).scalars().all()
+            ids = (
+                c.execute(
+                    sa.select(jq.id)
+                    .where(jq.status == Status.SCHEDULED.value, jq.run_at <= db_now())
+                    .order_by(jq.run_at)
+                    .limit(batch_size)
+                    .with_for_update(skip_locked=True)
+                )
+                .scalars()
+                .all()
+            )
             if not ids:
                 return 0
-            return c.execute(by_id(sa.update(job_queue)).where(jq.id.in_(ids), jq.status == Status.SCHEDULED.value)
-                             .values(status=Status.READY.value, updated_at=db_now())).rowcount
+            return c.execute(
+                by_id(sa.update(job_queue))
+                .where(jq.id.in_(ids), jq.status == Status.SCHEDULED.value)
+                .values(status=Status.READY.value, updated_at=db_now())
+            ).rowcount
 
         n = transaction(conn, write, what="promote")
         total += n
@@ -124,13 +164,18 @@ STATS_RETENTION = timedelta(days=7)
 PROCESS_RETENTION = timedelta(days=1)
 
 
-def prune_history(conn: Connection, *, stats_retention: timedelta = STATS_RETENTION,
-                  process_retention: timedelta = PROCESS_RETENTION) -> int:
+def prune_history(
+    conn: Connection, *, stats_retention: timedelta = STATS_RETENTION, process_retention: timedelta = PROCESS_RETENTION
+) -> int:
     """Drop per-minute activity and dead process rows past their retention, judged by the
     database clock (as leases are), not this host's."""
+
     def write(c: Connection) -> int:
         now = as_datetime(c.execute(sa.select(db_now())).scalar())
         n = c.execute(sa.delete(worker_stats).where(worker_stats.c.minute < now - stats_retention)).rowcount
-        n += c.execute(sa.delete(worker_process).where(worker_process.c.last_heartbeat < now - process_retention)).rowcount
+        n += c.execute(
+            sa.delete(worker_process).where(worker_process.c.last_heartbeat < now - process_retention)
+        ).rowcount
         return n
+
     return transaction(conn, write, what="prune_history")

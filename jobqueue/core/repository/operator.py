@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 import sqlalchemy.ext.compiler
-from sqlalchemy.sql.visitors import InternalTraversal
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from ..db import ER_LOCK_NOWAIT, ER_LOCK_WAIT_TIMEOUT, db_now, error_code, require_primary, transaction
 from ..errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, RunAgainNeeded
@@ -45,9 +45,19 @@ class ActionResult:
 
 def _lock_nowait(c: Connection, job_id: int) -> Row:
     try:
-        row = c.execute(sa.select(jq.id, jq.status, jq.lease_owner, jq.lease_until, jq.attempts,
-                                  jq.task_key, (jq.lease_until > db_now()).label("lease_valid"))
-                        .where(jq.id == job_id).with_for_update(nowait=True)).first()
+        row = c.execute(
+            sa.select(
+                jq.id,
+                jq.status,
+                jq.lease_owner,
+                jq.lease_until,
+                jq.attempts,
+                jq.task_key,
+                (jq.lease_until > db_now()).label("lease_valid"),
+            )
+            .where(jq.id == job_id)
+            .with_for_update(nowait=True)
+        ).first()
     except DBAPIError as exc:
         # MariaDB answers NOWAIT on a locked row with 1205, MySQL 8.0 with 3572.
         if error_code(exc) in (ER_LOCK_WAIT_TIMEOUT, ER_LOCK_NOWAIT):
@@ -58,8 +68,9 @@ def _lock_nowait(c: Connection, job_id: int) -> Row:
     return row
 
 
-def requeue_job(conn: Connection, job_id: int, *, force: bool = False, again: bool = False,
-                actor: str = "operator") -> ActionResult:
+def requeue_job(
+    conn: Connection, job_id: int, *, force: bool = False, again: bool = False, actor: str = "operator"
+) -> ActionResult:
     """Put a job back to ready now. `attempts` is kept; max_attempts grows if needed so that the
     job gets at least one more try. A running job with a valid lease needs `force`, and then its
     old lease is fenced: that worker's completion will change nothing. A done job needs `again`:
@@ -72,22 +83,45 @@ def requeue_job(conn: Connection, job_id: int, *, force: bool = False, again: bo
         row = _lock_nowait(c, job_id)
         before = Status(row.status)
         if before is Status.DONE and not again:
-            raise RunAgainNeeded(f"job {job_id} is done; running it again needs a second confirmation (its handler "
-                                 "runs again; record_result keeps the one result row of its task_key)", before.value)
+            raise RunAgainNeeded(
+                f"job {job_id} is done; running it again needs a second confirmation (its handler "
+                "runs again; record_result keeps the one result row of its task_key)",
+                before.value,
+            )
         if before is Status.DONE:
             record_attempts(c, jq.id == job_id, "done", None, finished_at=jq.finished_at)
         if before is Status.READY:
             return ActionResult(job_id, before, before, False)
         if before is Status.RUNNING:
             if row.lease_valid and not force:
-                raise LeaseStillValid(f"job {job_id} is running and its lease (held by {row.lease_owner}) is still "
-                                      "valid; confirm to requeue it anyway", before.value)
+                raise LeaseStillValid(
+                    f"job {job_id} is running and its lease (held by {row.lease_owner}) is still "
+                    "valid; confirm to requeue it anyway",
+                    before.value,
+                )
             record_attempts(c, jq.id == job_id, "requeued", f"requeued by {actor} while running")
-        c.execute(sa.update(job_queue).where(jq.id == job_id).values(
-            status=Status.READY.value, run_at=db_now(), lease_owner=None, lease_until=None, finished_at=None,
-            max_attempts=one_more_attempt(), updated_at=db_now()))
-        audit(c, actor, "requeue", job_id=job_id, before=before.value, after=Status.READY.value,
-              detail="run again" if before is Status.DONE else None)
+        c.execute(
+            sa.update(job_queue)
+            .where(jq.id == job_id)
+            .values(
+                status=Status.READY.value,
+                run_at=db_now(),
+                lease_owner=None,
+                lease_until=None,
+                finished_at=None,
+                max_attempts=one_more_attempt(),
+                updated_at=db_now(),
+            )
+        )
+        audit(
+            c,
+            actor,
+            "requeue",
+            job_id=job_id,
+            before=before.value,
+            after=Status.READY.value,
+            detail="run again" if before is Status.DONE else None,
+        )
         return ActionResult(job_id, before, Status.READY, True)
 
     return transaction(conn, act, what="requeue")
@@ -105,9 +139,17 @@ def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor:
             raise InvalidState(f"job {job_id} is already {before.value}", before.value)
         if before is Status.RUNNING:
             record_attempts(c, jq.id == job_id, "failed_by_operator", reason)
-        c.execute(sa.update(job_queue).where(jq.id == job_id).values(
-            status=Status.FAILED.value, lease_until=None, finished_at=db_now(), last_error=reason,
-            updated_at=db_now()))
+        c.execute(
+            sa.update(job_queue)
+            .where(jq.id == job_id)
+            .values(
+                status=Status.FAILED.value,
+                lease_until=None,
+                finished_at=db_now(),
+                last_error=reason,
+                updated_at=db_now(),
+            )
+        )
         audit(c, actor, "fail", job_id=job_id, before=before.value, after=Status.FAILED.value, detail=reason)
         return ActionResult(job_id, before, Status.FAILED, True)
 
@@ -130,8 +172,11 @@ def cancel_job(conn: Connection, job_id: int, reason: str | None = None, *, acto
             return ActionResult(job_id, before, before, False)
         if before is Status.RUNNING:
             record_attempts(c, jq.id == job_id, "cancelled", reason)
-        c.execute(sa.update(job_queue).where(jq.id == job_id).values(
-            status=Status.CANCELLED.value, lease_until=None, finished_at=db_now(), updated_at=db_now()))
+        c.execute(
+            sa.update(job_queue)
+            .where(jq.id == job_id)
+            .values(status=Status.CANCELLED.value, lease_until=None, finished_at=db_now(), updated_at=db_now())
+        )
         audit(c, actor, "cancel", job_id=job_id, before=before.value, after=Status.CANCELLED.value, detail=reason)
         return ActionResult(job_id, before, Status.CANCELLED, True)
 
@@ -140,8 +185,8 @@ def cancel_job(conn: Connection, job_id: int, reason: str | None = None, *, acto
 
 # --- bulk ----------------------------------------------------------------------------------------
 
-SEARCH_WINDOW = 50_000      # rows a search reads at most: the newest matching the other filters
-SPARSE_SEARCH_WINDOW = 5_000   # ... when they are read by id one by one (reads.search_window)
+SEARCH_WINDOW = 50_000  # rows a search reads at most: the newest matching the other filters
+SPARSE_SEARCH_WINDOW = 5_000  # ... when they are read by id one by one (reads.search_window)
 
 
 class searchable(sa.sql.expression.ColumnElement):
@@ -209,22 +254,40 @@ class JobFilter:
         """The search alone: `search` in the payload, the last error or the task_key."""
         pattern = "%" + like_escaped(self.search or "") + "%"
         # The payload as the text it was written (json.dumps': non-ASCII as \\u escapes).
-        return sa.or_(*(searchable(column).like(pattern, escape="\\")
-                        for column in (jq.payload, jq.last_error, jq.task_key)))
+        return sa.or_(
+            *(searchable(column).like(pattern, escape="\\") for column in (jq.payload, jq.last_error, jq.task_key))
+        )
 
     def args(self) -> dict[str, str]:
         """The filter as the dashboard's query arguments (status, queue, task, key, q, min_id)."""
-        return {k: str(v) for k, v in (("status", self.status and Status(self.status).value), ("queue", self.queue),
-                                        ("task", self.task), ("key", self.key_prefix), ("q", self.search),
-                                        ("min_id", self.min_id)) if v is not None and v != ""}
+        return {
+            k: str(v)
+            for k, v in (
+                ("status", self.status and Status(self.status).value),
+                ("queue", self.queue),
+                ("task", self.task),
+                ("key", self.key_prefix),
+                ("q", self.search),
+                ("min_id", self.min_id),
+            )
+            if v is not None and v != ""
+        }
 
     def describe(self) -> str:
         return "filter: " + self.terms()
 
     def terms(self) -> str:
         """status=failed queue=mail q='timeout' (or "all jobs"), as the pages and the audit log say it."""
-        parts = [f"{k}={v}" for k, v in (("status", self.status and Status(self.status).value), ("queue", self.queue),
-                                          ("task", self.task), ("key_prefix", self.key_prefix)) if v]
+        parts = [
+            f"{k}={v}"
+            for k, v in (
+                ("status", self.status and Status(self.status).value),
+                ("queue", self.queue),
+                ("task", self.task),
+                ("key_prefix", self.key_prefix),
+            )
+            if v
+        ]
         if self.search:
             parts.append(f"q={self.search!r}")
         if self.min_id is not None:
@@ -234,14 +297,14 @@ class JobFilter:
 
 @dataclass(frozen=True)
 class BulkResult:
-    changed: int            # jobs moved to the new status
-    busy: int               # held by another transaction this instant (skipped, not waited on)
-    skipped: int            # in a state the action does not apply to
-    last_id: int | None     # where to continue (filter mode, newest-first order)
+    changed: int  # jobs moved to the new status
+    busy: int  # held by another transaction this instant (skipped, not waited on)
+    skipped: int  # in a state the action does not apply to
+    last_id: int | None  # where to continue (filter mode, newest-first order)
     finished: bool
     action: str = ""
     selection: str = ""
-    paused_seconds: float = 0.0     # waited for replica lag (pace), this call
+    paused_seconds: float = 0.0  # waited for replica lag (pace), this call
     replica_note: str | None = None  # the last wait's why: who lags, or who could not be read
 
 
@@ -259,10 +322,20 @@ def _ids_text(ids: Sequence[int]) -> str:
     return f"ids {shown}" + (f" and {len(ids) - AUDIT_IDS_SHOWN} more" if len(ids) > AUDIT_IDS_SHOWN else "")
 
 
-def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int] | None = None,
-                job_filter: JobFilter | None = None, after_id: int | None = None, reason: str | None = None,
-                force: bool = False, batch_size: int = 500, deadline: float | None = None,
-                pace: Callable[[float | None], Pause] | None = None) -> BulkResult:
+def bulk_action(
+    conn: Connection,
+    action: str,
+    *,
+    actor: str,
+    ids: Sequence[int] | None = None,
+    job_filter: JobFilter | None = None,
+    after_id: int | None = None,
+    reason: str | None = None,
+    force: bool = False,
+    batch_size: int = 500,
+    deadline: float | None = None,
+    pace: Callable[[float | None], Pause] | None = None,
+) -> BulkResult:
     """Requeue, fail or cancel many jobs: the given ids, or every job matching a filter (newest first).
 
     Each batch is its own short transaction that locks its rows with SKIP LOCKED, so a bulk action
@@ -280,8 +353,11 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
         raise ValueError("give either ids or a filter")
     eligible = [s.value for s in BULK_ELIGIBLE[action]]
     reason = truncate_error(reason or f"{BULK_AFTER[action].value} by {actor}")
-    selection = (f"ids: {','.join(map(str, ids[:50]))}{'...' if len(ids) > 50 else ''}" if ids is not None
-                 else job_filter.describe())
+    selection = (
+        f"ids: {','.join(map(str, ids[:50]))}{'...' if len(ids) > 50 else ''}"
+        if ids is not None
+        else job_filter.describe()
+    )
     changed = busy = skipped = 0
     paused, replica_note = 0.0, None
     cursor = after_id
@@ -317,12 +393,22 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
             wanted = [r.id for r in seen if r.status in eligible]
             # The whole filter again, under the lock: a job that left it since the page was read
             # (a failed job requeued meanwhile, under "cancel the failed ones") is skipped.
-            locked = c.execute(sa.select(jq.id, jq.status, (jq.lease_until > db_now()).label("lease_valid"),
-                                         in_filter.label("in_filter"))
-                               .where(jq.id.in_(wanted), jq.status.in_(eligible))
-                               .with_for_update(skip_locked=True)).all() if wanted else []
-            targets = [r for r in locked if r.in_filter
-                       and not (r.status == Status.RUNNING.value and r.lease_valid and not force)]
+            locked = (
+                c.execute(
+                    sa.select(
+                        jq.id, jq.status, (jq.lease_until > db_now()).label("lease_valid"), in_filter.label("in_filter")
+                    )
+                    .where(jq.id.in_(wanted), jq.status.in_(eligible))
+                    .with_for_update(skip_locked=True)
+                ).all()
+                if wanted
+                else []
+            )
+            targets = [
+                r
+                for r in locked
+                if r.in_filter and not (r.status == Status.RUNNING.value and r.lease_valid and not force)
+            ]
             n_busy = len(wanted) - len(locked)
             n_skipped = len(batch_ids) - len(wanted) + (len(locked) - len(targets))
             if not targets:
@@ -330,24 +416,53 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
             target_ids = [r.id for r in targets]
             running = [r.id for r in targets if r.status == Status.RUNNING.value]
             if running:
-                record_attempts(c, jq.id.in_(running), ATTEMPT_OUTCOME[action],
-                                f"{action} by {actor} (bulk) while running")
+                record_attempts(
+                    c, jq.id.in_(running), ATTEMPT_OUTCOME[action], f"{action} by {actor} (bulk) while running"
+                )
             guard = sa.and_(jq.id.in_(target_ids), jq.status.in_(eligible))
             if action == "requeue":
-                n = c.execute(sa.update(job_queue).where(guard).values(
-                    status=Status.READY.value, run_at=db_now(), lease_owner=None, lease_until=None, finished_at=None,
-                    max_attempts=one_more_attempt(), updated_at=db_now())).rowcount
+                n = c.execute(
+                    sa.update(job_queue)
+                    .where(guard)
+                    .values(
+                        status=Status.READY.value,
+                        run_at=db_now(),
+                        lease_owner=None,
+                        lease_until=None,
+                        finished_at=None,
+                        max_attempts=one_more_attempt(),
+                        updated_at=db_now(),
+                    )
+                ).rowcount
             elif action == "fail":
-                n = c.execute(sa.update(job_queue).where(guard).values(
-                    status=Status.FAILED.value, lease_until=None, finished_at=db_now(), last_error=reason,
-                    updated_at=db_now())).rowcount
+                n = c.execute(
+                    sa.update(job_queue)
+                    .where(guard)
+                    .values(
+                        status=Status.FAILED.value,
+                        lease_until=None,
+                        finished_at=db_now(),
+                        last_error=reason,
+                        updated_at=db_now(),
+                    )
+                ).rowcount
             else:
-                n = c.execute(sa.update(job_queue).where(guard).values(
-                    status=Status.CANCELLED.value, lease_until=None, finished_at=db_now(), updated_at=db_now())).rowcount
+                n = c.execute(
+                    sa.update(job_queue)
+                    .where(guard)
+                    .values(status=Status.CANCELLED.value, lease_until=None, finished_at=db_now(), updated_at=db_now())
+                ).rowcount
             before = ",".join(sorted({r.status for r in targets}))
-            audit(c, actor, f"bulk_{action}", selection=selection, before=before,
-                  after=BULK_AFTER[action].value, count=n,
-                  detail=_ids_text(target_ids) + (f"; reason: {reason}" if action != "requeue" else ""))
+            audit(
+                c,
+                actor,
+                f"bulk_{action}",
+                selection=selection,
+                before=before,
+                after=BULK_AFTER[action].value,
+                count=n,
+                detail=_ids_text(target_ids) + (f"; reason: {reason}" if action != "requeue" else ""),
+            )
             return n, n_busy, n_skipped
 
         n, n_busy, n_skipped = transaction(conn, act, what=f"bulk_{action}")
@@ -359,8 +474,9 @@ def bulk_action(conn: Connection, action: str, *, actor: str, ids: Sequence[int]
             return result(False)
 
 
-def list_audit(conn: Connection, *, before_id: int | None = None, job_id: int | None = None,
-               limit: int = 50) -> list[dict[str, Any]]:
+def list_audit(
+    conn: Connection, *, before_id: int | None = None, job_id: int | None = None, limit: int = 50
+) -> list[dict[str, Any]]:
     """Newest first, keyset-paged by id."""
     stmt = sa.select(audit_log).order_by(audit_log.c.id.desc()).limit(limit)
     if before_id is not None:

@@ -38,23 +38,51 @@ def _db_minute_sqlite(element, compiler, **kw):
     return "(substr(jq_now(), 1, 17) || '00.000000')"
 
 
-def register_process(conn: Connection, *, process_id: str, host: str, pid: int, kind: str, concurrency: int,
-                     queues: str, tasks: Iterable[TaskSpec] = ()) -> None:
+def register_process(
+    conn: Connection,
+    *,
+    process_id: str,
+    host: str,
+    pid: int,
+    kind: str,
+    concurrency: int,
+    queues: str,
+    tasks: Iterable[TaskSpec] = (),
+) -> None:
     """Record the process (and, in the same transaction, the tasks it can run: task_definitions)."""
-    values = dict(id=process_id, host=host[:255], pid=pid, kind=kind, concurrency=concurrency, queues=queues[:1000],
-                  started_at=db_now(), last_heartbeat=db_now(), stopped_at=None, jobs_in_hand=0, processed=0,
-                  state=None)
+    values = dict(
+        id=process_id,
+        host=host[:255],
+        pid=pid,
+        kind=kind,
+        concurrency=concurrency,
+        queues=queues[:1000],
+        started_at=db_now(),
+        last_heartbeat=db_now(),
+        stopped_at=None,
+        jobs_in_hand=0,
+        processed=0,
+        state=None,
+    )
+
     def write(c: Connection) -> None:
-        require_primary(c)   # bookkeeping too: a write on a replica is an errant transaction there
+        require_primary(c)  # bookkeeping too: a write on a replica is an errant transaction there
         upsert(c, worker_process, ["id"], values, {k: (lambda new, k=k: getattr(new, k)) for k in values if k != "id"})
         register_tasks(c, process_id, tasks)
 
     transaction(conn, write, what="register_process")
 
 
-def heartbeat(conn: Connection, process_id: str, *, jobs_in_hand: int, processed: int,
-              stats: Mapping[str, int], state: Mapping[str, Any] | None = None,
-              minute: datetime | None = None) -> bool:
+def heartbeat(
+    conn: Connection,
+    process_id: str,
+    *,
+    jobs_in_hand: int,
+    processed: int,
+    stats: Mapping[str, int],
+    state: Mapping[str, Any] | None = None,
+    minute: datetime | None = None,
+) -> bool:
     """Mark the process alive, say how it is doing (`state`: claiming or not and why, what each
     slot holds; see worker.Worker.state), and add its activity counts
     since the last heartbeat to its row for this minute of the database clock (each process
@@ -65,31 +93,52 @@ def heartbeat(conn: Connection, process_id: str, *, jobs_in_hand: int, processed
     def write(c: Connection) -> bool:
         require_primary(c)
         # last_heartbeat moves on every time (microseconds), so a known row always counts as changed.
-        known = c.execute(sa.update(worker_process).where(wp.id == process_id).values(
-            last_heartbeat=db_now(), jobs_in_hand=jobs_in_hand, processed=processed, stopped_at=None,
-            state=json.dumps(state, default=str) if state is not None else None)).rowcount > 0
+        known = (
+            c.execute(
+                sa.update(worker_process)
+                .where(wp.id == process_id)
+                .values(
+                    last_heartbeat=db_now(),
+                    jobs_in_hand=jobs_in_hand,
+                    processed=processed,
+                    stopped_at=None,
+                    state=json.dumps(state, default=str) if state is not None else None,
+                )
+            ).rowcount
+            > 0
+        )
         if stats:
-            upsert(c, worker_stats, ["minute", "process_id"],
-                   {"minute": minute if minute is not None else db_minute(), "process_id": process_id, **stats},
-                   {k: (lambda new, k=k: worker_stats.c[k] + getattr(new, k)) for k in stats})
+            upsert(
+                c,
+                worker_stats,
+                ["minute", "process_id"],
+                {"minute": minute if minute is not None else db_minute(), "process_id": process_id, **stats},
+                {k: (lambda new, k=k: worker_stats.c[k] + getattr(new, k)) for k in stats},
+            )
         return known
 
     return transaction(conn, write, what="heartbeat")
 
 
 def mark_stopped(conn: Connection, process_id: str) -> None:
-    transaction(conn, lambda c: c.execute(sa.update(worker_process).where(wp.id == process_id)
-                                          .values(stopped_at=db_now(), jobs_in_hand=0, state=None)),
-                what="mark_stopped")
+    transaction(
+        conn,
+        lambda c: c.execute(
+            sa.update(worker_process).where(wp.id == process_id).values(stopped_at=db_now(), jobs_in_hand=0, state=None)
+        ),
+        what="mark_stopped",
+    )
 
 
 def list_processes(conn: Connection, *, limit: int = 200) -> tuple[list[dict[str, Any]], datetime]:
     """Worker processes, most recently heard from first (each with its `state` decoded: {"state",
     "detail", "slots": [...]}), and the database's now."""
+
     def read(c: Connection):
         # The database's now in the same statement: one round trip, not two, on every refresh.
-        rows = c.execute(sa.select(worker_process, db_now().label("database_now"))
-                         .order_by(wp.last_heartbeat.desc()).limit(limit)).all()
+        rows = c.execute(
+            sa.select(worker_process, db_now().label("database_now")).order_by(wp.last_heartbeat.desc()).limit(limit)
+        ).all()
         out = []
         for r in rows:
             p = dict(r._mapping)
@@ -98,4 +147,5 @@ def list_processes(conn: Connection, *, limit: int = 200) -> tuple[list[dict[str
             p["slots"] = p["state"].get("slots", [])
             out.append(p)
         return out, as_datetime(rows[0].database_now) if rows else database_now(c)
+
     return transaction(conn, read, what="list_processes")

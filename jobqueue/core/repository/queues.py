@@ -36,7 +36,7 @@ class QueueState:
     paused: bool
     changed_at: datetime | None = None
     changed_by: str | None = None
-    changed: bool = False            # for pause/resume: whether this call changed it
+    changed: bool = False  # for pause/resume: whether this call changed it
 
 
 def set_paused(conn: Connection, queue: str, paused: bool, *, actor: str) -> QueueState:
@@ -51,11 +51,22 @@ def set_paused(conn: Connection, queue: str, paused: bool, *, actor: str) -> Que
             return QueueState(queue, paused, row.changed_at, row.changed_by, False)
         now = database_now(c)
         values = {"queue": queue, "paused": paused, "changed_at": now, "changed_by": actor[:100]}
-        upsert(c, queue_state, ["queue"], values,
-               {k: (lambda new, k=k: getattr(new, k)) for k in ("paused", "changed_at", "changed_by")})
-        audit(c, actor, "pause" if paused else "resume", selection=f"queue {queue}",
-              before="paused" if row is not None and row.paused else "active", after="paused" if paused else "active",
-              count=0)
+        upsert(
+            c,
+            queue_state,
+            ["queue"],
+            values,
+            {k: (lambda new, k=k: getattr(new, k)) for k in ("paused", "changed_at", "changed_by")},
+        )
+        audit(
+            c,
+            actor,
+            "pause" if paused else "resume",
+            selection=f"queue {queue}",
+            before="paused" if row is not None and row.paused else "active",
+            after="paused" if paused else "active",
+            count=0,
+        )
         return QueueState(queue, paused, now, actor[:100], True)
 
     return transaction(conn, write, what="pause" if paused else "resume")
@@ -63,8 +74,9 @@ def set_paused(conn: Connection, queue: str, paused: bool, *, actor: str) -> Que
 
 def queue_states(conn: Connection) -> dict[str, QueueState]:
     """Every queue that was ever paused (or resumed), by name."""
-    rows = transaction(conn, lambda c: c.execute(sa.select(queue_state).where(qs.changed_by != "")).all(),
-                       what="queue_states")
+    rows = transaction(
+        conn, lambda c: c.execute(sa.select(queue_state).where(qs.changed_by != "")).all(), what="queue_states"
+    )
     return {r.queue: QueueState(r.queue, bool(r.paused), r.changed_at, r.changed_by) for r in rows}
 
 

@@ -13,7 +13,8 @@ from sqlalchemy.engine import Connection
 from ..db import transaction
 from ..models import Job, JobResult, Status
 from ..schema import job_attempt, job_queue, job_result
-from .common import database_now as _now, jq, job_from_row, through_index
+from .common import database_now as _now
+from .common import job_from_row, jq, through_index
 from .operator import SEARCH_WINDOW, SPARSE_SEARCH_WINDOW, JobFilter
 
 
@@ -23,14 +24,18 @@ def get_job(conn: Connection, job_id: int) -> Job | None:
 
 
 def get_job_by_key(conn: Connection, task_key: str) -> Job | None:
-    row = transaction(conn, lambda c: c.execute(sa.select(job_queue).where(jq.task_key == task_key)).first(),
-                      what="get_job")
+    row = transaction(
+        conn, lambda c: c.execute(sa.select(job_queue).where(jq.task_key == task_key)).first(), what="get_job"
+    )
     return job_from_row(row) if row else None
 
 
 def get_result(conn: Connection, task_key: str) -> dict[str, Any] | None:
-    row = transaction(conn, lambda c: c.execute(sa.select(job_result).where(job_result.c.task_key == task_key)).first(),
-                      what="get_result")
+    row = transaction(
+        conn,
+        lambda c: c.execute(sa.select(job_result).where(job_result.c.task_key == task_key)).first(),
+        what="get_result",
+    )
     return dict(row._mapping) if row else None
 
 
@@ -38,20 +43,37 @@ def job_outcome(conn: Connection, *, task_key: str | None = None, job_id: int | 
     """A job's status and last error by key or id (one statement on a unique index), and its
     result (a second one) once it is done: what a waiter polls."""
     where = jq.task_key == task_key if task_key is not None else jq.id == job_id
-    row = transaction(conn, lambda c: c.execute(sa.select(jq.id, jq.task_key, jq.status, jq.last_error,
-                                                          jq.finished_at).where(where)).first(), what="job_outcome")
+    row = transaction(
+        conn,
+        lambda c: c.execute(
+            sa.select(jq.id, jq.task_key, jq.status, jq.last_error, jq.finished_at).where(where)
+        ).first(),
+        what="job_outcome",
+    )
     if row is None:
         return None
     status = Status(row.status)
     result = get_result(conn, row.task_key) if status is Status.DONE else None
-    return JobResult(row.id, row.task_key, status, result["result"] if result else None,
-                     row.last_error if status is not Status.DONE else None, row.finished_at)
+    return JobResult(
+        row.id,
+        row.task_key,
+        status,
+        result["result"] if result else None,
+        row.last_error if status is not Status.DONE else None,
+        row.finished_at,
+    )
 
 
 def list_attempts(conn: Connection, job_id: int) -> list[dict[str, Any]]:
-    rows = transaction(conn, lambda c: c.execute(sa.select(job_attempt).where(job_attempt.c.job_id == job_id)
-                                                 .order_by(job_attempt.c.attempt, job_attempt.c.id)).all(),
-                       what="list_attempts")
+    rows = transaction(
+        conn,
+        lambda c: c.execute(
+            sa.select(job_attempt)
+            .where(job_attempt.c.job_id == job_id)
+            .order_by(job_attempt.c.attempt, job_attempt.c.id)
+        ).all(),
+        what="list_attempts",
+    )
     return [dict(r._mapping) for r in rows]
 
 
@@ -61,8 +83,9 @@ def running_jobs(conn: Connection, *, limit: int = 50) -> list[Job]:
     return [job_from_row(r) for r in transaction(conn, lambda c: c.execute(stmt).all(), what="running_jobs")]
 
 
-def list_jobs(conn: Connection, job_filter: JobFilter | None = None, *, before_id: int | None = None,
-              limit: int = 50) -> list[Job]:
+def list_jobs(
+    conn: Connection, job_filter: JobFilter | None = None, *, before_id: int | None = None, limit: int = 50
+) -> list[Job]:
     """A page of jobs, newest first, continuing below `before_id` (keyset paging). Not for a
     search (see page_jobs, which bounds it)."""
     stmt = sa.select(job_queue).order_by(jq.id.desc()).limit(limit)
@@ -75,10 +98,12 @@ def list_jobs(conn: Connection, job_filter: JobFilter | None = None, *, before_i
 
 def distinct_values(conn: Connection) -> tuple[list[str], list[str]]:
     """Known queue and task names, for the filter menus (loose index scans)."""
+
     def read(c: Connection):
         queues = c.execute(sa.select(jq.queue).group_by(jq.status, jq.queue)).scalars().all()
         tasks = c.execute(sa.select(jq.task_name).group_by(jq.task_name)).scalars().all()
         return sorted(set(queues)), sorted(set(tasks))
+
     return transaction(conn, read, what="distinct_values")
 
 
@@ -113,8 +138,12 @@ class JobPage:
     def as_dict(self) -> dict[str, Any]:
         """As GET /api/jobs and `jobqueue list --json` answer: next_before is the `before` of the
         next (older) page, null when there is none."""
-        data: dict[str, Any] = {"jobs": [j.as_dict() for j in self.jobs], "next_before": self.older,
-                                "matches": self.matches, "matches_capped": self.capped}
+        data: dict[str, Any] = {
+            "jobs": [j.as_dict() for j in self.jobs],
+            "next_before": self.older,
+            "matches": self.matches,
+            "matches_capped": self.capped,
+        }
         if self.window is not None:
             # A search read at most `search_window` rows; next_before continues below them.
             data["search_window"] = self.window
@@ -128,11 +157,18 @@ def _count(c: Connection, where: list[Any], cap: int) -> tuple[int, bool]:
     return min(n, cap), n > cap
 
 
-def count_matching(conn: Connection, job_filter: JobFilter, *, statuses: Sequence[str] | None = None,
-                   below: int | None = None, cap: int = COUNT_CAP) -> tuple[int, bool]:
+def count_matching(
+    conn: Connection,
+    job_filter: JobFilter,
+    *,
+    statuses: Sequence[str] | None = None,
+    below: int | None = None,
+    cap: int = COUNT_CAP,
+) -> tuple[int, bool]:
     """How many jobs a filter matches (of those in `statuses`, below id `below`), reading at most
     `cap` + 1 index entries: (count, capped). A search counts within its window (`min_id` and up,
     or the newest search_window rows)."""
+
     def read(c: Connection):
         where = job_filter.where()
         if statuses is not None:
@@ -145,11 +181,13 @@ def count_matching(conn: Connection, job_filter: JobFilter, *, statuses: Sequenc
             if floor is not None:
                 where.append(jq.id >= floor)
         return _count(c, where, cap)
+
     return transaction(conn, read, what="count_jobs")
 
 
-def _search_window_ids(c: Connection, job_filter: JobFilter, start: int | None, direction: str,
-                       size: int | None = None) -> tuple[sa.Select, int]:
+def _search_window_ids(
+    c: Connection, job_filter: JobFilter, start: int | None, direction: str, size: int | None = None
+) -> tuple[sa.Select, int]:
     """A search's window from `start` going `direction`: its ids (_window_ids, through
     search_index) and how many rows it holds at most (`size`, default search_window)."""
     index = search_index(c, job_filter)
@@ -157,14 +195,18 @@ def _search_window_ids(c: Connection, job_filter: JobFilter, start: int | None, 
     return _window_ids(c, job_filter, start, direction, size, index), size
 
 
-def _window_ids(c: Connection, job_filter: JobFilter, start: int | None, direction: str, size: int,
-                index: str) -> sa.Select:
+def _window_ids(
+    c: Connection, job_filter: JobFilter, start: int | None, direction: str, size: int, index: str
+) -> sa.Select:
     """The ids of a search's window: the next `size` rows matching the filter but for its search,
     from `start` going `direction`, read through `index` (search_index: index-only but for a key
     prefix beside a status)."""
     bound = [] if start is None else [jq.id < start if direction == "older" else jq.id > start]
-    if index == "ix_ready_pick" and not job_filter.task and (
-            merged := _merged_ids(c, job_filter, bound, direction == "older", size)) is not None:
+    if (
+        index == "ix_ready_pick"
+        and not job_filter.task
+        and (merged := _merged_ids(c, job_filter, bound, direction == "older", size)) is not None
+    ):
         # A status's entries are in id order only within each (queue, priority): sorting them
         # all to find the newest `size` grew with the table (every failed job's entry).
         return merged
@@ -173,12 +215,16 @@ def _window_ids(c: Connection, job_filter: JobFilter, start: int | None, directi
         # where checking the task row by row read every row of the status (7 s for failed
         # jobs at 1,000,000 rows, against 0.2 s).
         by_task = job_queue.alias("by_task")
-        ids = (sa.select(jq.id).select_from(job_queue.join(by_task, by_task.c.id == jq.id))
-               .where(*replace(job_filter, task=None).where(search=False), by_task.c.task_name == job_filter.task))
+        ids = (
+            sa.select(jq.id)
+            .select_from(job_queue.join(by_task, by_task.c.id == jq.id))
+            .where(*replace(job_filter, task=None).where(search=False), by_task.c.task_name == job_filter.task)
+        )
         ids = through_index(c, ids, index)
         if c.dialect.name in ("mysql", "mariadb"):
-            ids = ids.with_hint(by_task, "FORCE INDEX (ix_task)", c.dialect.name).prefix_with("STRAIGHT_JOIN",
-                                                                                             dialect=c.dialect.name)
+            ids = ids.with_hint(by_task, "FORCE INDEX (ix_task)", c.dialect.name).prefix_with(
+                "STRAIGHT_JOIN", dialect=c.dialect.name
+            )
     else:
         ids = through_index(c, sa.select(jq.id).where(*job_filter.where(search=False)), index)
     ids = ids.where(*bound)
@@ -200,14 +246,15 @@ def _window(c: Connection, ids: sa.Select, direction: str, size: int) -> tuple[i
     """For a window's ids (_window_ids): (its far end when it holds `size` rows, None when fewer:
     it reached the last row; its lowest id; its highest; how many rows it holds)."""
     sub = ids.subquery()
-    low, high, n = c.execute(sa.select(sa.func.min(sub.c.id), sa.func.max(sub.c.id), sa.func.count())
-                             .select_from(sub)).one()
+    low, high, n = c.execute(
+        sa.select(sa.func.min(sub.c.id), sa.func.max(sub.c.id), sa.func.count()).select_from(sub)
+    ).one()
     far = (low if direction == "older" else high) if n >= size else None
     return far, low or 0, high or 0, n
 
 
 LIVE_STATUSES = (Status.SCHEDULED, Status.READY, Status.RUNNING)
-SPARSE_WINDOW = 8     # a window spanning more ids than 8 per row of it reads its rows one by one
+SPARSE_WINDOW = 8  # a window spanning more ids than 8 per row of it reads its rows one by one
 
 
 SMALL_STATUS = 20_000  # a terminal status this small is read before a key prefix (a capped count says)
@@ -267,11 +314,12 @@ def pinned_index(job_filter: JobFilter) -> str | None:
     return None
 
 
-MERGED_GROUPS = 64   # (queue, priority) groups of a status merged at most; more: the page as before
+MERGED_GROUPS = 64  # (queue, priority) groups of a status merged at most; more: the page as before
 
 
-def _status_page_ids(c: Connection, job_filter: JobFilter, bound: list[Any], descending: bool, n: int
-                     ) -> list[int] | None:
+def _status_page_ids(
+    c: Connection, job_filter: JobFilter, bound: list[Any], descending: bool, n: int
+) -> list[int] | None:
     """The first `n` ids (newest first when `descending`) of a status, or of a status and queue,
     beyond `bound`: each (queue, priority) group's first `n` in ix_ready_pick (status, queue,
     priority, id), merged. None where this does not apply (other filters, other servers, more
@@ -284,15 +332,19 @@ def _status_page_ids(c: Connection, job_filter: JobFilter, bound: list[Any], des
     jobs sat above the last failure. Each group's first `n` is an index range read backwards (or
     forwards) that stops after `n`: the page costs groups x n entries, at any depth, for any
     status. The groups come from a loose index scan of the same index."""
-    if (job_filter.status is None or job_filter.task or job_filter.key_prefix or job_filter.min_id is not None
-            or job_filter.search):
+    if (
+        job_filter.status is None
+        or job_filter.task
+        or job_filter.key_prefix
+        or job_filter.min_id is not None
+        or job_filter.search
+    ):
         return None
     merged = _merged_ids(c, job_filter, bound, descending, n)
     return None if merged is None else c.execute(merged).scalars().all()
 
 
-def _merged_ids(c: Connection, job_filter: JobFilter, bound: list[Any], descending: bool, n: int
-                ) -> sa.Select | None:
+def _merged_ids(c: Connection, job_filter: JobFilter, bound: list[Any], descending: bool, n: int) -> sa.Select | None:
     """The statement of _status_page_ids: each (queue, priority) group's first `n` ids of the
     filter's status (and queue) that also match the filter's other conditions, merged and cut to
     `n`. None on other servers or beyond MERGED_GROUPS groups."""
@@ -302,23 +354,37 @@ def _merged_ids(c: Connection, job_filter: JobFilter, bound: list[Any], descendi
     own = [status] + ([jq.queue == job_filter.queue] if job_filter.queue else [])
     # Grouped by status too: without it the planner reads every entry of the status instead of
     # jumping from group to group (0.65 s for done at 1,000,000 rows).
-    groups = c.execute(sa.select(jq.queue, jq.priority).where(*own).group_by(jq.status, jq.queue, jq.priority)
-                       .limit(MERGED_GROUPS + 1)).all()
+    groups = c.execute(
+        sa.select(jq.queue, jq.priority).where(*own).group_by(jq.status, jq.queue, jq.priority).limit(MERGED_GROUPS + 1)
+    ).all()
     if len(groups) > MERGED_GROUPS:
         return None
     order = jq.id.desc() if descending else jq.id.asc()
     if not groups:
         return sa.select(jq.id).where(sa.false()).limit(n)
     rest = job_filter.where(search=False)
-    parts = [through_index(c, sa.select(jq.id).where(*rest, jq.queue == queue, jq.priority == priority, *bound)
-                           .order_by(order).limit(n), "ix_ready_pick") for queue, priority in groups]
+    parts = [
+        through_index(
+            c,
+            sa.select(jq.id).where(*rest, jq.queue == queue, jq.priority == priority, *bound).order_by(order).limit(n),
+            "ix_ready_pick",
+        )
+        for queue, priority in groups
+    ]
     merged = sa.union_all(*parts).subquery()
     return sa.select(merged.c.id).order_by(merged.c.id.desc() if descending else merged.c.id.asc()).limit(n)
 
 
-def page_jobs(conn: Connection, job_filter: JobFilter | None = None, *, before: int | None = None,
-              after: int | None = None, limit: int = 50, window: int | None = None,
-              cap: int = COUNT_CAP) -> JobPage:
+def page_jobs(
+    conn: Connection,
+    job_filter: JobFilter | None = None,
+    *,
+    before: int | None = None,
+    after: int | None = None,
+    limit: int = 50,
+    window: int | None = None,
+    cap: int = COUNT_CAP,
+) -> JobPage:
     """A keyset page of jobs matching `job_filter`, newest first: below `before` (older pages) or
     above `after` (newer pages), never OFFSET. A search (`job_filter.search`) reads at most
     `window` rows matching the other filters (default: search_window), starting where the page
@@ -347,35 +413,62 @@ def page_jobs(conn: Connection, job_filter: JobFilter | None = None, *, before: 
             elif high - low + 1 > SPARSE_WINDOW * n:
                 # The window's own rows, one by one in id order (see search_index).
                 inner = window_ids.subquery()
-                stmt = (sa.select(jq.id).select_from(inner.join(job_queue, jq.id == inner.c.id))
-                        .where(job_filter.search_clause()))
+                stmt = (
+                    sa.select(jq.id)
+                    .select_from(inner.join(job_queue, jq.id == inner.c.id))
+                    .where(job_filter.search_clause())
+                )
                 for dialect in ("mysql", "mariadb"):
                     stmt = stmt.prefix_with("STRAIGHT_JOIN", dialect=dialect)
             else:
                 # Dense: the id range of the window, read in order (a page of the table holds
                 # several of its rows).
-                stmt = through_index(c, sa.select(jq.id).where(*base, jq.id.between(low, high), job_filter.search_clause()),
-                               "PRIMARY")
+                stmt = through_index(
+                    c, sa.select(jq.id).where(*base, jq.id.between(low, high), job_filter.search_clause()), "PRIMARY"
+                )
             ids = c.execute(stmt.order_by(order).limit(cap + 1)).scalars().all() if stmt is not None else []
             matches, capped = min(len(ids), cap), len(ids) > cap
-            wanted = ids[:limit + 1]
-            rows = [job_from_row(r) for r in c.execute(sa.select(job_queue).where(jq.id.in_(wanted)).order_by(order)
-                                                       ).all()] if wanted else []
-        elif (ids := _status_page_ids(c, job_filter, where[len(base):], direction == "older", limit + 1)) is not None:
-            rows = [job_from_row(r) for r in c.execute(sa.select(job_queue).where(jq.id.in_(ids)).order_by(order)
-                                                       ).all()] if ids else []
+            wanted = ids[: limit + 1]
+            rows = (
+                [
+                    job_from_row(r)
+                    for r in c.execute(sa.select(job_queue).where(jq.id.in_(wanted)).order_by(order)).all()
+                ]
+                if wanted
+                else []
+            )
+        elif (ids := _status_page_ids(c, job_filter, where[len(base) :], direction == "older", limit + 1)) is not None:
+            rows = (
+                [job_from_row(r) for r in c.execute(sa.select(job_queue).where(jq.id.in_(ids)).order_by(order)).all()]
+                if ids
+                else []
+            )
             matches, capped = _count(c, base, cap)
         elif (pinned := pinned_index(job_filter)) and c.dialect.name in ("mysql", "mariadb"):
             # The page's ids from the filter's own index (index-only for a prefix, or a live
             # status and queue), then their rows by primary key.
-            ids = c.execute(sa.select(jq.id).with_hint(job_queue, f"FORCE INDEX ({pinned})", c.dialect.name)
-                            .where(*where).order_by(order).limit(limit + 1)).scalars().all()
-            rows = [job_from_row(r) for r in c.execute(sa.select(job_queue).where(jq.id.in_(ids)).order_by(order)
-                                                       ).all()] if ids else []
+            ids = (
+                c.execute(
+                    sa.select(jq.id)
+                    .with_hint(job_queue, f"FORCE INDEX ({pinned})", c.dialect.name)
+                    .where(*where)
+                    .order_by(order)
+                    .limit(limit + 1)
+                )
+                .scalars()
+                .all()
+            )
+            rows = (
+                [job_from_row(r) for r in c.execute(sa.select(job_queue).where(jq.id.in_(ids)).order_by(order)).all()]
+                if ids
+                else []
+            )
             matches, capped = _count(c, base, cap)
         else:
-            rows = [job_from_row(r) for r in c.execute(sa.select(job_queue).where(*where).order_by(order)
-                                                       .limit(limit + 1)).all()]
+            rows = [
+                job_from_row(r)
+                for r in c.execute(sa.select(job_queue).where(*where).order_by(order).limit(limit + 1)).all()
+            ]
             matches, capped = _count(c, base, cap)
         more = len(rows) > limit
         rows = rows[:limit]

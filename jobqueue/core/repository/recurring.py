@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -43,8 +43,17 @@ def _validate(name: Any, cron: Any, task: Any, payload: Any, queue: Any, registr
     return name, cron, task, payload, queue
 
 
-def upsert_recurring(conn: Connection, name: str, *, cron: str, task: str, payload: dict | None = None,
-                     queue: str | None = None, actor: str, registry: Registry = TASKS) -> tuple[dict[str, Any], bool]:
+def upsert_recurring(
+    conn: Connection,
+    name: str,
+    *,
+    cron: str,
+    task: str,
+    payload: dict | None = None,
+    queue: str | None = None,
+    actor: str,
+    registry: Registry = TASKS,
+) -> tuple[dict[str, Any], bool]:
     """Add a schedule, or replace the definition of the one of that name (it stays enabled or
     disabled as it was). Everything is validated before anything is written. Returns (the row,
     created)."""
@@ -56,11 +65,29 @@ def upsert_recurring(conn: Connection, name: str, *, cron: str, task: str, paylo
         row = c.execute(sa.select(recurring_job).where(rj.name == name).with_for_update()).first()
         definition = {"cron": cron, "task_name": task, "payload": payload, "queue": queue}
         if row is None:
-            c.execute(sa.insert(recurring_job).values(
-                name=name, enabled=True, source=SOURCE_OPERATOR, next_run_at=next_tick(cron, now), last_run_at=None,
-                last_job_id=None, created_at=now, updated_at=now, updated_by=actor[:100], **definition))
-            audit(c, actor, "recurring_add", selection=f"recurring {name}", after="enabled", count=0,
-                  detail=f"{cron} {task} queue={queue or '(task default)'} payload={json.dumps(payload)}")
+            c.execute(
+                sa.insert(recurring_job).values(
+                    name=name,
+                    enabled=True,
+                    source=SOURCE_OPERATOR,
+                    next_run_at=next_tick(cron, now),
+                    last_run_at=None,
+                    last_job_id=None,
+                    created_at=now,
+                    updated_at=now,
+                    updated_by=actor[:100],
+                    **definition,
+                )
+            )
+            audit(
+                c,
+                actor,
+                "recurring_add",
+                selection=f"recurring {name}",
+                after="enabled",
+                count=0,
+                detail=f"{cron} {task} queue={queue or '(task default)'} payload={json.dumps(payload)}",
+            )
             created = True
         else:
             old = _row(row)
@@ -70,8 +97,14 @@ def upsert_recurring(conn: Connection, name: str, *, cron: str, task: str, paylo
                 if "cron" in changes:
                     values["next_run_at"] = next_tick(cron, now)
                 c.execute(sa.update(recurring_job).where(rj.name == name).values(**values))
-                audit(c, actor, "recurring_change", selection=f"recurring {name}", count=0,
-                      detail=f"{cron} {task} queue={queue or '(task default)'} payload={json.dumps(payload)}")
+                audit(
+                    c,
+                    actor,
+                    "recurring_change",
+                    selection=f"recurring {name}",
+                    count=0,
+                    detail=f"{cron} {task} queue={queue or '(task default)'} payload={json.dumps(payload)}",
+                )
             created = False
         return _row(c.execute(sa.select(recurring_job).where(rj.name == name)).one()), created
 
@@ -80,30 +113,36 @@ def upsert_recurring(conn: Connection, name: str, *, cron: str, task: str, paylo
 
 def list_recurring(conn: Connection) -> tuple[list[dict[str, Any]], datetime]:
     """Every schedule by name, and the database's now."""
+
     def read(c: Connection):
         return [_row(r) for r in c.execute(sa.select(recurring_job).order_by(rj.name)).all()], database_now(c)
+
     return transaction(conn, read, what="list_recurring")
 
 
 def get_recurring(conn: Connection, name: str) -> dict[str, Any] | None:
-    row = transaction(conn, lambda c: c.execute(sa.select(recurring_job).where(rj.name == name)).first(),
-                      what="get_recurring")
+    row = transaction(
+        conn, lambda c: c.execute(sa.select(recurring_job).where(rj.name == name)).first(), what="get_recurring"
+    )
     return _row(row) if row else None
 
 
 def remove_recurring(conn: Connection, name: str, *, actor: str) -> None:
     """Delete a schedule (ScheduleNotFound when there is none). Jobs it enqueued stay."""
+
     def write(c: Connection) -> None:
         require_primary(c)
         if c.execute(sa.delete(recurring_job).where(rj.name == name)).rowcount != 1:
             raise ScheduleNotFound(f"no recurring job named {name!r}")
         audit(c, actor, "recurring_remove", selection=f"recurring {name}", count=0)
+
     transaction(conn, write, what="recurring_remove")
 
 
 def set_recurring_enabled(conn: Connection, name: str, enabled: bool, *, actor: str) -> tuple[dict[str, Any], bool]:
     """Enable or disable a schedule. Enabling starts from the next tick after now: the ticks it
     spent disabled are not caught up. Returns (the row, changed)."""
+
     def write(c: Connection) -> tuple[dict[str, Any], bool]:
         require_primary(c)
         row = c.execute(sa.select(recurring_job).where(rj.name == name).with_for_update()).first()
@@ -116,8 +155,15 @@ def set_recurring_enabled(conn: Connection, name: str, enabled: bool, *, actor: 
         if enabled:
             values["next_run_at"] = next_tick(row.cron, now)
         c.execute(sa.update(recurring_job).where(rj.name == name).values(**values))
-        audit(c, actor, "recurring_enable" if enabled else "recurring_disable", selection=f"recurring {name}",
-              before="disabled" if enabled else "enabled", after="enabled" if enabled else "disabled", count=0)
+        audit(
+            c,
+            actor,
+            "recurring_enable" if enabled else "recurring_disable",
+            selection=f"recurring {name}",
+            before="disabled" if enabled else "enabled",
+            after="enabled" if enabled else "disabled",
+            count=0,
+        )
         return _row(c.execute(sa.select(recurring_job).where(rj.name == name)).one()), True
 
     return transaction(conn, write, what="recurring_enable")
@@ -135,23 +181,49 @@ def sync_code_schedules(conn: Connection, *, registry: Registry = TASKS, actor: 
     def write(c: Connection) -> int:
         require_primary(c)
         now = database_now(c)
-        have = {r.name: r for r in c.execute(sa.select(rj.name, rj.cron, rj.source, rj.task_name)
-                                             .where(rj.name.in_([s.name for s in specs]))).all()}
+        have = {
+            r.name: r
+            for r in c.execute(
+                sa.select(rj.name, rj.cron, rj.source, rj.task_name).where(rj.name.in_([s.name for s in specs]))
+            ).all()
+        }
         changed = 0
         for spec in specs:
             cron = parse_cron(spec.cron)
             row = have.get(spec.name)
             if row is None:
                 # IGNORE: another process may add it this very instant.
-                changed += c.execute(sa.insert(recurring_job).prefix_with("IGNORE", dialect="mysql")
-                                     .prefix_with("IGNORE", dialect="mariadb").prefix_with("OR IGNORE", dialect="sqlite")
-                                     .values(name=spec.name, cron=cron, task_name=spec.name, payload={}, queue=None,
-                                             enabled=True, source=SOURCE_CODE, next_run_at=next_tick(cron, now),
-                                             created_at=now, updated_at=now, updated_by=actor[:100])).rowcount
+                changed += c.execute(
+                    sa.insert(recurring_job)
+                    .prefix_with("IGNORE", dialect="mysql")
+                    .prefix_with("IGNORE", dialect="mariadb")
+                    .prefix_with("OR IGNORE", dialect="sqlite")
+                    .values(
+                        name=spec.name,
+                        cron=cron,
+                        task_name=spec.name,
+                        payload={},
+                        queue=None,
+                        enabled=True,
+                        source=SOURCE_CODE,
+                        next_run_at=next_tick(cron, now),
+                        created_at=now,
+                        updated_at=now,
+                        updated_by=actor[:100],
+                    )
+                ).rowcount
             elif row.source == SOURCE_CODE and (row.cron != cron or row.task_name != spec.name):
-                c.execute(sa.update(recurring_job).where(rj.name == spec.name, rj.source == SOURCE_CODE).values(
-                    cron=cron, task_name=spec.name, next_run_at=next_tick(cron, now), updated_at=now,
-                    updated_by=actor[:100]))
+                c.execute(
+                    sa.update(recurring_job)
+                    .where(rj.name == spec.name, rj.source == SOURCE_CODE)
+                    .values(
+                        cron=cron,
+                        task_name=spec.name,
+                        next_run_at=next_tick(cron, now),
+                        updated_at=now,
+                        updated_by=actor[:100],
+                    )
+                )
                 changed += 1
         return changed
 
@@ -160,12 +232,12 @@ def sync_code_schedules(conn: Connection, *, registry: Registry = TASKS, actor: 
 
 @dataclass(frozen=True)
 class DueRuns:
-    now: datetime | None                           # the clock the ticks were judged by (None: no schedule)
-    enqueued: int = 0                              # jobs written (ticks nobody had enqueued yet)
-    runs: tuple[Enqueued, ...] = ()                # every due run's enqueue result, new or duplicate
+    now: datetime | None  # the clock the ticks were judged by (None: no schedule)
+    enqueued: int = 0  # jobs written (ticks nobody had enqueued yet)
+    runs: tuple[Enqueued, ...] = ()  # every due run's enqueue result, new or duplicate
     names: tuple[str, ...] = ()
-    next_due: datetime | None = None               # the earliest next tick of the enabled schedules
-    skipped: tuple[str, ...] = field(default=())   # schedules this process could not enqueue, and why
+    next_due: datetime | None = None  # the earliest next tick of the enabled schedules
+    skipped: tuple[str, ...] = field(default=())  # schedules this process could not enqueue, and why
 
 
 def enqueue_due_recurring(conn: Connection, *, now: datetime | None = None, registry: Registry = TASKS) -> DueRuns:
@@ -174,19 +246,20 @@ def enqueue_due_recurring(conn: Connection, *, now: datetime | None = None, regi
     one catch-up run. Then move the schedule to its first tick after now (a guarded UPDATE: of
     several processes doing this at once, one write lands, and they all agree on the job)."""
     if now is not None and now.tzinfo is not None:
-        now = now.astimezone(timezone.utc).replace(tzinfo=None)
+        now = now.astimezone(UTC).replace(tzinfo=None)
 
     def due(c: Connection):
         # One statement: every enabled schedule (a handful of rows) with the database's now; due
         # ones and the next tick come from it. An idle worker sends this once per REREAD_SECONDS.
-        rows = c.execute(sa.select(recurring_job, db_now().label("db_now")).where(rj.enabled == sa.true())
-                         .order_by(rj.next_run_at)).all()
+        rows = c.execute(
+            sa.select(recurring_job, db_now().label("db_now")).where(rj.enabled == sa.true()).order_by(rj.next_run_at)
+        ).all()
         clock = now or (as_datetime(rows[0].db_now) if rows else None)
         return clock, [_row(r) for r in rows]
 
     clock, enabled = transaction(conn, due, what="recurring_due")
     if clock is None:
-        return DueRuns(None)   # no enabled schedule
+        return DueRuns(None)  # no enabled schedule
     rows = [r for r in enabled if r["next_run_at"] <= clock]
     upcoming = [r["next_run_at"] for r in enabled if r["next_run_at"] > clock]
     runs: list[Enqueued] = []
@@ -195,8 +268,9 @@ def enqueue_due_recurring(conn: Connection, *, now: datetime | None = None, regi
     for row in rows:
         tick = max(latest_tick(row["cron"], clock), row["next_run_at"])
         try:
-            job = new_job(row["task_name"], run_key(row["name"], tick), row["payload"], queue=row["queue"],
-                          registry=registry)
+            job = new_job(
+                row["task_name"], run_key(row["name"], tick), row["payload"], queue=row["queue"], registry=registry
+            )
         except ValidationError as exc:
             # Most often a task this process does not load: another process will enqueue it.
             skipped.append(f"recurring {row['name']}: {exc}")
@@ -206,12 +280,15 @@ def enqueue_due_recurring(conn: Connection, *, now: datetime | None = None, regi
         names.append(row["name"])
 
         def advance(c: Connection, row=row, tick=tick, res=res) -> None:
-            c.execute(sa.update(recurring_job).where(rj.name == row["name"], rj.next_run_at == row["next_run_at"])
-                      .values(last_run_at=tick, last_job_id=res.id, next_run_at=next_tick(row["cron"], clock),
-                              updated_at=db_now()))
+            c.execute(
+                sa.update(recurring_job)
+                .where(rj.name == row["name"], rj.next_run_at == row["next_run_at"])
+                .values(
+                    last_run_at=tick, last_job_id=res.id, next_run_at=next_tick(row["cron"], clock), updated_at=db_now()
+                )
+            )
 
         transaction(conn, advance, what="recurring_advance")
     # Advanced schedules move past `clock`; those another process advanced meanwhile too.
     next_due = min(upcoming + [next_tick(r["cron"], clock) for r in rows], default=None)
-    return DueRuns(clock, sum(1 for r in runs if not r.duplicate), tuple(runs), tuple(names), next_due,
-                   tuple(skipped))
+    return DueRuns(clock, sum(1 for r in runs if not r.duplicate), tuple(runs), tuple(names), next_due, tuple(skipped))

@@ -22,16 +22,16 @@ from sqlalchemy.exc import DBAPIError
 from ..db import error_code, is_mysql
 
 ER_SPECIFIC_ACCESS_DENIED = 1227
-ER_PARSE_ERROR = 1064   # SHOW REPLICA STATUS on a server older than MySQL 8.0.22 / MariaDB 10.5.1
+ER_PARSE_ERROR = 1064  # SHOW REPLICA STATUS on a server older than MySQL 8.0.22 / MariaDB 10.5.1
 
 
 @dataclass(frozen=True)
 class ReplicaLag:
-    replica: bool | None        # None: could not tell (no privilege)
-    seconds: int | None         # Seconds_Behind_Master; None when not replicating or unknown
-    detail: str                 # for the page: "2 s behind", "replication not running", ...
-    io_running: str | None = None    # Slave_IO_Running: "Yes", "No", "Connecting"; None: not a replica
-    sql_running: str | None = None   # Slave_SQL_Running: "Yes", "No"
+    replica: bool | None  # None: could not tell (no privilege)
+    seconds: int | None  # Seconds_Behind_Master; None when not replicating or unknown
+    detail: str  # for the page: "2 s behind", "replication not running", ...
+    io_running: str | None = None  # Slave_IO_Running: "Yes", "No", "Connecting"; None: not a replica
+    sql_running: str | None = None  # Slave_SQL_Running: "Yes", "No"
 
     @property
     def current(self) -> bool:
@@ -43,9 +43,9 @@ class ReplicaLag:
 class ReplicaReport:
     """One watched replica as last read: its lag, or why it could not be read."""
 
-    address: str                          # host:port, never the URL (it may hold a password)
-    lag: ReplicaLag | None     # None: the server did not answer
-    error: str | None = None              # why it did not
+    address: str  # host:port, never the URL (it may hold a password)
+    lag: ReplicaLag | None  # None: the server did not answer
+    error: str | None = None  # why it did not
 
     @property
     def seconds(self) -> int | None:
@@ -67,23 +67,26 @@ class ReplicaReport:
         return self.lag is None or (self.lag.replica is not False and self.lag.seconds is None)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"address": self.address, "reachable": self.lag is not None,
-                "replica": self.lag.replica if self.lag is not None else None,
-                "seconds_behind": self.seconds,
-                "io_running": self.lag.io_running if self.lag is not None else None,
-                "sql_running": self.lag.sql_running if self.lag is not None else None,
-                "detail": self.detail}
+        return {
+            "address": self.address,
+            "reachable": self.lag is not None,
+            "replica": self.lag.replica if self.lag is not None else None,
+            "seconds_behind": self.seconds,
+            "io_running": self.lag.io_running if self.lag is not None else None,
+            "sql_running": self.lag.sql_running if self.lag is not None else None,
+            "detail": self.detail,
+        }
 
 
 @dataclass(frozen=True)
 class Pause:
     """What a bulk action's wait before its next batch came to."""
 
-    waited: float                          # seconds this wait took
+    waited: float  # seconds this wait took
     limit: int
-    lagging: tuple[ReplicaReport, ...]     # still over the limit: do not write the next batch yet
-    unread: tuple[ReplicaReport, ...]      # could not be read: not waited for
-    waited_for: tuple[ReplicaReport, ...] = ()   # over the limit when the wait began
+    lagging: tuple[ReplicaReport, ...]  # still over the limit: do not write the next batch yet
+    unread: tuple[ReplicaReport, ...]  # could not be read: not waited for
+    waited_for: tuple[ReplicaReport, ...] = ()  # over the limit when the wait began
 
     @property
     def holding(self) -> bool:
@@ -93,12 +96,12 @@ class Pause:
     def note(self) -> str | None:
         """For the bulk's progress: who it waits (or waited) for, and whom it could not read."""
         if self.lagging:
-            parts = [f"replica {r.address} is {r.seconds} s behind, over the {self.limit} s bound"
-                     for r in self.lagging]
+            parts = [
+                f"replica {r.address} is {r.seconds} s behind, over the {self.limit} s bound" for r in self.lagging
+            ]
         else:
             parts = [f"replica {r.address} was {r.seconds} s behind" for r in self.waited_for]
-        parts += [f"replica {r.address} could not be read ({r.detail}), so nothing waits for it"
-                  for r in self.unread]
+        parts += [f"replica {r.address} could not be read ({r.detail}), so nothing waits for it" for r in self.unread]
         return "; ".join(parts) or None
 
 

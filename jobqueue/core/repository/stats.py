@@ -61,15 +61,19 @@ HISTORY = (Status.DONE, Status.FAILED, Status.CANCELLED)
 LIVE_CAP = 100_000
 FAILED_CAP = 100_000
 HISTORY_CAP = 10_000
-CAPS = {**{s.value: LIVE_CAP for s in LIVE}, Status.FAILED.value: FAILED_CAP,
-        Status.DONE.value: HISTORY_CAP, Status.CANCELLED.value: HISTORY_CAP}
+CAPS = {
+    **{s.value: LIVE_CAP for s in LIVE},
+    Status.FAILED.value: FAILED_CAP,
+    Status.DONE.value: HISTORY_CAP,
+    Status.CANCELLED.value: HISTORY_CAP,
+}
 
 
 @dataclass(frozen=True)
 class QueueSummary:
     queue: str
     counts: dict[str, int]
-    capped: frozenset[str]           # statuses whose count reached the cap ("N+")
+    capped: frozenset[str]  # statuses whose count reached the cap ("N+")
     oldest_ready: datetime | None
 
 
@@ -81,11 +85,22 @@ def _counts(c: Connection, statuses: tuple[Status, ...], cap: int | None) -> dic
     pairs = c.execute(sa.select(jq.status, jq.queue).where(jq.status.in_(wanted)).group_by(jq.status, jq.queue)).all()
     counts: dict[str, dict[str, int]] = {}
     if pairs:
-        parts = [sa.select(sa.literal(str(status)).label("status"), sa.literal(queue).label("queue"),
-                           sa.select(sa.func.count()).select_from(
-                               sa.select(sa.literal(1)).where(jq.status == str(status), jq.queue == queue)
-                               .limit((cap or CAPS[str(status)]) + 1).subquery()).scalar_subquery().label("n"))
-                 for status, queue in pairs]
+        parts = [
+            sa.select(
+                sa.literal(str(status)).label("status"),
+                sa.literal(queue).label("queue"),
+                sa.select(sa.func.count())
+                .select_from(
+                    sa.select(sa.literal(1))
+                    .where(jq.status == str(status), jq.queue == queue)
+                    .limit((cap or CAPS[str(status)]) + 1)
+                    .subquery()
+                )
+                .scalar_subquery()
+                .label("n"),
+            )
+            for status, queue in pairs
+        ]
         for status, queue, n in c.execute(sa.union_all(*parts)).all():
             counts.setdefault(queue, {})[str(status)] = int(n)
     return counts
@@ -95,8 +110,13 @@ def _grouped_counts(c: Connection, statuses: tuple[Status, ...]) -> dict[str, di
     """{queue: {status: n}} for these statuses, exact: one pass over their entries of
     ix_ready_pick in its order (index-only, no temporary table; the planner would rather read
     ix_due and sort, 2-4x the time). Reads every entry: for sets known to be small."""
-    stmt = through_index(c, sa.select(jq.status, jq.queue, sa.func.count()).where(
-        jq.status.in_([s.value for s in statuses])).group_by(jq.status, jq.queue), "ix_ready_pick")
+    stmt = through_index(
+        c,
+        sa.select(jq.status, jq.queue, sa.func.count())
+        .where(jq.status.in_([s.value for s in statuses]))
+        .group_by(jq.status, jq.queue),
+        "ix_ready_pick",
+    )
     counts: dict[str, dict[str, int]] = {}
     for status, queue, n in c.execute(stmt).all():
         counts.setdefault(queue, {})[str(status)] = int(n)
@@ -111,24 +131,48 @@ def _oldest_ready(c: Connection, window: int, counts: dict[str, dict[str, int]])
     a busy one never fired. Such a queue is read apart: one with up to `window` ready jobs from
     its own entries (ix_ready_pick, each row read for its run_at), larger ones together in one
     pass over ix_due from where the window ended: no entry is read twice by one statement."""
-    ready = (sa.select(jq.queue, jq.run_at).where(jq.status == Status.READY.value)
-             .order_by(jq.run_at).limit(window).subquery())
-    found = c.execute(sa.select(ready.c.queue, sa.func.min(ready.c.run_at), sa.func.max(ready.c.run_at))
-                      .group_by(ready.c.queue)).all()
+    ready = (
+        sa.select(jq.queue, jq.run_at)
+        .where(jq.status == Status.READY.value)
+        .order_by(jq.run_at)
+        .limit(window)
+        .subquery()
+    )
+    found = c.execute(
+        sa.select(ready.c.queue, sa.func.min(ready.c.run_at), sa.func.max(ready.c.run_at)).group_by(ready.c.queue)
+    ).all()
     oldest = {queue: first for queue, first, _ in found}
-    missing = {queue: n for queue, by_status in counts.items()
-               if (n := by_status.get(Status.READY.value, 0)) and queue not in oldest}
+    missing = {
+        queue: n
+        for queue, by_status in counts.items()
+        if (n := by_status.get(Status.READY.value, 0)) and queue not in oldest
+    }
     if not missing or not found:
         return oldest
     is_ready = jq.status == Status.READY.value
-    parts = [through_index(c, sa.select(sa.literal(queue).label("queue"), sa.func.min(jq.run_at).label("first"))
-                           .where(is_ready, jq.queue == queue), "ix_ready_pick")
-             for queue, n in missing.items() if n <= window]
+    parts = [
+        through_index(
+            c,
+            sa.select(sa.literal(queue).label("queue"), sa.func.min(jq.run_at).label("first")).where(
+                is_ready, jq.queue == queue
+            ),
+            "ix_ready_pick",
+        )
+        for queue, n in missing.items()
+        if n <= window
+    ]
     large = [queue for queue, n in missing.items() if n > window]
     if large:
         edge = max(last for _, _, last in found)
-        parts.append(through_index(c, sa.select(jq.queue, sa.func.min(jq.run_at)).where(
-            is_ready, jq.run_at >= edge, jq.queue.in_(large)).group_by(jq.queue), "ix_due"))
+        parts.append(
+            through_index(
+                c,
+                sa.select(jq.queue, sa.func.min(jq.run_at))
+                .where(is_ready, jq.run_at >= edge, jq.queue.in_(large))
+                .group_by(jq.queue),
+                "ix_due",
+            )
+        )
     oldest.update(c.execute(parts[0] if len(parts) == 1 else sa.union_all(*parts)).all())
     return oldest
 
@@ -143,11 +187,13 @@ def _summaries(counts: dict[str, dict[str, int]], oldest: dict[str, Any], cap: i
     return out
 
 
-def queue_summaries(conn: Connection, *, cap: int | None = None, oldest_window: int = 5000
-                    ) -> tuple[list[QueueSummary], datetime]:
+def queue_summaries(
+    conn: Connection, *, cap: int | None = None, oldest_window: int = 5000
+) -> tuple[list[QueueSummary], datetime]:
     """Counts by status for each queue, each (status, queue) capped (CAPS, or `cap` for every
     status), and the oldest ready job's run_at per queue; fresh (see CountsCache for the shared,
     cached figures). Cost is bounded by the caps, not by the table size."""
+
     def read(c: Connection):
         counts = _counts(c, tuple(Status), cap)
         return counts, _oldest_ready(c, oldest_window, counts), database_now(c)
@@ -156,7 +202,7 @@ def queue_summaries(conn: Connection, *, cap: int | None = None, oldest_window: 
     return _summaries(counts, oldest, cap), now
 
 
-_CACHES: "weakref.WeakSet[CountsCache]" = weakref.WeakSet()
+_CACHES: weakref.WeakSet[CountsCache] = weakref.WeakSet()
 
 
 def forget_counts() -> None:
@@ -176,9 +222,12 @@ def _change_stamp(c: Connection) -> tuple[tuple[datetime, datetime] | None, date
     :30 shows :30, as MariaDB does); a connection made elsewhere is not believed."""
     if not getattr(c.dialect, "is_mariadb", False) and not _fresh_statistics(c):
         return None, database_now(c)
-    updated, local_now, now = c.execute(sa.text(
-        "SELECT (SELECT UPDATE_TIME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND "
-        "TABLE_NAME = 'job_queue'), NOW(6), UTC_TIMESTAMP(6)")).one()
+    updated, local_now, now = c.execute(
+        sa.text(
+            "SELECT (SELECT UPDATE_TIME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND "
+            "TABLE_NAME = 'job_queue'), NOW(6), UTC_TIMESTAMP(6)"
+        )
+    ).one()
     return ((as_datetime(updated), as_datetime(local_now)) if updated is not None else None), as_datetime(now)
 
 
@@ -195,14 +244,15 @@ def _unchanged(before: tuple[datetime, datetime] | None, now: tuple[datetime, da
     """Whether no write was committed to job_queue since `before` was read (and the counts read
     after it): the same UPDATE_TIME, and that one a second older at least than the reading, so
     that a write in the same second could not hide behind it."""
-    return (before is not None and now is not None and now[0] == before[0]
-            and before[0] < before[1].replace(microsecond=0))
+    return (
+        before is not None and now is not None and now[0] == before[0] and before[0] < before[1].replace(microsecond=0)
+    )
 
 
 @dataclass
 class _Counted:
-    at: float                                   # time.monotonic() of the count
-    stamp: tuple[datetime, datetime] | None     # _change_stamp before it
+    at: float  # time.monotonic() of the count
+    stamp: tuple[datetime, datetime] | None  # _change_stamp before it
     counts: dict[str, dict[str, int]]
     oldest: dict[str, Any]
 
@@ -228,7 +278,7 @@ class CountsCache:
         self._live: _Counted | None = None
         self._history: _Counted | None = None
         self._now: datetime | None = None
-        self._generation = 0                      # forget() moves it: a recount begun before is dropped
+        self._generation = 0  # forget() moves it: a recount begun before is dropped
         self._recounting: threading.Thread | None = None
         _CACHES.add(self)
 
@@ -248,7 +298,8 @@ class CountsCache:
             history_due = self._history is None or not self.live_seconds
             if live_due or history_due:
                 self._live, self._history, self._now = transaction(
-                    conn, lambda c: self._read(c, t, live_due, history_due), what="queue_summaries")
+                    conn, lambda c: self._read(c, t, live_due, history_due), what="queue_summaries"
+                )
             live, history, now = self._live, self._history, self._now
         counts: dict[str, dict[str, int]] = {}
         for part in (live.counts, history.counts):
@@ -271,8 +322,11 @@ class CountsCache:
         def recount() -> None:
             try:
                 with engine.connect() as conn:
-                    history = transaction(conn, lambda c: _read_history(c, time.monotonic(), previous,
-                                                                        _change_stamp(c)[0]), what="history_counts")
+                    history = transaction(
+                        conn,
+                        lambda c: _read_history(c, time.monotonic(), previous, _change_stamp(c)[0]),
+                        what="history_counts",
+                    )
             except Exception:
                 log.warning("counting finished jobs failed; the dashboard keeps the last figures", exc_info=True)
                 return
@@ -283,8 +337,7 @@ class CountsCache:
         self._recounting = threading.Thread(target=recount, name="jobqueue-history-counts", daemon=True)
         self._recounting.start()
 
-    def _read(self, c: Connection, t: float, live_due: bool, history_due: bool
-              ) -> tuple[_Counted, _Counted, datetime]:
+    def _read(self, c: Connection, t: float, live_due: bool, history_due: bool) -> tuple[_Counted, _Counted, datetime]:
         stamp, now = _change_stamp(c)
         live, history = self._live, self._history
         if history_due:
@@ -301,8 +354,9 @@ class CountsCache:
         return live, history, now
 
 
-def _read_history(c: Connection, t: float, previous: _Counted | None,
-                  stamp: tuple[datetime, datetime] | None) -> _Counted:
+def _read_history(
+    c: Connection, t: float, previous: _Counted | None, stamp: tuple[datetime, datetime] | None
+) -> _Counted:
     if previous is not None and _unchanged(previous.stamp, stamp):
         return _Counted(t, previous.stamp, previous.counts, {})
     return _Counted(t, stamp, _counts(c, HISTORY, None), {})
@@ -313,8 +367,8 @@ class ScaleSignal:
     queue: str
     ready: int
     running: int
-    oldest_ready_age_seconds: float      # 0 with no ready job
-    capped: frozenset[str]               # "ready" / "running" when that count reached SCALE_CAP
+    oldest_ready_age_seconds: float  # 0 with no ready job
+    capped: frozenset[str]  # "ready" / "running" when that count reached SCALE_CAP
     now: datetime
 
 
@@ -344,8 +398,9 @@ def scale_signal(conn: Connection, queue: str) -> ScaleSignal:
     queue = check_queue(queue)
 
     def read(c: Connection) -> ScaleSignal:
-        ready, running, now = c.execute(sa.select(_capped_count(c, Status.READY, queue),
-                                                  _capped_count(c, Status.RUNNING, queue), db_now())).one()
+        ready, running, now = c.execute(
+            sa.select(_capped_count(c, Status.READY, queue), _capped_count(c, Status.RUNNING, queue), db_now())
+        ).one()
         now = as_datetime(now)
         oldest = _oldest_ready_of(c, queue, ready) if ready else None
         age = max(0.0, round((now - oldest).total_seconds(), 3)) if oldest is not None else 0.0
@@ -357,8 +412,11 @@ def scale_signal(conn: Connection, queue: str) -> ScaleSignal:
 
 def _capped_count(c: Connection, status: Status, queue: str) -> sa.ScalarSelect:
     """The queue's jobs in `status`, up to SCALE_CAP + 1 (one more says the cap was reached)."""
-    entries = through_index(c, sa.select(sa.literal(1)).where(jq.status == status.value, jq.queue == queue)
-                            .limit(SCALE_CAP + 1), "ix_ready_pick")
+    entries = through_index(
+        c,
+        sa.select(sa.literal(1)).where(jq.status == status.value, jq.queue == queue).limit(SCALE_CAP + 1),
+        "ix_ready_pick",
+    )
     return sa.select(sa.func.count()).select_from(entries.subquery()).scalar_subquery()
 
 
@@ -373,19 +431,28 @@ def _oldest_ready_of(c: Connection, queue: str, ready: int) -> datetime | None:
 
 def count_by_status(conn: Connection) -> list[tuple[str, str, int]]:
     """(queue, status, count) for every pair present: index-only on ix_ready_pick."""
-    rows = transaction(conn, lambda c: c.execute(
-        sa.select(jq.queue, jq.status, sa.func.count()).group_by(jq.status, jq.queue)).all(), what="stats")
+    rows = transaction(
+        conn,
+        lambda c: c.execute(sa.select(jq.queue, jq.status, sa.func.count()).group_by(jq.status, jq.queue)).all(),
+        what="stats",
+    )
     return sorted((queue, str(status), n) for queue, status, n in rows)
 
 
 def activity(conn: Connection, since: datetime) -> list[dict[str, Any]]:
     """Per-minute sums of every process's activity since `since` (a few rows per minute)."""
     cols = [sa.func.sum(worker_stats.c[k]).label(k) for k in STAT_COLUMNS]
-    stmt = (sa.select(worker_stats.c.minute, *cols).where(worker_stats.c.minute >= since)
-            .group_by(worker_stats.c.minute).order_by(worker_stats.c.minute))
+    stmt = (
+        sa.select(worker_stats.c.minute, *cols)
+        .where(worker_stats.c.minute >= since)
+        .group_by(worker_stats.c.minute)
+        .order_by(worker_stats.c.minute)
+    )
     rows = transaction(conn, lambda c: c.execute(stmt).all(), what="activity")
-    return [{**{k: int(v or 0) for k, v in r._mapping.items() if k != "minute"}, "minute": as_datetime(r.minute)}
-            for r in rows]
+    return [
+        {**{k: int(v or 0) for k, v in r._mapping.items() if k != "minute"}, "minute": as_datetime(r.minute)}
+        for r in rows
+    ]
 
 
 OPERATOR_FAILS = ("fail", "bulk_fail")
@@ -396,16 +463,21 @@ def operator_failures(conn: Connection, since: datetime, *, newest: int = 2000) 
     failures are in worker_stats; an operator's are not, since no worker did them). Reads the
     newest `newest` audit rows at most (a bulk action writes one row per batch of 500), so its
     cost does not grow with the audit log."""
-    recent = (sa.select(audit_log.c.at, audit_log.c.action, audit_log.c.count)
-              .order_by(audit_log.c.id.desc()).limit(newest).subquery())
-    stmt = sa.select(recent.c.at, recent.c.count).where(recent.c.at >= since,
-                                                         recent.c.action.in_(OPERATOR_FAILS))
+    recent = (
+        sa.select(audit_log.c.at, audit_log.c.action, audit_log.c.count)
+        .order_by(audit_log.c.id.desc())
+        .limit(newest)
+        .subquery()
+    )
+    stmt = sa.select(recent.c.at, recent.c.count).where(recent.c.at >= since, recent.c.action.in_(OPERATOR_FAILS))
     rows = transaction(conn, lambda c: c.execute(stmt).all(), what="operator_failures")
     out: dict[datetime, int] = {}
     for at, count in rows:
         minute = as_datetime(at).replace(second=0, microsecond=0)
         out[minute] = out.get(minute, 0) + int(count)
     return out
+
+
 def list_queues(conn: Connection, *, counts: CountsCache | None = None) -> tuple[list[dict[str, Any]], datetime]:
     """Every known queue (with jobs, or paused or resumed once, even with no job yet): its paused
     state, who changed it and when, and its counts by status (capped as in queue_summaries;
@@ -419,11 +491,15 @@ def list_queues(conn: Connection, *, counts: CountsCache | None = None) -> tuple
     for name in sorted(set(by_name) | set(states)):
         state = states.get(name)
         summary = by_name.get(name)
-        out.append({
-            "queue": name, "paused": bool(state and state.paused),
-            "changed_at": state.changed_at if state else None, "changed_by": state.changed_by if state else None,
-            "counts": summary.counts if summary else {s.value: 0 for s in Status},
-            "capped": sorted(summary.capped) if summary else [],
-            "oldest_ready": summary.oldest_ready if summary else None,
-        })
+        out.append(
+            {
+                "queue": name,
+                "paused": bool(state and state.paused),
+                "changed_at": state.changed_at if state else None,
+                "changed_by": state.changed_by if state else None,
+                "counts": summary.counts if summary else {s.value: 0 for s in Status},
+                "capped": sorted(summary.capped) if summary else [],
+                "oldest_ready": summary.oldest_ready if summary else None,
+            }
+        )
     return out, now

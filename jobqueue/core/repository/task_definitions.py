@@ -25,11 +25,18 @@ td = task_definition.c
 def register_tasks(c: Connection, process_id: str, specs: Iterable[TaskSpec]) -> None:
     """Upsert the tasks this process can run (in the caller's transaction)."""
     for spec in specs:
-        values = dict(name=spec.name, queue=spec.queue, max_attempts=spec.max_attempts,
-                      concurrency_key=spec.concurrency_key, concurrency_limit=spec.concurrency_limit,
-                      registered_by=process_id[:64], registered_at=db_now())
-        upsert(c, task_definition, ["name"], values,
-               {k: (lambda new, k=k: getattr(new, k)) for k in values if k != "name"})
+        values = dict(
+            name=spec.name,
+            queue=spec.queue,
+            max_attempts=spec.max_attempts,
+            concurrency_key=spec.concurrency_key,
+            concurrency_limit=spec.concurrency_limit,
+            registered_by=process_id[:64],
+            registered_at=db_now(),
+        )
+        upsert(
+            c, task_definition, ["name"], values, {k: (lambda new, k=k: getattr(new, k)) for k in values if k != "name"}
+        )
 
 
 class KnownTasks(Registry):
@@ -58,8 +65,14 @@ class KnownTasks(Registry):
         rows = self._read(sa.select(task_definition).where(td.name == name))
         if rows:
             row = rows[0]
-            spec = TaskSpec(name, handled_elsewhere, row.queue, row.max_attempts, concurrency_key=row.concurrency_key,
-                            concurrency_limit=row.concurrency_limit)
+            spec = TaskSpec(
+                name,
+                handled_elsewhere,
+                row.queue,
+                row.max_attempts,
+                concurrency_key=row.concurrency_key,
+                concurrency_limit=row.concurrency_limit,
+            )
             with self._cache_lock:
                 self._found[name] = (time.monotonic(), spec)
             return spec
@@ -80,5 +93,5 @@ class KnownTasks(Registry):
         try:
             return c.execute(statement).all()
         finally:
-            if began:   # leave the connection as it was: the enqueue's own transaction is next
+            if began:  # leave the connection as it was: the enqueue's own transaction is next
                 c.rollback()

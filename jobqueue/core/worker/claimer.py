@@ -48,9 +48,20 @@ PREFETCH_WHILE_JOBS_UNDER_SECONDS = 0.1
 
 
 class Claimer:
-    def __init__(self, engine: Engine, config: WorkerConfig, worker_id: str, *, keeper: LeaseKeeper,
-                 finisher: Finisher, slots: Slots, maintenance: Maintenance, state: WorkerState,
-                 registry: Registry, doorbell: Doorbell | None):
+    def __init__(
+        self,
+        engine: Engine,
+        config: WorkerConfig,
+        worker_id: str,
+        *,
+        keeper: LeaseKeeper,
+        finisher: Finisher,
+        slots: Slots,
+        maintenance: Maintenance,
+        state: WorkerState,
+        registry: Registry,
+        doorbell: Doorbell | None,
+    ):
         self.engine = engine
         self.config = config
         self.worker_id = worker_id
@@ -61,14 +72,14 @@ class Claimer:
         self.state = state
         self.registry = registry
         self.doorbell = doorbell
-        self.owners = {s: f"{worker_id}:{s}" for s in range(1, config.capacity + 1)}   # lease slot -> lease_owner
+        self.owners = {s: f"{worker_id}:{s}" for s in range(1, config.capacity + 1)}  # lease slot -> lease_owner
         self._slot_of = {owner: s for s, owner in self.owners.items()}
         self.queue_label = ",".join(config.queues) if config.queues else "*"
         self.last_empty: EmptyClaimReport | None = None
         self._backoff = IdleBackoff(cap=config.idle_cap_seconds)
         self._idle_log = RateLimited(60.0)
         self._probe = IdleProbe(engine, config.queues) if is_mysql(engine) else None
-        self._probe_first = False   # after an idle empty claim: read first, claim only if worth it
+        self._probe_first = False  # after an idle empty claim: read first, claim only if worth it
         self._known_queues: list[str] = list(config.queues or [])
         self._queues_at = 0.0
         self._rotation = 0
@@ -79,7 +90,7 @@ class Claimer:
         finished = self.finisher.take_finished()
         free, refill = self.fillable(finished)
         if not free and not finished:
-            return 0.05   # every lease slot we may fill is taken; a finishing handler wakes us
+            return 0.05  # every lease slot we may fill is taken; a finishing handler wakes us
         if self._probe_first and not finished:
             # Idle: one plain read says whether a claim could find anything, so an idle worker
             # sends about one statement per turn instead of a claim transaction.
@@ -134,21 +145,43 @@ class Claimer:
             sent_at = time.monotonic()
             with self.engine.connect() as conn:
                 refreshed = self._refresh_queues(conn)
-                cycle = service.claim_cycle(conn, [self.owners[s] for s in free], self._rotated(),
-                                               lease_seconds=self.config.lease_seconds,
-                                               completions=[h.lease for h in finished],
-                                               classify_queues=self.config.queues, refill=refill)
-                if refill and not cycle.claimed and cycle.asked and not refreshed and self.config.queues is None \
-                        and self._refresh_queues(conn, force=True):
+                cycle = service.claim_cycle(
+                    conn,
+                    [self.owners[s] for s in free],
+                    self._rotated(),
+                    lease_seconds=self.config.lease_seconds,
+                    completions=[h.lease for h in finished],
+                    classify_queues=self.config.queues,
+                    refill=refill,
+                )
+                if (
+                    refill
+                    and not cycle.claimed
+                    and cycle.asked
+                    and not refreshed
+                    and self.config.queues is None
+                    and self._refresh_queues(conn, force=True)
+                ):
                     # The cached list of queues with ready jobs was stale: try the fresh one
                     # before calling this an empty claim.
                     slots = self._slots_after(cycle, finished, free)
                     if slots:
-                        again = service.claim_cycle(conn, [self.owners[s] for s in slots], self._rotated(),
-                                                       lease_seconds=self.config.lease_seconds,
-                                                       classify_queues=self.config.queues)
-                        cycle = ClaimCycle(again.claimed, cycle.completed, cycle.losses, again.skipped,
-                                           cycle.queues + again.queues, again.asked, again.report)
+                        again = service.claim_cycle(
+                            conn,
+                            [self.owners[s] for s in slots],
+                            self._rotated(),
+                            lease_seconds=self.config.lease_seconds,
+                            classify_queues=self.config.queues,
+                        )
+                        cycle = ClaimCycle(
+                            again.claimed,
+                            cycle.completed,
+                            cycle.losses,
+                            again.skipped,
+                            cycle.queues + again.queues,
+                            again.asked,
+                            again.report,
+                        )
         metrics.CLAIM_SECONDS.observe(time.monotonic() - sent_at)
         self.finisher.completed(cycle.completed, finished, wake=cycle.asked == 0)
         for item in cycle.claimed:
@@ -164,17 +197,34 @@ class Claimer:
         job, lease = claimed.job, claimed.lease
         spec = self.registry.get(job.task_name)
         finisher = self.finisher
-        ctx = JobContext(job_id=job.id, task_key=job.task_key, task_name=job.task_name, queue=job.queue,
-                         attempt=lease.attempt, max_attempts=job.max_attempts, worker_id=lease.owner,
-                         _record_result=lambda result: finisher.record_result(held, result),
-                         _transaction=lambda: finisher.handler_transaction(held))
-        held = self.keeper.hold(claimed, slot, ctx, sent_at=sent_at,
-                                timeout=getattr(spec, "timeout_seconds", None) if spec else None)
+        ctx = JobContext(
+            job_id=job.id,
+            task_key=job.task_key,
+            task_name=job.task_name,
+            queue=job.queue,
+            attempt=lease.attempt,
+            max_attempts=job.max_attempts,
+            worker_id=lease.owner,
+            _record_result=lambda result: finisher.record_result(held, result),
+            _transaction=lambda: finisher.handler_transaction(held),
+        )
+        held = self.keeper.hold(
+            claimed, slot, ctx, sent_at=sent_at, timeout=getattr(spec, "timeout_seconds", None) if spec else None
+        )
         finisher.take_slot(slot)
         if claimed.start_delay is not None:
             metrics.labelled("START_DELAY_SECONDS", job.queue).observe(claimed.start_delay)
-        event(log, logging.DEBUG, "claim", job_id=job.id, task_key=job.task_key, task=job.task_name,
-              queue=job.queue, attempt=lease.attempt, worker=lease.owner)
+        event(
+            log,
+            logging.DEBUG,
+            "claim",
+            job_id=job.id,
+            task_key=job.task_key,
+            task=job.task_name,
+            queue=job.queue,
+            attempt=lease.attempt,
+            worker=lease.owner,
+        )
         self.slots.give(held)
 
     def fillable(self, finished: list[Held]) -> tuple[list[int], bool]:
@@ -182,10 +232,10 @@ class Claimer:
         new work too: every thread's slot, plus prefetched ones up to the prefetch allowed now."""
         free = self.finisher.free_slots()
         allowed = self.config.concurrency + self.prefetch_now()
-        room = allowed - (len(self.keeper) - len(finished))   # leases in hand once `finished` are done
+        room = allowed - (len(self.keeper) - len(finished))  # leases in hand once `finished` are done
         if room >= len(finished):
-            return free[:room - len(finished)], True
-        return free[:max(0, room)], False
+            return free[: room - len(finished)], True
+        return free[: max(0, room)], False
 
     def prefetch_now(self) -> int:
         """Jobs to hold beyond one per thread: the configured number, or (automatic) up to one per
@@ -200,7 +250,7 @@ class Claimer:
     def _probe_read(self) -> EmptyClaimReport | None:
         try:
             if self._probe is not None:
-                report = self._probe.read()   # it reads the read-only flags too
+                report = self._probe.read()  # it reads the read-only flags too
             else:
                 with self.engine.connect() as conn:
                     report = repository.claim.classify_empty(conn, self.config.queues)
@@ -228,12 +278,21 @@ class Claimer:
         self.last_empty = report
         self._probe_first = report.kind is not EmptyClaim.CONTENDED
         # A probe is not a claim: counted apart, so that empty claims count real claims only.
-        (metrics.PROBES if probe else metrics.EMPTY_CLAIMS).labels(kind=report.kind.value, queues=self.queue_label).inc()
+        (metrics.PROBES if probe else metrics.EMPTY_CLAIMS).labels(
+            kind=report.kind.value, queues=self.queue_label
+        ).inc()
         suppressed = self._idle_log.allow(report.kind)
         if suppressed is not None:
-            event(log, logging.INFO, report.kind.value, worker=self.worker_id, skipped=report.skipped or None,
-                  next_lease_expiry=report.next_lease_expiry, next_scheduled=report.next_scheduled,
-                  repeats=suppressed or None)
+            event(
+                log,
+                logging.INFO,
+                report.kind.value,
+                worker=self.worker_id,
+                skipped=report.skipped or None,
+                next_lease_expiry=report.next_lease_expiry,
+                next_scheduled=report.next_scheduled,
+                repeats=suppressed or None,
+            )
         if self.config.burst and report.kind not in (EmptyClaim.CONTENDED, EmptyClaim.LIMITED):
             if not len(self.keeper):
                 return None
@@ -273,7 +332,7 @@ class Claimer:
         queues = self._known_queues
         if len(queues) > 1:
             self._rotation = (self._rotation + 1) % len(queues)
-            queues = queues[self._rotation:] + queues[:self._rotation]
+            queues = queues[self._rotation :] + queues[: self._rotation]
         return queues
 
     def close(self) -> None:

@@ -11,25 +11,25 @@ from .maintenance import reap_interval
 
 @dataclass
 class WorkerConfig:
-    concurrency: int = 4                         # handler threads
-    queues: Sequence[str] | None = None          # None: every queue
+    concurrency: int = 4  # handler threads
+    queues: Sequence[str] | None = None  # None: every queue
     name: str | None = None
     lease_seconds: float = DEFAULTS.lease_seconds
-    burst: bool = False                          # exit when nothing is ready and nothing is held
+    burst: bool = False  # exit when nothing is ready and nothing is held
     grace_seconds: float = DEFAULTS.grace_seconds  # on stop: how long running jobs may finish
-    idle_cap_seconds: float = 2.0                # longest sleep between claims when idle
-    doorbell: bool = True                        # MySQL: other processes' enqueues wake it (worker/doorbell.py)
-    prefetch: int | None = None                  # jobs claimed ahead of a free thread (leased, renewed);
-                                                 # None: up to `concurrency`, while handlers are short
-    reap_interval: float | None = None           # default: a quarter of the lease, 1..15 s
+    idle_cap_seconds: float = 2.0  # longest sleep between claims when idle
+    doorbell: bool = True  # MySQL: other processes' enqueues wake it (worker/doorbell.py)
+    prefetch: int | None = None  # jobs claimed ahead of a free thread (leased, renewed);
+    # None: up to `concurrency`, while handlers are short
+    reap_interval: float | None = None  # default: a quarter of the lease, 1..15 s
     queue_refresh_seconds: float = 1.0
-    finish_retry_seconds: float | None = None    # how long to keep retrying a job's last write
-    reap_in_loop: bool = True                    # off when a scheduler runs maintenance (embedded mode):
-                                                 # reaping, recurring runs and retention
-    prune_every_seconds: float = 3600.0          # retention passes (any process) at most this often
+    finish_retry_seconds: float | None = None  # how long to keep retrying a job's last write
+    reap_in_loop: bool = True  # off when a scheduler runs maintenance (embedded mode):
+    # reaping, recurring runs and retention
+    prune_every_seconds: float = 3600.0  # retention passes (any process) at most this often
     heartbeat_seconds: float = 15.0
-    kind: str = "worker"                         # how the dashboard lists this process: worker | embedded
-    refuse_read_only_at_start: bool = True       # a standalone worker on a replica exits 3 at once
+    kind: str = "worker"  # how the dashboard lists this process: worker | embedded
+    refuse_read_only_at_start: bool = True  # a standalone worker on a replica exits 3 at once
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

@@ -23,13 +23,12 @@ from ..repository import doorbell as _doorbell
 from ..wakeup import Wake
 
 log = logging.getLogger("jobqueue.worker")
-SLEEP_SECONDS = 30.0          # one statement per 30 s while idle; a ring ends it at once
+SLEEP_SECONDS = 30.0  # one statement per 30 s while idle; a ring ends it at once
 ERROR_PAUSE_SECONDS = 5.0
 
 
 class Doorbell(threading.Thread):
-    def __init__(self, engine: Engine, queues: Sequence[str] | None, wake: Wake, stop: threading.Event, *,
-                 name: str):
+    def __init__(self, engine: Engine, queues: Sequence[str] | None, wake: Wake, stop: threading.Event, *, name: str):
         super().__init__(name=f"doorbell-{name}", daemon=True)
         self.engine = engine
         self.queues = list(queues) if queues else None
@@ -59,7 +58,7 @@ class Doorbell(threading.Thread):
                     self.connection_id = int(self._conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar())
                 while not self.stop_event.is_set() and self._idle.is_set():
                     if not on_chosen_primary(self.engine, self._conn.connection.info):
-                        self._drop()   # the engine moved to another candidate: listen there
+                        self._drop()  # the engine moved to another candidate: listen there
                         break
                     if _doorbell.wait_for_ring(self._conn, SLEEP_SECONDS, self.queues):
                         self.rings += 1
@@ -67,12 +66,17 @@ class Doorbell(threading.Thread):
                         self._idle.clear()
                         self.wake.new_work = True
                         self.wake.set()
-            except Exception as exc:   # never let the thread die: the worker polls meanwhile
+            except Exception as exc:  # never let the thread die: the worker polls meanwhile
                 if self.stop_event.is_set():
                     return
                 if self._error_log.allow("error") is not None:
-                    event(log, logging.WARNING, "doorbell_error", error=f"{type(exc).__name__}: {exc}"[:300],
-                          detail=f"polling only; trying again in {ERROR_PAUSE_SECONDS:g} s")
+                    event(
+                        log,
+                        logging.WARNING,
+                        "doorbell_error",
+                        error=f"{type(exc).__name__}: {exc}"[:300],
+                        detail=f"polling only; trying again in {ERROR_PAUSE_SECONDS:g} s",
+                    )
                 self._drop()
                 self.stop_event.wait(ERROR_PAUSE_SECONDS)
         self._drop()
@@ -95,4 +99,4 @@ class Doorbell(threading.Thread):
             with self.engine.connect() as conn:
                 _doorbell.ring(conn, [connection_id])
         except Exception:
-            pass   # the process is exiting; its connections close with it
+            pass  # the process is exiting; its connections close with it

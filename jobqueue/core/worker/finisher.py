@@ -49,8 +49,15 @@ BUSY_RETRY_SECONDS = 0.1
 
 
 class Finisher:
-    def __init__(self, engine: Engine, config: WorkerConfig, keeper: LeaseKeeper, registry: Registry,
-                 state: WorkerState, wake: wakeup.Wake):
+    def __init__(
+        self,
+        engine: Engine,
+        config: WorkerConfig,
+        keeper: LeaseKeeper,
+        registry: Registry,
+        state: WorkerState,
+        wake: wakeup.Wake,
+    ):
         self.engine = engine
         self.config = config
         self.keeper = keeper
@@ -59,10 +66,11 @@ class Finisher:
         self.processed = 0
         self._wake = wake
         self._lock = threading.Lock()
-        self._free: set[int] = set(range(1, config.capacity + 1))   # lease slots
+        self._free: set[int] = set(range(1, config.capacity + 1))  # lease slots
         self._finished: queue_mod.SimpleQueue[Held] = queue_mod.SimpleQueue()
-        self._policy = retry.RetryPolicy(seconds=config.finish_retry_seconds, first_delay=FINISH.first_delay,
-                                         max_delay=FINISH.max_delay)
+        self._policy = retry.RetryPolicy(
+            seconds=config.finish_retry_seconds, first_delay=FINISH.first_delay, max_delay=FINISH.max_delay
+        )
 
     # --- lease slots -----------------------------------------------------------------------------
 
@@ -119,13 +127,20 @@ class Finisher:
             outcome = outcomes.get(held.key)
             job, lease = held.claimed.job, held.lease
             if outcome is Outcome.BUSY or outcome is None:
-                self._finished.put(held)   # held elsewhere this instant: next cycle; still renewed
+                self._finished.put(held)  # held elsewhere this instant: next cycle; still renewed
                 continue
             if outcome is Outcome.OK:
                 done[job.queue] += 1
                 metrics.labelled("ATTEMPT_SECONDS", job.task_name, "done").observe(held.duration)
-                lines.append({"job_id": job.id, "task_key": job.task_key, "attempt": lease.attempt,
-                              "worker": lease.owner, "seconds": f"{held.duration:.3f}"})
+                lines.append(
+                    {
+                        "job_id": job.id,
+                        "task_key": job.task_key,
+                        "attempt": lease.attempt,
+                        "worker": lease.owner,
+                        "seconds": f"{held.duration:.3f}",
+                    }
+                )
             else:
                 metrics.labelled("ATTEMPT_SECONDS", job.task_name, "lease_lost").observe(held.duration)
             if self.keeper.drop(held):
@@ -160,20 +175,21 @@ class Finisher:
                 if reachability(exc) is None:
                     raise
                 self.state.sql_error("start", exc)
-                time.sleep(FINISH.first_delay)   # the lease's deadline (the renewer's clock) says when to give up
+                time.sleep(FINISH.first_delay)  # the lease's deadline (the renewer's clock) says when to give up
                 continue
             if outcome is Outcome.OK:
                 self.keeper.end_renewal([held], sent_at, {lease: outcome})
                 return True
             if outcome is Outcome.PAUSED:
-                if self.keeper.lose(held, "paused", "its queue was paused before its handler started",
-                                    only_if=(LeaseState.WAITING,)):
+                if self.keeper.lose(
+                    held, "paused", "its queue was paused before its handler started", only_if=(LeaseState.WAITING,)
+                ):
                     self.release(held, "its queue was paused before its handler started")
                 return False
             if outcome is Outcome.LEASE_LOST:
                 self.keeper.lose(held, "start", "taken back before its handler started")
                 return False
-            time.sleep(BUSY_RETRY_SECONDS)   # BUSY: its row is held by another transaction this instant
+            time.sleep(BUSY_RETRY_SECONDS)  # BUSY: its row is held by another transaction this instant
         return False
 
     def attempt_failed(self, held: Held, error: str, *, permanent: bool = False, outcome: str | None = None) -> None:
@@ -184,39 +200,64 @@ class Finisher:
             self.finish_attempt(held, "fail", error, outcome=outcome)
             return
         spec = self.registry.get(job.task_name)
-        delay = retry_delay(lease.attempt, spec.retry_base_seconds if spec else 1.0,
-                            spec.retry_cap_seconds if spec else 3600.0)
+        delay = retry_delay(
+            lease.attempt, spec.retry_base_seconds if spec else 1.0, spec.retry_cap_seconds if spec else 3600.0
+        )
         self.finish_attempt(held, "retry", error, delay, outcome=outcome)
 
-    def finish_attempt(self, held: Held, operation: str, error: str | None, delay: float = 0.0,
-                       outcome: str | None = None) -> None:
+    def finish_attempt(
+        self, held: Held, operation: str, error: str | None, delay: float = 0.0, outcome: str | None = None
+    ) -> None:
         """retry or fail one job under its lease (from the slot thread whose handler raised, or
         the renewer for a timed-out attempt), renewing it while the write is retried. `outcome`
         names the attempt in its history when it is not the operation's (say, `timeout`)."""
         job, lease = held.claimed.job, held.lease
         label = outcome or operation
         if operation == "retry":
-            result = self._final_write(label, [held], lambda conn: service.retry(conn, lease, error or "", delay,
-                                                                                    outcome=label))
+            result = self._final_write(
+                label, [held], lambda conn: service.retry(conn, lease, error or "", delay, outcome=label)
+            )
         else:
-            result = self._final_write(label, [held], lambda conn: service.fail(conn, lease, error or "",
-                                                                                   outcome=label))
+            result = self._final_write(
+                label, [held], lambda conn: service.fail(conn, lease, error or "", outcome=label)
+            )
         metrics.ATTEMPT_SECONDS.labels(task=job.task_name, outcome=label).observe(held.duration)
         if result is Outcome.OK:
             if operation == "retry":
                 metrics.RETRIED.labels(queue=job.queue).inc()
-                event(log, logging.WARNING, "retry", job_id=job.id, task_key=job.task_key, attempt=lease.attempt,
-                      max_attempts=job.max_attempts, worker=lease.owner, delay=f"{delay:.2f}",
-                      seconds=f"{held.duration:.3f}", outcome=outcome, error=first_line(error))
+                event(
+                    log,
+                    logging.WARNING,
+                    "retry",
+                    job_id=job.id,
+                    task_key=job.task_key,
+                    attempt=lease.attempt,
+                    max_attempts=job.max_attempts,
+                    worker=lease.owner,
+                    delay=f"{delay:.2f}",
+                    seconds=f"{held.duration:.3f}",
+                    outcome=outcome,
+                    error=first_line(error),
+                )
             else:
                 metrics.FAILED.labels(queue=job.queue).inc()
                 if wakeup.results_awaited():
                     wakeup.finished([job.task_key])
-                event(log, logging.ERROR, "fail", job_id=job.id, task_key=job.task_key, attempt=lease.attempt,
-                      max_attempts=job.max_attempts, worker=lease.owner, seconds=f"{held.duration:.3f}",
-                      outcome=outcome, error=first_line(error))
+                event(
+                    log,
+                    logging.ERROR,
+                    "fail",
+                    job_id=job.id,
+                    task_key=job.task_key,
+                    attempt=lease.attempt,
+                    max_attempts=job.max_attempts,
+                    worker=lease.owner,
+                    seconds=f"{held.duration:.3f}",
+                    outcome=outcome,
+                    error=first_line(error),
+                )
         if held.handler_done:
-            self.forget(held)   # a handler still running (timed out) is forgotten when it returns
+            self.forget(held)  # a handler still running (timed out) is forgotten when it returns
 
     def release(self, held: Held, reason: str = "worker shutting down") -> int:
         """running -> ready under the lease (attempts kept), renewed until it commits."""
@@ -224,15 +265,24 @@ class Finisher:
         outcome = self._final_write("release", [held], lambda conn: service.release(conn, lease, reason))
         if outcome is not None:
             metrics.RELEASED.inc()
-            event(log, logging.WARNING, "released", job_id=lease.job_id, task_key=held.claimed.job.task_key,
-                  attempt=lease.attempt, worker=lease.owner, outcome=outcome.value)
+            event(
+                log,
+                logging.WARNING,
+                "released",
+                job_id=lease.job_id,
+                task_key=held.claimed.job.task_key,
+                attempt=lease.attempt,
+                worker=lease.owner,
+                outcome=outcome.value,
+            )
         if held.handler_done or held.started_at is None:
-            self.forget(held)   # a handler still running is forgotten when it returns
+            self.forget(held)  # a handler still running is forgotten when it returns
         return 1 if outcome is Outcome.OK else 0
 
     def _final_write(self, operation: str, items: list[Held], write: Callable[[Any], T]) -> T | None:
         """A job's last write, retried while the database is away (FINISH policy) and given up
         when every lease in `items` is lost; renewals go on between the tries."""
+
         def once() -> T:
             with self.keeper.writing(items):
                 with self.engine.connect() as conn:
@@ -244,15 +294,26 @@ class Finisher:
         try:
             # A lease given up by its local deadline or its task's timeout may still be valid in the
             # database: its last write is worth retrying. One the fence refused is gone.
-            return retry.call(once, self._policy, reachability, on_retry=on_retry,
-                              give_up=lambda: all(h.lost and h.lost_reason not in ("deadline", "timeout")
-                                                  for h in items))
+            return retry.call(
+                once,
+                self._policy,
+                reachability,
+                on_retry=on_retry,
+                give_up=lambda: all(h.lost and h.lost_reason not in ("deadline", "timeout") for h in items),
+            )
         except (retry.RetriesExhausted, *DB_ERRORS) as exc:
             self.state.sql_error(operation, getattr(exc, "last", exc))
             for held in items:
-                event(log, logging.ERROR, "finish_abandoned", job_id=held.lease.job_id,
-                      task_key=held.claimed.job.task_key, attempt=held.lease.attempt, worker=held.lease.owner,
-                      operation=operation)
+                event(
+                    log,
+                    logging.ERROR,
+                    "finish_abandoned",
+                    job_id=held.lease.job_id,
+                    task_key=held.claimed.job.task_key,
+                    attempt=held.lease.attempt,
+                    worker=held.lease.owner,
+                    operation=operation,
+                )
             return None
 
     # --- the handler's own writes (its JobContext) -----------------------------------------------
@@ -276,11 +337,12 @@ class Finisher:
                     if outcome is not Outcome.OK:
                         tx.rollback()
                         self.keeper.lose(held, "complete", "the fence refused the completion: nothing committed")
-                        raise LeaseLostError(f"job {lease.job_id} attempt {lease.attempt}: lease lost; the "
-                                             "transaction was rolled back")
+                        raise LeaseLostError(
+                            f"job {lease.job_id} attempt {lease.attempt}: lease lost; the transaction was rolled back"
+                        )
                     tx.commit()
                 except DBAPIError:
-                    if not self._done_under(lease):   # a lost COMMIT reply: did it land?
+                    if not self._done_under(lease):  # a lost COMMIT reply: did it land?
                         raise
         held.completed_in_transaction = True
 
@@ -290,16 +352,28 @@ class Finisher:
                 job = repository.reads.get_job(conn, lease.job_id)
         except DB_ERRORS:
             return False
-        return job is not None and job.status.value == "done" and (job.lease_owner, job.attempts) == (
-            lease.owner, lease.attempt)
+        return (
+            job is not None
+            and job.status.value == "done"
+            and (job.lease_owner, job.attempts) == (lease.owner, lease.attempt)
+        )
 
     def completed_in_transaction(self, held: Held) -> None:
         """The handler's ctx.transaction() committed the completion: nothing left to write."""
         job, lease = held.claimed.job, held.lease
         metrics.COMPLETED.labels(queue=job.queue).inc()
         metrics.ATTEMPT_SECONDS.labels(task=job.task_name, outcome="done").observe(held.duration)
-        event(log, logging.INFO, "complete", job_id=job.id, task_key=job.task_key, attempt=lease.attempt,
-              worker=lease.owner, seconds=f"{held.duration:.3f}", transaction=True)
+        event(
+            log,
+            logging.INFO,
+            "complete",
+            job_id=job.id,
+            task_key=job.task_key,
+            attempt=lease.attempt,
+            worker=lease.owner,
+            seconds=f"{held.duration:.3f}",
+            transaction=True,
+        )
         if wakeup.results_awaited():
             wakeup.finished([job.task_key])
         self.forget(held)
@@ -322,7 +396,11 @@ class Finisher:
                 return service.record_result(conn, lease, task_key, result)
 
         try:
-            return retry.call(once, self._policy, reachability,
-                              on_retry=lambda kind, n, delay, exc: self.state.sql_error("record_result", exc))
+            return retry.call(
+                once,
+                self._policy,
+                reachability,
+                on_retry=lambda kind, n, delay, exc: self.state.sql_error("record_result", exc),
+            )
         except retry.RetriesExhausted as exc:
             raise exc.last from None

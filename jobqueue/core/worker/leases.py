@@ -47,13 +47,13 @@ from ..tasks import JobContext
 
 
 class LeaseState(str, enum.Enum):
-    WAITING = "waiting"       # claimed ahead of a free thread (prefetch)
-    RUNNING = "running"       # its handler runs
-    FINISHING = "finishing"   # the handler returned; its final write is pending
-    LOST = "lost"             # gone: refused by the fence, past its deadline, or timed out
+    WAITING = "waiting"  # claimed ahead of a free thread (prefetch)
+    RUNNING = "running"  # its handler runs
+    FINISHING = "finishing"  # the handler returned; its final write is pending
+    LOST = "lost"  # gone: refused by the fence, past its deadline, or timed out
 
 
-Key = tuple[int, int]         # (job id, attempt)
+Key = tuple[int, int]  # (job id, attempt)
 
 
 def key_of(lease: Lease) -> Key:
@@ -66,18 +66,18 @@ class Held:
     slot: int
     ctx: JobContext
     state: LeaseState
-    deadline: float                     # monotonic: past it, the lease may have expired in the database
-    claimed_at: float                   # monotonic
-    started_at: float | None = None     # monotonic, when the handler started
+    deadline: float  # monotonic: past it, the lease may have expired in the database
+    claimed_at: float  # monotonic
+    started_at: float | None = None  # monotonic, when the handler started
     lost_at: float | None = None
     lost_reason: str | None = None
-    timeout: float | None = None        # seconds the task allows an attempt
-    duration: float = 0.0               # the handler's run time, once it returned
-    writing: bool = False               # a final write is in flight: no renewal now
-    renewing: bool = False              # a renewal is in flight: no final write now
+    timeout: float | None = None  # seconds the task allows an attempt
+    duration: float = 0.0  # the handler's run time, once it returned
+    writing: bool = False  # a final write is in flight: no renewal now
+    renewing: bool = False  # a renewal is in flight: no final write now
     handler_done: bool = False
-    completed_in_transaction: bool = False   # the handler's ctx.transaction() committed the completion
-    result_recorded: bool = False       # this attempt called record_result: a return value is not recorded again
+    completed_in_transaction: bool = False  # the handler's ctx.transaction() committed the completion
+    result_recorded: bool = False  # this attempt called record_result: a return value is not recorded again
 
     @property
     def key(self) -> Key:
@@ -97,13 +97,14 @@ class Lost:
     """A lease that the keeper has just given up on, and why (for the caller to report)."""
 
     held: Held
-    reason: str                         # renew | deadline | timeout | ...
+    reason: str  # renew | deadline | timeout | ...
     detail: str
 
 
 class LeaseKeeper:
-    def __init__(self, lease_seconds: float, *, clock: Callable[[], float] = time.monotonic,
-                 margin: float | None = None):
+    def __init__(
+        self, lease_seconds: float, *, clock: Callable[[], float] = time.monotonic, margin: float | None = None
+    ):
         self.lease_seconds = lease_seconds
         # The database's lease counts from when the statement ran, which is after we sent it; the
         # margin covers the rest (clock rates, the time to learn of a failure).
@@ -114,8 +115,9 @@ class LeaseKeeper:
 
     # --- taking and giving up ----------------------------------------------------------------
 
-    def hold(self, claimed: ClaimedJob, slot: int, ctx: JobContext, *, sent_at: float,
-             timeout: float | None = None) -> Held:
+    def hold(
+        self, claimed: ClaimedJob, slot: int, ctx: JobContext, *, sent_at: float, timeout: float | None = None
+    ) -> Held:
         """A lease the claim sent at `sent_at` (monotonic) took."""
         held = Held(claimed, slot, ctx, LeaseState.WAITING, self._deadline(sent_at), self.clock(), timeout=timeout)
         with self._cond:
@@ -142,8 +144,9 @@ class LeaseKeeper:
             held.state = LeaseState.FINISHING
             return True
 
-    def lose(self, held: Held, reason: str, detail: str = "", *, only_if: tuple[LeaseState, ...] | None = None
-             ) -> Lost | None:
+    def lose(
+        self, held: Held, reason: str, detail: str = "", *, only_if: tuple[LeaseState, ...] | None = None
+    ) -> Lost | None:
         """Give up on a lease: set `ctx.lease_lost`. None when it was already lost or gone (or,
         with `only_if`, not in one of those states at this instant)."""
         with self._cond:
@@ -196,8 +199,7 @@ class LeaseKeeper:
                 h.renewing = True
         return items, self.clock()
 
-    def end_renewal(self, items: Sequence[Held], sent_at: float, outcomes: dict[Lease, Outcome] | None,
-                    ) -> list[Lost]:
+    def end_renewal(self, items: Sequence[Held], sent_at: float, outcomes: dict[Lease, Outcome] | None) -> list[Lost]:
         """Apply a renewal's answer: OK moves the deadline, LEASE_LOST loses the lease, BUSY (the
         row was held elsewhere this instant) and a failed renewal (None) change nothing: the
         deadline keeps running."""
@@ -222,8 +224,16 @@ class LeaseKeeper:
         now = self.clock()
         with self._cond:
             late = [h for h in self._held.values() if not h.lost and now >= h.deadline]
-            slow = [h for h in self._held.values() if not h.lost and h not in late and h.timeout is not None
-                    and h.started_at is not None and not h.handler_done and now - h.started_at >= h.timeout]
+            slow = [
+                h
+                for h in self._held.values()
+                if not h.lost
+                and h not in late
+                and h.timeout is not None
+                and h.started_at is not None
+                and not h.handler_done
+                and now - h.started_at >= h.timeout
+            ]
         out = []
         for h in late:
             gone = self.lose(h, "deadline", f"no successful renewal for {self.lease_seconds - self.margin:.1f} s")
@@ -270,13 +280,20 @@ class LeaseKeeper:
         now = self.clock()
         with self._cond:
             items = sorted(self._held.values(), key=lambda h: h.slot)
-            return [{
-                "slot": h.slot, "job_id": h.lease.job_id, "attempt": h.lease.attempt, "task": h.claimed.job.task_name,
-                "queue": h.claimed.job.queue, "state": h.state.value,
-                "running_seconds": round(now - h.started_at, 1) if h.started_at is not None else None,
-                "held_seconds": round(now - h.claimed_at, 1),
-                "lease_left_seconds": round(h.deadline - now, 1),
-                "lost_reason": h.lost_reason,
-                "lost_seconds_ago": round(now - h.lost_at, 1) if h.lost_at is not None else None,
-                "handler_running": h.started_at is not None and not h.handler_done,
-            } for h in items]
+            return [
+                {
+                    "slot": h.slot,
+                    "job_id": h.lease.job_id,
+                    "attempt": h.lease.attempt,
+                    "task": h.claimed.job.task_name,
+                    "queue": h.claimed.job.queue,
+                    "state": h.state.value,
+                    "running_seconds": round(now - h.started_at, 1) if h.started_at is not None else None,
+                    "held_seconds": round(now - h.claimed_at, 1),
+                    "lease_left_seconds": round(h.deadline - now, 1),
+                    "lost_reason": h.lost_reason,
+                    "lost_seconds_ago": round(now - h.lost_at, 1) if h.lost_at is not None else None,
+                    "handler_running": h.started_at is not None and not h.handler_done,
+                }
+                for h in items
+            ]

@@ -62,7 +62,7 @@ from .state import DB_ERRORS, WorkerState, reachability
 
 log = logging.getLogger("jobqueue.worker")
 
-DOORBELL_AFTER_SECONDS = 0.2   # backoff sleeps this long or longer are spent listening for the doorbell
+DOORBELL_AFTER_SECONDS = 0.2  # backoff sleeps this long or longer are spent listening for the doorbell
 # Before the first claim: wait for the database to answer, however long that takes.
 START = retry.RetryPolicy(first_delay=0.5, max_delay=10.0)
 
@@ -88,19 +88,36 @@ class Worker:
         # transaction kept it from renewing too) is not re-run by our own reaper: the write lands
         # once the row is free. (tests/integration/test_leases.py, the held-row test.)
         self.maintenance = Maintenance(
-            engine, name=self.id, registry=registry, on_error=self._state.sql_error,
-            reap_every=config.reap_interval, prune_every_seconds=config.prune_every_seconds,
+            engine,
+            name=self.id,
+            registry=registry,
+            on_error=self._state.sql_error,
+            reap_every=config.reap_interval,
+            prune_every_seconds=config.prune_every_seconds,
             in_loop=config.reap_in_loop,
-            keep=lambda: [(h.lease.job_id, h.lease.attempt) for h in self.keeper.held() if h.handler_done])
+            keep=lambda: [(h.lease.job_id, h.lease.attempt) for h in self.keeper.held() if h.handler_done],
+        )
         self.finisher = Finisher(engine, config, self.keeper, registry, self._state, self._wake)
         self.slots = Slots(self.finisher, self.keeper, registry, self.id, config.concurrency)
         self.renewer = Renewer(engine, config, self.keeper, self.finisher, self._state, self.heartbeat)
         # A burst worker exits when idle: nobody needs to ring it.
-        self._doorbell = (Doorbell(engine, config.queues, self._wake, self._stop, name=self.id)
-                          if is_mysql(engine) and config.doorbell and not config.burst else None)
-        self.claimer = Claimer(engine, config, self.id, keeper=self.keeper, finisher=self.finisher,
-                               slots=self.slots, maintenance=self.maintenance, state=self._state,
-                               registry=registry, doorbell=self._doorbell)
+        self._doorbell = (
+            Doorbell(engine, config.queues, self._wake, self._stop, name=self.id)
+            if is_mysql(engine) and config.doorbell and not config.burst
+            else None
+        )
+        self.claimer = Claimer(
+            engine,
+            config,
+            self.id,
+            keeper=self.keeper,
+            finisher=self.finisher,
+            slots=self.slots,
+            maintenance=self.maintenance,
+            state=self._state,
+            registry=registry,
+            doorbell=self._doorbell,
+        )
         self._started = False
         self._stats_sent: dict[str, int] = {}
 
@@ -108,7 +125,7 @@ class Worker:
         return self.claimer.owners[slot]
 
     @property
-    def state(self) -> str:   # claiming | not_primary | split_brain | database_unreachable | stopping | stopped
+    def state(self) -> str:  # claiming | not_primary | split_brain | database_unreachable | stopping | stopped
         return self._state.name
 
     @property
@@ -147,10 +164,17 @@ class Worker:
         if self._stop.is_set():
             return 0
         self.start_threads()
-        event(log, logging.INFO, "worker_started", worker=self.id, concurrency=self.config.concurrency,
-              prefetch="auto" if self.config.prefetch is None else self.config.prefetch or None,
-              queues=self.claimer.queue_label,
-              lease_seconds=self.config.lease_seconds, burst=self.config.burst)
+        event(
+            log,
+            logging.INFO,
+            "worker_started",
+            worker=self.id,
+            concurrency=self.config.concurrency,
+            prefetch="auto" if self.config.prefetch is None else self.config.prefetch or None,
+            queues=self.claimer.queue_label,
+            lease_seconds=self.config.lease_seconds,
+            burst=self.config.burst,
+        )
         try:
             while not self._stop.is_set():
                 delay = self.run_once()
@@ -191,6 +215,7 @@ class Worker:
         """Preflight before the first claim, waiting for the database to answer. A read-only
         server refuses a standalone worker at once (exit 3) unless configured to wait for it to
         become the primary (embedded workers, several candidate URLs)."""
+
         def check() -> None:
             if self._stop.is_set():
                 return
@@ -207,9 +232,15 @@ class Worker:
             self._state.set("not_primary" if kind == "not_primary" else "database_unreachable", str(exc)[:300])
             self._state.sql_error("preflight", exc)
 
-        retry.call(check, START, lambda exc: None if isinstance(exc, UnsupportedDatabase) and not
-                   isinstance(exc, NotPrimary) else reachability(exc),
-                   on_retry=waiting, sleep=self._stop.wait)
+        retry.call(
+            check,
+            START,
+            lambda exc: (
+                None if isinstance(exc, UnsupportedDatabase) and not isinstance(exc, NotPrimary) else reachability(exc)
+            ),
+            on_retry=waiting,
+            sleep=self._stop.wait,
+        )
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -220,7 +251,7 @@ class Worker:
             return None
         split = two_primaries(self.engine)
         if split is not None:
-            self.claimer.complete_finished()   # on the chosen server, where these jobs were claimed
+            self.claimer.complete_finished()  # on the chosen server, where these jobs were claimed
             self._state.split_brain(split)
             return NOT_PRIMARY_RETRY_SECONDS
         if self.maintenance.turn():
@@ -293,9 +324,15 @@ class Worker:
         try:
             with self.engine.connect() as conn:
                 repository.processes.register_process(
-                    conn, process_id=self.id, host=socket.gethostname(), pid=os.getpid(), kind=self.config.kind,
-                    concurrency=self.config.concurrency, queues=self.claimer.queue_label,
-                    tasks=self.registry.specs())
+                    conn,
+                    process_id=self.id,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    kind=self.config.kind,
+                    concurrency=self.config.concurrency,
+                    queues=self.claimer.queue_label,
+                    tasks=self.registry.specs(),
+                )
         except DB_ERRORS as exc:
             self._state.sql_error("heartbeat", exc)
 
@@ -310,8 +347,14 @@ class Worker:
         sent = self._stats_sent
         deltas = {k: v - sent.get(k, 0) for k, v in totals.items()}
         with self.engine.connect() as conn:
-            known = repository.processes.heartbeat(conn, self.id, jobs_in_hand=len(self.keeper), processed=self.processed,
-                                         stats=deltas, state=self.status())
+            known = repository.processes.heartbeat(
+                conn,
+                self.id,
+                jobs_in_hand=len(self.keeper),
+                processed=self.processed,
+                stats=deltas,
+                state=self.status(),
+            )
         self._stats_sent = totals
         if not known:
             self._register()

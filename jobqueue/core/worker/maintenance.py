@@ -31,9 +31,9 @@ from ..retention import PRUNE_EVERY_SECONDS, Pruner
 from ..settings import Settings
 from .state import DB_ERRORS
 
-SWEEP_SECONDS = 60.0            # an idle worker's sweep, besides the ones its reads trigger
-RECURRING_CHECK_SECONDS = 1.0   # a scheduler's recurring check (the loop checks every turn)
-PRUNE_CHECK_SECONDS = 60.0      # a scheduler's retention check
+SWEEP_SECONDS = 60.0  # an idle worker's sweep, besides the ones its reads trigger
+RECURRING_CHECK_SECONDS = 1.0  # a scheduler's recurring check (the loop checks every turn)
+PRUNE_CHECK_SECONDS = 60.0  # a scheduler's retention check
 
 
 def reap_interval(lease_seconds: float) -> float:
@@ -47,6 +47,7 @@ class Timed:
     """One step for a scheduler: run `run` every `every` seconds (first at once with `at_start`).
     `preflight`: check the server before each run (never reap on a replica); the recurring check
     runs every second, so it checks the server only while the last check refused it."""
+
     name: str
     every: float
     run: Callable[[], object]
@@ -59,19 +60,28 @@ class Maintenance:
     skipped until its next turn); `keep()` names the leases of this process whose final write is
     pending, never reaped by it (see Reaper.reap)."""
 
-    def __init__(self, engine: Engine, *, name: str, on_error: Callable[[str, BaseException], None],
-                 reap_every: float, registry=None, prune_every_seconds: float = PRUNE_EVERY_SECONDS,
-                 settings: Settings | None = None, keep: Callable[[], Sequence[tuple[int, int]]] = tuple,
-                 in_loop: bool = True):
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        name: str,
+        on_error: Callable[[str, BaseException], None],
+        reap_every: float,
+        registry=None,
+        prune_every_seconds: float = PRUNE_EVERY_SECONDS,
+        settings: Settings | None = None,
+        keep: Callable[[], Sequence[tuple[int, int]]] = tuple,
+        in_loop: bool = True,
+    ):
         self.reaper = Reaper(engine, name=name)
         self.recurring = RecurringRunner(engine, registry=registry, name=name)
         self.pruner = Pruner(engine, name=name, every_seconds=prune_every_seconds, settings=settings)
         self.reap_every = reap_every
-        self.in_loop = in_loop   # False: a scheduler runs reap, recurring and prune; the loop only promotes
+        self.in_loop = in_loop  # False: a scheduler runs reap, recurring and prune; the loop only promotes
         self._on_error = on_error
         self._keep = keep
         self._last_sweep = 0.0
-        self._busy = False       # claimed since the last sweep
+        self._busy = False  # claimed since the last sweep
 
     # --- in a worker's loop ----------------------------------------------------------------------
 
@@ -142,9 +152,11 @@ class Maintenance:
     # --- for a scheduler -------------------------------------------------------------------------
 
     def timed(self) -> list[Timed]:
-        return [Timed("reaper", self.reap_every, self.sweep, at_start=True),
-                Timed("recurring", RECURRING_CHECK_SECONDS, self.tick_recurring, at_start=True, preflight=False),
-                Timed("prune", PRUNE_CHECK_SECONDS, self.prune_if_due, at_start=False)]
+        return [
+            Timed("reaper", self.reap_every, self.sweep, at_start=True),
+            Timed("recurring", RECURRING_CHECK_SECONDS, self.tick_recurring, at_start=True, preflight=False),
+            Timed("prune", PRUNE_CHECK_SECONDS, self.prune_if_due, at_start=False),
+        ]
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop a retention pass in progress after its current batch."""

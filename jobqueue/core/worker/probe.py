@@ -28,7 +28,7 @@ class IdleProbe:
 
     def read(self) -> EmptyClaimReport:
         if self._conn is not None and not on_chosen_primary(self.engine, self._conn.info):
-            self.close()   # the engine moved to another candidate: read where the claims go
+            self.close()  # the engine moved to another candidate: read where the claims go
         if self._conn is None:
             self._conn = self.engine.raw_connection()
             self._conn.dbapi_connection.autocommit(True)
@@ -36,8 +36,11 @@ class IdleProbe:
             if self._sql is None:
                 with self.engine.connect() as conn:
                     self._flavour = repository.claim.flavour(conn)
-                self._sql = str(repository.claim.classify_statement(self.queues, self._flavour).compile(
-                    dialect=self.engine.dialect, compile_kwargs={"literal_binds": True}))
+                self._sql = str(
+                    repository.claim.classify_statement(self.queues, self._flavour).compile(
+                        dialect=self.engine.dialect, compile_kwargs={"literal_binds": True}
+                    )
+                )
             cursor = self._conn.dbapi_connection.cursor()
             try:
                 cursor.execute(self._sql)

@@ -33,8 +33,15 @@ class Renewer:
     other only watches the clock, so that a lease past its local deadline is given up on time
     even while a renewal is stuck in flight."""
 
-    def __init__(self, engine: Engine, config: WorkerConfig, keeper: LeaseKeeper, finisher: Finisher,
-                 state: WorkerState, heartbeat: Callable[[], None]):
+    def __init__(
+        self,
+        engine: Engine,
+        config: WorkerConfig,
+        keeper: LeaseKeeper,
+        finisher: Finisher,
+        state: WorkerState,
+        heartbeat: Callable[[], None],
+    ):
         self.engine = engine
         self.config = config
         self.keeper = keeper
@@ -43,8 +50,10 @@ class Renewer:
         self.heartbeat = heartbeat
         self._done = threading.Event()
         self._beat_now = threading.Event()
-        self._threads = [threading.Thread(target=self._run, name="jobqueue-renewer", daemon=True),
-                         threading.Thread(target=self._watch, name="jobqueue-lease-clock", daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._run, name="jobqueue-renewer", daemon=True),
+            threading.Thread(target=self._watch, name="jobqueue-lease-clock", daemon=True),
+        ]
 
     def start(self) -> None:
         for t in self._threads:
@@ -90,7 +99,7 @@ class Renewer:
         try:
             with self.engine.connect() as conn:
                 outcomes = service.renew(conn, [h.lease for h in items], self.config.lease_seconds)
-        except Exception as exc:   # every error: the deadline keeps running and says when to give up
+        except Exception as exc:  # every error: the deadline keeps running and says when to give up
             self.state.sql_error("renew", exc)
         finally:
             lost = self.keeper.end_renewal(items, sent_at, outcomes)
@@ -109,11 +118,19 @@ class Renewer:
 
     def _lost(self, gone: Lost, counted: bool = False) -> None:
         held = gone.held
-        if not counted:   # the repository already counted and logged a renewal the fence refused
+        if not counted:  # the repository already counted and logged a renewal the fence refused
             metrics.LEASES_LOST.labels(operation=gone.reason).inc()
-            event(log, logging.WARNING, "lease_lost", operation=gone.reason, job_id=held.lease.job_id,
-                  task_key=held.claimed.job.task_key, attempt=held.lease.attempt, worker=held.lease.owner,
-                  detail=gone.detail)
+            event(
+                log,
+                logging.WARNING,
+                "lease_lost",
+                operation=gone.reason,
+                job_id=held.lease.job_id,
+                task_key=held.claimed.job.task_key,
+                attempt=held.lease.attempt,
+                worker=held.lease.owner,
+                detail=gone.detail,
+            )
 
     def _time_out(self, gone: Lost) -> None:
         held = gone.held

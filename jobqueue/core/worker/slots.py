@@ -44,7 +44,7 @@ log = logging.getLogger("jobqueue.worker")
 # database before its handler starts (one fenced write). Shorter waits are those of a job handed
 # to a busy thread that freed up within about a claim's round trip.
 CONFIRM_AFTER_SECONDS = 0.05
-DURATION_WEIGHT = 0.2   # how much the last handler's time moves the running average
+DURATION_WEIGHT = 0.2  # how much the last handler's time moves the running average
 
 
 class Slots:
@@ -53,10 +53,11 @@ class Slots:
         self.keeper = keeper
         self.registry = registry
         self.worker_id = worker_id
-        self.average_seconds: float | None = None   # running average of a thread's time per job
+        self.average_seconds: float | None = None  # running average of a thread's time per job
         self.inbox: queue_mod.SimpleQueue[Held | None] = queue_mod.SimpleQueue()
-        self.threads = [threading.Thread(target=self._run, name=f"jobqueue-slot-{i + 1}", daemon=True)
-                        for i in range(threads)]
+        self.threads = [
+            threading.Thread(target=self._run, name=f"jobqueue-slot-{i + 1}", daemon=True) for i in range(threads)
+        ]
         self._idle = threads
         self._lock = threading.Lock()
 
@@ -87,9 +88,15 @@ class Slots:
             started = time.monotonic()
             try:
                 self.run_attempt(held)
-            except Exception as exc:   # never lose a thread to a bug of ours
-                event(log, logging.ERROR, "slot_error", job_id=held.lease.job_id, attempt=held.lease.attempt,
-                      error=f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # never lose a thread to a bug of ours
+                event(
+                    log,
+                    logging.ERROR,
+                    "slot_error",
+                    job_id=held.lease.job_id,
+                    attempt=held.lease.attempt,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
                 self.finisher.forget(held)
             finally:
                 self._took(time.monotonic() - started)
@@ -116,12 +123,20 @@ class Slots:
                 raise LookupError(f"no handler for task {job.task_name!r} in worker {self.worker_id}")
             returned = spec.handler(job.payload, held.ctx)
             if returned is not None and not held.result_recorded and not held.completed_in_transaction:
-                finisher.record_result(held, returned)   # as ctx.record_result(returned) would
+                finisher.record_result(held, returned)  # as ctx.record_result(returned) would
         except Exception as exc:
             if held.completed_in_transaction:
                 # Its ctx.transaction() committed: the job is done, whatever came after.
-                event(log, logging.WARNING, "handler_error_after_completion", job_id=job.id, task_key=job.task_key,
-                      attempt=lease.attempt, worker=lease.owner, error=first_line(describe(exc)))
+                event(
+                    log,
+                    logging.WARNING,
+                    "handler_error_after_completion",
+                    job_id=job.id,
+                    task_key=job.task_key,
+                    attempt=lease.attempt,
+                    worker=lease.owner,
+                    error=first_line(describe(exc)),
+                )
                 held.duration = time.monotonic() - started
                 keeper.finishing(held)
                 finisher.completed_in_transaction(held)
@@ -139,9 +154,17 @@ class Slots:
             finisher.handler_succeeded(held)
         else:
             self._ended(held, "lease_lost", started)
-            event(log, logging.WARNING, "handler_finished_after_lease_lost", job_id=job.id, task_key=job.task_key,
-                  attempt=lease.attempt, worker=lease.owner, reason=held.lost_reason,
-                  seconds=f"{held.duration:.3f}")
+            event(
+                log,
+                logging.WARNING,
+                "handler_finished_after_lease_lost",
+                job_id=job.id,
+                task_key=job.task_key,
+                attempt=lease.attempt,
+                worker=lease.owner,
+                reason=held.lost_reason,
+                seconds=f"{held.duration:.3f}",
+            )
             finisher.forget(held)
 
     def _may_start(self, held: Held) -> bool:
@@ -154,10 +177,18 @@ class Slots:
         job, lease = held.claimed.job, held.lease
         if isinstance(exc, LeaseLostError):
             self._ended(held, "lease_lost", started)
-            event(log, logging.WARNING, "handler_lease_lost", job_id=job.id, task_key=job.task_key,
-                  attempt=lease.attempt, worker=lease.owner, seconds=f"{time.monotonic() - started:.3f}")
+            event(
+                log,
+                logging.WARNING,
+                "handler_lease_lost",
+                job_id=job.id,
+                task_key=job.task_key,
+                attempt=lease.attempt,
+                worker=lease.owner,
+                seconds=f"{time.monotonic() - started:.3f}",
+            )
             self.finisher.forget(held)
-        elif self._still_held(held, started):   # a handler's failure is the job's failure, never the worker's
+        elif self._still_held(held, started):  # a handler's failure is the job's failure, never the worker's
             self.finisher.attempt_failed(held, describe(exc), permanent=isinstance(exc, PermanentError))
 
     def _still_held(self, held: Held, started: float) -> bool:
@@ -171,7 +202,8 @@ class Slots:
     @staticmethod
     def _ended(held: Held, outcome: str, started: float) -> None:
         metrics.ATTEMPT_SECONDS.labels(task=held.claimed.job.task_name, outcome=outcome).observe(
-            time.monotonic() - started)
+            time.monotonic() - started
+        )
 
 
 def describe(exc: BaseException) -> str:

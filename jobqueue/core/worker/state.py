@@ -18,7 +18,7 @@ from ..logs import RateLimited, event
 log = logging.getLogger("jobqueue.worker")
 
 DB_ERRORS = (DBAPIError, SQLAlchemyError, TransientDatabaseError, NotPrimary, pymysql.err.Error)
-NOT_CLAIMING = ("not_primary", "split_brain", "database_unreachable")   # states in which a worker claims nothing
+NOT_CLAIMING = ("not_primary", "split_brain", "database_unreachable")  # states in which a worker claims nothing
 
 
 def reachability(exc: BaseException) -> str | None:
@@ -41,7 +41,7 @@ class WorkerState:
 
     def __init__(self, worker_id: str, on_change: Callable[[], None]):
         self.worker_id = worker_id
-        self.name = "starting"   # claiming | not_primary | split_brain | database_unreachable | stopping | stopped
+        self.name = "starting"  # claiming | not_primary | split_brain | database_unreachable | stopping | stopped
         self.detail: str | None = None
         self._on_change = on_change
         self._error_log = RateLimited(5.0)
@@ -67,9 +67,15 @@ class WorkerState:
         first = self.name != "not_primary"
         self.set("not_primary", str(exc)[:300])
         if first or self._error_log.allow(("not_primary", operation)) is not None:
-            event(log, logging.ERROR, "not_primary", worker=self.worker_id, operation=operation,
-                  detail="claiming paused: the server is not a writable primary; resuming when one answers",
-                  error=str(getattr(exc, "orig", None) or exc)[:300])
+            event(
+                log,
+                logging.ERROR,
+                "not_primary",
+                worker=self.worker_id,
+                operation=operation,
+                detail="claiming paused: the server is not a writable primary; resuming when one answers",
+                error=str(getattr(exc, "orig", None) or exc)[:300],
+            )
 
     def sql_error(self, operation: str, exc: BaseException) -> None:
         metrics.SQL_ERRORS.labels(operation=operation).inc()
@@ -77,6 +83,12 @@ class WorkerState:
         # few seconds, with how many were held back.
         suppressed = self._error_log.allow(operation)
         if suppressed is not None:
-            event(log, logging.ERROR, "sql_error", worker=self.worker_id, operation=operation,
-                  error=f"{type(exc).__name__}: {str(getattr(exc, 'orig', None) or exc)[:300]}",
-                  repeats=suppressed or None)
+            event(
+                log,
+                logging.ERROR,
+                "sql_error",
+                worker=self.worker_id,
+                operation=operation,
+                error=f"{type(exc).__name__}: {str(getattr(exc, 'orig', None) or exc)[:300]}",
+                repeats=suppressed or None,
+            )

@@ -14,8 +14,8 @@ from ...core.validation import JobQuery, job_query
 bp = Blueprint("dashboard", __name__)
 
 PAGE_SIZE = 50
-MATCH_COUNT_CAP = 10_000    # counts of matches stop here ("10,000+"): bounded reads at any table size
-MOVING = ("ready", "scheduled", "running")   # rows in these states are refreshed live
+MATCH_COUNT_CAP = 10_000  # counts of matches stop here ("10,000+"): bounded reads at any table size
+MOVING = ("ready", "scheduled", "running")  # rows in these states are refreshed live
 EPOCH = datetime(1970, 1, 1)
 
 
@@ -28,6 +28,7 @@ def actor() -> str:
 
 
 # --- request parsing -----------------------------------------------------------------------------
+
 
 def whole_number(raw: str) -> int | None:
     # ASCII digits only: str.isdigit() also says yes to "²" and "١", which int() refuses (or, for

@@ -23,16 +23,28 @@ from .workers import current_attempt
 def jobs():
     query = parse_query(request.args)
     with read_db() as conn:
-        page = repository.reads.page_jobs(conn, query.job_filter, before=query.before, after=query.after, limit=PAGE_SIZE,
-                                    cap=MATCH_COUNT_CAP)
+        page = repository.reads.page_jobs(
+            conn, query.job_filter, before=query.before, after=query.after, limit=PAGE_SIZE, cap=MATCH_COUNT_CAP
+        )
         queues, tasks = repository.reads.distinct_values(conn)
         now = repository.reads.database_now(conn)
-    context = {"jobs": page.jobs, "page": page, "filter": query.job_filter, "args": filter_args(query.job_filter),
-               "before": query.before, "after": query.after, "next_before": page.older, "queues": queues,
-               "tasks": tasks, "statuses": [s.value for s in Status], "now": now,
-               "live": any(moving(j) for j in page.jobs), "search_window": repository.operator.SEARCH_WINDOW,
-               "sparse_search_window": repository.operator.SPARSE_SEARCH_WINDOW,
-               "bulk_window": bulk_window(query, page)}
+    context = {
+        "jobs": page.jobs,
+        "page": page,
+        "filter": query.job_filter,
+        "args": filter_args(query.job_filter),
+        "before": query.before,
+        "after": query.after,
+        "next_before": page.older,
+        "queues": queues,
+        "tasks": tasks,
+        "statuses": [s.value for s in Status],
+        "now": now,
+        "live": any(moving(j) for j in page.jobs),
+        "search_window": repository.operator.SEARCH_WINDOW,
+        "sparse_search_window": repository.operator.SPARSE_SEARCH_WINDOW,
+        "bulk_window": bulk_window(query, page),
+    }
     if is_htmx() and request.headers.get("HX-Target") == "jobs-table":
         return render_template("jobqueue/dashboard/_jobs_table.html", **context)
     return render_template("jobqueue/dashboard/jobs.html", **context)
@@ -59,7 +71,7 @@ def jobs_live():
     or none once nothing on the page moves. One request per page per interval, whatever the
     number of rows."""
     given: dict[int, str] = {}
-    for raw in request.args.getlist("live")[:PAGE_SIZE * 2]:
+    for raw in request.args.getlist("live")[: PAGE_SIZE * 2]:
         m = LIVE_VERSION.fullmatch(raw)
         if m is None:
             abort(400, description="live must be <id>:<version>")
@@ -68,7 +80,9 @@ def jobs_live():
         rows = repository.reads.jobs_by_id(conn, list(given))
         now = repository.reads.database_now(conn)
     changed = sorted((j for j in rows if row_version(j) != given.get(j.id)), key=lambda j: -j.id)
-    return render_template("jobqueue/dashboard/_jobs_live.html", live=any(moving(j) for j in rows), changed=changed, now=now)
+    return render_template(
+        "jobqueue/dashboard/_jobs_live.html", live=any(moving(j) for j in rows), changed=changed, now=now
+    )
 
 
 @bp.get("/jobs/<bigint:job_id>")
@@ -83,12 +97,18 @@ def job_detail(job_id: int):
         audit = repository.operator.list_audit(conn, job_id=job_id, limit=20)
         now = repository.reads.database_now(conn)
     explanation = explain_for_page(job_id)
-    return render_template("jobqueue/dashboard/job.html", job=job, result=result, attempts=attempts, audit=audit, now=now,
-                           explanation=explanation,
-                           payload=json.dumps(job.payload, indent=2, sort_keys=True, ensure_ascii=False),
-                           result_json=json.dumps(result["result"], indent=2, sort_keys=True, ensure_ascii=False)
-                           if result else None,
-                           current_attempt=current_attempt(job, attempts))
+    return render_template(
+        "jobqueue/dashboard/job.html",
+        job=job,
+        result=result,
+        attempts=attempts,
+        audit=audit,
+        now=now,
+        explanation=explanation,
+        payload=json.dumps(job.payload, indent=2, sort_keys=True, ensure_ascii=False),
+        result_json=json.dumps(result["result"], indent=2, sort_keys=True, ensure_ascii=False) if result else None,
+        current_attempt=current_attempt(job, attempts),
+    )
 
 
 def explain_for_page(job_id: int) -> dict[str, Any] | None:

@@ -6,9 +6,7 @@ from typing import Any
 
 from flask import flash, g, redirect, render_template, url_for
 
-from ...core import repository
-
-from ...core import service
+from ...core import repository, service
 from ...core.errors import InvalidState
 from ...core.repository.locks import MYSQL_LOCK_ROWS
 from ..auth import admin_required, login_required
@@ -20,12 +18,19 @@ def locks_context(*, with_deadlock: bool = True) -> dict[str, Any]:
     """`with_deadlock`: also read SHOW ENGINE INNODB STATUS (the full page; its 5 s poll does not show it)."""
     with db() as conn:
         report = repository.locks.lock_report(conn)
-        deadlock, deadlock_unavailable = (repository.locks.latest_deadlock(conn) if with_deadlock and g.user.can_act
-                                          else (None, None))
+        deadlock, deadlock_unavailable = (
+            repository.locks.latest_deadlock(conn) if with_deadlock and g.user.can_act else (None, None)
+        )
     lease = extension().settings.core.lease_seconds
-    return {"report": report, "lease_seconds": lease, "deadlock": deadlock, "lock_rows_read": MYSQL_LOCK_ROWS,
-            "deadlock_unavailable": deadlock_unavailable, "show_sql": g.user.can_act,
-            "long": {t.connection_id for t in report.transactions if (t.age_seconds or 0) > lease}}
+    return {
+        "report": report,
+        "lease_seconds": lease,
+        "deadlock": deadlock,
+        "lock_rows_read": MYSQL_LOCK_ROWS,
+        "deadlock_unavailable": deadlock_unavailable,
+        "show_sql": g.user.can_act,
+        "long": {t.connection_id for t in report.transactions if (t.age_seconds or 0) > lease},
+    }
 
 
 @bp.get("/locks")
@@ -56,8 +61,9 @@ def kill_confirm(connection_id: int):
     if target is None:
         flash(f"Connection {connection_id} holds no job_queue rows now; nothing to kill.", "info")
         return redirect(url_for("jobqueue.dashboard.locks"))
-    return render_template("jobqueue/dashboard/kill_confirm.html", target=target,
-                           lease_seconds=extension().settings.core.lease_seconds)
+    return render_template(
+        "jobqueue/dashboard/kill_confirm.html", target=target, lease_seconds=extension().settings.core.lease_seconds
+    )
 
 
 @bp.post("/locks/<int:connection_id>/kill")
@@ -71,7 +77,9 @@ def kill(connection_id: int):
         flash(str(exc), "error")
     else:
         jobs = ", ".join(map(str, found.jobs))
-        flash(f"Connection {connection_id} killed; its transaction rolled back"
-              + (f" and job{'s' if len(found.jobs) != 1 else ''} {jobs} can be claimed again." if jobs else "."),
-              "success")
+        flash(
+            f"Connection {connection_id} killed; its transaction rolled back"
+            + (f" and job{'s' if len(found.jobs) != 1 else ''} {jobs} can be claimed again." if jobs else "."),
+            "success",
+        )
     return redirect(url_for("jobqueue.dashboard.locks"))

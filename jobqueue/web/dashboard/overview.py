@@ -19,11 +19,18 @@ from .workers import held_by_process, merge_slots, with_liveness
 
 CHART_MINUTES = 15
 # Small per-minute charts on the overview: empty claims by kind, skips, reclaims, lost leases, errors.
-ACTIVITY_CHARTS = {"empty_idle": "empty claims: idle", "empty_contended": "empty claims: contended",
-                   "empty_waiting": "empty claims: waiting on leases", "skipped": "ready rows skipped (locked)",
-                   "reclaimed": "reclaimed by the reaper", "lease_lost": "leases lost", "retried": "retries",
-                   "sql_errors": "SQL errors", "deadlocks": "deadlocks (server)",
-                   "lock_timeouts": "lock-wait timeouts (server)"}
+ACTIVITY_CHARTS = {
+    "empty_idle": "empty claims: idle",
+    "empty_contended": "empty claims: contended",
+    "empty_waiting": "empty claims: waiting on leases",
+    "skipped": "ready rows skipped (locked)",
+    "reclaimed": "reclaimed by the reaper",
+    "lease_lost": "leases lost",
+    "retried": "retries",
+    "sql_errors": "SQL errors",
+    "deadlocks": "deadlocks (server)",
+    "lock_timeouts": "lock-wait timeouts (server)",
+}
 
 
 class LockCounterMinutes:
@@ -34,8 +41,8 @@ class LockCounterMinutes:
 
     def __init__(self, minutes: int = CHART_MINUTES):
         self.minutes = minutes
-        self.last: dict[datetime, dict[str, int]] = {}    # minute -> the totals last seen in it
-        self.before: dict[str, int] | None = None          # the totals before the oldest minute kept
+        self.last: dict[datetime, dict[str, int]] = {}  # minute -> the totals last seen in it
+        self.before: dict[str, int] | None = None  # the totals before the oldest minute kept
         self._lock = threading.Lock()
 
     def record(self, now: datetime, totals: dict[str, int] | None) -> list[dict[str, Any]]:
@@ -44,13 +51,15 @@ class LockCounterMinutes:
         with self._lock:
             if totals is not None:
                 if self.before is None:
-                    self.before = dict(totals)      # the first sample: counts start from here
+                    self.before = dict(totals)  # the first sample: counts start from here
                 self.last[minute] = dict(totals)
             for old in sorted(m for m in self.last if m <= minute - timedelta(minutes=self.minutes)):
                 self.before = self.last.pop(old)
             out, previous = [], self.before
             for m in sorted(self.last):
-                out.append({"minute": m, **{k: max(0, v - (previous or {}).get(k, v)) for k, v in self.last[m].items()}})
+                out.append(
+                    {"minute": m, **{k: max(0, v - (previous or {}).get(k, v)) for k, v in self.last[m].items()}}
+                )
                 previous = self.last[m]
             return out
 
@@ -94,15 +103,23 @@ def overview_context() -> dict[str, Any]:
     held = held_by_process(running)
     totals = {s.value: sum(q["counts"][s.value] for q in summaries) for s in Status}
     return {
-        "summaries": summaries, "totals": totals, "now": now, "running": running,
+        "summaries": summaries,
+        "totals": totals,
+        "now": now,
+        "running": running,
         "retention": {"settings": extension().settings.core, "last": last_prune},
-        "chart": bar_chart(minutes, since, ("completed", "failed")), "activity": sum_activity(minutes),
+        "chart": bar_chart(minutes, since, ("completed", "failed")),
+        "activity": sum_activity(minutes),
         "activity_charts": {k: bar_chart(minutes, since, (k,), height=30) for k in ACTIVITY_CHARTS},
         "operator_failed": sum(by_operator.values()),
         "health": health_summary(),
-        "processes": [dict(p, slots=merge_slots(p, held.get(p["id"], []), now))
-                      for p in (with_liveness(p, now) for p in processes)],
-        "audit": audit, "statuses": [s.value for s in Status], "queue_actions": QUEUE_ACTIONS,
+        "processes": [
+            dict(p, slots=merge_slots(p, held.get(p["id"], []), now))
+            for p in (with_liveness(p, now) for p in processes)
+        ],
+        "audit": audit,
+        "statuses": [s.value for s in Status],
+        "queue_actions": QUEUE_ACTIONS,
     }
 
 
@@ -118,19 +135,20 @@ def add_operator_failures(minutes: list[dict[str, Any]], by_operator: dict[datet
 def add_lock_counts(minutes: list[dict[str, Any]], lock_minutes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = {m["minute"]: dict(m) for m in minutes}
     for row in lock_minutes:
-        out.setdefault(row["minute"], {"minute": row["minute"]}).update(
-            {k: v for k, v in row.items() if k != "minute"})
+        out.setdefault(row["minute"], {"minute": row["minute"]}).update({k: v for k, v in row.items() if k != "minute"})
     return [out[k] for k in sorted(out)]
 
 
-def bar_chart(minutes: list[dict[str, Any]], since: datetime, keys: tuple[str, ...], height: int = 60) -> dict[str, Any]:
+def bar_chart(
+    minutes: list[dict[str, Any]], since: datetime, keys: tuple[str, ...], height: int = 60
+) -> dict[str, Any]:
     """Per-minute bars of `keys` stacked bottom-up, as SVG geometry (no script on the page), with
     a value axis (0 and the peak) and time labels every 5 minutes for the tall chart."""
     by_minute = {m["minute"]: m for m in minutes}
     slots = [since + timedelta(minutes=i) for i in range(CHART_MINUTES)]
     values = [[by_minute.get(slot, {}).get(k, 0) for k in keys] for slot in slots]
     peak = max([sum(v) for v in values] + [1])
-    axis = 34 if height > 40 else 0          # room on the left for the value labels, below for times
+    axis = 34 if height > 40 else 0  # room on the left for the value labels, below for times
     bottom = 14 if height > 40 else 0
     bar, gap = (40, 8) if axis else (14, 4)
     bars = []
@@ -140,15 +158,39 @@ def bar_chart(minutes: list[dict[str, Any]], since: datetime, keys: tuple[str, .
             h = round(height * value / peak, 1)
             y -= h
             parts.append({"key": key, "value": value, "y": round(y, 1), "h": h})
-        bars.append({"x": axis + i * (bar + gap), "width": bar, "minute": slot, "parts": parts,
-                     "label": slot.strftime("%H:%M") if axis and (i % 5 == 0 or i == CHART_MINUTES - 1) else None})
-    return {"bars": bars, "peak": peak, "height": height, "axis": axis, "bottom": bottom,
-            "width": axis + CHART_MINUTES * (bar + gap), "totals": {k: sum(v[j] for v in values) for j, k in enumerate(keys)}}
+        bars.append(
+            {
+                "x": axis + i * (bar + gap),
+                "width": bar,
+                "minute": slot,
+                "parts": parts,
+                "label": slot.strftime("%H:%M") if axis and (i % 5 == 0 or i == CHART_MINUTES - 1) else None,
+            }
+        )
+    return {
+        "bars": bars,
+        "peak": peak,
+        "height": height,
+        "axis": axis,
+        "bottom": bottom,
+        "width": axis + CHART_MINUTES * (bar + gap),
+        "totals": {k: sum(v[j] for v in values) for j, k in enumerate(keys)},
+    }
 
 
 def sum_activity(minutes: list[dict[str, Any]]) -> dict[str, int]:
-    keys = ("completed", "failed", "retried", "reclaimed", "lease_lost", "empty_idle", "empty_contended",
-            "empty_waiting", "skipped", "sql_errors")
+    keys = (
+        "completed",
+        "failed",
+        "retried",
+        "reclaimed",
+        "lease_lost",
+        "empty_idle",
+        "empty_contended",
+        "empty_waiting",
+        "skipped",
+        "sql_errors",
+    )
     return {k: sum(m.get(k, 0) for m in minutes) for k in keys}
 
 
@@ -166,7 +208,11 @@ def audit():
         now = repository.reads.database_now(conn)
     more = len(entries) > PAGE_SIZE
     entries = entries[:PAGE_SIZE]
-    template = "jobqueue/dashboard/_audit_page.html" if is_htmx() and request.headers.get("HX-Target") == "audit-page" \
+    template = (
+        "jobqueue/dashboard/_audit_page.html"
+        if is_htmx() and request.headers.get("HX-Target") == "audit-page"
         else "jobqueue/dashboard/audit.html"
-    return render_template(template, entries=entries, next_before=entries[-1]["id"] if more else None,
-                           before=before, now=now)
+    )
+    return render_template(
+        template, entries=entries, next_before=entries[-1]["id"] if more else None, before=before, now=now
+    )

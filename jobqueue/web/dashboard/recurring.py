@@ -6,9 +6,7 @@ import json
 
 from flask import abort, flash, redirect, render_template, request, url_for
 
-from ...core import repository
-
-from ...core import service
+from ...core import repository, service
 from ...core.errors import NotFound, ValidationError
 from ...core.tasks import TASKS
 from ..auth import admin_required, login_required
@@ -42,12 +40,19 @@ def add_recurring():
     try:
         with db() as conn:
             row, created = service.upsert_recurring(
-                conn, name, cron=(form.get("cron") or "").strip(), task=(form.get("task") or "").strip(),
-                payload=payload, queue=(form.get("queue") or "").strip() or None, actor=actor())
+                conn,
+                name,
+                cron=(form.get("cron") or "").strip(),
+                task=(form.get("task") or "").strip(),
+                payload=payload,
+                queue=(form.get("queue") or "").strip() or None,
+                actor=actor(),
+            )
     except ValidationError as exc:
         return _recurring_done(str(exc), "error")
-    return _recurring_done(f"Recurring job {name} {'added' if created else 'replaced'}; next run "
-                           f"{row['next_run_at']:%Y-%m-%d %H:%M} UTC.")
+    return _recurring_done(
+        f"Recurring job {name} {'added' if created else 'replaced'}; next run {row['next_run_at']:%Y-%m-%d %H:%M} UTC."
+    )
 
 
 @bp.post("/recurring/<name>/<verb>")

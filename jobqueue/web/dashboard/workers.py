@@ -13,7 +13,7 @@ from ..auth import login_required
 from ..state import read_db
 from .common import bp
 
-ALIVE_SECONDS = 45          # a process whose heartbeat (every 15 s) is older than this is shown as silent
+ALIVE_SECONDS = 45  # a process whose heartbeat (every 15 s) is older than this is shown as silent
 
 
 def process_state(p: dict[str, Any], now: datetime) -> str:
@@ -39,8 +39,9 @@ def with_liveness(p: dict[str, Any], now: datetime) -> dict[str, Any]:
             slot["lease_left_seconds"] = slot["lease_left_seconds"] - age
         slots.append(slot)
     state = p.get("state") if isinstance(p.get("state"), dict) else {}
-    return dict(p, liveness=liveness, slots=slots, doing=state.get("state"), doing_detail=state.get("detail"),
-                heartbeat_age=age)
+    return dict(
+        p, liveness=liveness, slots=slots, doing=state.get("state"), doing_detail=state.get("detail"), heartbeat_age=age
+    )
 
 
 def current_attempt(job, attempts: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -51,8 +52,14 @@ def current_attempt(job, attempts: list[dict[str, Any]]) -> dict[str, Any] | Non
     outcome = {"running": "running", "done": "done", "failed": "failed"}.get(job.status.value)
     if outcome is None:
         return None
-    return {"attempt": job.attempts, "worker": job.lease_owner, "started_at": job.started_at,
-            "finished_at": job.finished_at, "outcome": outcome, "error": job.last_error if outcome == "failed" else None}
+    return {
+        "attempt": job.attempts,
+        "worker": job.lease_owner,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "outcome": outcome,
+        "error": job.last_error if outcome == "failed" else None,
+    }
 
 
 def held_by_process(running: list[Job]) -> dict[str, list[Job]]:
@@ -76,11 +83,21 @@ def merge_slots(p: dict[str, Any], held: list[Job], now: datetime) -> list[dict[
             slot = dict(slot, lease_left_seconds=(job.lease_until - now).total_seconds())
         slots.append(slot)
     for job in sorted(rows.values(), key=lambda j: j.lease_owner or ""):
-        slots.append({"slot": (job.lease_owner or "").rsplit(":", 1)[-1], "job_id": job.id, "attempt": job.attempts,
-                      "task": job.task_name, "queue": job.queue, "state": "running",
-                      "running_seconds": (now - job.started_at).total_seconds() if job.started_at else None,
-                      "lease_left_seconds": (job.lease_until - now).total_seconds() if job.lease_until else None,
-                      "lost_reason": None, "lost_seconds_ago": None, "handler_running": True})
+        slots.append(
+            {
+                "slot": (job.lease_owner or "").rsplit(":", 1)[-1],
+                "job_id": job.id,
+                "attempt": job.attempts,
+                "task": job.task_name,
+                "queue": job.queue,
+                "state": "running",
+                "running_seconds": (now - job.started_at).total_seconds() if job.started_at else None,
+                "lease_left_seconds": (job.lease_until - now).total_seconds() if job.lease_until else None,
+                "lost_reason": None,
+                "lost_seconds_ago": None,
+                "handler_running": True,
+            }
+        )
     return slots
 
 

@@ -5,30 +5,28 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Product',
+            name="Product",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('price_cents', models.PositiveIntegerField()),
-                ('stock', models.PositiveIntegerField()),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=100)),
+                ("price_cents", models.PositiveIntegerField()),
+                ("stock", models.PositiveIntegerField()),
             ],
         ),
         migrations.CreateModel(
-            name='Order',
+            name="Order",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('customer', models.CharField(max_length=100)),
-                ('quantity', models.PositiveIntegerField()),
-                ('receipt_task', models.CharField(blank=True, max_length=64)),
-                ('product', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, to='shop.product')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("customer", models.CharField(max_length=100)),
+                ("quantity", models.PositiveIntegerField()),
+                ("receipt_task", models.CharField(blank=True, max_length=64)),
+                ("product", models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, to="shop.product")),
             ],
         ),
     ]

@@ -16,10 +16,17 @@ depends_on = None
 
 TS = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-STATUS = sa.Enum("scheduled", "ready", "running", "done", "failed", name="job_status", native_enum=True,
-                 create_constraint=False)
-TABLE_ARGS = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin",
-              "mariadb_engine": "InnoDB", "mariadb_charset": "utf8mb4", "mariadb_collate": "utf8mb4_bin"}
+STATUS = sa.Enum(
+    "scheduled", "ready", "running", "done", "failed", name="job_status", native_enum=True, create_constraint=False
+)
+TABLE_ARGS = {
+    "mysql_engine": "InnoDB",
+    "mysql_charset": "utf8mb4",
+    "mysql_collate": "utf8mb4_bin",
+    "mariadb_engine": "InnoDB",
+    "mariadb_charset": "utf8mb4",
+    "mariadb_collate": "utf8mb4_bin",
+}
 
 
 def upgrade() -> None:

@@ -16,10 +16,28 @@ depends_on = None
 
 TS = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-TABLE_ARGS = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin",
-              "mariadb_engine": "InnoDB", "mariadb_charset": "utf8mb4", "mariadb_collate": "utf8mb4_bin"}
-STATS = ("completed", "failed", "retried", "reclaimed", "lease_lost", "claims", "claimed",
-         "empty_idle", "empty_contended", "empty_waiting", "skipped", "sql_errors")
+TABLE_ARGS = {
+    "mysql_engine": "InnoDB",
+    "mysql_charset": "utf8mb4",
+    "mysql_collate": "utf8mb4_bin",
+    "mariadb_engine": "InnoDB",
+    "mariadb_charset": "utf8mb4",
+    "mariadb_collate": "utf8mb4_bin",
+}
+STATS = (
+    "completed",
+    "failed",
+    "retried",
+    "reclaimed",
+    "lease_lost",
+    "claims",
+    "claimed",
+    "empty_idle",
+    "empty_contended",
+    "empty_waiting",
+    "skipped",
+    "sql_errors",
+)
 
 
 def upgrade() -> None:

@@ -24,8 +24,14 @@ depends_on = None
 
 TS = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-TABLE_ARGS = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin",
-              "mariadb_engine": "InnoDB", "mariadb_charset": "utf8mb4", "mariadb_collate": "utf8mb4_bin"}
+TABLE_ARGS = {
+    "mysql_engine": "InnoDB",
+    "mysql_charset": "utf8mb4",
+    "mysql_collate": "utf8mb4_bin",
+    "mariadb_engine": "InnoDB",
+    "mariadb_charset": "utf8mb4",
+    "mariadb_collate": "utf8mb4_bin",
+}
 OLD_STATUSES = "'scheduled','ready','running','done','failed'"
 NEW_STATUSES = OLD_STATUSES + ",'cancelled'"
 
@@ -38,8 +44,9 @@ def upgrade() -> None:
     if _mysql():
         op.execute(f"ALTER TABLE job_queue MODIFY COLUMN status ENUM({NEW_STATUSES}) NOT NULL, ALGORITHM=INSTANT")
         op.execute("ALTER TABLE job_queue ADD COLUMN concurrency_key VARCHAR(200) NULL, ALGORITHM=INSTANT")
-        op.execute("ALTER TABLE job_queue ADD INDEX ix_concurrency (concurrency_key, status), "
-                   "ALGORITHM=INPLACE, LOCK=NONE")
+        op.execute(
+            "ALTER TABLE job_queue ADD INDEX ix_concurrency (concurrency_key, status), ALGORITHM=INPLACE, LOCK=NONE"
+        )
     else:
         # SQLite stores the status as text: nothing to change for a new value.
         op.add_column("job_queue", sa.Column("concurrency_key", sa.String(200), nullable=True))

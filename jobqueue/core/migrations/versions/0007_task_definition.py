@@ -16,8 +16,14 @@ branch_labels = None
 depends_on = None
 
 TS = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
-TABLE_ARGS = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin",
-              "mariadb_engine": "InnoDB", "mariadb_charset": "utf8mb4", "mariadb_collate": "utf8mb4_bin"}
+TABLE_ARGS = {
+    "mysql_engine": "InnoDB",
+    "mysql_charset": "utf8mb4",
+    "mysql_collate": "utf8mb4_bin",
+    "mariadb_engine": "InnoDB",
+    "mariadb_charset": "utf8mb4",
+    "mariadb_collate": "utf8mb4_bin",
+}
 
 
 def upgrade() -> None:

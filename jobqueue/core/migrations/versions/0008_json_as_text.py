@@ -35,9 +35,15 @@ def _on_mysql() -> bool:
 
 
 def _data_type(table: str, column: str) -> str:
-    return op.get_bind().exec_driver_sql(
-        "SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
-        f"AND TABLE_NAME = '{table}' AND COLUMN_NAME = '{column}'").scalar().lower()
+    return (
+        op.get_bind()
+        .exec_driver_sql(
+            "SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
+            f"AND TABLE_NAME = '{table}' AND COLUMN_NAME = '{column}'"
+        )
+        .scalar()
+        .lower()
+    )
 
 
 def upgrade() -> None:
@@ -47,14 +53,18 @@ def upgrade() -> None:
         # Already text: changed beforehand with an online schema change tool (docs/deploy.md).
         if _data_type(table, column) != "json":
             continue
-        op.execute(f"ALTER TABLE {table} MODIFY {column} LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
-                   f"NOT NULL, ADD CONSTRAINT ck_{table}_{column}_json CHECK (JSON_VALID({column})), "
-                   "ALGORITHM=COPY, LOCK=SHARED")
+        op.execute(
+            f"ALTER TABLE {table} MODIFY {column} LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
+            f"NOT NULL, ADD CONSTRAINT ck_{table}_{column}_json CHECK (JSON_VALID({column})), "
+            "ALGORITHM=COPY, LOCK=SHARED"
+        )
 
 
 def downgrade() -> None:
     if not _on_mysql():
         return
     for table, column in DOCUMENTS:
-        op.execute(f"ALTER TABLE {table} DROP CHECK ck_{table}_{column}_json, MODIFY {column} JSON NOT NULL, "
-                   "ALGORITHM=COPY, LOCK=SHARED")
+        op.execute(
+            f"ALTER TABLE {table} DROP CHECK ck_{table}_{column}_json, MODIFY {column} JSON NOT NULL, "
+            "ALGORITHM=COPY, LOCK=SHARED"
+        )

@@ -28,6 +28,6 @@ class Command(BaseCommand):
     def handle(self, *args, backend: str, worker_args: list[str] = (), **options) -> None:
         from jobqueue.core.cli import main
 
-        task_backends.all()   # each backend adds the finder of its tasks to the registry
+        task_backends.all()  # each backend adds the finder of its tasks to the registry
         os.environ.setdefault("JOBQUEUE_DATABASE_URL", database_url(task_backends[backend].database))
         main(["worker", *worker_args], prog_name="manage.py jobqueue_worker")
