@@ -97,9 +97,16 @@ class JobQueue:
         max_attempts: int | None = None,
         conn: Connection | Session | None = None,
         allow_unregistered: bool = False,
+        after: Iterable[str] | None = None,
+        on_parent_failure: str = "cancel",
     ) -> Enqueued:
         """Add one job (idempotent by task_key: a known key writes nothing, duplicate=True).
         With `conn`, in the caller's transaction.
+
+        `after`: task_keys of jobs this one waits for: it is `blocked` until all are done, then
+        ready (or scheduled, with a delay still to run). A parent that fails or is cancelled
+        cancels it (`on_parent_failure="cancel"`) or counts as finished (`"run"`). An unknown
+        parent key, or a cycle, raises ValidationError and writes nothing.
 
         `task` by name needs no import of its handler: a task of this process, a built-in one or
         one a worker registered (with that worker's queue and attempts). Any other name is
@@ -117,6 +124,8 @@ class JobQueue:
                 max_attempts=max_attempts,
                 registry=self.registry,
                 allow_unregistered=allow_unregistered,
+                after=after,
+                on_parent_failure=on_parent_failure,
             )
 
     def enqueue_many(

@@ -19,6 +19,9 @@ class Status(str, enum.Enum):
     # An operator's decision that the job must not run (any more): terminal like done and
     # failed, and its task_key stays taken.
     CANCELLED = "cancelled"
+    # Waiting for the jobs named in `after` (job_dependency): never under the claim's index
+    # prefix (status = 'ready'). Last in the enum so that MySQL adds it in place.
+    BLOCKED = "blocked"
 
     def __str__(self) -> str:
         return self.value

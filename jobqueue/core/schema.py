@@ -81,6 +81,10 @@ job_queue = sa.Table(
     sa.Column("finished_at", Timestamp, nullable=True),
     # "<task>:<payload value>" for tasks with a concurrency limit (see concurrency_key below).
     sa.Column("concurrency_key", sa.String(200), nullable=True),
+    # Some job_dependency row names this job as a parent: set under the parent's row lock by the
+    # child's enqueue, read by the locks a completion takes anyway, so only a job that something
+    # waits for pays for the look at its children.
+    sa.Column("has_dependents", sa.Boolean(), nullable=False, server_default="0"),
     sa.UniqueConstraint("task_key", name="uk_task_key"),
     sa.Index("ix_ready_pick", "status", "queue", "priority", "id"),
     sa.Index("ix_due", "status", "run_at", "queue"),
@@ -89,6 +93,18 @@ job_queue = sa.Table(
     # never goes together read every entry of the task and its row (see pinned_index).
     sa.Index("ix_queue_task", "queue", "task_name", "id"),
     sa.Index("ix_concurrency", "concurrency_key", "status"),
+)
+
+# A child job waits (status blocked) for each parent; on_parent_failure is `cancel` (a parent
+# failed or cancelled cancels the child) or `run` (such a parent counts as finished). Rows stay
+# after the child is settled, for the job page's parents and children.
+job_dependency = sa.Table(
+    "job_dependency",
+    metadata,
+    sa.Column("parent_id", sa.BigInteger(), primary_key=True, autoincrement=False),
+    sa.Column("child_id", sa.BigInteger(), primary_key=True, autoincrement=False),
+    sa.Column("on_parent_failure", sa.String(10), nullable=False),
+    sa.Index("ix_dependency_child", "child_id"),
 )
 
 # One downstream result per task_key: a replayed task_key records nothing new.

@@ -61,6 +61,7 @@ STATUSES = {
     Status.DONE: TaskResultStatus.SUCCESSFUL,
     Status.FAILED: TaskResultStatus.FAILED,
     Status.CANCELLED: TaskResultStatus.FAILED,
+    Status.BLOCKED: TaskResultStatus.READY,
 }
 
 # Attempts that ended without the task raising, as the exception a TaskError names.

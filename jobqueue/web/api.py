@@ -48,7 +48,14 @@ from ..core.models import Job, Status, iso
 from ..core.repository import stats as stats_sql
 from ..core.results import wait_for
 from ..core.tasks import TASKS
-from ..core.validation import ENQUEUE_FIELDS, MAX_BATCH_JOBS, check_reason, job_query, job_spec, max_payload_bytes
+from ..core.validation import (
+    MAX_BATCH_JOBS,
+    SINGLE_ENQUEUE_FIELDS,
+    check_reason,
+    job_query,
+    job_spec,
+    max_payload_bytes,
+)
 from . import openapi
 from .auth import token_required
 from .state import db, extension
@@ -126,7 +133,7 @@ def enqueue():
     single_limit = current_app.config["MAX_CONTENT_LENGTH"]
     if single_limit is not None and len(request.get_data(cache=True)) > single_limit:
         raise RequestEntityTooLarge()
-    body = json_object(fields=ENQUEUE_FIELDS, required=True)
+    body = json_object(fields=SINGLE_ENQUEUE_FIELDS, required=True)
     try:
         with db() as conn:
             res = service.enqueue(
@@ -139,6 +146,8 @@ def enqueue():
                 delay=body.get("delay", 0),
                 max_attempts=body.get("max_attempts"),
                 allow_unregistered=body.get("allow_unregistered", False),
+                after=body.get("after"),
+                on_parent_failure=body.get("on_parent_failure"),
             )
     except ValidationError as exc:
         answer = answer_for(exc)

@@ -130,7 +130,7 @@ PATHS: dict[str, dict[str, Any]] = {
                     "application/json": {
                         "schema": {
                             "oneOf": [
-                                _ref("NewJob"),
+                                _ref("NewSingleJob"),
                                 {
                                     "type": "array",
                                     "items": _ref("NewJob"),
@@ -898,6 +898,25 @@ SCHEMAS: dict[str, Any] = {
 }
 
 
+# One job (not in an array) may also wait for others (repository/dependencies.py).
+SCHEMAS["NewSingleJob"] = {
+    **SCHEMAS["NewJob"],
+    "properties": {
+        **SCHEMAS["NewJob"]["properties"],
+        "after": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1, "maxLength": 80},
+            "description": "task_keys of existing jobs this one waits for (blocked until all are done); "
+            "an unknown key or a cycle: 422",
+        },
+        "on_parent_failure": {
+            "enum": ["cancel", "run"],
+            "description": "a parent failed or cancelled: cancel this job (default) or run it",
+        },
+    },
+}
+
+
 def _for_tasks(schema: dict[str, Any], task_names: list[str], keyed: dict[str, str]) -> dict[str, Any]:
     """`schema` (a body naming a task) with the registry's task names, and for each task with a
     concurrency limit the payload field it is keyed by (a string or a number; a job without it
@@ -934,6 +953,7 @@ def document(task_names: list[str], keyed: dict[str, str] | None = None) -> dict
     schemas = {
         **SCHEMAS,
         "NewJob": _for_tasks(SCHEMAS["NewJob"], task_names, keyed),
+        "NewSingleJob": _for_tasks(SCHEMAS["NewSingleJob"], task_names, keyed),
         "NewRecurring": _for_tasks(SCHEMAS["NewRecurring"], task_names, keyed),
     }
     return {

@@ -32,6 +32,20 @@ from .base import (
 @click.option("--priority", type=int, default=0, show_default=True, help="Lower runs first")
 @click.option("--delay", type=float, default=0.0, show_default=True, help="Seconds before it may run")
 @click.option("--max-attempts", type=int, default=None, help="Attempts before it fails for good")
+@click.option(
+    "--after",
+    "after",
+    multiple=True,
+    metavar="KEY",
+    help="Wait (blocked) until the job with this task_key is done; repeat for several",
+)
+@click.option(
+    "--on-parent-failure",
+    type=click.Choice(["cancel", "run"]),
+    default="cancel",
+    show_default=True,
+    help="When a job named in --after fails or is cancelled: cancel this one, or run it anyway",
+)
 @allow_unregistered_option
 @tasks_option
 @queue_command
@@ -44,12 +58,16 @@ def enqueue(
     priority: int,
     delay: float,
     max_attempts: int | None,
+    after: tuple[str, ...],
+    on_parent_failure: str,
     allow_unregistered: bool,
     tasks: str | None,
     database_url: str | None,
 ) -> None:
     """Add a job; prints {"id", "task_key", "duplicate", "status"}. TASK is a task of --tasks, a
-    built-in one, or one a worker registered; --allow-unregistered takes any name."""
+    built-in one, or one a worker registered; --allow-unregistered takes any name. With --after,
+    the job is `blocked` until those jobs are done; an unknown key or a cycle exits 2, writing
+    nothing."""
     from .. import repository, service
 
     with_tasks(ctx, database_url, tasks)
@@ -65,6 +83,8 @@ def enqueue(
             delay=delay,
             max_attempts=max_attempts,
             allow_unregistered=allow_unregistered,
+            after=after,
+            on_parent_failure=on_parent_failure,
         )
         status = res.status or repository.reads.get_job(conn, res.id).status
     print_json({"id": res.id, "task_key": res.task_key, "duplicate": res.duplicate, "status": str(status)})

@@ -6,6 +6,7 @@ happened and tells no one else. Verbs whose effects the rest of the process must
 on the module of their concern.
 
     enqueue.py      enqueue, enqueue_many              (idempotent by task_key)
+    dependencies.py enqueue_after, settle, parents_of  (jobs blocked until their `after` jobs are done)
     claim.py        claim, claim_cycle, classify_empty (the claim cycle; why a claim found nothing)
     claim_sql.py    every statement of the claim and when each is sent (docs/claim-sql.md)
     leases.py       renew, start_lease, complete, retry, fail, release, record_result (fenced by the lease)
@@ -30,6 +31,7 @@ The package defines no names of its own, so `repository.claim` is always the mod
 from . import (
     claim,
     claim_sql,
+    dependencies,
     doorbell,
     enqueue,
     explain,
@@ -51,6 +53,7 @@ from . import (
 __all__ = [
     "claim",
     "claim_sql",
+    "dependencies",
     "doorbell",
     "enqueue",
     "explain",

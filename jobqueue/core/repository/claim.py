@@ -81,6 +81,7 @@ from .claim_sql import (
     split_rows,
 )
 from .common import NO_ROW, as_datetime, execute_fast, execute_sql, jq, shape
+from .dependencies import settle
 from .leases import completions_read_back, fence_params
 
 LOOKAHEAD_ROUNDS = 2  # extra picks past jobs whose concurrency key is full, per queue and claim
@@ -128,7 +129,7 @@ def claim_cycle(
         # lease is still ours, its completion is tried again next cycle) takes none.
         first = open_queues[0] if open_queues else None
         optimistic = len(owners) + (len(completions) if refill else 0)
-        mine, finishing, first_rows = _lock_and_pick(c, kind, completions, first, optimistic)
+        mine, finishing, first_rows, parents = _lock_and_pick(c, kind, completions, first, optimistic)
         done = [lease for lease in completions if lease.job_id in mine]
         completed = {lease: Outcome.BUSY for lease in completions if lease.job_id not in mine}
         slots = list(owners) + ([lease.owner for lease in done] if refill else [])
@@ -163,6 +164,8 @@ def claim_cycle(
         missing.update(places.missing)
         owner_of = {row.id: slots[i] for i, (row, _) in enumerate(picked)}
         picked, losses = _write(c, done, picked, owner_of, lease_us, completed)
+        if parents:
+            settle(c, [lease.job_id for lease in done if lease.job_id in parents and completed[lease] is Outcome.OK])
         claimed: list[ClaimedJob] = []
         for row, queue in picked:
             payload = json.loads(row.payload) if isinstance(row.payload, (str, bytes)) else row.payload
@@ -358,16 +361,17 @@ def _write(
 
 def _lock_and_pick(
     c: Connection, kind: str, finished: Sequence[Lease], queue: str | None, limit: int
-) -> tuple[set[int], list[str], list[PickedRow]]:
+) -> tuple[set[int], list[str], list[PickedRow], set[int]]:
     """Lock the finished leases' rows (those another transaction holds this instant stay out) and
     pick up to `limit` ready rows of `queue`, in one round trip where the server takes a UNION of
     the two locking SELECTs (one round trip less per cycle), else in two. Returns the ids locked,
-    the concurrency keys whose places the completions free, and the picked rows. Either SELECT
+    the concurrency keys whose places the completions free, the picked rows and the ids of the
+    finished jobs something waits for. Either SELECT
     reads the server's read-only flags: on a demoted primary the cycle stops here, before any
     write."""
     pick = (lambda: _pick(c, kind, {"queue": queue, "limit": limit})) if queue and limit else (lambda: [])
     if not finished:
-        return set(), [], pick()
+        return set(), [], pick(), set()
     size = shape(len(finished))
     params = fence_params(finished, size)
     lock = lock_finished_statement(size, kind)
@@ -384,14 +388,18 @@ def _lock_and_pick(
         else:
             locked, picked = split_rows(rows)
             _refuse_if_read_only(c, locked or picked, kind)
-            return {row.id for row in locked}, _freed(locked), picked
+            return {row.id for row in locked}, _freed(locked), picked, _parents(locked)
     locked = split_rows(execute_fast(c, lock, params).rows)[0]
     if kind == "sqlite":
         mine = {lease.job_id for lease in finished}  # BEGIN IMMEDIATE already holds the whole database
     else:
         _refuse_if_read_only(c, locked, kind)
         mine = {row.id for row in locked}
-    return mine, _freed(locked), pick()
+    return mine, _freed(locked), pick(), _parents(locked)
+
+
+def _parents(locked: list[LockedRow]) -> set[int]:
+    return {row.id for row in locked if row.has_dependents}
 
 
 def _freed(locked: list[LockedRow]) -> list[str]:

@@ -81,6 +81,7 @@ class LockedRow(NamedTuple):
     id: int
     frees_key: str | None  # its concurrency key if it still runs under the lease: a place freed
     read_only: Any = None
+    has_dependents: bool = False  # something waits for it: its completion settles its children
 
 
 def split_rows(rows: list[tuple]) -> tuple[list[LockedRow], list[PickedRow]]:
@@ -90,7 +91,8 @@ def split_rows(rows: list[tuple]) -> tuple[list[LockedRow], list[PickedRow]]:
     for row in rows:
         row = PickedRow(*row)
         if row.finishing:
-            locked.append(LockedRow(row.id, row.concurrency_key, row.read_only))
+            # A locked row carries has_dependents in the pick's `priority` column.
+            locked.append(LockedRow(row.id, row.concurrency_key, row.read_only, bool(row.priority)))
         else:
             picked.append(row)
     return locked, picked
@@ -158,7 +160,9 @@ def lock_finished_statement(n: int, flavour: str) -> sa.Select:
     PRIMARY is forced: on a small table MariaDB would rather scan, and a locking scan touches
     every row."""
     ids = [sa.bindparam(f"id_{i}", type_=sa.BigInteger) for i in range(n)]
-    blanks = [sa.literal_column("NULL") for _ in range(PickedRow._fields.index("concurrency_key") - 1)]
+    blanks: list[Any] = [sa.literal_column("NULL") for _ in range(PickedRow._fields.index("concurrency_key") - 1)]
+    # has_dependents in the `priority` column (see split_rows): read where the row is locked anyway.
+    blanks[PickedRow._fields.index("priority") - 1] = jq.has_dependents
     running = sa.bindparam("lock_status", Status.RUNNING.value)  # its own name: the pick's status_1 is 'ready'
     key = sa.case((sa.and_(jq.status == running, fence_any(n)), jq.concurrency_key))
     finishing = sa.literal_column("1").label("finishing")

@@ -67,6 +67,7 @@ from ..models import Enqueued, Status
 from ..schema import job_queue
 from ..tasks import TASKS, Registry
 from ..validation import ENQUEUE_FIELDS, NewJob, max_payload_bytes, new_job
+from . import dependencies
 from .claim import ensure_keys
 from .common import execute_sql, jq
 
@@ -546,8 +547,11 @@ def enqueue(
     max_attempts: int | None = None,
     registry: Registry = TASKS,
     allow_unregistered: bool = False,
+    after: Iterable[str] | None = None,
+    on_parent_failure: str | None = None,
 ) -> Enqueued:
-    """Add one job. A known task_key writes nothing and returns the existing id, duplicate=True."""
+    """Add one job. A known task_key writes nothing and returns the existing id, duplicate=True.
+    With `after`, the job waits (blocked) for those jobs: see dependencies.py."""
     job = new_job(
         task_name,
         task_key,
@@ -559,4 +563,7 @@ def enqueue(
         registry=registry,
         allow_unregistered=allow_unregistered,
     )
+    parents, mode = dependencies.check_after(after, on_parent_failure)
+    if parents:
+        return dependencies.enqueue_after(conn, job, parents, mode)
     return _write(conn, [job])[0]

@@ -26,6 +26,7 @@ from ..errors import JobNotFound
 from ..models import Explanation, Job, Reason, Status, iso
 from ..schema import concurrency_key, job_queue, queue_state, worker_process
 from .common import as_datetime, database_now, job_from_row, jq
+from .dependencies import parents_of
 from .locks import RowLock, row_lock
 
 CODES = (
@@ -42,6 +43,7 @@ CODES = (
     "cancelled",
     "done",
     "failed",
+    "blocked_by",
 )
 AHEAD_CAP = 1000  # ready jobs counted ahead of a runnable one, at most
 ALIVE_SECONDS = 45  # a heartbeat every 15 s: a process silent longer is not counted as live
@@ -77,6 +79,8 @@ def _read(c: Connection, job_id: int) -> dict[str, Any] | None:
         ).all()
     ]
     facts: dict[str, Any] = {"job": job, "now": now, "processes": processes, "paused": None, "ahead": None, "key": None}
+    if job.status is Status.BLOCKED:
+        facts["parents"] = parents_of(c, job_id)
     if job.status in (Status.READY, Status.SCHEDULED):
         facts["paused"] = c.execute(
             sa.select(queue_state).where(queue_state.c.queue == job.queue, queue_state.c.paused == sa.true())
@@ -142,6 +146,32 @@ def _reasons(job: Job, facts: dict[str, Any], lock: RowLock) -> list[Reason]:
                 f"Finished successfully at {iso(job.finished_at)} after {job.attempts} "
                 f"attempt{'s' if job.attempts != 1 else ''}.",
                 {"finished_at": iso(job.finished_at), "attempts": job.attempts},
+            )
+        )
+    elif status is Status.BLOCKED:
+        pending = [
+            p
+            for p in facts["parents"]
+            if p["status"] not in (Status.DONE.value, Status.FAILED.value, Status.CANCELLED.value)
+        ]
+        names = ", ".join(f"{p['task_key']} ({p['status']})" for p in pending) or "none (settling)"
+        out.append(
+            Reason(
+                "blocked_by",
+                f"Waiting for the jobs it runs after: {names}; it becomes ready when they are done.",
+                {
+                    "blocked_by": [
+                        {"job_id": p["id"], "task_key": p["task_key"], "status": p["status"]} for p in pending
+                    ]
+                },
+            )
+        )
+    elif status is Status.CANCELLED and (job.last_error or "").startswith("parent "):
+        out.append(
+            Reason(
+                "cancelled",
+                f"Cancelled at {iso(job.finished_at)} because its {job.last_error}; it will not run.",
+                {"finished_at": iso(job.finished_at), "last_error": job.last_error},
             )
         )
     elif status is Status.CANCELLED:

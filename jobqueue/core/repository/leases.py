@@ -44,6 +44,7 @@ from .common import (
     shape,
     truncate_error,
 )
+from .dependencies import settle
 
 _FLAGS = {"mariadb": ("read_only", "innodb_read_only"), "mysql": ("read_only", "innodb_read_only", "super_read_only")}
 
@@ -55,27 +56,32 @@ def _lock_leased(n: int, flavour: str) -> sa.Select:
     locking scan would touch every row. The server's read-only flags come along, so a fenced
     write never lands on a demoted primary (an account with SUPER could still write there)."""
     ids = [sa.bindparam(f"id_{i}", type_=sa.BigInteger) for i in range(n)]
-    stmt = sa.select(jq.id, *[sa.literal_column(f"@@global.{f}") for f in _FLAGS[flavour]]).where(jq.id.in_(ids))
+    stmt = sa.select(jq.id, jq.has_dependents, *[sa.literal_column(f"@@global.{f}") for f in _FLAGS[flavour]]).where(
+        jq.id.in_(ids)
+    )
     stmt = stmt.with_hint(job_queue, "FORCE INDEX (PRIMARY)", "mysql").with_hint(
         job_queue, "FORCE INDEX (PRIMARY)", "mariadb"
     )
     return stmt.with_for_update(skip_locked=True)
 
 
-def lock_leased(c: Connection, job_ids: Sequence[int]) -> set[int]:
-    """The ids among `job_ids` whose rows this transaction now holds (SKIP LOCKED)."""
+def lock_leased(c: Connection, job_ids: Sequence[int]) -> dict[int, bool]:
+    """The ids among `job_ids` whose rows this transaction now holds (SKIP LOCKED), each with
+    whether something waits for it (has_dependents: read here, where the row is locked anyway)."""
     if not job_ids:
-        return set()
+        return {}
     require_primary(c)
     if not is_mysql(c):
-        return set(job_ids)  # SQLite: BEGIN IMMEDIATE already holds the whole database
+        # SQLite: BEGIN IMMEDIATE already holds the whole database
+        found = dict(c.execute(sa.select(jq.id, jq.has_dependents).where(jq.id.in_(list(job_ids)))).all())
+        return {i: bool(found.get(i)) for i in job_ids}
     flavour = "mariadb" if getattr(c.dialect, "is_mariadb", False) else "mysql"
     size = shape(len(job_ids))
     params = {f"id_{i}": job_ids[i] if i < len(job_ids) else NO_ROW for i in range(size)}
     rows = execute_fast(c, _lock_leased(size, flavour), params).rows
-    if rows and any(str(v) in ("1", "ON") for v in rows[0][1:]):
+    if rows and any(str(v) in ("1", "ON") for v in rows[0][2:]):
         raise NotPrimary("the server turned read-only; the lease write was not made")
-    return {row[0] for row in rows}
+    return {row[0]: bool(row[1]) for row in rows}
 
 
 # --- renew ---------------------------------------------------------------------------------------
@@ -229,10 +235,14 @@ def complete_in(c: Connection, leases: Sequence[Lease]) -> tuple[dict[Lease, Out
         return outcomes, []
     size = shape(len(held))
     n = execute_fast(c, _mark_done(size), fence_params(held, size)).rowcount
+    losses = []
     if n == len(held):
         outcomes.update({lease: Outcome.OK for lease in held})
-        return outcomes, []
-    losses = completions_read_back(c, held, outcomes)
+    else:
+        losses = completions_read_back(c, held, outcomes)
+    parents = [lease.job_id for lease in held if mine[lease.job_id] and outcomes[lease] is Outcome.OK]
+    if parents:
+        settle(c, parents)
     return outcomes, losses
 
 
@@ -261,9 +271,11 @@ def complete_with(conn: Connection, lease: Lease) -> tuple[Outcome, LeaseLoss | 
     that the handler's own writes and this attempt's completion commit together or not at all.
     The row is locked and waited for (briefly: the lock wait is the session's), then fenced."""
     require_primary(conn)
-    conn.execute(sa.select(jq.id).where(jq.id == lease.job_id).with_for_update())
+    has_dependents = conn.execute(sa.select(jq.has_dependents).where(jq.id == lease.job_id).with_for_update()).scalar()
     n = execute_fast(conn, _mark_done(1), fence_params([lease])).rowcount
     if n == 1:
+        if has_dependents:
+            settle(conn, [lease.job_id])
         return Outcome.OK, None
     return Outcome.LEASE_LOST, lease_loss(conn, lease, "complete")
 
@@ -328,13 +340,16 @@ def _finish(
     def write(c: Connection) -> tuple[Outcome, LeaseLoss | None]:
         nonlocal passes
         passes += 1
-        if not lock_leased(c, [lease.job_id]):
+        mine = lock_leased(c, [lease.job_id])
+        if not mine:
             return Outcome.BUSY, None
         record_attempts(c, fence(lease), operation, error)
         n = c.execute(
             sa.update(job_queue).where(fence(lease)).values(lease_until=None, updated_at=db_now(), **values)
         ).rowcount
         if n == 1:
+            if mine[lease.job_id] and values["status"] == Status.FAILED.value:
+                settle(c, [lease.job_id])
             return Outcome.OK, None
         if passes > 1 and _attempt_recorded(c, lease, operation):
             return Outcome.OK, None  # our own write: the COMMIT landed, its reply was lost

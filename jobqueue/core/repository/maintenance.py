@@ -14,6 +14,7 @@ from ..db import db_now, require_primary, transaction
 from ..models import Status
 from ..schema import job_queue, worker_process, worker_stats
 from .common import as_datetime, by_id, jq, record_attempts
+from .dependencies import settle_finished
 
 REAP_BATCH = 500
 PROMOTE_BATCH = 1000
@@ -107,6 +108,8 @@ def reap(
                     status=Status.READY.value, lease_owner=None, lease_until=None, run_at=db_now(), updated_at=db_now()
                 )
             ).rowcount
+            if n_failed:
+                settle_finished(c, [r.id for r in rows if r.attempts >= r.max_attempts])
             done = [
                 Reclaimed(
                     r.id, r.task_key, r.attempts, r.lease_owner, "failed" if r.attempts >= r.max_attempts else "ready"

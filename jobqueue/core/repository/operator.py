@@ -28,6 +28,7 @@ from ..models import Status
 from ..schema import audit_log, job_queue
 from ..validation import check_reason
 from .common import audit, jq, one_more_attempt, record_attempts, truncate_error
+from .dependencies import settle_finished
 
 if TYPE_CHECKING:
     from .replicas import Pause
@@ -92,6 +93,10 @@ def requeue_job(
             record_attempts(c, jq.id == job_id, "done", None, finished_at=jq.finished_at)
         if before is Status.READY:
             return ActionResult(job_id, before, before, False)
+        if before is Status.BLOCKED:
+            raise InvalidState(
+                f"job {job_id} is blocked: it runs when its parents are done (cancel it instead)", before.value
+            )
         if before is Status.RUNNING:
             if row.lease_valid and not force:
                 raise LeaseStillValid(
@@ -150,6 +155,7 @@ def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor:
                 updated_at=db_now(),
             )
         )
+        settle_finished(c, [job_id])
         audit(c, actor, "fail", job_id=job_id, before=before.value, after=Status.FAILED.value, detail=reason)
         return ActionResult(job_id, before, Status.FAILED, True)
 
@@ -177,6 +183,7 @@ def cancel_job(conn: Connection, job_id: int, reason: str | None = None, *, acto
             .where(jq.id == job_id)
             .values(status=Status.CANCELLED.value, lease_until=None, finished_at=db_now(), updated_at=db_now())
         )
+        settle_finished(c, [job_id])
         audit(c, actor, "cancel", job_id=job_id, before=before.value, after=Status.CANCELLED.value, detail=reason)
         return ActionResult(job_id, before, Status.CANCELLED, True)
 
@@ -310,8 +317,8 @@ class BulkResult:
 
 BULK_ELIGIBLE = {
     "requeue": (Status.FAILED, Status.SCHEDULED, Status.RUNNING, Status.CANCELLED),
-    "fail": (Status.READY, Status.SCHEDULED, Status.RUNNING),
-    "cancel": (Status.READY, Status.SCHEDULED, Status.FAILED, Status.RUNNING),
+    "fail": (Status.READY, Status.SCHEDULED, Status.RUNNING, Status.BLOCKED),
+    "cancel": (Status.READY, Status.SCHEDULED, Status.FAILED, Status.RUNNING, Status.BLOCKED),
 }
 BULK_AFTER = {"requeue": Status.READY, "fail": Status.FAILED, "cancel": Status.CANCELLED}
 ATTEMPT_OUTCOME = {"requeue": "requeued", "fail": "failed_by_operator", "cancel": "cancelled"}
@@ -452,6 +459,8 @@ def bulk_action(
                     .where(guard)
                     .values(status=Status.CANCELLED.value, lease_until=None, finished_at=db_now(), updated_at=db_now())
                 ).rowcount
+            if action != "requeue":
+                settle_finished(c, target_ids)
             before = ",".join(sorted({r.status for r in targets}))
             audit(
                 c,

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 
 from ..db import db_now, is_mysql, require_primary, transaction
 from ..models import Status
-from ..schema import job_attempt, job_queue, job_result, prune_run, pruned_key
+from ..schema import job_attempt, job_dependency, job_queue, job_result, prune_run, pruned_key
 from .common import as_datetime, database_now, jq
 
 PRUNE_BATCH = 1000
@@ -127,6 +127,10 @@ def prune_batch(
         mine = [r.id for r in rows]
         attempts = c.execute(sa.delete(job_attempt).where(job_attempt.c.job_id.in_(mine))).rowcount
         results = c.execute(sa.delete(job_result).where(job_result.c.task_key.in_([r.task_key for r in rows]))).rowcount
+        # A finished parent has settled its children in the transaction that finished it (a
+        # blocked job is never pruned: not finished), so its edges go with it, as do a child's.
+        c.execute(sa.delete(job_dependency).where(job_dependency.c.parent_id.in_(mine)))
+        c.execute(sa.delete(job_dependency).where(job_dependency.c.child_id.in_(mine)))
         c.execute(sa.delete(job_queue).where(jq.id.in_(mine)))
         by_status: dict[str, int] = {}
         for r in rows:

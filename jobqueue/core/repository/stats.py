@@ -56,7 +56,7 @@ from .common import as_datetime, database_now, jq, through_index
 
 log = logging.getLogger(__name__)
 
-LIVE = (Status.SCHEDULED, Status.READY, Status.RUNNING)
+LIVE = (Status.SCHEDULED, Status.READY, Status.RUNNING, Status.BLOCKED)
 HISTORY = (Status.DONE, Status.FAILED, Status.CANCELLED)
 LIVE_CAP = 100_000
 FAILED_CAP = 100_000

@@ -15,7 +15,7 @@ bp = Blueprint("dashboard", __name__)
 
 PAGE_SIZE = 50
 MATCH_COUNT_CAP = 10_000  # counts of matches stop here ("10,000+"): bounded reads at any table size
-MOVING = ("ready", "scheduled", "running")  # rows in these states are refreshed live
+MOVING = ("ready", "scheduled", "running", "blocked")  # rows in these states are refreshed live
 EPOCH = datetime(1970, 1, 1)
 
 

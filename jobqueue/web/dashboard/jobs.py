@@ -95,6 +95,8 @@ def job_detail(job_id: int):
         result = repository.reads.get_result(conn, job.task_key)
         attempts = repository.reads.list_attempts(conn, job_id)
         audit = repository.operator.list_audit(conn, job_id=job_id, limit=20)
+        parents = repository.dependencies.parents_of(conn, job_id)
+        children = repository.dependencies.children_of(conn, job_id)
         now = repository.reads.database_now(conn)
     explanation = explain_for_page(job_id)
     return render_template(
@@ -105,6 +107,8 @@ def job_detail(job_id: int):
         audit=audit,
         now=now,
         explanation=explanation,
+        parents=parents,
+        children=children,
         payload=json.dumps(job.payload, indent=2, sort_keys=True, ensure_ascii=False),
         result_json=json.dumps(result["result"], indent=2, sort_keys=True, ensure_ascii=False) if result else None,
         current_attempt=current_attempt(job, attempts),
