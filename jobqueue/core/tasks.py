@@ -7,6 +7,9 @@
         ...                                   # runs after the claim committed, never inside it
         ctx.record_result({"invoice": n})     # at most one result per task_key
 
+An `async def` handler takes the same arguments, `(payload, ctx)`, and runs on the worker's event
+loop (`await ctx.arecord_result(...)`, `async with ctx.atransaction() as conn:`).
+
 Options: `timeout_seconds=N` (an attempt still running after N s fails as `timeout` and is
 retried by the usual backoff), `cron="0 * * * *"` (a recurring job named after the task, UTC),
 `concurrency_key="customer_id", concurrency_limit=1` (at most that many jobs with the same
@@ -18,10 +21,13 @@ Point workers at the module with `--tasks myapp.tasks` or `JOBQUEUE_TASKS=myapp.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import threading
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .errors import LeaseLostError
@@ -68,6 +74,11 @@ class TaskSpec:
             from .recurring import parse_cron
 
             parse_cron(self.cron)  # a bad expression fails at import, not at the first tick
+
+    @cached_property
+    def is_coroutine(self) -> bool:
+        """An `async def` handler: it runs on the worker's event loop, not on a thread."""
+        return inspect.iscoroutinefunction(self.handler)
 
 
 def handled_elsewhere(payload: dict[str, Any], ctx: JobContext) -> Any:
@@ -262,6 +273,29 @@ class JobContext:
         LeaseLostError when this attempt no longer holds the job's lease.
         """
         return self._record_result(result)
+
+    async def arecord_result(self, result: Any) -> bool:
+        """record_result for an `async def` handler: the write runs in a thread, so the worker's
+        event loop goes on running the other coroutines meanwhile."""
+        return await asyncio.to_thread(self._record_result, result)
+
+    def atransaction(self) -> AbstractAsyncContextManager[Connection]:
+        """`async with ctx.atransaction() as conn:` ctx.transaction() for an `async def` handler:
+        it begins and commits in a thread. The connection is a plain (blocking) one: run its
+        statements with `await asyncio.to_thread(conn.execute, ...)` so the loop is not held."""
+        return self._atransaction()
+
+    @asynccontextmanager
+    async def _atransaction(self) -> AsyncIterator[Connection]:
+        block = self.transaction()
+        conn = await asyncio.to_thread(block.__enter__)
+        try:
+            yield conn
+        except BaseException as exc:
+            if not await asyncio.to_thread(block.__exit__, type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            await asyncio.to_thread(block.__exit__, None, None, None)
 
 
 __all__ = [

@@ -37,7 +37,13 @@ def init_db_cmd(ctx: click.Context, database_url: str | None) -> None:
 
 
 @main.command()
-@click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True, help="Handler threads")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 256),
+    default=4,
+    show_default=True,
+    help="Handlers running at once: threads, and coroutines for async def handlers",
+)
 @click.option("--queues", default=None, help="Comma-separated queues to take jobs from (default: all)")
 @click.option("--name", default=None, help="Worker name, added to host:pid in lease owners")
 @setting_option(

@@ -11,7 +11,7 @@ from .maintenance import reap_interval
 
 @dataclass
 class WorkerConfig:
-    concurrency: int = 4  # handler threads
+    concurrency: int = 4  # handlers running at once, threads and coroutines
     queues: Sequence[str] | None = None  # None: every queue
     name: str | None = None
     lease_seconds: float = DEFAULTS.lease_seconds

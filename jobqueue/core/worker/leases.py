@@ -34,6 +34,7 @@ action only at the next renewal.
 
 from __future__ import annotations
 
+import concurrent.futures
 import enum
 import threading
 import time
@@ -78,6 +79,7 @@ class Held:
     handler_done: bool = False
     completed_in_transaction: bool = False  # the handler's ctx.transaction() committed the completion
     result_recorded: bool = False  # this attempt called record_result: a return value is not recorded again
+    coroutine: concurrent.futures.Future[None] | None = None  # an async handler's run on the event loop
 
     @property
     def key(self) -> Key:

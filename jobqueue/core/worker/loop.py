@@ -1,7 +1,7 @@
 """The worker: claim, run after the commit, renew the lease, complete under the fence.
 
 One worker process holds up to `concurrency + prefetch` leases ("lease slots") and runs
-`concurrency` handler threads. Its loop reads like this:
+`concurrency` handlers at once: plain ones on threads, `async def` ones on one event loop. Its loop reads like this:
 
     while not stopping:
         maintenance              # promote due retries/delayed jobs, reap expired leases, enqueue
@@ -206,7 +206,6 @@ class Worker:
         self._started = True
         watch_primaries(self.engine)
         self._register()
-        self.slots.start()
         self.renewer.start()
         if self._doorbell is not None:
             self._doorbell.start()
@@ -292,6 +291,8 @@ class Worker:
         released = 0
         for held in self.keeper.held(LeaseState.RUNNING):
             if self.keeper.lose(held, "shutdown", "released on shutdown", only_if=(LeaseState.RUNNING,)):
+                if held.coroutine is not None:  # a thread cannot be stopped; a coroutine can
+                    held.coroutine.cancel()
                 released += finisher.release(held)
         # Completions still pending (a handler returned at the last moment, or the database is
         # away): keep trying while their leases last.

@@ -112,7 +112,10 @@ class Renewer:
             self._lost(gone)
             if gone.reason == "timeout":
                 # The attempt counts as failed: retried by the usual backoff, or failed for good
-                # on its last attempt. Its handler may go on running; nothing it writes lands.
+                # on its last attempt. A plain handler may go on running (nothing it writes
+                # lands); a coroutine is cancelled.
+                if gone.held.coroutine is not None:
+                    gone.held.coroutine.cancel()
                 # Written from a thread of its own: the clock must keep watching meanwhile.
                 threading.Thread(target=self._time_out, args=(gone,), name="jobqueue-timeout", daemon=True).start()
 

@@ -1,5 +1,7 @@
-"""The threads that run handlers. Each takes a leased job from the inbox, runs its handler after
-the claim committed (never inside it), and says how the attempt ended:
+"""Where handlers run: a plain one on a thread that takes its leased job from the inbox, an
+`async def` one on the worker's event loop (coroutines.py), at most `concurrency` of either kind
+at once (Places). Each runs after the claim committed (never inside it), and says how the
+attempt ended, the same way for both:
 
 - before it starts: a job that waited in hand for a thread (prefetched) longer than
   CONFIRM_AFTER_SECONDS is confirmed in the database first (Finisher.confirm_start: one fenced
@@ -22,17 +24,21 @@ the claim committed (never inside it), and says how the attempt ended:
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 import queue as queue_mod
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from ..errors import LeaseLostError, PermanentError
 from ..logs import event
 from ..tasks import Registry
+from .coroutines import EventLoop
 from .leases import Held, LeaseKeeper
 
 if TYPE_CHECKING:
@@ -47,74 +53,179 @@ CONFIRM_AFTER_SECONDS = 0.05
 DURATION_WEIGHT = 0.2  # how much the last handler's time moves the running average
 
 
+class Places:
+    """Handlers running at once, threads and coroutines alike: at most `concurrency`. A job held
+    beyond that (prefetched) waits for a place, first come first served, whichever kind it is."""
+
+    def __init__(self, places: int):
+        self._free = places
+        self._lock = threading.Lock()
+        self._waiting: collections.deque[threading.Event | asyncio.Future[None]] = collections.deque()
+
+    def take(self) -> None:
+        with self._lock:
+            if self._free and not self._waiting:
+                self._free -= 1
+                return
+            turn = threading.Event()
+            self._waiting.append(turn)
+        turn.wait()
+
+    async def take_async(self) -> None:
+        with self._lock:
+            if self._free and not self._waiting:
+                self._free -= 1
+                return
+            turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            with self._lock:
+                handed = turn not in self._waiting
+                if not handed:
+                    self._waiting.remove(turn)
+            if handed:  # the place came as it was cancelled: pass it on
+                self.give_back()
+            raise
+
+    def give_back(self) -> None:
+        with self._lock:
+            if not self._waiting:
+                self._free += 1
+                return
+            turn = self._waiting.popleft()
+        if isinstance(turn, threading.Event):
+            turn.set()
+        else:
+            turn.get_loop().call_soon_threadsafe(_hand_over, turn)
+
+
+def _hand_over(turn: asyncio.Future[None]) -> None:
+    if not turn.done():  # a cancelled waiter gives the place back itself
+        turn.set_result(None)
+
+
 class Slots:
+    """`concurrency` places to run a job. A plain handler runs on a thread of its own (threads are
+    started as jobs need them, up to `concurrency`); an `async def` handler runs on the worker's
+    event loop and takes no thread: the loop starts with the first one."""
+
     def __init__(self, finisher: Finisher, keeper: LeaseKeeper, registry: Registry, worker_id: str, threads: int):
         self.finisher = finisher
         self.keeper = keeper
         self.registry = registry
         self.worker_id = worker_id
-        self.average_seconds: float | None = None  # running average of a thread's time per job
+        self.concurrency = threads
+        self.average_seconds: float | None = None  # running average of a place's time per job
+        self.places = Places(threads)
         self.inbox: queue_mod.SimpleQueue[Held | None] = queue_mod.SimpleQueue()
-        self.threads = [
-            threading.Thread(target=self._run, name=f"jobqueue-slot-{i + 1}", daemon=True) for i in range(threads)
-        ]
-        self._idle = threads
+        self.threads: list[threading.Thread] = []
+        self._idle = 0  # threads waiting on the inbox
+        self._queued = 0  # jobs in the inbox no thread took yet
         self._lock = threading.Lock()
+        self._loop = EventLoop()
 
-    def start(self) -> None:
-        for t in self.threads:
-            t.start()
-
-    def stop(self) -> None:
-        for _ in self.threads:
+    def stop(self, wait: float = 2.0) -> None:
+        with self._lock:
+            threads = len(self.threads)
+        for _ in range(threads):
             self.inbox.put(None)
+        self._loop.stop(wait)
 
     def give(self, held: Held) -> None:
-        self.inbox.put(held)
-
-    @property
-    def idle(self) -> int:
-        """Threads waiting for a job (an estimate: it changes as you read it)."""
+        spec = self.registry.get(held.claimed.job.task_name)
+        if spec is not None and spec.is_coroutine:
+            held.coroutine = self._loop.submit(self._run_coroutine(held, spec.handler))
+            return
         with self._lock:
-            return self._idle
+            self._queued += 1
+            thread = None
+            if self._queued > self._idle and len(self.threads) < self.concurrency:
+                thread = threading.Thread(target=self._run, name=f"jobqueue-slot-{len(self.threads) + 1}", daemon=True)
+                self.threads.append(thread)
+        self.inbox.put(held)
+        if thread is not None:
+            thread.start()
 
     def _run(self) -> None:
         while True:
+            with self._lock:
+                self._idle += 1
             held = self.inbox.get()
-            if held is None:
-                return
             with self._lock:
                 self._idle -= 1
+                if held is not None:
+                    self._queued -= 1
+            if held is None:
+                return
+            self.places.take()
             started = time.monotonic()
             try:
                 self.run_attempt(held)
             except Exception as exc:  # never lose a thread to a bug of ours
-                event(
-                    log,
-                    logging.ERROR,
-                    "slot_error",
-                    job_id=held.lease.job_id,
-                    attempt=held.lease.attempt,
-                    error=f"{type(exc).__name__}: {exc}",
-                )
-                self.finisher.forget(held)
+                self._slot_error(held, exc)
             finally:
                 self._took(time.monotonic() - started)
-                with self._lock:
-                    self._idle += 1
+                self.places.give_back()
+
+    async def _run_coroutine(self, held: Held, handler: Callable[..., Awaitable[Any]]) -> None:
+        """run_attempt for an `async def` handler, on the event loop: the database writes go to a
+        thread (asyncio.to_thread), so that the loop never waits for the database. Cancelled
+        (timeout, shutdown): its lease is already lost, so the attempt only forgets it."""
+        try:
+            await self.places.take_async()
+        except asyncio.CancelledError:
+            self.finisher.forget(held)
+            return
+        started = time.monotonic()
+        try:
+            if (
+                self._needs_confirm(held)
+                and not await asyncio.to_thread(self.finisher.confirm_start, held)
+                or not self.keeper.start(held)
+            ):
+                self.finisher.forget(held)
+                return
+            started = time.monotonic()
+            try:
+                returned = await handler(held.claimed.job.payload, held.ctx)
+                if self._keeps(held, returned):
+                    await asyncio.to_thread(self.finisher.record_result, held, returned)
+            except (Exception, asyncio.CancelledError) as exc:
+                await asyncio.to_thread(self._raised, held, exc, started)
+                return
+            self._returned(held, started)
+        except asyncio.CancelledError:
+            self.finisher.forget(held)
+        except Exception as exc:
+            self._slot_error(held, exc)
+        finally:
+            self._took(time.monotonic() - started)
+            self.places.give_back()
+
+    def _slot_error(self, held: Held, exc: Exception) -> None:
+        event(
+            log,
+            logging.ERROR,
+            "slot_error",
+            job_id=held.lease.job_id,
+            attempt=held.lease.attempt,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        self.finisher.forget(held)
 
     def _took(self, seconds: float) -> None:
-        """A thread was busy `seconds` with one job (its handler and any write of its own)."""
+        """A place was busy `seconds` with one job (its handler and any write of its own)."""
         average = self.average_seconds
         self.average_seconds = seconds if average is None else average + DURATION_WEIGHT * (seconds - average)
 
     def run_attempt(self, held: Held) -> None:
-        finisher, keeper = self.finisher, self.keeper
-        job, lease = held.claimed.job, held.claimed.lease
+        job = held.claimed.job
         if not self._may_start(held):
             # Lost while it waited for a thread (an operator took it, its queue was paused, it was
             # reaped, its local deadline passed): the handler never starts.
-            finisher.forget(held)
+            self.finisher.forget(held)
             return
         spec = self.registry.get(job.task_name)
         started = time.monotonic()
@@ -122,27 +233,41 @@ class Slots:
             if spec is None:
                 raise LookupError(f"no handler for task {job.task_name!r} in worker {self.worker_id}")
             returned = spec.handler(job.payload, held.ctx)
-            if returned is not None and not held.result_recorded and not held.completed_in_transaction:
-                finisher.record_result(held, returned)  # as ctx.record_result(returned) would
+            if self._keeps(held, returned):
+                self.finisher.record_result(held, returned)  # as ctx.record_result(returned) would
         except Exception as exc:
-            if held.completed_in_transaction:
-                # Its ctx.transaction() committed: the job is done, whatever came after.
-                event(
-                    log,
-                    logging.WARNING,
-                    "handler_error_after_completion",
-                    job_id=job.id,
-                    task_key=job.task_key,
-                    attempt=lease.attempt,
-                    worker=lease.owner,
-                    error=first_line(describe(exc)),
-                )
-                held.duration = time.monotonic() - started
-                keeper.finishing(held)
-                finisher.completed_in_transaction(held)
-                return
-            self._failed(held, exc, started)
+            self._raised(held, exc, started)
             return
+        self._returned(held, started)
+
+    @staticmethod
+    def _keeps(held: Held, returned: object) -> bool:
+        """Whether a handler's return value is recorded as its result."""
+        return returned is not None and not held.result_recorded and not held.completed_in_transaction
+
+    def _raised(self, held: Held, exc: BaseException, started: float) -> None:
+        if held.completed_in_transaction:
+            # Its ctx.transaction() committed: the job is done, whatever came after.
+            job, lease = held.claimed.job, held.lease
+            event(
+                log,
+                logging.WARNING,
+                "handler_error_after_completion",
+                job_id=job.id,
+                task_key=job.task_key,
+                attempt=lease.attempt,
+                worker=lease.owner,
+                error=first_line(describe(exc)),
+            )
+            held.duration = time.monotonic() - started
+            self.keeper.finishing(held)
+            self.finisher.completed_in_transaction(held)
+            return
+        self._failed(held, exc, started)
+
+    def _returned(self, held: Held, started: float) -> None:
+        finisher, keeper = self.finisher, self.keeper
+        job, lease = held.claimed.job, held.lease
         held.duration = time.monotonic() - started
         if held.completed_in_transaction:
             keeper.finishing(held)
@@ -167,12 +292,15 @@ class Slots:
             )
             finisher.forget(held)
 
+    def _needs_confirm(self, held: Held) -> bool:
+        return self.keeper.clock() - held.claimed_at >= CONFIRM_AFTER_SECONDS
+
     def _may_start(self, held: Held) -> bool:
-        if self.keeper.clock() - held.claimed_at >= CONFIRM_AFTER_SECONDS and not self.finisher.confirm_start(held):
+        if self._needs_confirm(held) and not self.finisher.confirm_start(held):
             return False
         return self.keeper.start(held)
 
-    def _failed(self, held: Held, exc: Exception, started: float) -> None:
+    def _failed(self, held: Held, exc: BaseException, started: float) -> None:
         """The handler raised: how the attempt ends."""
         job, lease = held.claimed.job, held.lease
         if isinstance(exc, LeaseLostError):
