@@ -99,6 +99,7 @@ class JobQueue:
         allow_unregistered: bool = False,
         after: Iterable[str] | None = None,
         on_parent_failure: str = "cancel",
+        batch: str | None = None,
     ) -> Enqueued:
         """Add one job (idempotent by task_key: a known key writes nothing, duplicate=True).
         With `conn`, in the caller's transaction.
@@ -107,6 +108,9 @@ class JobQueue:
         ready (or scheduled, with a delay still to run). A parent that fails or is cancelled
         cancels it (`on_parent_failure="cancel"`) or counts as finished (`"run"`). An unknown
         parent key, or a cycle, raises ValidationError and writes nothing.
+
+        `batch`: the key of an open batch (`batch()`) this job is a member of; a closed batch
+        raises BatchClosed and writes nothing.
 
         `task` by name needs no import of its handler: a task of this process, a built-in one or
         one a worker registered (with that worker's queue and attempts). Any other name is
@@ -126,6 +130,7 @@ class JobQueue:
                 allow_unregistered=allow_unregistered,
                 after=after,
                 on_parent_failure=on_parent_failure,
+                batch=batch,
             )
 
     def enqueue_many(
@@ -148,6 +153,35 @@ class JobQueue:
         return job
 
     # --- look ----------------------------------------------------------------------------------
+
+    def batch(
+        self,
+        key: str,
+        *,
+        on_success: str | TaskFunction | None = None,
+        on_failure: str | TaskFunction | None = None,
+        on_complete: str | TaskFunction | None = None,
+        payload: Mapping[str, Any] | None = None,
+    ) -> Batch:
+        """Open the batch `key` (idempotent: an existing batch is found, as it was opened) and
+        return it; as a context manager it is closed when the block ends (see Batch)."""
+        names = {
+            f"on_{kind}": task if task is None or isinstance(task, str) else task.task_name
+            for kind, task in (("success", on_success), ("failure", on_failure), ("complete", on_complete))
+        }
+        with self._connection(None) as c:
+            repository.batches.open_batch(c, key, payload=dict(payload) if payload is not None else None, **names)
+        return Batch(self, key)
+
+    def close_batch(self, key: str) -> dict[str, Any]:
+        """Close the batch: no more members; its callbacks fire once its members have finished."""
+        with self._connection(None) as c:
+            return repository.batches.close(c, key)
+
+    def batch_status(self, key: str) -> dict[str, Any]:
+        """{"key", "state", "total", "done", "failed", "cancelled", "pending", "callbacks", ...}"""
+        with self._connection(None) as c:
+            return repository.batches.show(c, key)
 
     def get(self, job_id: int) -> Job | None:
         with self.engine.connect() as c:
@@ -235,3 +269,34 @@ def default_client() -> JobQueue:
         if _default is None:
             _default = JobQueue.from_env()
         return _default
+
+
+class Batch:
+    """An open batch (JobQueue.batch). `with jq.batch(...) as b: b.enqueue(...)` closes it when
+    the block ends normally. When the block raises, the batch stays open: its callbacks would
+    otherwise report on half the work. Run the block again (the batch key and task_keys are
+    idempotent: the members already written are answered duplicate) or close it by hand
+    (`close()`, `jobqueue batch close KEY`)."""
+
+    def __init__(self, jq: JobQueue, key: str) -> None:
+        self.jq = jq
+        self.key = key
+
+    def enqueue(
+        self, task: str | TaskFunction, task_key: str, payload: Mapping[str, Any] | None = None, **options: Any
+    ) -> Enqueued:
+        """JobQueue.enqueue, as a member of this batch."""
+        return self.jq.enqueue(task, task_key, payload, batch=self.key, **options)
+
+    def close(self) -> dict[str, Any]:
+        return self.jq.close_batch(self.key)
+
+    def status(self) -> dict[str, Any]:
+        return self.jq.batch_status(self.key)
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()

@@ -63,6 +63,10 @@ class JobNotFound(NotFound):
     pass
 
 
+class BatchNotFound(NotFound):
+    """No batch has that key."""
+
+
 class ScheduleNotFound(NotFound):
     """No recurring job of that name."""
 
@@ -76,6 +80,10 @@ class InvalidState(JobQueueError):
     def __init__(self, message: str, status: str | None = None):
         super().__init__(message)
         self.status = status
+
+
+class BatchClosed(InvalidState):
+    """The batch is closed: it takes no more members (its callbacks may have fired)."""
 
 
 class LeaseStillValid(InvalidState):

@@ -81,9 +81,10 @@ job_queue = sa.Table(
     sa.Column("finished_at", Timestamp, nullable=True),
     # "<task>:<payload value>" for tasks with a concurrency limit (see concurrency_key below).
     sa.Column("concurrency_key", sa.String(200), nullable=True),
-    # Some job_dependency row names this job as a parent: set under the parent's row lock by the
-    # child's enqueue, read by the locks a completion takes anyway, so only a job that something
-    # waits for pays for the look at its children.
+    # Finishing this job has consequences: a job_dependency row names it as a parent, or it is a
+    # batch member (repository/hooks.py). Set under the job's row lock (by the child's enqueue,
+    # or when the job is written into its batch), read by the locks a completion takes anyway, so
+    # only such a job pays for the look at its children and its batch.
     sa.Column("has_dependents", sa.Boolean(), nullable=False, server_default="0"),
     sa.UniqueConstraint("task_key", name="uk_task_key"),
     sa.Index("ix_ready_pick", "status", "queue", "priority", "id"),
@@ -105,6 +106,44 @@ job_dependency = sa.Table(
     sa.Column("child_id", sa.BigInteger(), primary_key=True, autoincrement=False),
     sa.Column("on_parent_failure", sa.String(10), nullable=False),
     sa.Index("ix_dependency_child", "child_id"),
+)
+
+# A batch of jobs with callbacks (repository/batches.py). The counters are kept here, updated
+# under this row's lock in each member's finishing transaction, so they survive the pruning of
+# finished members; *_job_id is the callback job once enqueued (never twice).
+job_batch = sa.Table(
+    "job_batch",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("batch_key", sa.String(64), nullable=False),
+    sa.Column("state", sa.String(10), nullable=False),  # open | closed | finished
+    sa.Column("on_success", sa.String(100), nullable=True),
+    sa.Column("on_failure", sa.String(100), nullable=True),
+    sa.Column("on_complete", sa.String(100), nullable=True),
+    sa.Column("payload", JsonText(), nullable=True),
+    sa.Column("total", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("done", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("failed", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("cancelled", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("success_job_id", sa.BigInteger(), nullable=True),
+    sa.Column("failure_job_id", sa.BigInteger(), nullable=True),
+    sa.Column("complete_job_id", sa.BigInteger(), nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("closed_at", Timestamp, nullable=True),
+    sa.Column("finished_at", Timestamp, nullable=True),
+    sa.UniqueConstraint("batch_key", name="uk_batch_key"),
+)
+
+# A batch's member jobs; `counted` is the final status the batch's counters count it as (NULL:
+# not finished), so a member that a later action moves (failed -> cancelled, requeued) is
+# counted again correctly rather than twice.
+job_batch_member = sa.Table(
+    "job_batch_member",
+    metadata,
+    sa.Column("job_id", sa.BigInteger(), primary_key=True, autoincrement=False),
+    sa.Column("batch_id", sa.BigInteger(), nullable=False),
+    sa.Column("counted", sa.String(10), nullable=True),
+    sa.Index("ix_batch_member", "batch_id", "job_id"),
 )
 
 # One downstream result per task_key: a replayed task_key records nothing new.

@@ -74,12 +74,13 @@ def enqueue(
     allow_unregistered: bool = False,
     after: Iterable[str] | None = None,
     on_parent_failure: str | None = None,
+    batch: str | None = None,
 ) -> Enqueued:
     """Add one job. A known task_key writes nothing and returns the existing id, duplicate=True.
     The task is looked up in `registry`, then among the tasks workers registered (KnownTasks);
     `allow_unregistered` takes a name found in neither, with the default options. With `after`
     (task_keys), the job is blocked until those jobs are done (`on_parent_failure`: "cancel" or
-    "run" when one fails or is cancelled)."""
+    "run" when one fails or is cancelled). With `batch`, a member of that open batch."""
     result = _enqueue.enqueue(
         conn,
         task_name,
@@ -93,6 +94,7 @@ def enqueue(
         allow_unregistered=allow_unregistered,
         after=after,
         on_parent_failure=on_parent_failure,
+        batch=batch,
     )
     engine = conn.engine
     _after_commit(conn, lambda: _report_enqueued([result], engine))

@@ -7,6 +7,8 @@ on the module of their concern.
 
     enqueue.py      enqueue, enqueue_many              (idempotent by task_key)
     dependencies.py enqueue_after, settle, parents_of  (jobs blocked until their `after` jobs are done)
+    batches.py      open_batch, close, show, settle    (member jobs counted; callbacks enqueued exactly once)
+    hooks.py        settle                             (what finishing a job sets off: dependencies, batches)
     claim.py        claim, claim_cycle, classify_empty (the claim cycle; why a claim found nothing)
     claim_sql.py    every statement of the claim and when each is sent (docs/claim-sql.md)
     leases.py       renew, start_lease, complete, retry, fail, release, record_result (fenced by the lease)
@@ -29,12 +31,14 @@ The package defines no names of its own, so `repository.claim` is always the mod
 """
 
 from . import (
+    batches,
     claim,
     claim_sql,
     dependencies,
     doorbell,
     enqueue,
     explain,
+    hooks,
     leases,
     locks,
     maintenance,
@@ -51,12 +55,14 @@ from . import (
 )
 
 __all__ = [
+    "batches",
     "claim",
     "claim_sql",
     "dependencies",
     "doorbell",
     "enqueue",
     "explain",
+    "hooks",
     "leases",
     "locks",
     "maintenance",

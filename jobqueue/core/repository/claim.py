@@ -81,7 +81,7 @@ from .claim_sql import (
     split_rows,
 )
 from .common import NO_ROW, as_datetime, execute_fast, execute_sql, jq, shape
-from .dependencies import settle
+from .hooks import settle
 from .leases import completions_read_back, fence_params
 
 LOOKAHEAD_ROUNDS = 2  # extra picks past jobs whose concurrency key is full, per queue and claim

@@ -147,10 +147,11 @@ def _cancel(c: Connection, child_id: int, parent_key: str, parent_status: str) -
     )
 
 
-def settle(c: Connection, parent_ids: Iterable[int]) -> None:
+def settle(c: Connection, parent_ids: Iterable[int]) -> list[int]:
     """In the transaction that finished these parents (each had has_dependents): unblock each
     blocked child whose parents are all finished, cancel those a failed parent cancels, and so on
-    down the children of the cancelled."""
+    down the children of the cancelled. Returns the children cancelled (finished here too)."""
+    cancelled: list[int] = []
     todo = sorted(set(parent_ids))
     while todo:
         children = sorted(set(c.execute(sa.select(jd.child_id).where(jd.parent_id.in_(todo))).scalars()))
@@ -173,6 +174,7 @@ def settle(c: Connection, parent_ids: Iterable[int]) -> None:
             ]
             if failed:
                 _cancel(c, child_id, *failed[0])
+                cancelled.append(child_id)
                 if row.has_dependents:
                     todo.append(child_id)
             elif all(p.status is None or p.status in _FINISHED for p in parents):
@@ -186,20 +188,7 @@ def settle(c: Connection, parent_ids: Iterable[int]) -> None:
                         updated_at=db_now(),
                     )
                 )
-
-
-def with_dependents(c: Connection, ids: Sequence[int]) -> list[int]:
-    """Of `ids`, those something waits for (for the finishing paths that did not read the flag
-    with their lock: operator actions and the reaper, none of them on the hot path)."""
-    if not ids:
-        return []
-    return list(c.execute(sa.select(jq.id).where(jq.id.in_(list(ids)), jq.has_dependents.is_(True))).scalars())
-
-
-def settle_finished(c: Connection, ids: Sequence[int]) -> None:
-    parents = with_dependents(c, ids)
-    if parents:
-        settle(c, parents)
+    return cancelled
 
 
 def parents_of(c: Connection, child_id: int) -> list[dict]:

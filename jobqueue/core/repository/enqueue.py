@@ -67,7 +67,7 @@ from ..models import Enqueued, Status
 from ..schema import job_queue
 from ..tasks import TASKS, Registry
 from ..validation import ENQUEUE_FIELDS, NewJob, max_payload_bytes, new_job
-from . import dependencies
+from . import batches, dependencies
 from .claim import ensure_keys
 from .common import execute_sql, jq
 
@@ -549,9 +549,11 @@ def enqueue(
     allow_unregistered: bool = False,
     after: Iterable[str] | None = None,
     on_parent_failure: str | None = None,
+    batch: str | None = None,
 ) -> Enqueued:
     """Add one job. A known task_key writes nothing and returns the existing id, duplicate=True.
-    With `after`, the job waits (blocked) for those jobs: see dependencies.py."""
+    With `after`, the job waits (blocked) for those jobs: see dependencies.py. With `batch`, it
+    is a member of that open batch: see batches.py."""
     job = new_job(
         task_name,
         task_key,
@@ -564,6 +566,12 @@ def enqueue(
         allow_unregistered=allow_unregistered,
     )
     parents, mode = dependencies.check_after(after, on_parent_failure)
-    if parents:
-        return dependencies.enqueue_after(conn, job, parents, mode)
-    return _write(conn, [job])[0]
+
+    def write(c: Connection) -> Enqueued:
+        if parents:
+            return dependencies.enqueue_after(c, job, parents, mode)
+        return _write(c, [job])[0]
+
+    if batch is not None:
+        return batches.enqueue_member(conn, batch, write)
+    return write(conn)

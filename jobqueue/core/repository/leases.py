@@ -44,7 +44,7 @@ from .common import (
     shape,
     truncate_error,
 )
-from .dependencies import settle
+from .hooks import settle
 
 _FLAGS = {"mariadb": ("read_only", "innodb_read_only"), "mysql": ("read_only", "innodb_read_only", "super_read_only")}
 

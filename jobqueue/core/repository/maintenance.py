@@ -14,7 +14,7 @@ from ..db import db_now, require_primary, transaction
 from ..models import Status
 from ..schema import job_queue, worker_process, worker_stats
 from .common import as_datetime, by_id, jq, record_attempts
-from .dependencies import settle_finished
+from .hooks import settle_finished
 
 REAP_BATCH = 500
 PROMOTE_BATCH = 1000

@@ -28,7 +28,7 @@ from ..models import Status
 from ..schema import audit_log, job_queue
 from ..validation import check_reason
 from .common import audit, jq, one_more_attempt, record_attempts, truncate_error
-from .dependencies import settle_finished
+from .hooks import settle_finished
 
 if TYPE_CHECKING:
     from .replicas import Pause
@@ -118,6 +118,7 @@ def requeue_job(
                 updated_at=db_now(),
             )
         )
+        settle_finished(c, [job_id])  # a batch counts a requeued member as pending again
         audit(
             c,
             actor,
@@ -459,8 +460,7 @@ def bulk_action(
                     .where(guard)
                     .values(status=Status.CANCELLED.value, lease_until=None, finished_at=db_now(), updated_at=db_now())
                 ).rowcount
-            if action != "requeue":
-                settle_finished(c, target_ids)
+            settle_finished(c, target_ids)
             before = ",".join(sorted({r.status for r in targets}))
             audit(
                 c,

@@ -1,0 +1,264 @@
+"""Batches: member jobs counted on the batch's row, and callbacks enqueued exactly once.
+
+A member is written in one transaction with its batch's row locked FOR UPDATE (after the job's
+insert: the same order as a finishing transaction, job row then batch row); a closed batch
+refuses it. The member's row carries has_dependents, so every finishing path (completion,
+failure, reap, operator) runs `settle` in its own transaction for it (repository/hooks.py) and
+a job outside any batch pays nothing.
+
+Settle locks the batch row FOR UPDATE, moves the member's count from what it was counted as
+(job_batch_member.counted) to its status now, and decides: of two transactions finishing a
+batch's last two members at the same instant, the second to lock the batch waits for the first's
+COMMIT and reads its counters, so exactly one of them sees nothing pending. Close takes the same
+lock. A callback is enqueued in the transaction that decided it, its job id kept on the batch
+row, and its task_key `batch:<KEY>:<kind>` is unique besides: never lost (it commits with the
+decision), never twice.
+
+When each callback fires, once the batch is closed:
+- on_failure: at the first member that fails for good (status failed; a cancelled member is not
+  a failure), or at the close if one has failed already;
+- on_success: when every member is done; on_complete: when every member has finished, whatever
+  its outcome (an empty batch: both, at its close).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ..db import db_now, is_mysql, transaction
+from ..errors import BatchClosed, BatchNotFound, ValidationError
+from ..models import Enqueued, Status
+from ..schema import job_batch, job_batch_member, job_queue
+from ..validation import check_payload, check_task_key, new_job
+from .common import jq
+
+jb = job_batch.c
+jm = job_batch_member.c
+KINDS = ("success", "failure", "complete")
+COUNTERS = {Status.DONE.value: "done", Status.FAILED.value: "failed", Status.CANCELLED.value: "cancelled"}
+MAX_KEY = 64  # batch:<KEY>:complete fits a task_key's 80 characters
+
+
+def check_key(key: Any) -> str:
+    key = check_task_key(key)
+    if len(key) > MAX_KEY:
+        raise ValidationError(f"a batch key must be 1-{MAX_KEY} characters, got {len(key)}", "batch")
+    return key
+
+
+def _callback_task(name: Any, field: str) -> str | None:
+    if name is None:
+        return None
+    if not isinstance(name, str) or not 1 <= len(name) <= 100:
+        raise ValidationError(f"{field}: a task name of 1-100 characters", field)
+    return name
+
+
+def open_batch(
+    conn: Connection,
+    key: str,
+    *,
+    on_success: str | None = None,
+    on_failure: str | None = None,
+    on_complete: str | None = None,
+    payload: dict | None = None,
+) -> tuple[dict, bool]:
+    """Open the batch `key`, or find it (idempotent like a task_key: the existing batch is
+    returned as it is, callbacks and all). Returns (the batch as `show` gives it, created)."""
+    key = check_key(key)
+    values = {
+        "batch_key": key,
+        "state": "open",
+        "on_success": _callback_task(on_success, "on_success"),
+        "on_failure": _callback_task(on_failure, "on_failure"),
+        "on_complete": _callback_task(on_complete, "on_complete"),
+        "payload": check_payload(payload if payload is not None else {}),
+    }
+
+    def write(c: Connection) -> bool:
+        insert = sa.insert(job_batch).prefix_with("IGNORE", dialect="mysql").prefix_with("OR IGNORE", dialect="sqlite")
+        return c.execute(insert.values(**values, created_at=db_now())).rowcount == 1
+
+    created = write(conn) if conn.in_transaction() else transaction(conn, write, what="batch_open")
+    return show(conn, key), created
+
+
+def _lock(c: Connection, key: str):
+    stmt = sa.select(job_batch).where(jb.batch_key == key)
+    row = c.execute(stmt.with_for_update() if is_mysql(c) else stmt).first()
+    if row is None:
+        raise BatchNotFound(f"no batch has the key {key}")
+    return row
+
+
+def enqueue_member(conn: Connection, key: str, write_job) -> Enqueued:
+    """Write `job` (by `write_job(c)`) as a member of the open batch `key`, in one transaction.
+    A task_key already known is answered duplicate and counts nothing."""
+    key = check_key(key)
+
+    def write(c: Connection) -> Enqueued:
+        written = write_job(c)
+        if written.duplicate:
+            return written
+        batch = _lock(c, key)
+        if batch.state != "open":
+            raise BatchClosed(f"batch {key} is {batch.state}: it takes no more jobs", batch.state)
+        c.execute(sa.insert(job_batch_member).values(job_id=written.id, batch_id=batch.id))
+        c.execute(sa.update(job_queue).where(jq.id == written.id).values(has_dependents=True))
+        c.execute(sa.update(job_batch).where(jb.id == batch.id).values(total=jb.total + 1))
+        if written.status is not None and written.status.value in COUNTERS:  # cancelled by a failed parent
+            settle(c, [written.id])
+        return written
+
+    if conn.in_transaction():
+        return write(conn)
+    return transaction(conn, write, what="enqueue")
+
+
+def settle(c: Connection, job_ids: Iterable[int]) -> None:
+    """In the transaction that finished (or moved) these jobs, holding their rows: count each
+    batch member as its status now says, then fire what the batch's counters decide."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return
+    members = c.execute(
+        sa.select(jm.job_id, jm.batch_id, jm.counted, jq.status)
+        .select_from(job_batch_member.join(job_queue, jq.id == jm.job_id))
+        .where(jm.job_id.in_(ids))
+    ).all()
+    moved = [m for m in members if m.counted != (m.status if m.status in COUNTERS else None)]
+    for batch_id in sorted({m.batch_id for m in moved}):
+        lock = sa.select(jb.id).where(jb.id == batch_id)
+        c.execute(lock.with_for_update() if is_mysql(c) else lock)
+        deltas: dict[str, Any] = {}
+        for m in moved:
+            if m.batch_id != batch_id:
+                continue
+            now = m.status if m.status in COUNTERS else None
+            for counted, step in ((m.counted, -1), (now, 1)):
+                if counted is not None:
+                    name = COUNTERS[counted]
+                    deltas[name] = deltas.get(name, 0) + step
+            c.execute(sa.update(job_batch_member).where(jm.job_id == m.job_id).values(counted=now))
+        changes = {name: jb[name] + step for name, step in deltas.items() if step}
+        if changes:
+            c.execute(sa.update(job_batch).where(jb.id == batch_id).values(**changes))
+        _decide(c, c.execute(sa.select(job_batch).where(jb.id == batch_id)).one())
+
+
+def _decide(c: Connection, batch) -> None:
+    """Under the batch's row lock: enqueue each callback its counters call for, once."""
+    if batch.state == "open":
+        return
+    pending = batch.total - batch.done - batch.failed - batch.cancelled
+    due = []
+    if batch.failed and batch.failure_job_id is None:
+        due.append("failure")
+    if pending == 0:
+        if batch.done == batch.total and batch.success_job_id is None:
+            due.append("success")
+        if batch.complete_job_id is None:
+            due.append("complete")
+    changes: dict[str, Any] = {}
+    for kind in due:
+        task = getattr(batch, f"on_{kind}")
+        if task is not None:
+            changes[f"{kind}_job_id"] = _enqueue_callback(c, batch, kind, task)
+    if pending == 0 and batch.state != "finished":
+        changes.update(state="finished", finished_at=db_now())
+    if changes:
+        c.execute(sa.update(job_batch).where(jb.id == batch.id).values(**changes))
+
+
+def _enqueue_callback(c: Connection, batch, kind: str, task: str) -> int:
+    from .enqueue import _write  # enqueue imports this module
+    from .task_definitions import KnownTasks
+
+    payload = {
+        "batch": batch.batch_key,
+        "kind": kind,
+        "total": batch.total,
+        "done": batch.done,
+        "failed": batch.failed,
+        "cancelled": batch.cancelled,
+        "payload": batch.payload,
+    }
+    job = new_job(task, f"batch:{batch.batch_key}:{kind}", payload, registry=KnownTasks(c), allow_unregistered=True)
+    return _write(c, [job])[0].id
+
+
+def close(conn: Connection, key: str) -> dict:
+    """Close the batch: it takes no more members, and its callbacks may fire (now, if its
+    members have all finished). Closing a closed batch changes nothing."""
+    key = check_key(key)
+
+    def write(c: Connection) -> None:
+        batch = _lock(c, key)
+        if batch.state == "open":
+            c.execute(sa.update(job_batch).where(jb.id == batch.id).values(state="closed", closed_at=db_now()))
+            _decide(c, c.execute(sa.select(job_batch).where(jb.id == batch.id)).one())
+
+    if conn.in_transaction():
+        write(conn)
+    else:
+        transaction(conn, write, what="batch_close")
+    return show(conn, key)
+
+
+def show(conn: Connection, key: str) -> dict:
+    """{"key", "state", "total", "done", "failed", "cancelled", "pending", "callbacks", ...}."""
+    b = conn.execute(sa.select(job_batch).where(jb.batch_key == check_key(key))).first()
+    if b is None:
+        raise BatchNotFound(f"no batch has the key {key}")
+    return _shape(conn, b)
+
+
+def _shape(conn: Connection, b) -> dict:
+    ids = [getattr(b, f"{kind}_job_id") for kind in KINDS]
+    states = dict(conn.execute(sa.select(jq.id, jq.status).where(jq.id.in_([i for i in ids if i]))).all())
+    return {
+        "key": b.batch_key,
+        "state": b.state,
+        "total": b.total,
+        "done": b.done,
+        "failed": b.failed,
+        "cancelled": b.cancelled,
+        "pending": b.total - b.done - b.failed - b.cancelled,
+        "callbacks": {
+            f"on_{kind}": {
+                "task": getattr(b, f"on_{kind}"),
+                "task_key": f"batch:{b.batch_key}:{kind}",
+                "job_id": job_id,
+                "status": states.get(job_id),
+            }
+            for kind, job_id in zip(KINDS, ids, strict=True)
+            if getattr(b, f"on_{kind}") is not None
+        },
+        "payload": b.payload,
+        "created_at": b.created_at.isoformat() if b.created_at else None,
+        "closed_at": b.closed_at.isoformat() if b.closed_at else None,
+        "finished_at": b.finished_at.isoformat() if b.finished_at else None,
+    }
+
+
+def members(conn: Connection, key: str, *, limit: int = 100) -> list[dict]:
+    b = show(conn, key)
+    batch_id = conn.execute(sa.select(jb.id).where(jb.batch_key == b["key"])).scalar()
+    return [
+        dict(r._mapping)
+        for r in conn.execute(
+            sa.select(jq.id, jq.task_key, jq.task_name, jq.status)
+            .select_from(job_batch_member.join(job_queue, jq.id == jm.job_id))
+            .where(jm.batch_id == batch_id)
+            .order_by(jm.job_id)
+            .limit(limit)
+        ).all()
+    ]
+
+
+def member_ids(c: Connection, ids: Sequence[int]) -> list[int]:
+    return list(c.execute(sa.select(jm.job_id).where(jm.job_id.in_(list(ids)))).scalars()) if ids else []
