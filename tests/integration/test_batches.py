@@ -336,3 +336,42 @@ def test_the_batch_state_machine(engine):
         max_examples=15, stateful_step_count=12, deadline=None, suppress_health_check=list(HealthCheck)
     )
     case().runTest()
+
+
+def test_the_cli(engine, db_url):
+    import json
+
+    from click.testing import CliRunner
+
+    from jobqueue.core.cli import main
+
+    def run(*args: str):
+        return CliRunner().invoke(main, ["--database-url", db_url, *args], obj={})
+
+    opened = run("batch", "open", "cli", "--on-success", "notify", "--on-complete", "cleanup", "--payload", '{"a": 1}')
+    assert opened.exit_code == 0, opened.output
+    assert json.loads(opened.output)["created"] is True
+    assert json.loads(run("batch", "open", "cli").output)["created"] is False
+    assert run("enqueue", "noop", "--key", "m1", "--batch", "cli").exit_code == 0
+    assert run("enqueue", "noop", "--key", "m2", "--batch", "nope").exit_code == 4
+    closed = run("batch", "close", "cli")
+    assert closed.exit_code == 0 and json.loads(closed.output)["state"] == "closed"
+    refused = run("enqueue", "noop", "--key", "m3", "--batch", "cli")
+    assert refused.exit_code == 3 and "closed" in refused.output
+    finish(engine, "m1", "done")
+    shown = json.loads(run("batch", "show", "cli", "--json").output)
+    assert {k: shown[k] for k in ("key", "state", "total", "done", "failed", "cancelled", "pending")} == {
+        "key": "cli",
+        "state": "finished",
+        "total": 1,
+        "done": 1,
+        "failed": 0,
+        "cancelled": 0,
+        "pending": 0,
+    }
+    assert set(shown["callbacks"]) == {"on_success", "on_complete"}
+    assert shown["callbacks"]["on_success"]["task_key"] == "batch:cli:success"
+    assert shown["callbacks"]["on_success"]["job_id"] is not None
+    assert "on_success: notify  job" in run("batch", "show", "cli").output
+    assert run("batch", "show", "nope").exit_code == 4
+    assert run("batch", "open", "x" * 65).exit_code == 2

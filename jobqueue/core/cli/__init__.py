@@ -12,7 +12,7 @@ importing SQLAlchemy and PyMySQL: no Alembic, no prometheus_client, no Flask.
 
 from __future__ import annotations
 
-from . import admin, jobs, queues  # noqa: F401 - each registers its commands on `main`
+from . import admin, batches, jobs, queues  # noqa: F401 - each registers its commands on `main`
 from .admin import enqueue_demo
 from .base import (
     answers_errors,

@@ -46,6 +46,7 @@ from .base import (
     show_default=True,
     help="When a job named in --after fails or is cancelled: cancel this one, or run it anyway",
 )
+@click.option("--batch", default=None, metavar="KEY", help="A member of this open batch (`jobqueue batch open`)")
 @allow_unregistered_option
 @tasks_option
 @queue_command
@@ -60,6 +61,7 @@ def enqueue(
     max_attempts: int | None,
     after: tuple[str, ...],
     on_parent_failure: str,
+    batch: str | None,
     allow_unregistered: bool,
     tasks: str | None,
     database_url: str | None,
@@ -67,7 +69,7 @@ def enqueue(
     """Add a job; prints {"id", "task_key", "duplicate", "status"}. TASK is a task of --tasks, a
     built-in one, or one a worker registered; --allow-unregistered takes any name. With --after,
     the job is `blocked` until those jobs are done; an unknown key or a cycle exits 2, writing
-    nothing."""
+    nothing. With --batch, a member of that batch: a closed batch exits 3, an unknown one 4."""
     from .. import repository, service
 
     with_tasks(ctx, database_url, tasks)
@@ -85,6 +87,7 @@ def enqueue(
             allow_unregistered=allow_unregistered,
             after=after,
             on_parent_failure=on_parent_failure,
+            batch=batch,
         )
         status = res.status or repository.reads.get_job(conn, res.id).status
     print_json({"id": res.id, "task_key": res.task_key, "duplicate": res.duplicate, "status": str(status)})
