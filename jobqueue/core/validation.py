@@ -32,8 +32,9 @@ MAX_BATCH_JOBS = 1000
 ENQUEUE_FIELDS = frozenset(
     {"task", "task_key", "payload", "queue", "priority", "delay", "max_attempts", "allow_unregistered"}
 )
-# POST /api/jobs with one job (not an array) may also wait for others (repository/dependencies.py).
-SINGLE_ENQUEUE_FIELDS = ENQUEUE_FIELDS | {"after", "on_parent_failure"}
+# POST /api/jobs with one job (not an array) may also wait for others (repository/dependencies.py)
+# and be a member of a batch (repository/batches.py).
+SINGLE_ENQUEUE_FIELDS = ENQUEUE_FIELDS | {"after", "on_parent_failure", "batch"}
 
 
 def job_spec(value: Any) -> dict[str, Any]:

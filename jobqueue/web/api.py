@@ -28,6 +28,10 @@ GET  /api/queues/<q>/scale     for autoscalers: {queue, ready, running, oldest_r
 GET  /api/recurring            the recurring jobs
 POST /api/recurring            {name, cron, task, payload, queue}: 201 added, 200 replaced, 422 invalid
 POST /api/recurring/<n>/enable, /disable; DELETE /api/recurring/<n>: 200, 404
+POST /api/batches              {key, on_success, on_failure, on_complete, payload}: 201 opened, 200 known
+POST /api/batches/<k>/close    200 the batch; 404. GET /api/batches/<k>: {key, state, total, done, failed,
+                               cancelled, pending, callbacks, ...}; 404. POST /api/jobs {"batch": key}:
+                               a member; 404 unknown batch, 409 closed
 GET  /api/retention            the keep times and the last prune
 POST /api/prune                {done_older_than, failed_older_than, dry_run}: counts; works at most
                                10 s per request ("finished": false: call again)
@@ -43,7 +47,16 @@ from flask import Blueprint, current_app, g, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..core import repository, service
-from ..core.errors import JobBusy, JobQueueError, NotFound, PayloadTooLarge, ValidationError, answer_for
+from ..core.errors import (
+    BatchClosed,
+    BatchNotFound,
+    JobBusy,
+    JobQueueError,
+    NotFound,
+    PayloadTooLarge,
+    ValidationError,
+    answer_for,
+)
 from ..core.models import Job, Status, iso
 from ..core.repository import stats as stats_sql
 from ..core.results import wait_for
@@ -148,8 +161,9 @@ def enqueue():
                 allow_unregistered=body.get("allow_unregistered", False),
                 after=body.get("after"),
                 on_parent_failure=body.get("on_parent_failure"),
+                batch=body.get("batch"),
             )
-    except ValidationError as exc:
+    except (ValidationError, BatchNotFound, BatchClosed) as exc:
         answer = answer_for(exc)
         return error(answer.http_status, answer.message, **answer.extra)
     # The status is the job's (a pruned job's key: the status its record kept).
@@ -415,6 +429,51 @@ def queue_scale(queue: str):
             "now": iso(signal.now),
         }
     )
+
+
+# --- batches -------------------------------------------------------------------------------------
+
+BATCH_FIELDS = {"key", "on_success", "on_failure", "on_complete", "payload"}
+
+
+def _batch_answer(action):
+    try:
+        with db() as conn:
+            return action(conn)
+    except (ValidationError, NotFound) as exc:
+        answer = answer_for(exc)
+        return error(answer.http_status, answer.message, **answer.extra)
+
+
+@bp.post("/batches")
+@token_required(admin=True)
+def open_batch():
+    body = json_object(fields=BATCH_FIELDS, required=True)
+
+    def act(conn):
+        shown, created = repository.batches.open_batch(
+            conn,
+            body.get("key"),
+            on_success=body.get("on_success"),
+            on_failure=body.get("on_failure"),
+            on_complete=body.get("on_complete"),
+            payload=body.get("payload"),
+        )
+        return jsonify({**shown, "created": created}), (201 if created else 200)
+
+    return _batch_answer(act)
+
+
+@bp.post("/batches/<key>/close")
+@token_required(admin=True)
+def close_batch(key: str):
+    return _batch_answer(lambda conn: jsonify(repository.batches.close(conn, key)))
+
+
+@bp.get("/batches/<key>")
+@token_required()
+def show_batch(key: str):
+    return _batch_answer(lambda conn: jsonify(repository.batches.show(conn, key)))
 
 
 # --- recurring jobs ------------------------------------------------------------------------------

@@ -179,6 +179,8 @@ PATHS: dict[str, dict[str, Any]] = {
                     "a field is unknown or has a value the queue does not take (`field` names it; in a batch, `index` "
                     "names the job)",
                 ),
+                "404": _error("`batch` names no batch"),
+                "409": _error("`batch` names a closed batch"),
                 "503": UNAVAILABLE,
             },
         },
@@ -913,7 +915,110 @@ SCHEMAS["NewSingleJob"] = {
             "enum": ["cancel", "run"],
             "description": "a parent failed or cancelled: cancel this job (default) or run it",
         },
+        "batch": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 64,
+            "pattern": TASK_KEY_PATTERN,
+            "description": "the key of an open batch this job is a member of (unknown: 404; closed: 409)",
+        },
     },
+}
+
+_CALLBACK = {
+    "type": "object",
+    "required": ["task", "task_key", "job_id", "status"],
+    "properties": {
+        "task": {"type": "string"},
+        "task_key": {"type": "string"},
+        "job_id": {"type": ["integer", "null"], "description": "null until it fires (once)"},
+        "status": {"type": ["string", "null"]},
+    },
+}
+SCHEMAS["Batch"] = {
+    "type": "object",
+    "required": ["key", "state", "total", "done", "failed", "cancelled", "pending", "callbacks"],
+    "properties": {
+        "key": {"type": "string"},
+        "state": {"enum": ["open", "closed", "finished"]},
+        **{n: {"type": "integer", "minimum": 0} for n in ("total", "done", "failed", "cancelled", "pending")},
+        "callbacks": {
+            "type": "object",
+            "properties": {f"on_{kind}": _CALLBACK for kind in ("success", "failure", "complete")},
+            "additionalProperties": False,
+        },
+        "payload": {},
+        "created_at": {"type": ["string", "null"]},
+        "closed_at": {"type": ["string", "null"]},
+        "finished_at": {"type": ["string", "null"]},
+        "created": {"type": "boolean"},
+    },
+}
+SCHEMAS["NewBatch"] = {
+    "type": "object",
+    "required": ["key"],
+    "properties": {
+        "key": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": TASK_KEY_PATTERN},
+        **{
+            f"on_{kind}": {"type": ["string", "null"], "minLength": 1, "maxLength": 100}
+            for kind in ("success", "failure", "complete")
+        },
+        "payload": {"type": ["object", "null"]},
+    },
+    "additionalProperties": False,
+}
+BATCH_KEY = {
+    "name": "key",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 64},
+}
+NO_BATCH = _error("no batch has that key")
+PATHS["/api/batches"] = {
+    "post": {
+        "summary": "Open a batch (idempotent by key: a known key answers the batch as it was opened, 200)",
+        "operationId": "open_batch",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("NewBatch")}}},
+        "responses": {
+            "201": _json(_ref("Batch"), "opened"),
+            "200": _json(_ref("Batch"), "a known key: the existing batch, `created: false`"),
+            "400": BAD_BODY,
+            "401": UNAUTHORIZED,
+            "403": FORBIDDEN,
+            "413": TOO_LARGE,
+            "422": INVALID_FIELD,
+            "503": UNAVAILABLE,
+        },
+    }
+}
+PATHS["/api/batches/{key}/close"] = {
+    "post": {
+        "summary": "Close a batch: no more members; its callbacks fire once every member has finished",
+        "operationId": "close_batch",
+        "parameters": [BATCH_KEY],
+        "responses": {
+            "200": _json(_ref("Batch"), "closed (closing a closed batch changes nothing)"),
+            "401": UNAUTHORIZED,
+            "403": FORBIDDEN,
+            "404": NO_BATCH,
+            "422": INVALID_FIELD,
+            "503": UNAVAILABLE,
+        },
+    }
+}
+PATHS["/api/batches/{key}"] = {
+    "get": {
+        "summary": "A batch: its state, counts and callbacks",
+        "operationId": "show_batch",
+        "parameters": [BATCH_KEY],
+        "responses": {
+            "200": _json(_ref("Batch"), "the batch"),
+            "401": UNAUTHORIZED,
+            "404": NO_BATCH,
+            "422": INVALID_FIELD,
+            "503": UNAVAILABLE,
+        },
+    }
 }
 
 

@@ -375,3 +375,35 @@ def test_the_cli(engine, db_url):
     assert "on_success: notify  job" in run("batch", "show", "cli").output
     assert run("batch", "show", "nope").exit_code == 4
     assert run("batch", "open", "x" * 65).exit_code == 2
+
+
+def test_the_api(mysql_url):
+    from jobqueue import create_app
+    from testkit.web import api, app_config
+
+    app = create_app(app_config(mysql_url))
+    try:
+        client = app.test_client()
+        body = {"key": "web", "on_success": "notify", "on_failure": "page_oncall", "payload": {"a": 1}}
+        opened = api(client, "POST", "/api/batches", json=body)
+        assert opened.status_code == 201 and opened.get_json()["state"] == "open"
+        assert api(client, "POST", "/api/batches", json={"key": "web"}).status_code == 200
+        member = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "w1", "batch": "web"})
+        assert member.status_code == 201
+        unknown = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "w2", "batch": "nope"})
+        assert unknown.status_code == 404
+        closed = api(client, "POST", "/api/batches/web/close")
+        assert closed.status_code == 200 and closed.get_json()["total"] == 1
+        refused = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "w3", "batch": "web"})
+        assert refused.status_code == 409
+        shown = api(client, "GET", "/api/batches/web").get_json()
+        assert {k: shown[k] for k in ("key", "state", "total", "pending")} == {
+            "key": "web",
+            "state": "closed",
+            "total": 1,
+            "pending": 1,
+        }
+        assert set(shown["callbacks"]) == {"on_success", "on_failure"}
+        assert api(client, "GET", "/api/batches/nope").status_code == 404
+    finally:
+        app.extensions["jobqueue"].engine.dispose()

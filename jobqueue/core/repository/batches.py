@@ -50,6 +50,14 @@ def check_key(key: Any) -> str:
     return key
 
 
+def _known_key(key: Any) -> str:
+    """A key to look up: one that no batch could have is simply not found."""
+    try:
+        return check_key(key)
+    except ValidationError:
+        raise BatchNotFound(f"no batch has the key {key!r}") from None
+
+
 def _callback_task(name: Any, field: str) -> str | None:
     if name is None:
         return None
@@ -98,7 +106,7 @@ def _lock(c: Connection, key: str):
 def enqueue_member(conn: Connection, key: str, write_job) -> Enqueued:
     """Write `job` (by `write_job(c)`) as a member of the open batch `key`, in one transaction.
     A task_key already known is answered duplicate and counts nothing."""
-    key = check_key(key)
+    key = _known_key(key)
 
     def write(c: Connection) -> Enqueued:
         written = write_job(c)
@@ -194,7 +202,7 @@ def _enqueue_callback(c: Connection, batch, kind: str, task: str) -> int:
 def close(conn: Connection, key: str) -> dict:
     """Close the batch: it takes no more members, and its callbacks may fire (now, if its
     members have all finished). Closing a closed batch changes nothing."""
-    key = check_key(key)
+    key = _known_key(key)
 
     def write(c: Connection) -> None:
         batch = _lock(c, key)
@@ -211,7 +219,7 @@ def close(conn: Connection, key: str) -> dict:
 
 def show(conn: Connection, key: str) -> dict:
     """{"key", "state", "total", "done", "failed", "cancelled", "pending", "callbacks", ...}."""
-    b = conn.execute(sa.select(job_batch).where(jb.batch_key == check_key(key))).first()
+    b = conn.execute(sa.select(job_batch).where(jb.batch_key == _known_key(key))).first()
     if b is None:
         raise BatchNotFound(f"no batch has the key {key}")
     return _shape(conn, b)
