@@ -407,3 +407,26 @@ def test_the_api(mysql_url):
         assert api(client, "GET", "/api/batches/nope").status_code == 404
     finally:
         app.extensions["jobqueue"].engine.dispose()
+
+
+def test_a_worker_sigkilled_right_after_the_last_completion_loses_no_callback(mysql_url, mysql_engine, tmp_path):
+    """A real `jobqueue worker` runs the members and is SIGKILLed the moment it logs the last
+    completion: the callbacks committed with that completion, so each is there, once."""
+    import signal
+
+    from testkit.procs import WorkerProcess
+
+    q = JobQueue(mysql_engine)
+    with q.batch("killed", on_success="noop", on_complete="noop") as b:
+        last = [b.enqueue("noop", f"killed-{i}", queue="kq").id for i in range(5)][-1]
+    worker = WorkerProcess(mysql_url, tmp_path, "k", "--concurrency", "2", "--queues", "kq")
+    try:
+        worker.wait_for_log(rf"event=complete job_id={last}\b", timeout=30)
+        worker.signal(signal.SIGKILL)
+        worker.proc.wait(5)
+    finally:
+        worker.kill()
+    with mysql_engine.connect() as c:
+        keys = c.execute(sa.select(jq.task_key).where(jq.task_key.like("batch:killed:%"))).scalars().all()
+    assert sorted(keys) == ["batch:killed:complete", "batch:killed:success"]
+    assert q.batch_status("killed")["state"] == "finished"
