@@ -5,13 +5,14 @@ completion, still make one callback."""
 
 from __future__ import annotations
 
+import datetime
 import threading
 
 import pytest
 import sqlalchemy as sa
 
 from jobqueue import JobQueue
-from jobqueue.core import service
+from jobqueue.core import repository, service
 from jobqueue.core.errors import BatchClosed, BatchNotFound
 from jobqueue.core.models import Outcome
 from jobqueue.core.schema import job_queue
@@ -196,8 +197,10 @@ def test_pruning_finished_members_keeps_the_counts(engine):
         b.enqueue("noop", "m1")
         b.enqueue("noop", "m2")
     finish(engine, "m1", "done")
-    with engine.begin() as c:
-        c.execute(sa.delete(job_queue).where(jq.task_key == "m1"))
+    with engine.connect() as c:
+        m1 = c.execute(sa.select(jq.id).where(jq.task_key == "m1")).scalar()
+        pruned, _, _ = repository.retention.prune_batch(c, [m1], ["done"], datetime.datetime(2100, 1, 1))
+    assert pruned == {"done": 1}
     finish(engine, "m2", "done")
     shown = q.batch_status("pruned")
     assert (shown["done"], shown["state"]) == (2, "finished")

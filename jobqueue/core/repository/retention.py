@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 
 from ..db import db_now, is_mysql, require_primary, transaction
 from ..models import Status
-from ..schema import job_attempt, job_dependency, job_queue, job_result, prune_run, pruned_key
+from ..schema import job_attempt, job_batch_member, job_dependency, job_queue, job_result, prune_run, pruned_key
 from .common import as_datetime, database_now, jq
 
 PRUNE_BATCH = 1000
@@ -131,6 +131,8 @@ def prune_batch(
         # blocked job is never pruned: not finished), so its edges go with it, as do a child's.
         c.execute(sa.delete(job_dependency).where(job_dependency.c.parent_id.in_(mine)))
         c.execute(sa.delete(job_dependency).where(job_dependency.c.child_id.in_(mine)))
+        # A batch counted its finished member on the batch's row: the count outlives the member.
+        c.execute(sa.delete(job_batch_member).where(job_batch_member.c.job_id.in_(mine)))
         c.execute(sa.delete(job_queue).where(jq.id.in_(mine)))
         by_status: dict[str, int] = {}
         for r in rows:
