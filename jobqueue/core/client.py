@@ -176,7 +176,7 @@ class JobQueue:
     def close_batch(self, key: str) -> dict[str, Any]:
         """Close the batch: no more members; its callbacks fire once its members have finished."""
         with self._connection(None) as c:
-            return repository.batches.close(c, key)
+            return service.close_batch(c, key)
 
     def batch_status(self, key: str) -> dict[str, Any]:
         """{"key", "state", "total", "done", "failed", "cancelled", "pending", "callbacks", ...}"""

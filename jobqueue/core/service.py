@@ -33,6 +33,7 @@ from . import metrics, wakeup
 from .errors import InvalidState, JobBusy, JobNotFound, LeaseLostError
 from .logs import event
 from .models import ClaimCycle, ClaimedJob, Enqueued, Lease, LeaseLoss, Outcome, Status
+from .repository import batches as _batches
 from .repository import claim as _claim
 from .repository import enqueue as _enqueue
 from .repository import leases as _leases
@@ -178,6 +179,27 @@ def _report_enqueued(results: list[Enqueued], engine: Engine | None = None) -> N
             from . import doorbell
 
             doorbell.ring_for(engine, ready)
+
+
+def _report_callbacks(conn: Connection) -> None:
+    """A batch's callbacks are enqueued inside whichever transaction finished its last member
+    (a completion, a reap, an operator action, a close): reported, like any enqueue, when that
+    transaction commits; dropped with a rollback, which undid them."""
+    written = conn.info.pop(_batches.ENQUEUED, None)
+    if written:
+        _report_enqueued(written, conn.engine)
+
+
+def _forget_callbacks(conn: Connection) -> None:
+    conn.info.pop(_batches.ENQUEUED, None)
+
+
+sa_event.listen(Engine, "commit", _report_callbacks)
+sa_event.listen(Engine, "rollback", _forget_callbacks)
+
+
+def close_batch(conn: Connection, key: str) -> dict[str, Any]:
+    return _batches.close(conn, key)
 
 
 # --- claim ---------------------------------------------------------------------------------------

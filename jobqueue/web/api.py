@@ -467,7 +467,7 @@ def open_batch():
 @bp.post("/batches/<key>/close")
 @token_required(admin=True)
 def close_batch(key: str):
-    return _batch_answer(lambda conn: jsonify(repository.batches.close(conn, key)))
+    return _batch_answer(lambda conn: jsonify(service.close_batch(conn, key)))
 
 
 @bp.get("/batches/<key>")

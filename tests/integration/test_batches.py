@@ -433,3 +433,22 @@ def test_a_worker_sigkilled_right_after_the_last_completion_loses_no_callback(my
         keys = c.execute(sa.select(jq.task_key).where(jq.task_key.like("batch:killed:%"))).scalars().all()
     assert sorted(keys) == ["batch:killed:complete", "batch:killed:success"]
     assert q.batch_status("killed")["state"] == "finished"
+
+
+def test_a_callback_is_reported_like_any_enqueue_once_its_transaction_commits(engine, monkeypatch):
+    """Reported (counted, idle workers woken) after the COMMIT of the completion that enqueued
+    it, never for a transaction rolled back."""
+    reported = []
+    monkeypatch.setattr(service, "_report_enqueued", lambda results, engine=None: reported.extend(results))
+    q = JobQueue(engine)
+    with q.batch("woken", on_complete="noop") as b:
+        b.enqueue("noop", "woken-1")
+    reported.clear()  # the member's own enqueue
+    with engine.connect() as conn:
+        lease = claim_one(conn, "woken-1").lease
+        with conn.begin() as tx:
+            repository.leases.complete_with(conn, lease)
+            tx.rollback()
+        assert reported == []
+        assert service.complete(conn, lease) is Outcome.OK
+    assert [r.task_key for r in reported] == ["batch:woken:complete"]

@@ -52,10 +52,10 @@ def open_(
 def close(ctx: click.Context, key: str, database_url: str | None) -> None:
     """Close the batch KEY: no more members; its callbacks fire once every member has finished
     (at once if they have). Closing a closed batch changes nothing. Exit 4: no such batch."""
-    from ..repository import batches
+    from .. import service
 
     with engine_of(ctx, database_url).connect() as conn:
-        print_json(batches.close(conn, key))
+        print_json(service.close_batch(conn, key))
 
 
 @batch.command()

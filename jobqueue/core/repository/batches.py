@@ -41,6 +41,9 @@ jm = job_batch_member.c
 KINDS = ("success", "failure", "complete")
 COUNTERS = {Status.DONE.value: "done", Status.FAILED.value: "failed", Status.CANCELLED.value: "cancelled"}
 MAX_KEY = 64  # batch:<KEY>:complete fits a task_key's 80 characters
+# conn.info key: the callbacks this transaction enqueued, for service to report once it commits
+# (wake the workers of their queues), whichever finishing path it was.
+ENQUEUED = "jobqueue.batch_callbacks"
 
 
 def check_key(key: Any) -> str:
@@ -196,7 +199,9 @@ def _enqueue_callback(c: Connection, batch, kind: str, task: str) -> int:
         "payload": batch.payload,
     }
     job = new_job(task, f"batch:{batch.batch_key}:{kind}", payload, registry=KnownTasks(c), allow_unregistered=True)
-    return _write(c, [job])[0].id
+    written = _write(c, [job])[0]
+    c.info.setdefault(ENQUEUED, []).append(written)
+    return written.id
 
 
 def close(conn: Connection, key: str) -> dict:
