@@ -34,6 +34,16 @@ jobs of other keys (at most LOOKAHEAD_ROUNDS ranges of LOOKAHEAD_MAX rows, each 
 the last one ended, so a long backlog of one full key costs a claim a bounded read, not a scan). Nothing waits on a lock, so the claim stays
 deadlock-free, and a place is just a running row: it comes back whenever the job stops running.
 
+Rate limits (tasks with a `rate_limit`): the same way, for the rate buckets of the picked jobs.
+The claim locks their rate_window rows with SKIP LOCKED, reads the database's now with them, and
+takes at most the starts left in the bucket's current window (fixed, aligned to the database
+clock: window_start = floor(now / period), so every host counts the same window whatever its own
+clock says); it adds the starts it really took before its COMMIT. A bucket whose window is spent
+(or whose row another claim holds) keeps its jobs `ready`, counted as `limited`, and the report
+says when the window ends (`next_allowed`), so idle workers sleep until then instead of retrying.
+Claims of one bucket thus take turns on its row, which is the price of one limit for every host;
+claims of jobs without a rate limit never read the table.
+
 Paused queues: the claim share-locks the queue_state rows of the queues it was given and leaves
 out the paused ones (_open_queues), in its own transaction. A pause locks its row exclusively,
 so it waits for the claims in flight that read the queue open, and the claims after it read it
@@ -49,6 +59,7 @@ import collections
 import dataclasses
 import json
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -58,7 +69,8 @@ from sqlalchemy.exc import DBAPIError
 from ..db import db_now, error_code, is_mysql, require_primary, transaction
 from ..errors import NotPrimary
 from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Job, Lease, LeaseLoss, Outcome, Status
-from ..schema import concurrency_key, queue_state
+from ..schema import concurrency_key, queue_state, rate_window
+from ..tasks import parse_rate_limit
 from .claim_sql import (
     ADD_QUEUE_STATE,
     ER_NO_SUCH_KEY,
@@ -70,10 +82,12 @@ from .claim_sql import (
     READ_ONLY_FLAGS,
     REFUSED,
     RUNNING_PER_KEY,
+    SAVE_WINDOW,
     LockedRow,
     PickedRow,
     complete_and_take_statement,
     lock_and_pick_sql,
+    lock_buckets_statement,
     lock_finished_statement,
     lock_keys_statement,
     pick_after_statement,
@@ -164,6 +178,7 @@ def claim_cycle(
         missing.update(places.missing)
         owner_of = {row.id: slots[i] for i, (row, _) in enumerate(picked)}
         picked, losses = _write(c, done, picked, owner_of, lease_us, completed)
+        places.spend([row for row, _ in picked])
         if parents:
             settle(c, [lease.job_id for lease in done if lease.job_id in parents and completed[lease] is Outcome.OK])
         claimed: list[ClaimedJob] = []
@@ -195,7 +210,9 @@ def claim_cycle(
             if places.refused:
                 # We left ready rows for their concurrency key, and did not look at all the others:
                 # the ready rows the read counts are not known to be held by anyone else.
-                report = dataclasses.replace(report, skipped=0, kind=EmptyClaim.LIMITED)
+                report = dataclasses.replace(
+                    report, skipped=0, kind=EmptyClaim.LIMITED, next_allowed=places.next_allowed
+                )
         return ClaimCycle(
             claimed,
             {(lease.job_id, lease.attempt): o for lease, o in completed.items()},
@@ -245,7 +262,10 @@ class _Places:
         self.left: dict[str, int] = {}  # key -> places left (keys whose row we hold)
         self.blocked: set[str] = set()  # keys that are full, held by another claim, or missing
         self.missing: set[str] = set()
-        self.refused = 0  # rows left ready for their key
+        self.refused = 0  # rows left ready for their key or rate bucket
+        self.windows: dict[str, _Window] = {}  # rate bucket -> its window (buckets whose row we hold)
+        self.held: set[str] = set()  # rate buckets another claim holds, or without a row
+        self.next_allowed: datetime | None = None  # the earliest end of a window found spent
 
     def admit(self, rows: list[PickedRow], room: int) -> tuple[list[PickedRow], int]:
         """The rows (in claim order) this claim may take, at most `room`, and how many it left
@@ -255,22 +275,57 @@ class _Places:
         )
         if new:
             self._acquire(new)
+        buckets = sorted(
+            {row.rate_bucket for row in rows if row.rate_bucket is not None} - set(self.windows) - self.held
+        )
+        if buckets:
+            self._acquire_buckets(buckets)
         out: list[PickedRow] = []
         refused = 0
         for row in rows:
             if len(out) >= room:
                 break
-            key = row.concurrency_key
-            if key is None:
-                out.append(row)
-            elif self.left.get(key, 0) > 0:
-                self.left[key] -= 1
-                out.append(row)
-            else:
+            key, bucket = row.concurrency_key, row.rate_bucket
+            if key is not None and self.left.get(key, 0) <= 0:
                 refused += 1
                 self.blocked.add(key)
+                continue
+            if bucket is not None:
+                window = self.windows.get(bucket)
+                if window is None or window.left <= 0:
+                    refused += 1
+                    if window is not None and (self.next_allowed is None or window.end < self.next_allowed):
+                        self.next_allowed = window.end
+                    continue
+                window.left -= 1
+            if key is not None:
+                self.left[key] -= 1
+            out.append(row)
         self.refused += refused
         return out, refused
+
+    def _acquire_buckets(self, buckets: list[str]) -> None:
+        rows = self.c.execute(lock_buckets_statement(self.kind), {"keys": buckets}).all()
+        for bucket, max_starts, period, stored, starts, now in rows:
+            current = window_start(as_datetime(now), int(period))
+            used = int(starts) if as_datetime(stored) == current else 0
+            end = current + timedelta(seconds=int(period))
+            self.windows[bucket] = _Window(max(0, int(max_starts) - used), current, used, end)
+        # Held by another claim this instant, or without a row (removed by hand; the next
+        # enqueue of the task writes it again): their jobs wait for a later turn.
+        self.held.update(b for b in buckets if b not in self.windows)
+
+    def spend(self, taken: list[PickedRow]) -> None:
+        """Count the jobs the claim really took in their buckets' windows (before its COMMIT)."""
+        counts = collections.Counter(row.rate_bucket for row in taken if row.rate_bucket is not None)
+        if counts:
+            self.c.execute(
+                SAVE_WINDOW,
+                [
+                    {"b_bucket": b, "b_window_start": self.windows[b].start, "b_starts": self.windows[b].used + n}
+                    for b, n in sorted(counts.items())
+                ],
+            )
 
     def _acquire(self, keys: list[str]) -> None:
         held = dict(self.c.execute(lock_keys_statement(self.kind), {"keys": keys}).all())
@@ -283,6 +338,61 @@ class _Places:
             running = dict(self.c.execute(RUNNING_PER_KEY, {"keys": list(held)}).all())
             for key, max_running in held.items():
                 self.left[key] = max(0, int(max_running) - int(running.get(key, 0)) + self.finishing[key])
+
+
+@dataclasses.dataclass
+class _Window:
+    left: int  # starts still allowed in it
+    start: datetime
+    used: int  # starts counted in it before this claim
+    end: datetime
+
+
+_EPOCH = datetime(1970, 1, 1)
+
+
+def window_start(now: datetime, period: int) -> datetime:
+    """The start of the fixed window of `period` seconds holding `now` (naive UTC, the database
+    clock): floor(now / period), so that every process counts the same window."""
+    seconds = int((now.replace(tzinfo=None) - _EPOCH) // timedelta(seconds=1))
+    return _EPOCH + timedelta(seconds=seconds - seconds % period)
+
+
+def ensure_buckets(c: Connection, wanted: dict[str, str]) -> None:
+    """Make sure each rate bucket has its row, with the limit `wanted[bucket]` ("100/m"): missing
+    rows inserted in bucket order, a limit that changed (the task's code did) updated."""
+    if not wanted:
+        return
+    limits = {b: parse_rate_limit(text, b) for b, text in wanted.items()}
+    rw = rate_window.c
+    have = {
+        row.bucket: (row.max_starts, row.period_seconds)
+        for row in c.execute(
+            sa.select(rw.bucket, rw.max_starts, rw.period_seconds).where(rw.bucket.in_(sorted(limits)))
+        ).all()
+    }
+    missing = [b for b in sorted(limits) if b not in have]
+    if missing:
+        insert = (
+            sa.insert(rate_window)
+            .values(
+                bucket=sa.bindparam("b"),
+                max_starts=sa.bindparam("n"),
+                period_seconds=sa.bindparam("p"),
+                starts=0,
+                updated_at=db_now(),
+            )
+            .prefix_with("IGNORE", dialect="mysql")
+            .prefix_with("IGNORE", dialect="mariadb")
+            .prefix_with("OR IGNORE", dialect="sqlite")
+        )
+        c.execute(insert, [{"b": b, "n": limits[b][0], "p": limits[b][1]} for b in missing])
+    for b in sorted(b for b, limit in have.items() if tuple(limit) != limits[b]):
+        c.execute(
+            sa.update(rate_window)
+            .where(rw.bucket == b)
+            .values(max_starts=limits[b][0], period_seconds=limits[b][1], updated_at=db_now())
+        )
 
 
 def _pick_after(c: Connection, kind: str, queue: str, limit: int, last: PickedRow) -> list[PickedRow]:
