@@ -79,6 +79,7 @@ from .claim_sql import (
     KEYS_PRESENT,
     QUEUE_STATES,
     QUEUE_STATES_SHARED,
+    READ_CLOCK,
     READ_ONLY_FLAGS,
     REFUSED,
     RUNNING_PER_KEY,
@@ -310,7 +311,7 @@ class _Places:
             current = window_start(as_datetime(now), int(period))
             used = int(starts) if as_datetime(stored) == current else 0
             end = current + timedelta(seconds=int(period))
-            self.windows[bucket] = _Window(max(0, int(max_starts) - used), current, used, end)
+            self.windows[bucket] = _Window(max(0, int(max_starts) - used), current, used, end, int(period))
         # Held by another claim this instant, or without a row (removed by hand; the next
         # enqueue of the task writes it again): their jobs wait for a later turn.
         self.held.update(b for b in buckets if b not in self.windows)
@@ -318,14 +319,20 @@ class _Places:
     def spend(self, taken: list[PickedRow]) -> None:
         """Count the jobs the claim really took in their buckets' windows (before its COMMIT)."""
         counts = collections.Counter(row.rate_bucket for row in taken if row.rate_bucket is not None)
-        if counts:
-            self.c.execute(
-                SAVE_WINDOW,
-                [
-                    {"b_bucket": b, "b_window_start": self.windows[b].start, "b_starts": self.windows[b].used + n}
-                    for b, n in sorted(counts.items())
-                ],
-            )
+        if not counts:
+            return
+        # The UPDATE stamped started_at with its own statement time, later than the now read with
+        # the buckets' locks: if a window ended in between, the jobs count in the window the clock
+        # is in now (at or after their started_at), so that starts counted by started_at never
+        # exceed the limit in any window. No other claim has counted there: we hold the row.
+        now = as_datetime(self.c.execute(READ_CLOCK).scalar())
+        saved = []
+        for b, n in sorted(counts.items()):
+            window = self.windows[b]
+            later = window_start(now, window.period)
+            start, starts = (window.start, window.used + n) if later <= window.start else (later, n)
+            saved.append({"b_bucket": b, "b_window_start": start, "b_starts": starts})
+        self.c.execute(SAVE_WINDOW, saved)
 
     def _acquire(self, keys: list[str]) -> None:
         held = dict(self.c.execute(lock_keys_statement(self.kind), {"keys": keys}).all())
@@ -346,6 +353,7 @@ class _Window:
     start: datetime
     used: int  # starts counted in it before this claim
     end: datetime
+    period: int  # seconds
 
 
 _EPOCH = datetime(1970, 1, 1)

@@ -262,6 +262,9 @@ def lock_keys_statement(flavour: str) -> sa.Select:
 
 
 rw = rate_window.c
+# Read after the UPDATE that took rate-limited jobs: which window their starts count in.
+READ_CLOCK = sa.select(db_now().label("now"))
+
 SAVE_WINDOW = (
     sa.update(rate_window)
     .where(rw.bucket == sa.bindparam("b_bucket"))
@@ -363,6 +366,11 @@ SHAPES = (
         "lock buckets",
         "Picked rows carry rate buckets (tasks with a rate_limit) this cycle has not met yet.",
         lambda f: lock_buckets_statement(f),
+    ),
+    Shape(
+        "read clock",
+        "After the UPDATE that took rate-limited jobs: the window their starts count in.",
+        lambda f: READ_CLOCK,
     ),
     Shape(
         "save window",
