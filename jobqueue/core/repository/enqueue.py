@@ -68,8 +68,8 @@ from ..schema import job_queue
 from ..tasks import TASKS, Registry
 from ..validation import ENQUEUE_FIELDS, NewJob, max_payload_bytes, new_job
 from . import dependencies
-from .claim import ensure_buckets, ensure_keys
 from .common import execute_sql, jq
+from .limits import ensure_buckets, ensure_keys
 
 ER_DUP_ENTRY = 1062
 READ_KEYS = 1000  # task_keys per read (an IN list)

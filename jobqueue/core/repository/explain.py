@@ -25,9 +25,9 @@ from ..db import transaction
 from ..errors import JobNotFound
 from ..models import Explanation, Job, Reason, Status, iso
 from ..schema import concurrency_key, job_queue, queue_state, rate_window, worker_process
-from .claim import window_start
 from .common import as_datetime, database_now, job_from_row, jq
 from .dependencies import parents_of
+from .limits import window_start
 from .locks import RowLock, row_lock
 
 CODES = (
