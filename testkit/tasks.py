@@ -118,3 +118,14 @@ def until_lease_lost(payload, ctx):
 
     told = ctx.lease_lost.wait(payload.get("seconds", 30))
     logging.getLogger("jobqueue.testkit").warning("event=handler_saw lease_lost_seen=%s job_id=%s", told, ctx.job_id)
+
+
+@task("rate_five", rate_limit="5/s", max_attempts=1)
+def rate_five(payload, ctx):
+    """At most 5 starts per second of the database clock, across every worker."""
+    time.sleep(payload.get("seconds", 0))
+
+
+@task("rate_per_customer", rate_limit="2/h", rate_key="customer", max_attempts=1)
+def rate_per_customer(payload, ctx):
+    """At most 2 starts per hour for each payload["customer"]."""

@@ -58,6 +58,9 @@ class IdleBackoff:
             return delay
         if report.kind is EmptyClaim.WAITING and report.next_lease_expiry is not None:
             delay = max(delay, _seconds_until(report.next_lease_expiry, report.db_now))
+        if report.next_allowed is not None:
+            # A spent rate window: no claim of those jobs can succeed before it ends.
+            delay = max(delay, _seconds_until(report.next_allowed, report.db_now))
         if report.next_scheduled is not None:
             delay = min(delay, _seconds_until(report.next_scheduled, report.db_now))
         return max(self.minimum / 2, min(delay, self.cap))

@@ -181,7 +181,7 @@ class EmptyClaim(str, enum.Enum):
     IDLE = "idle"  # nothing ready for these queues
     CONTENDED = "contended"  # ready rows exist, all locked by other transactions
     WAITING = "waiting_on_leases"  # nothing ready, but running jobs may come back when leases expire
-    LIMITED = "concurrency_limited"  # ready rows exist, but their concurrency keys are full
+    LIMITED = "concurrency_limited"  # ready rows exist, but their concurrency keys or rate windows are full
 
 
 @dataclass(frozen=True)
@@ -191,6 +191,7 @@ class EmptyClaimReport:
     next_lease_expiry: datetime | None = None
     next_scheduled: datetime | None = None  # earliest delayed job or retry in these queues
     db_now: datetime | None = None
+    next_allowed: datetime | None = None  # LIMITED by a spent rate window: when it ends
 
 
 class Outcome(str, enum.Enum):

@@ -86,6 +86,8 @@ job_queue = sa.Table(
     # or when the job is written into its batch), read by the locks a completion takes anyway, so
     # only such a job pays for the look at its children and its batch.
     sa.Column("has_dependents", sa.Boolean(), nullable=False, server_default="0"),
+    # "<task>" or "<task>:<payload value>" for tasks with a rate limit (see rate_window below).
+    sa.Column("rate_bucket", sa.String(200), nullable=True),
     sa.UniqueConstraint("task_key", name="uk_task_key"),
     sa.Index("ix_ready_pick", "status", "queue", "priority", "id"),
     sa.Index("ix_due", "status", "run_at", "queue"),
@@ -318,6 +320,23 @@ concurrency_key = sa.Table(
     sa.Column("updated_at", Timestamp, nullable=False),
 )
 
+# One row per rate bucket ("<task>" or "<task>:<value>"): its limit (max_starts per period_seconds,
+# written by enqueue like concurrency_key's) and the starts counted in its current window.
+# Windows are fixed and aligned to the database clock (window_start = floor(now / period)), so
+# every process and host counts the same window. A claim that picked jobs of a bucket locks its
+# row with SKIP LOCKED, takes at most the starts the window has left, and adds what it took
+# before its COMMIT: two claims never both spend the last start. Jobs of other tasks never touch it.
+rate_window = sa.Table(
+    "rate_window",
+    metadata,
+    sa.Column("bucket", sa.String(200), primary_key=True),
+    sa.Column("max_starts", sa.Integer(), nullable=False),
+    sa.Column("period_seconds", sa.Integer(), nullable=False),
+    sa.Column("window_start", Timestamp, nullable=True),
+    sa.Column("starts", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("updated_at", Timestamp, nullable=False),
+)
+
 # What is left of a pruned job: its task_key, so that a replay still answers duplicate: true and
 # never runs again. Kept JOBQUEUE_KEEP_KEYS_DAYS after pruning (see retention.py).
 pruned_key = sa.Table(
@@ -361,6 +380,8 @@ task_definition = sa.Table(
     sa.Column("max_attempts", sa.Integer(), nullable=False),
     sa.Column("concurrency_key", sa.String(100), nullable=True),
     sa.Column("concurrency_limit", sa.Integer(), nullable=True),
+    sa.Column("rate_limit", sa.String(20), nullable=True),
+    sa.Column("rate_key", sa.String(100), nullable=True),
     sa.Column("registered_by", sa.String(64), nullable=False),
     sa.Column("registered_at", Timestamp, nullable=False),
 )

@@ -13,7 +13,10 @@ loop (`await ctx.arecord_result(...)`, `async with ctx.atransaction() as conn:`)
 Options: `timeout_seconds=N` (an attempt still running after N s fails as `timeout` and is
 retried by the usual backoff), `cron="0 * * * *"` (a recurring job named after the task, UTC),
 `concurrency_key="customer_id", concurrency_limit=1` (at most that many jobs with the same
-`payload["customer_id"]` run at once, across every process and host).
+`payload["customer_id"]` run at once, across every process and host), `rate_limit="100/m"`
+(at most 100 starts per fixed window of the database clock: `s`, `m` or `h`; with
+`rate_key="customer_id"` one window per value of that payload field, a payload without the field
+sharing one bucket with the others that lack it), across every process and host.
 
 Point workers at the module with `--tasks myapp.tasks` or `JOBQUEUE_TASKS=myapp.tasks`
 (`task_modules.load_task_modules` imports them, with the built-in tasks).
@@ -55,8 +58,14 @@ class TaskSpec:
     cron: str | None = None  # a recurring job named after the task (UTC)
     concurrency_key: str | None = None  # payload field whose value limits concurrency
     concurrency_limit: int | None = None  # jobs per value running at once (default 1)
+    rate_limit: str | None = None  # "N/s", "N/m" or "N/h": starts per fixed window
+    rate_key: str | None = None  # payload field whose value has its own window
 
     def __post_init__(self) -> None:
+        if self.rate_limit is not None:
+            parse_rate_limit(self.rate_limit, self.name)
+        elif self.rate_key is not None:
+            raise ValueError(f"task {self.name!r}: rate_key needs a rate_limit")
         if self.timeout_seconds is not None and not self.timeout_seconds > 0:
             raise ValueError(f"task {self.name!r}: timeout_seconds must be positive")
         if self.concurrency_limit is not None:
@@ -79,6 +88,20 @@ class TaskSpec:
     def is_coroutine(self) -> bool:
         """An `async def` handler: it runs on the worker's event loop, not on a thread."""
         return inspect.iscoroutinefunction(self.handler)
+
+
+RATE_PERIODS = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_rate_limit(text: str, task_name: str = "?") -> tuple[int, int]:
+    """ "100/m" -> (100, 60): starts allowed per window, and the window's length in seconds."""
+    count, _, unit = text.partition("/") if isinstance(text, str) else ("", "", "")
+    if not count.isdigit() or int(count) < 1 or unit not in RATE_PERIODS:
+        raise ValueError(
+            f"task {task_name!r}: rate_limit must be a positive whole number, '/' and s, m or h "
+            f"(such as '100/m'), got {text!r}"
+        )
+    return int(count), RATE_PERIODS[unit]
 
 
 def handled_elsewhere(payload: dict[str, Any], ctx: JobContext) -> Any:
@@ -168,6 +191,8 @@ def task(
     cron: str | None = None,
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
+    rate_limit: str | None = None,
+    rate_key: str | None = None,
     registry: Registry = TASKS,
 ) -> Callable[[Handler], TaskFunction]:
     """Register `fn(payload, ctx)` as the handler of task `name` (default: the function's name)."""
@@ -186,6 +211,8 @@ def task(
                 cron=cron,
                 concurrency_key=concurrency_key,
                 concurrency_limit=concurrency_limit,
+                rate_limit=rate_limit,
+                rate_key=rate_key,
             )
         )
 

@@ -71,6 +71,8 @@ class NewJob(NamedTuple):
     # always stored, which the dashboard's search matches), made by check_payload. None for a
     # NewJob built by hand.
     payload_json: str | None = None
+    rate_bucket: str | None = None  # "<task>" or "<task>:<value of payload[spec.rate_key]>"
+    rate_limit: str | None = None  # the task's, such as "100/m"
 
 
 def _is_int(value: Any) -> bool:
@@ -332,7 +334,30 @@ def new_job(
         key,
         spec.concurrency_limit if key is not None else None,
         payload_json,
+        *_rate(task_name, spec, payload),
     )
+
+
+def _rate(task_name: str, spec: Any, payload: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The job's rate bucket and its limit: one bucket per task, or per value of its rate_key;
+    a payload without that field (or with a value that is not a string or number) goes in the
+    task's bucket shared by all such jobs, rather than being refused."""
+    if spec.rate_limit is None:
+        return None, None
+    field = spec.rate_key
+    if (
+        field is None
+        or field not in payload
+        or payload[field] is None
+        or isinstance(payload[field], (bool, dict, list))
+    ):
+        return task_name, spec.rate_limit
+    value = payload[field]
+    text = value if isinstance(value, str) else json.dumps(value)
+    bucket = f"{task_name}:{text}"
+    if len(bucket) > MAX_KEY_CHARS:
+        bucket = f"{task_name}:sha256:{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()}"
+    return bucket, spec.rate_limit
 
 
 MAX_KEY_CHARS = 200

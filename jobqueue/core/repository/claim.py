@@ -26,13 +26,8 @@ written on a read-only server.
 A claim may first complete the jobs that finished since the last one (`completions`), in the
 same transaction: one COMMIT per cycle of the worker instead of two.
 
-Concurrency limits (tasks with a `concurrency_key`): when the pick returned keyed jobs, the claim
-locks those keys' rows in `concurrency_key` with SKIP LOCKED and counts each key's running jobs
-(ix_concurrency). A key at its limit, or whose row another claim holds this instant, keeps its
-jobs `ready` for a later turn; the claim then looks a little further down the same index for
-jobs of other keys (at most LOOKAHEAD_ROUNDS ranges of LOOKAHEAD_MAX rows, each starting where
-the last one ended, so a long backlog of one full key costs a claim a bounded read, not a scan). Nothing waits on a lock, so the claim stays
-deadlock-free, and a place is just a running row: it comes back whenever the job stops running.
+Concurrency limits and rate limits: which picked jobs a claim may take is decided in limits.py
+(`Places`), inside the claim's transaction, without ever waiting on a lock.
 
 Paused queues: the claim share-locks the queue_state rows of the queues it was given and leaves
 out the paused ones (_open_queues), in its own transaction. A pause locks its row exclusively,
@@ -45,7 +40,6 @@ the same with or without paused queues.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 from collections.abc import Sequence
@@ -58,24 +52,21 @@ from sqlalchemy.exc import DBAPIError
 from ..db import db_now, error_code, is_mysql, require_primary, transaction
 from ..errors import NotPrimary
 from ..models import ClaimCycle, ClaimedJob, EmptyClaim, EmptyClaimReport, Job, Lease, LeaseLoss, Outcome, Status
-from ..schema import concurrency_key, queue_state
+from ..schema import queue_state
 from .claim_sql import (
     ADD_QUEUE_STATE,
     ER_NO_SUCH_KEY,
     ER_PARSE_ERROR,
     ER_WRONG_USAGE,
-    KEYS_PRESENT,
     QUEUE_STATES,
     QUEUE_STATES_SHARED,
     READ_ONLY_FLAGS,
     REFUSED,
-    RUNNING_PER_KEY,
     LockedRow,
     PickedRow,
     complete_and_take_statement,
     lock_and_pick_sql,
     lock_finished_statement,
-    lock_keys_statement,
     pick_after_statement,
     pick_statement,
     split_rows,
@@ -83,10 +74,10 @@ from .claim_sql import (
 from .common import NO_ROW, as_datetime, execute_fast, execute_sql, jq, shape
 from .hooks import settle
 from .leases import completions_read_back, fence_params
+from .limits import Places, ensure_keys
 
 LOOKAHEAD_ROUNDS = 2  # extra picks past jobs whose concurrency key is full, per queue and claim
 LOOKAHEAD_MAX = 200  # rows each of them may return
-ck = concurrency_key.c
 
 
 def flavour(conn: Connection) -> str:
@@ -136,7 +127,7 @@ def claim_cycle(
         limit = len(slots)
         picked: list[tuple[PickedRow, str]] = []
         tried: list[str] = []
-        places = _Places(c, kind, finishing)
+        places = Places(c, kind, finishing)
         if limit and open_queues:
             for queue in open_queues:
                 tried.append(queue)
@@ -164,6 +155,7 @@ def claim_cycle(
         missing.update(places.missing)
         owner_of = {row.id: slots[i] for i, (row, _) in enumerate(picked)}
         picked, losses = _write(c, done, picked, owner_of, lease_us, completed)
+        places.spend([row for row, _ in picked])
         if parents:
             settle(c, [lease.job_id for lease in done if lease.job_id in parents and completed[lease] is Outcome.OK])
         claimed: list[ClaimedJob] = []
@@ -195,7 +187,9 @@ def claim_cycle(
             if places.refused:
                 # We left ready rows for their concurrency key, and did not look at all the others:
                 # the ready rows the read counts are not known to be held by anyone else.
-                report = dataclasses.replace(report, skipped=0, kind=EmptyClaim.LIMITED)
+                report = dataclasses.replace(
+                    report, skipped=0, kind=EmptyClaim.LIMITED, next_allowed=places.next_allowed
+                )
         return ClaimCycle(
             claimed,
             {(lease.job_id, lease.attempt): o for lease, o in completed.items()},
@@ -232,59 +226,6 @@ def _open_queues(c: Connection, kind: str, queues: Sequence[str]) -> list[str]:
     return [q for q in queues if q in paused and not paused[q]]
 
 
-class _Places:
-    """The concurrency places one claim transaction may hand out: for each key it met, the key
-    row locked by this transaction (SKIP LOCKED) and how many more of its jobs may run."""
-
-    def __init__(self, c: Connection, kind: str, finishing: Sequence[str] = ()):
-        self.c = c
-        self.kind = kind
-        # Keys of jobs this cycle completes: still running when the places are counted, done
-        # when the cycle's UPDATE lands, so their places are free for this claim already.
-        self.finishing = collections.Counter(finishing)
-        self.left: dict[str, int] = {}  # key -> places left (keys whose row we hold)
-        self.blocked: set[str] = set()  # keys that are full, held by another claim, or missing
-        self.missing: set[str] = set()
-        self.refused = 0  # rows left ready for their key
-
-    def admit(self, rows: list[PickedRow], room: int) -> tuple[list[PickedRow], int]:
-        """The rows (in claim order) this claim may take, at most `room`, and how many it left
-        for their key."""
-        new = sorted(
-            {row.concurrency_key for row in rows if row.concurrency_key is not None} - set(self.left) - self.blocked
-        )
-        if new:
-            self._acquire(new)
-        out: list[PickedRow] = []
-        refused = 0
-        for row in rows:
-            if len(out) >= room:
-                break
-            key = row.concurrency_key
-            if key is None:
-                out.append(row)
-            elif self.left.get(key, 0) > 0:
-                self.left[key] -= 1
-                out.append(row)
-            else:
-                refused += 1
-                self.blocked.add(key)
-        self.refused += refused
-        return out, refused
-
-    def _acquire(self, keys: list[str]) -> None:
-        held = dict(self.c.execute(lock_keys_statement(self.kind), {"keys": keys}).all())
-        others = [k for k in keys if k not in held]
-        if others:
-            self.blocked.update(others)
-            present = set(self.c.execute(KEYS_PRESENT, {"keys": others}).scalars().all())
-            self.missing.update(k for k in others if k not in present)
-        if held:
-            running = dict(self.c.execute(RUNNING_PER_KEY, {"keys": list(held)}).all())
-            for key, max_running in held.items():
-                self.left[key] = max(0, int(max_running) - int(running.get(key, 0)) + self.finishing[key])
-
-
 def _pick_after(c: Connection, kind: str, queue: str, limit: int, last: PickedRow) -> list[PickedRow]:
     rows = execute_fast(
         c,
@@ -292,27 +233,6 @@ def _pick_after(c: Connection, kind: str, queue: str, limit: int, last: PickedRo
         {"queue": queue, "limit": limit, "after_priority": last.priority, "after_id": last.id},
     ).rows
     return split_rows(rows)[1]
-
-
-def ensure_keys(c: Connection, wanted: dict[str, int]) -> None:
-    """Make sure each concurrency key has its row, with `wanted[key]` as its limit. Missing rows
-    are inserted in key order (two enqueues never wait on each other in a cycle); a limit that
-    changed (the task's code did) is updated."""
-    if not wanted:
-        return
-    have = dict(c.execute(sa.select(ck.name, ck.max_running).where(ck.name.in_(sorted(wanted)))).all())
-    missing = [key for key in sorted(wanted) if key not in have]
-    if missing:
-        insert = (
-            sa.insert(concurrency_key)
-            .values(name=sa.bindparam("key"), max_running=sa.bindparam("limit"), updated_at=db_now())
-            .prefix_with("IGNORE", dialect="mysql")
-            .prefix_with("IGNORE", dialect="mariadb")
-            .prefix_with("OR IGNORE", dialect="sqlite")
-        )
-        c.execute(insert, [{"key": key, "limit": wanted[key]} for key in missing])
-    for key in sorted(k for k, n in have.items() if n != wanted[k]):
-        c.execute(sa.update(concurrency_key).where(ck.name == key).values(max_running=wanted[key], updated_at=db_now()))
 
 
 def _write(

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Dialect
 
 from ..db import db_after, db_micros_since, db_now
 from ..models import Status
-from ..schema import concurrency_key, job_queue, queue_state
+from ..schema import concurrency_key, job_queue, queue_state, rate_window
 from .common import by_id, jq
 from .leases import fence_any
 
@@ -70,6 +70,7 @@ class PickedRow(NamedTuple):
     attempts: int
     max_attempts: int
     waited_us: int | None  # since run_at, by the database clock
+    rate_bucket: str | None
     concurrency_key: str | None
     finishing: int  # 0: a ready row picked; 1: a finished job's row locked
     read_only: Any = None  # any of the server's read-only flags on (not read on SQLite)
@@ -126,6 +127,7 @@ def pick_statement(flavour: str, hinted: bool = True) -> sa.Select:
         jq.attempts,
         jq.max_attempts,
         db_micros_since(jq.run_at),
+        jq.rate_bucket,
         jq.concurrency_key,
         sa.literal_column("0").label("finishing"),
     ]
@@ -259,6 +261,29 @@ def lock_keys_statement(flavour: str) -> sa.Select:
     return _force(stmt, concurrency_key, "PRIMARY").with_for_update(skip_locked=True)
 
 
+rw = rate_window.c
+# Read after the UPDATE that took rate-limited jobs: which window their starts count in.
+READ_CLOCK = sa.select(db_now().label("now"))
+
+SAVE_WINDOW = (
+    sa.update(rate_window)
+    .where(rw.bucket == sa.bindparam("b_bucket"))
+    .values(window_start=sa.bindparam("b_window_start"), starts=sa.bindparam("b_starts"), updated_at=db_now())
+)
+
+
+@functools.lru_cache(maxsize=4)
+def lock_buckets_statement(flavour: str) -> sa.Select:
+    """The rate buckets' rows with the database's now, locked by this claim unless another holds
+    them this instant (SKIP LOCKED, as lock_keys_statement: never a wait, so never a deadlock)."""
+    stmt = sa.select(rw.bucket, rw.max_starts, rw.period_seconds, rw.window_start, rw.starts, db_now()).where(
+        rw.bucket.in_(_KEYS)
+    )
+    if flavour == "sqlite":
+        return stmt
+    return _force(stmt, rate_window, "PRIMARY").with_for_update(skip_locked=True)
+
+
 # --- which statement, when ----------------------------------------------------------------------
 
 # Example values for the document: two finished leases (ids 101, 102) and two jobs taken (103, 104).
@@ -271,6 +296,9 @@ _EXAMPLE = {
     "after_priority": 0,
     "after_id": 104,
     "lease_us": 60_000_000,
+    "b_bucket": "send_sms:42",
+    "b_window_start": "2026-12-04 14:00:00",
+    "b_starts": 5,
     **{f"id_{i}": 101 + i for i in range(2)},
     **{f"owner_{i}": f"host:7:{i + 1}" for i in range(2)},
     **{f"attempt_{i}": 1 for i in range(2)},
@@ -334,6 +362,21 @@ SHAPES = (
         lambda f: KEYS_PRESENT,
     ),
     Shape("running per key", "Some keys were locked: how many of their jobs run.", lambda f: RUNNING_PER_KEY),
+    Shape(
+        "lock buckets",
+        "Picked rows carry rate buckets (tasks with a rate_limit) this cycle has not met yet.",
+        lambda f: lock_buckets_statement(f),
+    ),
+    Shape(
+        "read clock",
+        "After the UPDATE that took rate-limited jobs: the window their starts count in.",
+        lambda f: READ_CLOCK,
+    ),
+    Shape(
+        "save window",
+        "After the UPDATE, once per rate bucket whose jobs it took: the window and its starts.",
+        lambda f: SAVE_WINDOW,
+    ),
     Shape("complete", "Finished jobs locked, nothing taken.", lambda f: complete_and_take_statement(2, 0)),
     Shape("take", "Jobs taken, no finished job.", lambda f: complete_and_take_statement(0, 2)),
     Shape("complete and take", "Both: the cycle's one UPDATE.", lambda f: complete_and_take_statement(2, 2)),

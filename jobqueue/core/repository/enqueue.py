@@ -68,8 +68,8 @@ from ..schema import job_queue
 from ..tasks import TASKS, Registry
 from ..validation import ENQUEUE_FIELDS, NewJob, max_payload_bytes, new_job
 from . import batches, dependencies
-from .claim import ensure_keys
 from .common import execute_sql, jq
+from .limits import ensure_buckets, ensure_keys
 
 ER_DUP_ENTRY = 1062
 READ_KEYS = 1000  # task_keys per read (an IN list)
@@ -257,6 +257,9 @@ class _Batch:
                     if job.concurrency_key is not None
                 },
             )
+            ensure_buckets(
+                c, {job.rate_bucket: job.rate_limit for job in self.firsts.values() if job.rate_bucket is not None}
+            )
             return self._exact(c) if self.exact else self._optimistic(c)
         except BaseException:
             # Raised before the COMMIT was sent (a deadlock, a lost connection, an undo): rolled
@@ -350,12 +353,12 @@ def _same_job(row, job: NewJob) -> bool:
 
 _COLUMNS = (
     "task_key, task_name, queue, priority, payload, status, run_at, attempts, max_attempts, "
-    "concurrency_key, created_at, updated_at"
+    "concurrency_key, rate_bucket, created_at, updated_at"
 )
 # The same columns, the two that differ from job to job first (see _mysql_inserts).
 _MYSQL_COLUMNS = (
     "task_key, payload, task_name, queue, priority, status, run_at, attempts, max_attempts, "
-    "concurrency_key, created_at, updated_at"
+    "concurrency_key, rate_bucket, created_at, updated_at"
 )
 
 
@@ -414,7 +417,15 @@ def _mysql_inserts(c: Connection, jobs: Iterable[NewJob]) -> Iterator[tuple[str,
         payload_literal = payloads.get(payload)
         if payload_literal is None:
             payload_literal = payloads[payload] = escape(payload)
-        shape = (job.task_name, job.queue, job.priority, job.delay_seconds, job.max_attempts, job.concurrency_key)
+        shape = (
+            job.task_name,
+            job.queue,
+            job.priority,
+            job.delay_seconds,
+            job.max_attempts,
+            job.concurrency_key,
+            job.rate_bucket,
+        )
         tail = tails.get(shape)
         if tail is None:
             tail = tails[shape] = _row_tail(escape, job)
@@ -433,9 +444,10 @@ def _row_tail(escape: Callable[[str], str], job: NewJob) -> str:
     micros = int(round(job.delay_seconds * 1_000_000))
     run_at = f"UTC_TIMESTAMP(6) + INTERVAL {micros:d} MICROSECOND" if micros else "UTC_TIMESTAMP(6)"
     key = "NULL" if job.concurrency_key is None else escape(job.concurrency_key)
+    bucket = "NULL" if job.rate_bucket is None else escape(job.rate_bucket)
     return (
         f"{escape(job.task_name)},{escape(job.queue)},{int(job.priority):d},'{_status(job).value}',{run_at},0,"
-        f"{int(job.max_attempts):d},{key},UTC_TIMESTAMP(6),UTC_TIMESTAMP(6)"
+        f"{int(job.max_attempts):d},{key},{bucket},UTC_TIMESTAMP(6),UTC_TIMESTAMP(6)"
     )
 
 
@@ -457,8 +469,9 @@ def _sqlite_inserts(jobs: Iterable[NewJob]) -> Iterator[tuple[str, tuple]]:
                 int(round(job.delay_seconds * 1_000_000)),
                 job.max_attempts,
                 job.concurrency_key,
+                job.rate_bucket,
             )
-        values = ",".join(["(?,?,?,?,?,?,jq_now_plus(?),0,?,?,jq_now(),jq_now())"] * len(chunk))
+        values = ",".join(["(?,?,?,?,?,?,jq_now_plus(?),0,?,?,?,jq_now(),jq_now())"] * len(chunk))
         yield f"INSERT OR IGNORE INTO job_queue ({_COLUMNS}) VALUES {values}", tuple(params)
 
 

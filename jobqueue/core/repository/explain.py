@@ -24,9 +24,10 @@ from sqlalchemy.engine import Connection
 from ..db import transaction
 from ..errors import JobNotFound
 from ..models import Explanation, Job, Reason, Status, iso
-from ..schema import concurrency_key, job_queue, queue_state, worker_process
+from ..schema import concurrency_key, job_queue, queue_state, rate_window, worker_process
 from .common import as_datetime, database_now, job_from_row, jq
 from .dependencies import parents_of
+from .limits import window_start
 from .locks import RowLock, row_lock
 
 CODES = (
@@ -44,6 +45,7 @@ CODES = (
     "done",
     "failed",
     "blocked_by",
+    "rate_limited",
 )
 AHEAD_CAP = 1000  # ready jobs counted ahead of a runnable one, at most
 ALIVE_SECONDS = 45  # a heartbeat every 15 s: a process silent longer is not counted as live
@@ -109,7 +111,28 @@ def _read(c: Connection, job_id: int) -> dict[str, Any] | None:
                 .limit(max(HOLDERS_SHOWN, int(limit or 0)) + 1)
             ).all()
             facts["key"] = {"limit": limit, "holders": holders}
+        if row.rate_bucket is not None:
+            facts["rate"] = _spent_window(c, row.rate_bucket, as_datetime(now))
     return facts
+
+
+def _spent_window(c: Connection, bucket: str, now: datetime) -> dict[str, Any] | None:
+    """The bucket's current window when it has no start left (as the claim counts it), else None."""
+    rw = rate_window.c
+    window = c.execute(sa.select(rate_window).where(rw.bucket == bucket)).first()
+    if window is None:
+        return None
+    start = window_start(now, int(window.period_seconds))
+    used = int(window.starts) if as_datetime(window.window_start) == start else 0
+    if used < int(window.max_starts):
+        return None
+    return {
+        "bucket": bucket,
+        "limit": int(window.max_starts),
+        "period_seconds": int(window.period_seconds),
+        "starts": used,
+        "next_start_at": start + timedelta(seconds=int(window.period_seconds)),
+    }
 
 
 def _alive(p: dict[str, Any], now: datetime) -> bool:
@@ -317,6 +340,16 @@ def _reasons(job: Job, facts: dict[str, Any], lock: RowLock) -> list[Reason]:
                             {"job_id": h.id, "owner": h.lease_owner, "lease_until": iso(h.lease_until)} for h in holders
                         ],
                     },
+                )
+            )
+        rate = facts.get("rate")
+        if rate is not None:
+            out.append(
+                Reason(
+                    "rate_limited",
+                    f"Its rate bucket {rate['bucket']!r} has used its {rate['limit']} starts of this "
+                    f"{rate['period_seconds']} s window; the next start is allowed at {iso(rate['next_start_at'])}.",
+                    {**rate, "next_start_at": iso(rate["next_start_at"])},
                 )
             )
         if not any(_serves(p, job.queue) for p in live):

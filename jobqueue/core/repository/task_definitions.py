@@ -31,6 +31,8 @@ def register_tasks(c: Connection, process_id: str, specs: Iterable[TaskSpec]) ->
             max_attempts=spec.max_attempts,
             concurrency_key=spec.concurrency_key,
             concurrency_limit=spec.concurrency_limit,
+            rate_limit=spec.rate_limit,
+            rate_key=spec.rate_key,
             registered_by=process_id[:64],
             registered_at=db_now(),
         )
@@ -72,6 +74,8 @@ class KnownTasks(Registry):
                 row.max_attempts,
                 concurrency_key=row.concurrency_key,
                 concurrency_limit=row.concurrency_limit,
+                rate_limit=row.rate_limit,
+                rate_key=row.rate_key,
             )
             with self._cache_lock:
                 self._found[name] = (time.monotonic(), spec)
