@@ -10,6 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobqueue.core import repository, service
+from jobqueue.core.db import db_now
 from jobqueue.core.errors import InvalidState, JobNotFound, LeaseStillValid, PayloadTooLarge, ValidationError
 from jobqueue.core.models import EmptyClaim, Lease, Outcome, Status
 from jobqueue.core.schema import job_queue, job_result
@@ -121,12 +122,15 @@ def test_claim_respects_queues_and_empty_claim_is_not_an_error(engine):
 
 def test_delayed_job_is_scheduled_until_due(engine):
     with engine.connect() as conn:
-        res = service.enqueue(conn, "noop", "later", delay=0.3)
+        # Due in an hour, then made due by moving run_at back: a short real delay could pass
+        # before the first promote on a loaded machine.
+        res = service.enqueue(conn, "noop", "later", delay=3600)
         assert res.status is Status.SCHEDULED
         assert service.claim(conn, "w", 1, ["default"], lease_seconds=30) == []
         assert repository.claim.classify_empty(conn, ["default"]).next_scheduled is not None
         assert service.promote_due(conn) == 0
-        time.sleep(0.35)
+        conn.execute(sa.update(job_queue).where(job_queue.c.id == res.id).values(run_at=db_now()))
+        conn.commit()
         assert service.promote_due(conn) == 1
         assert len(service.claim(conn, "w", 1, ["default"], lease_seconds=30)) == 1
 
