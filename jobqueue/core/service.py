@@ -191,7 +191,10 @@ def _report_callbacks(conn: Connection) -> None:
 
 
 def _forget_callbacks(conn: Connection) -> None:
-    conn.info.pop(_batches.ENQUEUED, None)
+    # A rollback also runs when a connection that was lost or killed is closed: its info went with
+    # it, and reading it would try to reconnect (PendingRollbackError) inside the close.
+    if not conn.invalidated:
+        conn.info.pop(_batches.ENQUEUED, None)
 
 
 sa_event.listen(Engine, "commit", _report_callbacks)
