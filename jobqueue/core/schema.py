@@ -88,6 +88,8 @@ job_queue = sa.Table(
     sa.Column("has_dependents", sa.Boolean(), nullable=False, server_default="0"),
     # "<task>" or "<task>:<payload value>" for tasks with a rate limit (see rate_window below).
     sa.Column("rate_bucket", sa.String(200), nullable=True),
+    # The enqueuer's span (W3C traceparent [tracestate]) when OpenTelemetry was on: tracing.py.
+    sa.Column("trace_context", sa.String(255), nullable=True),
     sa.UniqueConstraint("task_key", name="uk_task_key"),
     sa.Index("ix_ready_pick", "status", "queue", "priority", "id"),
     sa.Index("ix_due", "status", "run_at", "queue"),
@@ -133,6 +135,8 @@ job_batch = sa.Table(
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("closed_at", Timestamp, nullable=True),
     sa.Column("finished_at", Timestamp, nullable=True),
+    # The span the batch was opened in, which its callbacks' spans link to (tracing.py).
+    sa.Column("trace_context", sa.String(255), nullable=True),
     sa.UniqueConstraint("batch_key", name="uk_batch_key"),
 )
 

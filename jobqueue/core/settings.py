@@ -186,6 +186,13 @@ class Settings:
         "on shutdown, how long running jobs may finish before they are released (embedded workers, and "
         "the default of `jobqueue worker --grace-seconds`)",
     )
+    otel: bool = setting(
+        "OTEL",
+        parse_bool,
+        True,
+        "OpenTelemetry spans, stored trace contexts and histograms, once `jobqueue[otel]` is installed and "
+        "the application set a tracer or meter provider ([tracing.md](tracing.md)); 0 turns them off",
+    )
     metrics_addr: str | None = setting(
         "METRICS_ADDR", _text, "127.0.0.1", "address of `jobqueue worker --metrics-port`"
     )

@@ -29,6 +29,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from .. import tracing
 from ..db import db_now, is_mysql, transaction
 from ..errors import BatchClosed, BatchNotFound, ValidationError
 from ..models import Enqueued, Status
@@ -89,6 +90,9 @@ def open_batch(
         "on_complete": _callback_task(on_complete, "on_complete"),
         "payload": check_payload(payload if payload is not None else {}),
     }
+    trace = tracing.current()
+    if trace is not None:  # its callbacks' spans link to this one
+        values["trace_context"] = trace
 
     def write(c: Connection) -> bool:
         insert = sa.insert(job_batch).prefix_with("IGNORE", dialect="mysql").prefix_with("OR IGNORE", dialect="sqlite")
@@ -199,7 +203,9 @@ def _enqueue_callback(c: Connection, batch, kind: str, task: str) -> int:
         "payload": batch.payload,
     }
     job = new_job(task, f"batch:{batch.batch_key}:{kind}", payload, registry=KnownTasks(c), allow_unregistered=True)
-    written = _write(c, [job])[0]
+    # Enqueued in the transaction of whichever member settled the batch: linked to the span that
+    # opened the batch, not a child of any member's.
+    written = _write(c, [job], tracing.link(batch.trace_context))[0]
     c.info.setdefault(ENQUEUED, []).append(written)
     return written.id
 

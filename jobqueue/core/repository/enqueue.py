@@ -52,7 +52,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .. import retry
+from .. import retry, tracing
 from ..db import (
     TRANSACTION_ROLLED_BACK,
     callers_transaction,
@@ -79,6 +79,7 @@ SQLITE_ROWS = 1000  # rows per INSERT on SQLite (11 parameters each; SQLite allo
 # A try undone on purpose (some rows of the batch were known, or another transaction inserted
 # one of our keys between our read and our insert) runs again at once: the rows are there now.
 _TRIES = retry.RetryPolicy(attempts=4, first_delay=0.0, max_delay=0.0)
+CURRENT_SPAN = "current span"  # enqueue_many(trace=...): the caller's current span's context, if any
 
 
 class ServerRefusedRows(JobQueueError):
@@ -170,10 +171,12 @@ def enqueue_many(
     *,
     registry: Registry = TASKS,
     allow_unregistered: bool = False,
+    trace: str | None = CURRENT_SPAN,
 ) -> list[Enqueued]:
     """Add many jobs in one transaction (the caller's, if one is open). All are validated before
     anything is written; task_keys already known (in the table, pruned, or repeated in the
-    batch) come back duplicate=True with the existing job's id and status.
+    batch) come back duplicate=True with the existing job's id and status. `trace`: the trace
+    context stored with them (tracing.py), by default the current span's while tracing is on.
 
     A COMMIT whose reply was lost is retried by db.transaction; the retry then finds our own rows.
     A key that a try which may have committed wrote, and that now holds this call's job (same
@@ -184,13 +187,15 @@ def enqueue_many(
         jobs
         if type(jobs) is Validated
         else validate_jobs(jobs, registry=registry, allow_unregistered=allow_unregistered),
+        trace,
     )
 
 
-def _write(conn: Connection, validated: list[NewJob]) -> list[Enqueued]:
+def _write(conn: Connection, validated: list[NewJob], trace: str | None = CURRENT_SPAN) -> list[Enqueued]:
     if not validated:
         return []
-    batch = _Batch(validated)
+    # One context for the whole call: the rows' only extra column, written only when there is one.
+    batch = _Batch(validated, tracing.current() if trace is CURRENT_SPAN else trace)
     if conn.in_transaction():
         # The caller's transaction: each try in a savepoint, so that undoing one leaves the
         # caller's own writes alone. A deadlock or a 1020 has rolled back the whole transaction
@@ -227,8 +232,9 @@ def _write(conn: Connection, validated: list[NewJob]) -> list[Enqueued]:
 class _Batch:
     """One enqueue_many call: its jobs, the first job of each task_key, and what its tries did."""
 
-    def __init__(self, validated: list[NewJob]):
+    def __init__(self, validated: list[NewJob], trace: str | None):
         self.validated = validated
+        self.trace = trace
         self.firsts: dict[str, NewJob] = {}
         for job in validated:
             self.firsts.setdefault(job.task_key, job)
@@ -271,7 +277,7 @@ class _Batch:
     def _optimistic(self, c: Connection) -> dict[str, tuple[int, Status, bool]]:
         keys = list(self.firsts)
         self.pending = set(keys)
-        inserted, ids = _insert(c, self.firsts.values())
+        inserted, ids = _insert(c, self.firsts.values(), self.trace)
         if inserted == len(keys) and ids is not None:
             # All ours, ids known: only pruned keys are left to check (after the INSERT: a prune
             # that committed while our INSERT waited on its row is seen).
@@ -315,7 +321,7 @@ class _Batch:
             # when several callers race over the same keys (the batch statement is the fast path;
             # this one runs only after it met such a race).
             self.pending = {job.task_key for job in fresh}
-            mine = {job.task_key for job in fresh if _insert(c, [job])[0] == 1}
+            mine = {job.task_key for job in fresh if _insert(c, [job], self.trace)[0] == 1}
             written, _ = _read(c, [job.task_key for job in fresh], pruned=False, lock_jobs=True)
             out.update({key: written[key] + (key in mine,) for key in written})
         return {key: out[key] for key in keys}
@@ -370,14 +376,15 @@ def _payload_json(job: NewJob) -> str:
     return job.payload_json if job.payload_json is not None else json.dumps(job.payload)
 
 
-def _insert(c: Connection, jobs: Iterable[NewJob]) -> tuple[int, list[int] | None]:
-    """INSERT IGNORE the jobs; returns how many rows went in and, when every row went in and the
-    server numbers a statement's rows consecutively, their ids in order (None: read them)."""
+def _insert(c: Connection, jobs: Iterable[NewJob], trace: str | None = None) -> tuple[int, list[int] | None]:
+    """INSERT IGNORE the jobs (with `trace` as their trace_context); returns how many rows went in
+    and, when every row went in and the server numbers a statement's rows consecutively, their ids
+    in order (None: read them)."""
     if not is_mysql(c):
-        return sum(c.exec_driver_sql(sql, params).rowcount for sql, params in _sqlite_inserts(jobs)), None
+        return sum(c.exec_driver_sql(sql, params).rowcount for sql, params in _sqlite_inserts(jobs, trace)), None
     inserted, ids = 0, []
     consecutive = _consecutive_ids(c)
-    for sql, rows in _mysql_inserts(c, jobs):
+    for sql, rows in _mysql_inserts(c, jobs, trace):
         result = execute_sql(c, sql)
         if result.warnings != rows - result.rowcount:
             _refusals(c)  # a warning besides one per known key: raised unless all are duplicates
@@ -401,7 +408,7 @@ def _consecutive_ids(c: Connection) -> bool:
     return info["jq_consecutive_ids"]
 
 
-def _mysql_inserts(c: Connection, jobs: Iterable[NewJob]) -> Iterator[tuple[str, int]]:
+def _mysql_inserts(c: Connection, jobs: Iterable[NewJob], trace: str | None = None) -> Iterator[tuple[str, int]]:
     """Multi-row INSERT IGNORE statements as literal text, each under STATEMENT_BYTES, and how
     many rows each holds. A row is its escaped task_key, its payload's literal and the literals of
     its other values; the last two are escaped once per distinct value in a batch, since most
@@ -409,7 +416,10 @@ def _mysql_inserts(c: Connection, jobs: Iterable[NewJob]) -> Iterator[tuple[str,
     escape = c.connection.dbapi_connection.escape  # quotes and escapes a str as PyMySQL's parameters do
     payloads: dict[str, str] = {}
     tails: dict[tuple, str] = {}
-    head = f"INSERT IGNORE INTO job_queue ({_MYSQL_COLUMNS}) VALUES "
+    columns, end = (
+        (_MYSQL_COLUMNS, ")") if trace is None else (_MYSQL_COLUMNS + ", trace_context", f",{escape(trace)})")
+    )
+    head = f"INSERT IGNORE INTO job_queue ({columns}) VALUES "
     rows: list[str] = []
     size = len(head)
     for job in jobs:
@@ -429,7 +439,7 @@ def _mysql_inserts(c: Connection, jobs: Iterable[NewJob]) -> Iterator[tuple[str,
         tail = tails.get(shape)
         if tail is None:
             tail = tails[shape] = _row_tail(escape, job)
-        row = f"({escape(job.task_key)},{payload_literal},{tail})"
+        row = f"({escape(job.task_key)},{payload_literal},{tail}{end}"
         if rows and size + len(row) > STATEMENT_BYTES:
             yield head + ",".join(rows), len(rows)
             rows, size = [], len(head)
@@ -451,7 +461,7 @@ def _row_tail(escape: Callable[[str], str], job: NewJob) -> str:
     )
 
 
-def _sqlite_inserts(jobs: Iterable[NewJob]) -> Iterator[tuple[str, tuple]]:
+def _sqlite_inserts(jobs: Iterable[NewJob], trace: str | None = None) -> Iterator[tuple[str, tuple]]:
     """Multi-row INSERT OR IGNORE statements with parameters; run_at, created_at and updated_at
     from the database clock (db.jq_now, jq_now_plus)."""
     jobs = list(jobs)
@@ -471,8 +481,11 @@ def _sqlite_inserts(jobs: Iterable[NewJob]) -> Iterator[tuple[str, tuple]]:
                 job.concurrency_key,
                 job.rate_bucket,
             )
-        values = ",".join(["(?,?,?,?,?,?,jq_now_plus(?),0,?,?,?,jq_now(),jq_now())"] * len(chunk))
-        yield f"INSERT OR IGNORE INTO job_queue ({_COLUMNS}) VALUES {values}", tuple(params)
+            if trace is not None:
+                params.append(trace)
+        columns, extra = (_COLUMNS, "") if trace is None else (_COLUMNS + ", trace_context", ",?")
+        values = ",".join([f"(?,?,?,?,?,?,jq_now_plus(?),0,?,?,?,jq_now(),jq_now(){extra})"] * len(chunk))
+        yield f"INSERT OR IGNORE INTO job_queue ({columns}) VALUES {values}", tuple(params)
 
 
 def _read(

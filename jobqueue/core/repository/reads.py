@@ -23,6 +23,21 @@ def get_job(conn: Connection, job_id: int) -> Job | None:
     return job_from_row(row) if row else None
 
 
+def trace_contexts(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
+    """The stored trace contexts of jobs just claimed (by primary key; jobs with none left out).
+    Sent only while tracing is on (tracing.py), so the claim itself stays the same."""
+    if not ids:
+        return {}
+    rows = transaction(
+        conn,
+        lambda c: c.execute(
+            sa.select(jq.id, jq.trace_context).where(jq.id.in_(sorted(ids)), jq.trace_context.is_not(None))
+        ).all(),
+        what="trace_contexts",
+    )
+    return {row.id: row.trace_context for row in rows}
+
+
 def get_job_by_key(conn: Connection, task_key: str) -> Job | None:
     row = transaction(
         conn, lambda c: c.execute(sa.select(job_queue).where(jq.task_key == task_key)).first(), what="get_job"

@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from .. import tracing
 from ..db import db_now, require_primary, transaction
 from ..errors import ScheduleNotFound, ValidationError
 from ..models import Enqueued
@@ -275,7 +276,8 @@ def enqueue_due_recurring(conn: Connection, *, now: datetime | None = None, regi
             # Most often a task this process does not load: another process will enqueue it.
             skipped.append(f"recurring {row['name']}: {exc}")
             continue
-        (res,) = enqueue_many(conn, [job], registry=registry)
+        # A run starts a trace of its own, linked to the span it was enqueued in (if any).
+        (res,) = enqueue_many(conn, [job], registry=registry, trace=tracing.link(tracing.current()))
         runs.append(res)
         names.append(row["name"])
 
