@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from sqlalchemy.engine import Engine
 
-from .. import metrics, repository, service
+from .. import metrics, repository, service, tracing
 from ..backoff import IdleBackoff
 from ..db import is_mysql, is_not_primary
 from ..logs import RateLimited, event
@@ -182,18 +182,34 @@ class Claimer:
                             again.asked,
                             again.report,
                         )
-        metrics.CLAIM_SECONDS.observe(time.monotonic() - sent_at)
+        claim_seconds = time.monotonic() - sent_at
+        metrics.CLAIM_SECONDS.observe(claim_seconds)
+        tracing.claimed(claim_seconds, self.queue_label)
         self.finisher.completed(cycle.completed, finished, wake=cycle.asked == 0)
+        contexts = self._trace_contexts(cycle.claimed)
         for item in cycle.claimed:
-            self._dispatch(item, self._slot_of[item.lease.owner], sent_at)
+            self._dispatch(item, self._slot_of[item.lease.owner], sent_at, contexts.get(item.job.id))
         return cycle
+
+    def _trace_contexts(self, claimed: list[ClaimedJob]) -> dict[int, str]:
+        """While tracing is on, the claimed jobs' stored trace contexts: one read by primary key
+        after the claim committed, so that the claim is the same statement with tracing off. A
+        failed read costs the jobs their parent span, never their run."""
+        if not claimed or not tracing.enabled():
+            return {}
+        try:
+            with self.engine.connect() as conn:
+                return repository.reads.trace_contexts(conn, [item.job.id for item in claimed])
+        except DB_ERRORS as exc:
+            self.state.sql_error("trace_contexts", exc)
+            return {}
 
     @staticmethod
     def _slots_after(cycle: ClaimCycle, finished: list[Held], free: Sequence[int]) -> list[int]:
         done = [h.slot for h in finished if cycle.completed.get(h.key) is not Outcome.BUSY]
         return sorted(set(free) | set(done))
 
-    def _dispatch(self, claimed: ClaimedJob, slot: int, sent_at: float) -> None:
+    def _dispatch(self, claimed: ClaimedJob, slot: int, sent_at: float, trace_context: str | None = None) -> None:
         job, lease = claimed.job, claimed.lease
         spec = self.registry.get(job.task_name)
         finisher = self.finisher
@@ -211,6 +227,7 @@ class Claimer:
         held = self.keeper.hold(
             claimed, slot, ctx, sent_at=sent_at, timeout=getattr(spec, "timeout_seconds", None) if spec else None
         )
+        held.trace_context = trace_context
         finisher.take_slot(slot)
         if claimed.start_delay is not None:
             metrics.labelled("START_DELAY_SECONDS", job.queue).observe(claimed.start_delay)

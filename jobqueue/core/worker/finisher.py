@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from .. import metrics, repository, retry, service, wakeup
+from .. import metrics, repository, retry, service, tracing, wakeup
 from ..backoff import retry_delay
 from ..errors import LeaseLostError
 from ..logs import event, events
@@ -85,6 +85,8 @@ class Finisher:
     def forget(self, held: Held) -> None:
         """A lease that needs no more writes (lost, or its final write made) and whose handler
         is not running: free its slot. Idempotent."""
+        if held.run is not None and held.lost_reason != "timeout":  # a timeout's write ends it (finish_attempt)
+            held.run.end("lease_lost")  # unless its outcome ended it already
         if not self.keeper.drop(held):
             return
         with self._lock:
@@ -93,6 +95,13 @@ class Finisher:
         self._wake.set()
 
     # --- returned handlers, completed by the claim loop ------------------------------------------
+
+    def _outcome(self, held: Held, outcome: str) -> None:
+        """The attempt's outcome was written: its span ends, its completion is timed (tracing.py)."""
+        if held.run is not None:
+            held.run.end(outcome)
+        if held.returned_at is not None:
+            tracing.completed(self.keeper.clock() - held.returned_at, held.claimed.job.queue, outcome)
 
     def handler_succeeded(self, held: Held) -> None:
         """A slot's handler returned: the next cycle completes the job (its lease still renewed)."""
@@ -129,6 +138,7 @@ class Finisher:
             if outcome is Outcome.BUSY or outcome is None:
                 self._finished.put(held)  # held elsewhere this instant: next cycle; still renewed
                 continue
+            self._outcome(held, "done" if outcome is Outcome.OK else "lease_lost")
             if outcome is Outcome.OK:
                 done[job.queue] += 1
                 metrics.labelled("ATTEMPT_SECONDS", job.task_name, "done").observe(held.duration)
@@ -222,6 +232,10 @@ class Finisher:
                 label, [held], lambda conn: service.fail(conn, lease, error or "", outcome=label)
             )
         metrics.ATTEMPT_SECONDS.labels(task=job.task_name, outcome=label).observe(held.duration)
+        self._outcome(
+            held,
+            "lease_lost" if result is not Outcome.OK else outcome or ("retry" if operation == "retry" else "failed"),
+        )
         if result is Outcome.OK:
             if operation == "retry":
                 metrics.RETRIED.labels(queue=job.queue).inc()
@@ -263,6 +277,8 @@ class Finisher:
         """running -> ready under the lease (attempts kept), renewed until it commits."""
         lease = held.lease
         outcome = self._final_write("release", [held], lambda conn: service.release(conn, lease, reason))
+        if held.run is not None:
+            held.run.end("released")
         if outcome is not None:
             metrics.RELEASED.inc()
             event(
@@ -363,6 +379,7 @@ class Finisher:
         job, lease = held.claimed.job, held.lease
         metrics.COMPLETED.labels(queue=job.queue).inc()
         metrics.ATTEMPT_SECONDS.labels(task=job.task_name, outcome="done").observe(held.duration)
+        self._outcome(held, "done")
         event(
             log,
             logging.INFO,

@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from .. import tracing
 from ..models import ClaimedJob, Lease, Outcome
 from ..tasks import JobContext
 
@@ -80,6 +81,9 @@ class Held:
     completed_in_transaction: bool = False  # the handler's ctx.transaction() committed the completion
     result_recorded: bool = False  # this attempt called record_result: a return value is not recorded again
     coroutine: concurrent.futures.Future[None] | None = None  # an async handler's run on the event loop
+    trace_context: str | None = None  # the enqueuer's span, read only while tracing is on
+    run: tracing.Run | None = None  # the attempt's span, from its handler's start to its outcome written
+    returned_at: float | None = None  # monotonic, when the handler returned or raised
 
     @property
     def key(self) -> Key:
@@ -141,6 +145,8 @@ class LeaseKeeper:
         the lease was lost meanwhile."""
         with self._cond:
             held.handler_done = True
+            if held.returned_at is None:
+                held.returned_at = self.clock()
             if held.state is LeaseState.LOST:
                 return False
             held.state = LeaseState.FINISHING

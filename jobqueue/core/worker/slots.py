@@ -34,7 +34,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import metrics
+from .. import metrics, tracing
 from ..errors import LeaseLostError, PermanentError
 from ..logs import event
 from ..tasks import Registry
@@ -188,11 +188,15 @@ class Slots:
                 self.finisher.forget(held)
                 return
             started = time.monotonic()
+            run = held.run = tracing.start_run(held.claimed.job, held.lease, held.trace_context)
             try:
-                returned = await handler(held.claimed.job.payload, held.ctx)
-                if self._keeps(held, returned):
-                    await asyncio.to_thread(self.finisher.record_result, held, returned)
+                with tracing.active(run):
+                    returned = await handler(held.claimed.job.payload, held.ctx)
+                    if self._keeps(held, returned):
+                        await asyncio.to_thread(self.finisher.record_result, held, returned)
             except (Exception, asyncio.CancelledError) as exc:
+                if run is not None:
+                    run.raised(exc)
                 await asyncio.to_thread(self._raised, held, exc, started)
                 return
             self._returned(held, started)
@@ -229,13 +233,17 @@ class Slots:
             return
         spec = self.registry.get(job.task_name)
         started = time.monotonic()
+        run = held.run = tracing.start_run(job, held.lease, held.trace_context)
         try:
             if spec is None:
                 raise LookupError(f"no handler for task {job.task_name!r} in worker {self.worker_id}")
-            returned = spec.handler(job.payload, held.ctx)
-            if self._keeps(held, returned):
-                self.finisher.record_result(held, returned)  # as ctx.record_result(returned) would
+            with tracing.active(run):
+                returned = spec.handler(job.payload, held.ctx)
+                if self._keeps(held, returned):
+                    self.finisher.record_result(held, returned)  # as ctx.record_result(returned) would
         except Exception as exc:
+            if run is not None:
+                run.raised(exc)
             self._raised(held, exc, started)
             return
         self._returned(held, started)
