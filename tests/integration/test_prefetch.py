@@ -15,6 +15,7 @@ from jobqueue.core.builtin_tasks import noop
 from jobqueue.core.cli import main
 from jobqueue.core.tasks import Registry, TaskSpec
 from jobqueue.core.worker import Worker, WorkerConfig
+from jobqueue.core.worker import claimer as claimer_module
 from jobqueue.core.worker.claimer import PREFETCH_WHILE_JOBS_UNDER_SECONDS
 
 
@@ -137,3 +138,79 @@ def test_the_command_line_takes_a_number_or_auto(monkeypatch, given, expected):
 def test_a_bad_prefetch_is_refused(bad):
     result = CliRunner().invoke(main, ["--database-url", "sqlite://", "worker", "--burst", "--prefetch", bad])
     assert result.exit_code == 2 and "--prefetch" in result.output
+
+
+def cycles_of(worker: Worker) -> list[tuple[int, frozenset[str]]]:
+    """Record each claim cycle's completions: how many, and which task_keys were still held."""
+    seen: list[tuple[int, frozenset[str]]] = []
+    cycle = worker.claimer.cycle
+
+    def counting(free, finished, **kwargs):
+        if finished:
+            done = {h.claimed.job.task_key for h in finished}
+            still = frozenset(
+                h.claimed.job.task_key for h in worker.keeper.held() if h.claimed.job.task_key not in done
+            )
+            seen.append((len(finished), still))
+        return cycle(free, finished, **kwargs)
+
+    worker.claimer.cycle = counting
+    return seen
+
+
+def gated_worker(engine, keys: list[str]) -> tuple[Worker, dict[str, threading.Event], threading.Thread]:
+    gates = {k: threading.Event() for k in keys}
+    started = {k: threading.Event() for k in keys}
+
+    def gated(payload, ctx):
+        started[ctx.task_key].set()
+        gates[ctx.task_key].wait(30)
+
+    add(engine, keys)
+    worker = Worker(engine, WorkerConfig(concurrency=2, prefetch=2, burst=True), registry=registry_of(gated))
+    thread = threading.Thread(target=worker.run)
+    worker.started = started
+    return worker, gates, thread
+
+
+def test_handlers_returning_one_by_one_are_completed_by_one_cycle(engine, monkeypatch):
+    """Four jobs in hand on two threads, their handlers returning 50 ms apart: one cycle completes
+    all four (it waits for the others, at most GATHER_SECONDS), not a cycle (a COMMIT) each."""
+    monkeypatch.setattr(claimer_module, "GATHER_SECONDS", 10.0)
+    worker, gates, thread = gated_worker(engine, ["g0", "g1", "g2", "g3"])
+    cycles = cycles_of(worker)
+    thread.start()
+    try:
+        for key in ["g0", "g1", "g2", "g3"]:
+            assert worker.started[key].wait(10), key
+            gates[key].set()
+            time.sleep(0.05)
+    finally:
+        for gate in gates.values():
+            gate.set()
+        thread.join(60)
+    assert worker.processed == 4
+    assert [n for n, _ in cycles] == [4]
+
+
+def test_the_wait_for_other_handlers_is_bounded(engine, monkeypatch):
+    """One handler still running: the three that returned are completed after GATHER_SECONDS,
+    while it runs, not when it ends."""
+    monkeypatch.setattr(claimer_module, "GATHER_SECONDS", 0.3)
+    worker, gates, thread = gated_worker(engine, ["g0", "g1", "g2", "g3"])
+    cycles = cycles_of(worker)
+    thread.start()
+    try:
+        assert worker.started["g0"].wait(10)
+        for key in ["g1", "g2", "g3"]:
+            assert worker.started[key].wait(10), key
+            gates[key].set()
+        deadline = time.monotonic() + 10
+        while not cycles and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cycles and cycles[0] == (3, frozenset({"g0"}))
+    finally:
+        for gate in gates.values():
+            gate.set()
+        thread.join(60)
+    assert worker.processed == 4

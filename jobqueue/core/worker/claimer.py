@@ -45,6 +45,9 @@ NOT_PRIMARY_RETRY_SECONDS = 1.0
 # average; its point is that threads do not wait for the claim's round trips when jobs take
 # about as long as those.
 PREFETCH_WHILE_JOBS_UNDER_SECONDS = 0.1
+# While every thread still has a prefetched job to start, a cycle may wait this long for more
+# handlers to return, so that one COMMIT completes several jobs rather than one or two.
+GATHER_SECONDS = 0.002
 
 
 class Claimer:
@@ -83,10 +86,14 @@ class Claimer:
         self._known_queues: list[str] = list(config.queues or [])
         self._queues_at = 0.0
         self._rotation = 0
+        self._gather_since: float | None = None
 
     def turn(self) -> float | None:
         """Complete what finished and claim what fits. Returns seconds to sleep before the next
         turn, or None when a burst worker has nothing left to do."""
+        gather = self._gather_for()
+        if gather:
+            return gather
         finished = self.finisher.take_finished()
         free, refill = self.fillable(finished)
         if not free and not finished:
@@ -126,6 +133,34 @@ class Claimer:
         if self._act_on(report):
             return 0
         return self._back_off(report)
+
+    def _gather_for(self) -> float:
+        """Seconds to wait for more handlers to return before this cycle (0: go now).
+
+        A cycle runs as soon as one handler returns. A handler that never lets go of the GIL
+        (a no-op) returns with all the others before this thread runs again, and one COMMIT
+        completes them all; one that does any I/O (appends a line to a file) lets this thread run
+        in between, and cycles completed one or two jobs each: twice the COMMITs a job, 0.6x the
+        throughput. So while other jobs in hand are still running, wait for them, at most
+        GATHER_SECONDS, and only when nobody waits on this cycle: every thread still has a job
+        queued behind it, or handlers are so short that the wait is about one of them."""
+        pending = self.finisher.pending_count
+        average = self.slots.average_seconds
+        if (
+            not pending
+            or pending >= len(self.keeper)
+            or not (self.slots.queued or (average is not None and average < GATHER_SECONDS))
+        ):
+            self._gather_since = None
+            return 0.0
+        now = time.monotonic()
+        if self._gather_since is None:
+            self._gather_since = now
+        left = self._gather_since + GATHER_SECONDS - now
+        if left <= 0:
+            self._gather_since = None
+            return 0.0
+        return left
 
     def complete_finished(self) -> None:
         """Complete what finished, claim nothing (split brain, shutdown)."""

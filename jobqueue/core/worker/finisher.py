@@ -113,6 +113,10 @@ class Finisher:
         """Handlers returned whose completion is not written yet."""
         return not self._finished.empty()
 
+    @property
+    def pending_count(self) -> int:
+        return self._finished.qsize()
+
     def take_finished(self) -> list[Held]:
         out = []
         while True:

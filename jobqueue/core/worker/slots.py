@@ -133,6 +133,11 @@ class Slots:
             self.inbox.put(None)
         self._loop.stop(wait)
 
+    @property
+    def queued(self) -> int:
+        """Jobs handed to the threads that no thread has taken yet."""
+        return self._queued
+
     def give(self, held: Held) -> None:
         spec = self.registry.get(held.claimed.job.task_name)
         if spec is not None and spec.is_coroutine:
