@@ -6,7 +6,9 @@
     python -m bench.run --only throughput,peers   # some scenarios; merged into the existing results
 
 Scenarios: throughput (1), peers (2), claim_cost (3), contention (4), idle (5), dashboard (6),
-memory (7), profile (py-spy of our worker). Servers: MariaDB at $BENCH_MYSQL
+memory (7), profile (py-spy of our worker), startup (8), enqueue (9), mysql_peers (11: dj-queue,
+django-tasks-db, firm-queue and django-q2 on every MySQL-family server, from a Python 3.12 venv of
+their own that bench/peers_venv.py builds). Servers: MariaDB at $BENCH_MYSQL
 (default mysql+pymysql://root@127.0.0.1:3306), PostgreSQL at $BENCH_PG
 (postgresql://postgres@127.0.0.1:5432), Redis at $BENCH_REDIS (redis://127.0.0.1:6379/0). Every
 database and key it creates is named after this run ("jqb<hex>_...") and dropped again; no server
@@ -41,6 +43,7 @@ ORDER = [
     "memory",
     "startup",
     "enqueue",
+    "mysql_peers",
 ]
 
 
