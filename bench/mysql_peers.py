@@ -15,9 +15,10 @@ done / (first start .. last finish), from the system's own timestamps where it r
 
     ours              job_queue.started_at .. finished_at
     django-tasks-db   started_at .. finished_at of its result rows
-    django-q2         django_q_task.started .. stopped (save_limit 0 keeps every success)
     dj-queue          jobs.finished_at; no start is kept (the claimed row is deleted on finish),
     firm-queue        so first start = the first line its handler wrote
+    django-q2         django_q_task.stopped (save_limit 0 keeps every success); its `started` is
+                      stamped by async_task() at enqueue, so first start = the first line too
 
 The peers run in a Python 3.12 venv of their own (bench/peers_venv.py builds it) from the small
 Django project in bench/peer_apps/django_peers/ (firm-queue is not a Django app:
@@ -140,7 +141,8 @@ DONE_SQL = {
         "WHERE status = 'SUCCESSFUL'"
     ),
     "firm-queue": "SELECT COUNT(*), NULL, MAX(finished_at) FROM firm_queue_jobs WHERE finished_at IS NOT NULL",
-    "django-q2": "SELECT COUNT(*), MIN(started), MAX(stopped) FROM django_q_task WHERE success = 1",
+    # `started` is the enqueue time (django_q/tasks.py async_task), not the start of the run.
+    "django-q2": "SELECT COUNT(*), NULL, MAX(stopped) FROM django_q_task WHERE success = 1",
 }
 DJANGO_PEER = {"dj-queue": "dj_queue", "django-tasks-db": "django_tasks_db", "django-q2": "django_q"}
 
@@ -329,7 +331,7 @@ FIRM_WHY = (
 )
 DJQ2_WHY = (
     "`manage.py qcluster`, ORM broker as its docs' example (timeout 90, retry 120, queue_limit 50, bulk 10: 'can "
-    "improve performance'), save_limit 0 (keeps every success, whose timestamps are measured), scheduler off"
+    "improve performance'), save_limit 0 (keeps every success, whose `stopped` is measured), scheduler off"
 )
 
 

@@ -16,7 +16,7 @@ where each setting comes from):
 - django-tasks-db: nothing to set; its worker's knobs are command options (db_worker).
 - django-q2: the ORM broker as its docs' example sets it (timeout 90, retry 120, queue_limit 50,
   bulk 10: "Setting this on supported brokers can improve performance"), $BENCH_WORKERS workers,
-  save_limit 0 (every success kept: its started/stopped are the timestamps measured), the scheduler
+  save_limit 0 (every success kept: its `stopped` is the finish measured), the scheduler
   off ("This will reduce a little overhead if you're not using schedules").
 """
 
