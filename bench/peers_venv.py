@@ -57,7 +57,7 @@ def python() -> str:
     import fcntl
 
     VENV.parent.mkdir(parents=True, exist_ok=True)
-    with open(VENV.parent / f".{VENV.name}.lock", "w") as lock:
+    with open(VENV.with_name(VENV.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return _build()
 
