@@ -70,22 +70,25 @@ def ratio(a: float, b: float) -> float:
 _created_mysql: set[str] = set()
 
 
-def _admin() -> sa.Engine:
-    return sa.create_engine(MYSQL_SERVER + "/", poolclass=NullPool)
+def _admin(server: str | None = None) -> sa.Engine:
+    return sa.create_engine((server or MYSQL_SERVER) + "/", poolclass=NullPool)
 
 
 def mysql_url(name: str) -> str:
     return f"{MYSQL_SERVER}/{name}"
 
 
-def create_mysql_db(label: str) -> str:
-    """A fresh database with the real schema (`init-db`); returns its URL."""
+def create_mysql_db(label: str, *, schema: bool = True) -> str:
+    """A fresh database on MYSQL_SERVER with the real schema (`init-db`; empty with
+    schema=False); returns its URL."""
     name = f"{RUN_TAG}_{label}_{uuid.uuid4().hex[:6]}"[:64]
     admin = _admin()
     with admin.connect() as conn:
         conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
     admin.dispose()
-    _created_mysql.add(name)
+    _created_mysql.add(mysql_url(name))
+    if not schema:
+        return mysql_url(name)
     engine = create_engine(mysql_url(name), pool_size=1)
     try:
         init_db(engine)
@@ -95,12 +98,12 @@ def create_mysql_db(label: str) -> str:
 
 
 def drop_mysql_db(url: str) -> None:
-    name = url.rsplit("/", 1)[1]
-    admin = _admin()
+    server, name = url.rsplit("/", 1)
+    admin = _admin(server)
     with admin.connect() as conn:
         conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
     admin.dispose()
-    _created_mysql.discard(name)
+    _created_mysql.discard(url)
 
 
 @contextlib.contextmanager
@@ -117,9 +120,9 @@ def drop_leftovers() -> None:
     for run in list(_live_runs):
         with contextlib.suppress(Exception):
             run.stop(signal.SIGTERM, timeout=10)
-    for name in list(_created_mysql):
+    for url in list(_created_mysql):
         with contextlib.suppress(Exception):
-            drop_mysql_db(mysql_url(name))
+            drop_mysql_db(url)
 
 
 def enqueue_noops(
@@ -138,14 +141,14 @@ def enqueue_noops(
         engine.dispose()
 
 
-def enqueue_one_by_one(url: str, n: int, *, prefix: str = "s", start: int = 0) -> float:
+def enqueue_one_by_one(url: str, n: int, *, prefix: str = "s", start: int = 0, task: str = "noop") -> float:
     """Enqueue n jobs with service.enqueue, one call (one transaction) each."""
     engine = create_engine(url, pool_size=1)
     try:
         with engine.connect() as conn:
             t0 = time.perf_counter()
             for i in range(start, start + n):
-                service.enqueue(conn, "noop", f"{prefix}{i}")
+                service.enqueue(conn, task, f"{prefix}{i}")
             return time.perf_counter() - t0
     finally:
         engine.dispose()
@@ -304,6 +307,10 @@ class ProcRun:
     db_cpu_at_gate: float = float("nan")
     db_cpu: float = float("nan")
     gated: bool = True  # False: no start gate, the clock starts before the first spawn
+    # Each process leads a session (process group) of its own: stop() signals the leader, and
+    # a SIGKILL (stop()'s last resort, and _finish() for any left behind) goes to the whole group,
+    # for supervisors that fork workers, which would outlive a killed parent.
+    new_session: bool = False
     t_spawn: float = 0.0
     t_gate: float = 0.0
     t_end: float = 0.0
@@ -323,7 +330,11 @@ class ProcRun:
             path = log_dir / f"proc-{os.getpid()}-{time.monotonic_ns()}-{i}.log"
             self.logs.append(path)
             with open(path, "w") as fh:
-                self.procs.append(subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO))
+                self.procs.append(
+                    subprocess.Popen(
+                        cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=self.new_session
+                    )
+                )
         if not self.gated:
             self.cpu_at_gate = [0.0] * len(self.procs)
             pid = mariadbd_pid()
@@ -369,20 +380,29 @@ class ProcRun:
         if self.poll():
             for p, rc in zip(self.procs, self.returncodes):
                 if rc is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        p.send_signal(sig)
+                    self._signal(p, sig)
         deadline = time.monotonic() + timeout
         while self.poll():
             if time.monotonic() > deadline:
                 for p, rc in zip(self.procs, self.returncodes):
                     if rc is None:
-                        with contextlib.suppress(ProcessLookupError):
-                            p.kill()
+                        self._signal(p, signal.SIGKILL)
                 deadline = float("inf")
             time.sleep(0.01)
         self._finish()
 
+    def _signal(self, p: subprocess.Popen, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if self.new_session and sig == signal.SIGKILL:
+                os.killpg(p.pid, sig)
+            else:
+                p.send_signal(sig)
+
     def _finish(self) -> None:
+        if self.new_session:
+            for p in self.procs:  # whatever the leaders left behind in their groups
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
         _live_runs.discard(self)
         self.t_end = time.perf_counter()
         pid = mariadbd_pid()

@@ -25,7 +25,20 @@ SCENARIOS = [
     "startup",
     "enqueue",
     "profile",
+    "mysql_peers",  # rendered after "10. Dashboard at 5,000,000 rows"
 ]
+
+
+NOT_MEASURED = {
+    "mysql_peers": (
+        "Not measured yet: the numbers come from the next run on a quiet machine (the shared one here is too loaded "
+        "to compare queues). Reproduce with `scripts/bench --only mysql_peers` (every server, 5,000 jobs, 3 rounds; "
+        "builds the peers' Python 3.12 venv `.venv-peers/` first, which needs "
+        "`apt-get install default-libmysqlclient-dev pkg-config` for mysqlclient), or one server at a time with "
+        "`PYTHONPATH=. .venv/bin/python -m bench.mysql_peers --server mariadb --jobs 5000 --rounds 3`. How each system "
+        "is run and measured: bench/mysql_peers.py."
+    )
+}
 
 
 def render(results: dict, out_dir: Path, command: str) -> Path:
@@ -44,12 +57,15 @@ def render(results: dict, out_dir: Path, command: str) -> Path:
         "memory": "7. Memory",
         "startup": "8. Start-up",
         "enqueue": "9. Batch enqueue against a hand-written INSERT and pgqueuer",
+        "mysql_peers": "11. Against the Python queues on MySQL (dj-queue, django-tasks-db, firm-queue, django-q2)",
         "profile": "Profile: where our worker's time goes (py-spy, 4 threads)",
     }
     for name in SCENARIOS:
+        if name == "mysql_peers":
+            sections.append(_dashboard_at_scale(out_dir, targets))
         res = results.get(name)
         if res is None:
-            sections.append(f"## {titles[name]}\n\nNot measured in this run.")
+            sections.append(f"## {titles[name]}\n\n{NOT_MEASURED.get(name, 'Not measured in this run.')}")
             continue
         if "error" in res:
             sections.append(f"## {titles[name]}\n\nThe scenario failed: `{res['error']}`")
@@ -64,10 +80,10 @@ def render(results: dict, out_dir: Path, command: str) -> Path:
             "memory": lambda: _memory(res, plots, targets),
             "startup": lambda: _startup(res, targets),
             "enqueue": lambda: _enqueue(res, targets),
+            "mysql_peers": lambda: _mysql_peers(res, targets),
             "profile": lambda: _profile(res),
         }[name]()
         sections.append(f"## {titles[name]}\n\n{meta_line(res)}\n\n{body}")
-    sections.append(_dashboard_at_scale(out_dir, targets))
     info = results.get("_machine", {})
     summary = table(["target", "measured", "result"], [[t, m, verdict(ok)] for t, m, ok in targets])
     passed = sum(1 for *_, ok in targets if ok)
@@ -93,6 +109,13 @@ def render(results: dict, out_dir: Path, command: str) -> Path:
     path = out_dir / "benchmarks.md"
     path.write_text("\n\n".join(header + sections + tail) + "\n")
     return path
+
+
+def _mysql_peers(res: dict, targets: list) -> str:
+    from bench import mysql_peers
+
+    targets.extend(mysql_peers.targets(res))
+    return mysql_peers.markdown(res)
 
 
 def main(argv: list[str] | None = None) -> int:

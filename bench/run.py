@@ -1,12 +1,17 @@
 """Run the benchmarks and write the report.
 
-    python -m bench.run                  # everything (about 20-25 minutes here), writes docs/
-    python -m bench.run --quick          # small counts, a smoke test of the harness (~2 minutes),
+    python -m bench.run                  # everything (about 20-25 minutes here, and mysql_peers
+                                         # about as long again: 11 configurations x 3 servers x 3
+                                         # rounds), writes docs/
+    python -m bench.run --quick          # small counts, a smoke test of the harness (~2 minutes,
+                                         # and about 5 more for mysql_peers at 500 jobs),
                                          # writes build/bench-quick/ unless --out is given
     python -m bench.run --only throughput,peers   # some scenarios; merged into the existing results
 
 Scenarios: throughput (1), peers (2), claim_cost (3), contention (4), idle (5), dashboard (6),
-memory (7), profile (py-spy of our worker). Servers: MariaDB at $BENCH_MYSQL
+memory (7), profile (py-spy of our worker), startup (8), enqueue (9), mysql_peers (11: dj-queue,
+django-tasks-db, firm-queue and django-q2 on every MySQL-family server, from a Python 3.12 venv of
+their own that bench/peers_venv.py builds; its servers: bench/mysql_peers.py). Servers: MariaDB at $BENCH_MYSQL
 (default mysql+pymysql://root@127.0.0.1:3306), PostgreSQL at $BENCH_PG
 (postgresql://postgres@127.0.0.1:5432), Redis at $BENCH_REDIS (redis://127.0.0.1:6379/0). Every
 database and key it creates is named after this run ("jqb<hex>_...") and dropped again; no server
@@ -41,6 +46,7 @@ ORDER = [
     "memory",
     "startup",
     "enqueue",
+    "mysql_peers",
 ]
 
 

@@ -3,11 +3,16 @@ claimed once and completed under the fence. Correctness only; nothing here is ti
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
 import sqlalchemy as sa
 
 from bench.raw_loop import RawLoop, connect_args
 from jobqueue.core import service
 from jobqueue.core.schema import job_queue
+from tests.conftest import SERVERS
 
 jq = job_queue.c
 
@@ -106,3 +111,36 @@ def test_the_dashboard_bench_loads_its_shape_on_every_server(mysql_url):
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM worker_stats").scalar() == 60
         assert not conn.exec_driver_sql("SHOW TABLES LIKE 'bench_seq'").all()
     engine.dispose()
+
+
+@pytest.mark.slow
+def test_the_mysql_peers_bench_counts_every_execution(db_server, tmp_path, monkeypatch):
+    """bench/mysql_peers.py end to end at 200 jobs on each server: our worker (1 process x 4
+    threads) and one peer (django-tasks-db, 4 db_worker processes, from the peers' Python 3.12
+    venv: built on first use into ~/.cache/jobqueue/, about 30-45 s, then reused). Every job ran
+    exactly once, counted from the file the handler appends to, each system's own timestamps give
+    a rate, and the section and its targets render. Nothing is asserted about speed."""
+    from bench import common, mysql_peers, peers_venv
+
+    monkeypatch.setitem(mysql_peers.SERVERS, db_server, SERVERS[db_server])
+    monkeypatch.setattr(common, "MYSQL_SERVER", common.MYSQL_SERVER)  # measure() points it at the server
+    monkeypatch.setattr(common, "_mariadbd_pid", None)
+    cache = Path.home() / ".cache" / "jobqueue" / "venv-bench-peers-py312"
+    monkeypatch.setattr(peers_venv, "VENV", Path(os.environ.get("BENCH_PEERS_VENV", cache)))
+
+    res = mysql_peers.measure_all([db_server], 200, 1, tmp_path, only=["ours p1 t4", "django-tasks-db p4"])
+
+    assert res["problems"] == {}
+    for key in ("ours p1 t4", "django-tasks-db p4"):
+        (sample,) = res["samples"][db_server][key]
+        assert (sample["done"], sample["lines"], sample["distinct"]) == (200, 200, 200), sample
+        assert sample["lost"] == 0 and sample["duplicates"] == 0
+        assert sample["jobs_per_s"] > 0 and sample["handler_jobs_per_s"] > 0
+        assert sample["start_from"] == "system"
+    assert res["versions"]["Django"].startswith("6.")
+    ratio = res["ratios"][db_server]["django-tasks-db"]
+    assert ratio["peer_four_way"] == "django-tasks-db p4" and ratio["four_way"] > 0 and ratio["best_vs_best"] > 0
+    text = mysql_peers.markdown(res)
+    assert "| django-tasks-db p4 |" in text and "ours 1 x 4 threads / peer 4-way" in text
+    assert len(mysql_peers.targets(res)) == 2
+    assert not list(tmp_path.glob("append-*")), "each run's append file is removed"
