@@ -39,7 +39,7 @@ def one_run(task: str, jobs: int, threads: int, log_dir: Path) -> dict[str, floa
         run.check()
         window = common.db_window(url)
         if task == "append_line":
-            lines = out.read_text().split()
+            lines = [line.split()[0] for line in out.read_text().splitlines()]
             if len(lines) != jobs or len(set(lines)) != jobs:
                 raise RuntimeError(f"append_line: {len(lines)} lines, {len(set(lines))} distinct, {jobs} jobs")
         return {
