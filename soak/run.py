@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import secrets
 import shutil
@@ -442,7 +443,9 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
     load_before = os.getloadavg()[0]
     jobs = job_specs(plan, soak.rng)
     schedule = fault_schedule(plan, soak.rng)
-    groups = workflow_groups(plan, soak.rng)  # after the schedule: the same seed keeps it
+    # A generator of their own: the seed's job mix, schedule and every fault's choices stay as
+    # they were without workflows.
+    groups = workflow_groups(plan, random.Random(f"workflows-{seed}"))
     soak.announce("soak", schedule, plan.fault_seconds)
     monitor = threading.Thread(target=soak.monitor, name="monitor", daemon=True)
     codes: dict[str, int | None] = {}
