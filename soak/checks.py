@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TERMINAL = ("done", "failed", "cancelled")
+BATCH_COLUMNS = ("state", "total", "done", "failed", "cancelled", "success_job_id", "failure_job_id", "complete_job_id")
+CALLBACK_PREFIX = "batch:"
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,9 @@ class Spec:
     kind: str  # noop | sleep | flaky | doomed
     via: str  # api | cli
     max_attempts: int
+    after: tuple[str, ...] = ()  # task_keys of its parents (enqueue after=)
+    on_parent_failure: str = "cancel"
+    batch: str | None = None  # a member of this batch
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,12 @@ class Observed:
     # (task_key, attempt) -> why it was superseded, when the caller knows better than the pids
     # (the failover drill: an attempt in flight when the primary died).
     explained: dict[tuple[str, int], str] = field(default_factory=dict)
+    # Workflows (the soak): task_key -> (first claimed, finished) by the database's clock; the
+    # job_batch rows by key (BATCH_COLUMNS); the batches the soak opened, and closed.
+    times: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    batches: dict[str, dict[str, Any]] = field(default_factory=dict)
+    batches_opened: set[str] = field(default_factory=set)
+    batches_closed: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -99,6 +110,14 @@ class Findings:
         "attempt_history_gaps": "jobs whose unsuccessful attempts are not all in job_attempt",
         "executions_unknown": "executions of task_keys the table does not have",
         "done_without_execution": "done jobs the execution log never saw succeed",
+        "started_before_parents": "dependent jobs first claimed before a parent had finished",
+        "ran_despite_failed_parent": "dependent jobs (on_parent_failure cancel) not cancelled though a parent failed",
+        "children_not_settled": "dependent jobs finished while a parent was not",
+        "batches_not_finished": "batches the soak opened and closed that did not finish",
+        "batch_counts_wrong": "batches whose counters differ from their members' statuses",
+        "callbacks_missing": "callbacks a finished batch called for that were not enqueued, or not done",
+        "callbacks_unexpected": "callbacks enqueued that their batch's outcome did not call for",
+        "duplicate_callbacks": "callbacks enqueued more than once (rows or ids that differ from the batch's)",
     }
 
     def add(self, name: str, example: Any = None, n: int = 1) -> None:
@@ -131,13 +150,13 @@ def check(obs: Observed) -> Findings:
     f.counts["unacknowledged_in_table"] = sum(1 for k in obs.specs if k not in obs.acked and k in by_key)
     f.counts["unacknowledged_missing"] = sum(1 for k in obs.specs if k not in obs.acked and k not in by_key)
     for row in obs.rows:
-        if row.task_key not in obs.specs:
+        if row.task_key not in obs.specs and not _callback_of(row.task_key, obs.batches_opened):
             f.add("extra_rows", f"{row.task_key} (id {row.id}, {row.status})")
 
     # --- statuses, reasons, attempts -------------------------------------------------------------
     for row in obs.rows:
         spec = obs.specs.get(row.task_key)
-        kind = spec.kind if spec else "?"
+        kind = spec.kind if spec else "callback" if row.task_key.startswith(CALLBACK_PREFIX) else "?"
         f.by_kind.setdefault(kind, Counter())[row.status] += 1
         if row.status == "failed" and not (row.last_error or "").strip():
             f.add("failed_without_error", f"{row.task_key} (id {row.id})")
@@ -146,7 +165,10 @@ def check(obs: Observed) -> Findings:
         if spec and spec.kind == "doomed" and row.status not in ("failed", "cancelled"):
             f.add("doomed_not_failed", f"{row.task_key} is {row.status}")
         if row.status == "cancelled" and row.task_key not in obs.cancelled:
-            f.add("cancelled_unasked", f"{row.task_key} (id {row.id})")
+            if _cancelled_by_parent(row, spec, by_key):
+                f.add("cancelled_by_parent")
+            else:
+                f.add("cancelled_unasked", f"{row.task_key} (id {row.id})")
         if spec and spec.kind != "doomed" and row.status == "failed":
             f.unexpected_failures[_first_line(row.last_error)] += 1
         if spec and row.max_attempts > spec.max_attempts:
@@ -241,6 +263,8 @@ def check(obs: Observed) -> Findings:
         if row.status == "done" and (row.task_key, row.attempts) not in succeeded:
             f.add("done_without_execution", f"{row.task_key} done at attempt {row.attempts}")
 
+    check_workflows(obs, f, by_key, per_key)
+
     # --- the monitor's view while it ran ---------------------------------------------------------
     for item in obs.attempts_backwards:
         f.add("attempts_backwards", item)
@@ -249,6 +273,97 @@ def check(obs: Observed) -> Findings:
     for item in obs.paused_claims:
         f.add("claims_while_paused", item)
     return f
+
+
+def check_workflows(obs: Observed, f: Findings, by_key: dict[str, Row], per_key: dict[str, list[Execution]]) -> None:
+    """Dependent jobs ran only after their parents finished, and were settled as their parents'
+    outcomes say; each batch finished with its members' counts and its callbacks enqueued
+    exactly once, as its outcome calls for."""
+    failed_like = ("failed", "cancelled")
+    dependent = [(by_key.get(k), s) for k, s in obs.specs.items() if s.after]
+    f.counts["dependent_jobs"] = len(dependent)
+    for row, spec in dependent:
+        if row is None or row.status not in TERMINAL:
+            continue  # lost: counted above
+        parents = [by_key.get(p) for p in spec.after]
+        if any(p is None or p.status not in TERMINAL for p in parents):
+            f.add("children_not_settled", f"{row.task_key} is {row.status}, a parent is not finished")
+            continue
+        first, _ = obs.times.get(row.task_key, (None, None))
+        # A parent the soak cancelled after it finished (a failed one) has a later finished_at
+        # than the moment it released its children: left out of the comparison.
+        finished = [obs.times.get(p.task_key, (None, None))[1] for p in parents if p.task_key not in obs.cancelled]
+        if first is not None and any(t is not None and first < t for t in finished):
+            f.add("started_before_parents", f"{row.task_key} first claimed {first}, a parent finished {max(finished)}")
+        failed = [p for p in parents if p.status in failed_like]
+        # A failed or cancelled parent cancels a child waiting with on_parent_failure cancel in
+        # the transaction that finished the parent (a done parent never changes again).
+        if spec.on_parent_failure == "cancel" and failed and row.status != "cancelled":
+            f.add(
+                "ran_despite_failed_parent",
+                f"{row.task_key} {row.status}; parents {[(p.task_key, p.status) for p in failed]}",
+            )
+
+    callbacks = Counter()
+    runs = Counter()
+    for key in obs.batches_opened:
+        batch = obs.batches.get(key)
+        members = [by_key.get(k) for k, s in obs.specs.items() if s.batch == key and k in obs.acked]
+        if batch is None:
+            f.add("batches_not_finished", f"{key}: no job_batch row")
+            continue
+        if key not in obs.batches_closed:
+            continue  # its close never went through: reported as an enqueue problem
+        statuses = Counter(m.status for m in members if m is not None)
+        counted = {s: batch[s] for s in ("done", "failed", "cancelled")}
+        if batch["total"] != len(members) or any(counted[s] != statuses.get(s, 0) for s in counted):
+            f.add("batch_counts_wrong", f"{key}: batch says {batch['total']} {counted}, members {dict(statuses)}")
+        if batch["state"] != "finished":
+            f.add("batches_not_finished", f"{key}: {batch['state']}, members {dict(statuses)}")
+            continue
+        # What its members' outcomes call for: success when all are done, complete always,
+        # failure when one failed (or was failed and then cancelled by the soak: it fired then).
+        required = {"complete"} | ({"success"} if statuses.get("done", 0) == len(members) else set())
+        required |= {"failure"} if statuses.get("failed") else set()
+        allowed = required | (
+            {"failure"} if any(m is not None and m.task_key in obs.cancelled for m in members) else set()
+        )
+        for kind in ("success", "failure", "complete"):
+            cb_key = f"{CALLBACK_PREFIX}{key}:{kind}"
+            row = by_key.get(cb_key)
+            job_id = batch[f"{kind}_job_id"]
+            if row is not None:
+                callbacks[kind] += 1
+                runs[kind] += len(per_key.get(cb_key, []))
+                if job_id != row.id:
+                    f.add("duplicate_callbacks", f"{cb_key}: row id {row.id}, the batch names {job_id}")
+                if kind not in allowed:
+                    f.add("callbacks_unexpected", f"{cb_key} ({row.status}); members {dict(statuses)}")
+                elif row.status != "done":
+                    f.add("callbacks_missing", f"{cb_key} is {row.status}")
+            elif kind in required:
+                f.add("callbacks_missing", f"{cb_key}: not enqueued; members {dict(statuses)}")
+            elif job_id is not None:
+                f.add("duplicate_callbacks", f"{cb_key}: the batch names job {job_id}, no such row")
+    f.counts["batches"] = len(obs.batches_opened)
+    f.counts["callbacks"] = sum(callbacks.values())
+    f.counts["callback_executions"] = sum(runs.values())
+    f.counts.update({f"callbacks_{kind}": n for kind, n in callbacks.items()})
+
+
+def _callback_of(task_key: str, batches: set[str]) -> bool:
+    if not task_key.startswith(CALLBACK_PREFIX):
+        return False
+    key, _, kind = task_key[len(CALLBACK_PREFIX) :].rpartition(":")
+    return key in batches and kind in ("success", "failure", "complete")
+
+
+def _cancelled_by_parent(row: Row, spec: Spec | None, by_key: dict[str, Row]) -> bool:
+    """A dependent job cancelled because a parent failed or was cancelled (its last_error names it)."""
+    if spec is None or spec.on_parent_failure != "cancel" or not (row.last_error or "").startswith("parent "):
+        return False
+    parent = (row.last_error or "").split(" ")[1]
+    return parent in spec.after and by_key.get(parent) is not None and by_key[parent].status in ("failed", "cancelled")
 
 
 def _cause(ex: Execution, attempt_row: tuple[str, str] | None, obs: Observed) -> str:

@@ -76,6 +76,15 @@ class Plan:
     drain_timeout: float = 600.0
     two_primaries: int = 1  # a twin made writable in one worker's candidate list
     two_primaries_seconds: float = 12.0
+    # Workflows, enqueued one group at a time through the API over the first part of the fault
+    # window: chains (each job after the one before), fan-ins (one job after several), batches
+    # with their three callbacks.
+    chains: int = 30
+    chain_length: int = 4
+    fan_ins: int = 30
+    fan_in_parents: int = 3
+    batches: int = 30
+    batch_members: int = 8
 
     @classmethod
     def quick(cls) -> Plan:
@@ -103,6 +112,11 @@ class Plan:
             partitions=1,
             take_backs=2,
             stalled_pauses=1,
+            chains=4,
+            chain_length=3,
+            fan_ins=4,
+            batches=6,
+            batch_members=5,
         )
 
 
@@ -129,6 +143,60 @@ def job_specs(plan: Plan, rng: random.Random) -> list[tuple[Spec, dict, float]]:
         via = "cli" if cli_every and i % cli_every == 0 and i // cli_every < plan.cli_jobs else "api"
         out.append((Spec(f"soak-{i:06d}-{kind}", kind, via, max_attempts), payload, delay))
     return out
+
+
+CALLBACK_TASK = "soak_callback"
+
+
+@dataclass
+class Group:
+    """A workflow enqueued in order by one thread: its jobs (parents before children), and for a
+    batch its key, opened before and closed after its members."""
+
+    name: str
+    jobs: list[tuple[Spec, dict]]
+    batch: str | None = None
+
+
+def _workflow_job(rng: random.Random, key: str, doomed_weight: int, **options) -> tuple[Spec, dict]:
+    kind = rng.choices(("noop", "sleep", "flaky", "doomed"), weights=(40, 30, 30 - doomed_weight, doomed_weight))[0]
+    payload: dict = {"kind": kind}
+    if kind == "sleep":
+        payload["seconds"] = round(rng.uniform(0.01, 0.4), 3)
+    elif kind == "flaky":
+        payload["fail_times"] = rng.randint(1, 2)
+    return Spec(f"{key}-{kind}", kind, "api", 2 if kind == "doomed" else 4, **options), payload
+
+
+def workflow_groups(plan: Plan, rng: random.Random) -> list[Group]:
+    """Chains, fan-ins and batches, shuffled (the same seed, the same groups). A chain's jobs wait
+    each for the one before (on_parent_failure cancel: a doomed link cancels the rest); a fan-in's
+    last job waits for all the others (cancel, or run: it runs whatever they did); a batch's
+    members sometimes include a doomed one, which calls its on_failure."""
+    groups: list[Group] = []
+    for g in range(plan.chains):
+        jobs: list[tuple[Spec, dict]] = []
+        for i in range(plan.chain_length):
+            after = (jobs[-1][0].task_key,) if jobs else ()
+            jobs.append(_workflow_job(rng, f"wf-chain{g:03d}-{i}", 5, after=after))
+        groups.append(Group(f"chain{g:03d}", jobs))
+    for g in range(plan.fan_ins):
+        parents = [_workflow_job(rng, f"wf-fan{g:03d}-p{i}", 10) for i in range(plan.fan_in_parents)]
+        mode = rng.choice(("cancel", "run"))
+        child = _workflow_job(
+            rng, f"wf-fan{g:03d}-join", 0, after=tuple(p[0].task_key for p in parents), on_parent_failure=mode
+        )
+        groups.append(Group(f"fan{g:03d}", [*parents, child]))
+    for g in range(plan.batches):
+        key = f"soakb{g:03d}"
+        weight = 10 if g % 2 else 0  # every other batch may fail
+        groups.append(
+            Group(
+                key, [_workflow_job(rng, f"wf-{key}-m{i}", weight, batch=key) for i in range(plan.batch_members)], key
+            )
+        )
+    rng.shuffle(groups)
+    return groups
 
 
 def fault_schedule(plan: Plan, rng: random.Random) -> list[tuple[float, str]]:

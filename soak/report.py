@@ -32,7 +32,8 @@ def judge(
     wall = times["drain_end"] - soak.t0
     numbers = {
         "seed": seed,
-        "jobs": plan.jobs,
+        "jobs": len(soak.specs),
+        "workflow_jobs": sum(1 for s in soak.specs.values() if s.after or s.batch),
         **soak.common_numbers(findings, times["load_before"]),
         "connections_killed": soak.faults.get("connections_killed", 0),
         "restart_outage_seconds": round(soak.restart_outage, 2),
@@ -46,6 +47,27 @@ def judge(
         "results_of_reaped_attempts": findings.get("results_of_reaped_attempts"),
         "max_attempts_raised": findings.get("max_attempts_raised"),
         "fenced_late_writes": soak.fenced_late_writes(),
+        **{
+            name: findings.get(name)
+            for name in (
+                "dependent_jobs",
+                "cancelled_by_parent",
+                "started_before_parents",
+                "ran_despite_failed_parent",
+                "children_not_settled",
+                "batches",
+                "batches_not_finished",
+                "batch_counts_wrong",
+                "callbacks",
+                "callbacks_success",
+                "callbacks_failure",
+                "callbacks_complete",
+                "callback_executions",
+                "callbacks_missing",
+                "callbacks_unexpected",
+                "duplicate_callbacks",
+            )
+        },
         "duration_seconds": round(wall, 1),
         "fault_window_seconds": round(fault_end - fault_start, 1),
         "enqueue_seconds": round(getattr(soak, "enqueue_seconds", float("nan")), 1),
@@ -59,7 +81,9 @@ def judge(
     numbers["two_primaries"] = twin_check["numbers"]
     problems, bad_codes, missing = soak.common_problems(findings, drained, codes, schedule)
     problems.update(twin_check["problems"])
+    unclosed = sorted(k for k in soak.batches_opened if not soak.batches_closed.get(k))
     for name, items in (
+        ("batches_not_closed", unclosed),
         ("held_rows_touched", soak.held_touched),
         ("actions_gave_up", soak.actions_gave_up),
         ("started_after_take_back", soak.take_back_late),
@@ -78,15 +102,18 @@ def judge(
         "take_back_rounds": soak.take_back_rounds,
         "take_back_done": soak.take_back_done,
         "started_after_take_back": soak.take_back_late,
+        "batches_not_closed": unclosed[:10],
         "unexpected_exits": soak.unexpected_exits,
         "nonzero_exit_codes": bad_codes,
         "faults_not_injected": missing,
     }
     return soak.conclude(
         "SOAK",
-        f"{plan.jobs} jobs, {sum(numbers['faults'].values())} faults, {numbers['lost']} lost, "
-        f"{numbers['duplicate_results']} duplicate results, {numbers['duplicate_executions']} "
-        f"duplicate executions, {numbers['throughput_under_faults']} jobs/s under faults",
+        f"{numbers['jobs']} jobs ({numbers['workflow_jobs']} in workflows), {sum(numbers['faults'].values())} "
+        f"faults, {numbers['lost']} lost, {numbers['duplicate_results']} duplicate results, "
+        f"{numbers['duplicate_executions']} duplicate executions, {numbers['started_before_parents']} started "
+        f"before a parent finished, {numbers['duplicate_callbacks']} duplicate callbacks, "
+        f"{numbers['throughput_under_faults']} jobs/s under faults",
         problems,
         numbers,
         table,
@@ -113,6 +140,25 @@ def outcome_rows(n: dict) -> list[tuple[str, str]]:
             "duplicate executions",
             f"{n['duplicate_executions']} task_keys ({n['extra_executions']} extra runs of "
             f"{n['executions']}); superseded runs by cause: {causes}",
+        ),
+    ]
+
+
+def workflow_rows(n: dict) -> list[tuple[str, str]]:
+    return [
+        (
+            "**dependent jobs first claimed before a parent finished** (must be 0)",
+            f"{n['started_before_parents']} of {n['dependent_jobs']} dependent jobs "
+            f"({n['cancelled_by_parent']} cancelled by a failed or cancelled parent; not cancelled though "
+            f"a parent failed: {n['ran_despite_failed_parent']}; finished before a parent: {n['children_not_settled']})",
+        ),
+        (
+            "**batch callbacks enqueued twice** (must be 0)",
+            f"{n['duplicate_callbacks']}; {n['batches']} batches ({n['batches_not_finished']} not finished, "
+            f"{n['batch_counts_wrong']} with wrong counts), callbacks {n['callbacks']} (on_success "
+            f"{n['callbacks_success']}, on_failure {n['callbacks_failure']}, on_complete {n['callbacks_complete']}; "
+            f"missing {n['callbacks_missing']}, unexpected {n['callbacks_unexpected']}), "
+            f"{n['callback_executions']} callback runs",
         ),
     ]
 
@@ -154,6 +200,7 @@ def table(n: dict) -> str:
             f"outage {n['restart_outage_seconds']} s",
         ),
         *outcome_rows(n),
+        *workflow_rows(n),
         ("late writes refused by the fence (stopped workers)", str(n["fenced_late_writes"])),
         (
             "pauses (claims while paused, must be 0)",

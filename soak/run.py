@@ -14,6 +14,10 @@ restart it; the shared server is never touched):
   retrying with the same task_key on 5xx, connection errors and exit code 1 (that is what
   idempotent enqueue is for); the jobs are `soak` tasks (soak/tasks.py): noop, sleep, flaky
   (fails 1-2 times, then succeeds), doomed (always fails; max_attempts 2);
+- workflows among the jobs (soak/plan.py workflow_groups): chains and fan-ins of dependent jobs
+  (`after`), and batches whose callbacks are `soak_callback` jobs, from one enqueuer thread of
+  their own; checked afterwards: no dependent job claimed before its parents finished, each
+  batch's callbacks enqueued exactly once as its outcome calls for;
 - a monitor that reads (id, attempts, status) of every row twice a second and records any
   attempts that went backwards or a finished job that changed again;
 - a seeded, bounded fault schedule: SIGKILL a worker (and start a replacement), SIGTERM one (a
@@ -45,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import secrets
 import shutil
@@ -57,12 +62,12 @@ from pathlib import Path
 
 import pymysql
 
-from soak.checks import Observed, Row, read_executions
+from soak.checks import BATCH_COLUMNS, Observed, Row, read_executions
 from soak.enqueue import Enqueuers
 from soak.faults import ProcessFaults
 from soak.operator import OperatorFaults
 from soak.partition import PartitionProxy
-from soak.plan import DB_NAME, FAULT_KINDS, LEASE_SECONDS, QUEUE, Plan, fault_schedule, job_specs
+from soak.plan import DB_NAME, FAULT_KINDS, LEASE_SECONDS, QUEUE, Plan, fault_schedule, job_specs, workflow_groups
 from soak.report import judge, markdown
 from soak.two_primaries import TwinServer
 from testkit.faults import FaultRun, Outcome, Proc, close_quietly, count_events, rerun_command, seed_and_workdir
@@ -110,6 +115,9 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
         self.take_back_done = 0  # rounds that got to take a job back
         self.take_back_late: list[str] = []  # a handler started after the action answered
         self.resumes_in_flight = 0  # resumes sent that have not answered yet
+        # Workflows: each batch the soak opened, and whether its open / close went through.
+        self.batches_opened: dict[str, bool] = {}
+        self.batches_closed: dict[str, bool] = {}
 
     # --- set-up ----------------------------------------------------------------------------------
     # --- set-up ----------------------------------------------------------------------------------
@@ -363,6 +371,19 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
                 results = [tuple(r) for r in cur.fetchall()]
                 cur.execute("SELECT job_id, attempt, outcome, error FROM job_attempt")
                 attempt_rows = [(r[0], r[1], r[2], r[3] or "") for r in cur.fetchall()]
+                # When each job was first claimed (an unsuccessful attempt's start is kept in
+                # job_attempt, the last one's on the row) and when it finished: the database's clock.
+                cur.execute(
+                    "SELECT q.task_key, LEAST(COALESCE(MIN(a.started_at), q.started_at), "
+                    "COALESCE(q.started_at, MIN(a.started_at))), q.finished_at FROM job_queue q "
+                    "LEFT JOIN job_attempt a ON a.job_id = q.id GROUP BY q.id, q.task_key, q.started_at, q.finished_at"
+                )
+                times = {key: (first, finished) for key, first, finished in cur.fetchall()}
+                cur.execute(
+                    "SELECT batch_key, state, total, done, failed, cancelled, success_job_id, failure_job_id, "
+                    "complete_job_id FROM job_batch"
+                )
+                batches = {r[0]: dict(zip(BATCH_COLUMNS, r[1:], strict=True)) for r in cur.fetchall()}
         finally:
             conn.close()
         return Observed(
@@ -381,6 +402,10 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
             terminated_pids=self.terminated_pids,
             partitioned_pids=self.partitioned_pids,
             forced=self.forced,
+            times=times,
+            batches=batches,
+            batches_opened={k for k, ok in self.batches_opened.items() if ok},
+            batches_closed={k for k, ok in self.batches_closed.items() if ok},
         )
 
     def fenced_late_writes(self) -> int:
@@ -418,6 +443,9 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
     load_before = os.getloadavg()[0]
     jobs = job_specs(plan, soak.rng)
     schedule = fault_schedule(plan, soak.rng)
+    # A generator of their own: the seed's job mix, schedule and every fault's choices stay as
+    # they were without workflows.
+    groups = workflow_groups(plan, random.Random(f"workflows-{seed}"))
     soak.announce("soak", schedule, plan.fault_seconds)
     monitor = threading.Thread(target=soak.monitor, name="monitor", daemon=True)
     codes: dict[str, int | None] = {}
@@ -434,7 +462,7 @@ def run(plan: Plan, seed: int, workdir: Path, say=print) -> Outcome:
         soak.start_web()
         soak.t0 = time.monotonic()
         monitor.start()
-        enqueuers = soak.run_enqueuers(jobs)
+        enqueuers = soak.run_enqueuers(jobs, groups)
 
         def wait_enqueuers():
             for t in enqueuers:

@@ -13,6 +13,10 @@ and records its result. The line is written before the result: it stands for the
 (the side effect a real handler would have), so a handler that did the work and then lost its
 lease still shows up as an execution. Counting lines per task_key gives duplicate executions;
 counting job_result rows per task_key gives duplicate results.
+
+`soak_callback` is the callback of every soak batch (on_success, on_failure, on_complete): its
+job's task_key is `batch:<KEY>:<kind>`, and it logs and records the same way, so its executions
+are counted like any job's.
 """
 
 from __future__ import annotations
@@ -60,3 +64,10 @@ def soak(payload: dict[str, Any], ctx: JobContext) -> None:
         raise SoakFailure(f"unknown soak kind {kind!r}")
     _log_execution(ctx)
     ctx.record_result({"kind": kind, "attempt": ctx.attempt, "worker": ctx.worker_id})
+
+
+@task("soak_callback", max_attempts=4, retry_base_seconds=0.2, retry_cap_seconds=2)
+def soak_callback(payload: dict[str, Any], ctx: JobContext) -> None:
+    """A batch's callback: what the batch counted when it fired, logged and recorded once."""
+    _log_execution(ctx)
+    ctx.record_result({k: payload.get(k) for k in ("batch", "kind", "total", "done", "failed", "cancelled")})

@@ -126,6 +126,11 @@ def rate_five(payload, ctx):
     time.sleep(payload.get("seconds", 0))
 
 
+@task("rate_one", rate_limit="1/s", max_attempts=1)
+def rate_one(payload, ctx):
+    """At most 1 start per second of the database clock."""
+
+
 @task("rate_per_customer", rate_limit="2/h", rate_key="customer", max_attempts=1)
 def rate_per_customer(payload, ctx):
     """At most 2 starts per hour for each payload["customer"]."""

@@ -5,6 +5,9 @@ Finished jobs are deleted once they are old enough: `done` after JOBQUEUE_KEEP_D
 attempts and results go with them. Their task_keys do not: each is kept in `pruned_key` for
 JOBQUEUE_KEEP_KEYS_DAYS (365) after the prune, so a replay of a pruned job's key still answers
 `duplicate: true` and never runs again (see docs/operations.md, Retention, for what that costs).
+Finished batches follow once their members are gone and their callbacks have finished, by the
+same keep times; what each was stays in `pruned_batch` as long, so opening its key again finds
+the finished batch and fires nothing (repository/retention.py).
 
 Every worker process takes part, standalone or embedded: its maintenance starts a pass in a
 thread of its own when no process has started one for `every_seconds` (the prune_run table says,

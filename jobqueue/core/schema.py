@@ -138,6 +138,8 @@ job_batch = sa.Table(
     # The span the batch was opened in, which its callbacks' spans link to (tracing.py).
     sa.Column("trace_context", sa.String(255), nullable=True),
     sa.UniqueConstraint("batch_key", name="uk_batch_key"),
+    # Retention's candidates: finished batches, oldest first.
+    sa.Index("ix_batch_finished", "state", "finished_at"),
 )
 
 # A batch's member jobs; `counted` is the final status the batch's counters count it as (NULL:
@@ -354,6 +356,34 @@ pruned_key = sa.Table(
     sa.Index("ix_pruned_at", "pruned_at"),
 )
 
+# What is left of a pruned batch: the batch as it finished (its key, counters and callbacks), so
+# that opening its key again finds that finished batch (created: false, no callback fires again)
+# rather than a new one. A table of its own, not a row of pruned_key: a batch key is any task_key
+# of 1-64 characters, so no prefix could keep it apart from some job's task_key. Kept
+# JOBQUEUE_KEEP_KEYS_DAYS after pruning, as the keys of jobs are.
+pruned_batch = sa.Table(
+    "pruned_batch",
+    metadata,
+    sa.Column("batch_key", sa.String(64), primary_key=True),
+    sa.Column("batch_id", sa.BigInteger(), nullable=False),
+    sa.Column("on_success", sa.String(100), nullable=True),
+    sa.Column("on_failure", sa.String(100), nullable=True),
+    sa.Column("on_complete", sa.String(100), nullable=True),
+    sa.Column("payload", JsonText(), nullable=True),
+    sa.Column("total", sa.Integer(), nullable=False),
+    sa.Column("done", sa.Integer(), nullable=False),
+    sa.Column("failed", sa.Integer(), nullable=False),
+    sa.Column("cancelled", sa.Integer(), nullable=False),
+    sa.Column("success_job_id", sa.BigInteger(), nullable=True),
+    sa.Column("failure_job_id", sa.BigInteger(), nullable=True),
+    sa.Column("complete_job_id", sa.BigInteger(), nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("closed_at", Timestamp, nullable=True),
+    sa.Column("finished_at", Timestamp, nullable=True),
+    sa.Column("pruned_at", Timestamp, nullable=False),
+    sa.Index("ix_pruned_batch_at", "pruned_at"),
+)
+
 # One row per prune pass (any process), for the dashboard's "last prune" and so that processes
 # do not all prune at once.
 prune_run = sa.Table(
@@ -370,6 +400,7 @@ prune_run = sa.Table(
     sa.Column("keys_expired", sa.Integer(), nullable=False, server_default="0"),
     sa.Column("batches", sa.Integer(), nullable=False, server_default="0"),
     sa.Column("seconds", sa.Float(), nullable=True),
+    sa.Column("batch_rows", sa.Integer(), nullable=False, server_default="0"),  # job_batch rows pruned
 )
 
 # The tasks that worker processes have registered (each worker writes its own on start), so a

@@ -644,7 +644,7 @@ def prune(
     counts = _retention.prune(
         conn, done_days=done_days, failed_days=failed_days, keys_days=keys_days, dry_run=dry_run, by=by, **options
     )
-    if not dry_run and (counts.done or counts.failed or counts.cancelled or counts.keys_expired):
+    if not dry_run and (counts.done or counts.failed or counts.cancelled or counts.keys_expired or counts.job_batches):
         metrics.PRUNED.labels(status="done").inc(counts.done)
         metrics.PRUNED.labels(status="failed").inc(counts.failed)
         metrics.PRUNED.labels(status="cancelled").inc(counts.cancelled)
@@ -658,6 +658,7 @@ def prune(
             cancelled=counts.cancelled,
             attempts=counts.attempts,
             keys_expired=counts.keys_expired,
+            job_batches=counts.job_batches,
             batches=counts.batches,
             seconds=f"{counts.seconds:.1f}",
             finished=counts.finished,

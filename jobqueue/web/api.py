@@ -585,6 +585,7 @@ def retention_json(settings, last: dict[str, Any] | None) -> dict[str, Any]:
             "cancelled": last["cancelled_rows"],
             "attempts": last["attempt_rows"],
             "keys_expired": last["keys_expired"],
+            "job_batches": last["batch_rows"],
             "batches": last["batches"],
             "seconds": last["seconds"],
         },

@@ -823,7 +823,7 @@ SCHEMAS: dict[str, Any] = {
                     "by": {"type": "string"},
                     **{
                         k: {"type": "integer", "minimum": 0}
-                        for k in ("done", "failed", "cancelled", "attempts", "keys_expired", "batches")
+                        for k in ("done", "failed", "cancelled", "attempts", "keys_expired", "job_batches", "batches")
                     },
                     "seconds": {"type": ["number", "null"]},
                 },
@@ -836,7 +836,16 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             **{
                 k: {"type": "integer", "minimum": 0}
-                for k in ("done", "failed", "cancelled", "attempts", "results", "keys_expired", "batches")
+                for k in (
+                    "done",
+                    "failed",
+                    "cancelled",
+                    "attempts",
+                    "results",
+                    "keys_expired",
+                    "job_batches",
+                    "batches",
+                )
             },
             "seconds": {"type": "number"},
             "dry_run": {"type": "boolean"},

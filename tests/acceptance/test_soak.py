@@ -2,8 +2,10 @@
 its own throwaway server of each flavour (--server: mariadb, mysql, mariadb11), with every kind of fault at least once (SIGKILLed, SIGTERMed and
 SIGSTOPped workers, a SIGKILLed gunicorn worker, killed connections, a database restart, held
 rows, replayed task_keys, an operator taking back a prefetched job, a pause while claims stall in
-their transaction). What goes in must come out: nothing acknowledged is lost, no task_key gets
-two results, no handler starts after its job was taken back, no claim commits in a pause. The full soak is `python -m soak.run` (docs/soak.md has its last result)."""
+their transaction), with chains, fan-ins and batches among the jobs. What goes in must come out:
+nothing acknowledged is lost, no task_key gets two results, no handler starts after its job was
+taken back, no claim commits in a pause, no dependent job is claimed before its parents have
+finished, every batch finishes with each callback its outcome calls for enqueued exactly once. The full soak is `python -m soak.run` (docs/soak.md has its last result)."""
 
 from __future__ import annotations
 
@@ -44,6 +46,12 @@ def test_quick_soak_loses_nothing_under_faults(db_server, tmp_path):
     assert set(results["faults"]) == set(FAULT_KINDS)
     assert results["acked"] == results["jobs"], report
     assert results["claims_while_paused"] == 0, report
+    assert results["workflow_jobs"] > 0 and results["dependent_jobs"] > 0, report
+    assert results["started_before_parents"] == 0 and results["ran_despite_failed_parent"] == 0, report
+    assert results["batches"] > 0 and results["batches_not_finished"] == 0, report
+    assert results["callbacks_complete"] == results["batches"], report  # every batch completes
+    assert results["duplicate_callbacks"] == 0 and results["callbacks_missing"] == 0, report
+    assert results["callbacks_unexpected"] == 0 and results["batch_counts_wrong"] == 0, report
     assert results["details"]["take_back_done"] >= 1 and results["details"]["started_after_take_back"] == [], report
     assert results["problems"] == {}, report
     assert results["passed"] and out.returncode == 0, report

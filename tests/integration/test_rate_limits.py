@@ -97,3 +97,60 @@ def test_three_worker_processes_never_start_more_than_the_limit_in_a_second(mysq
 def _count(engine, status):
     with engine.connect() as conn:
         return conn.execute(sa.select(sa.func.count()).where(jq.status == status, jq.task_name == "rate_five")).scalar()
+
+
+def test_a_claim_held_across_a_window_boundary_counts_its_start_where_started_at_says(mysql_engine):
+    """A 1/s task. A claim reads its bucket's window (second W0) and takes one job; before its
+    UPDATE stamps started_at, it waits (on purpose: its next queue's job has a concurrency key,
+    and another connection holds that table by LOCK TABLES) until the database clock is in a
+    later second W1. Its start has started_at in W1, so it must count in W1: a claim right after
+    in W1 takes nothing. Counted in W0 (the window read with the lock), that claim would start a
+    second job in W1."""
+    import threading
+
+    with mysql_engine.connect() as conn:
+        service.enqueue_many(
+            conn,
+            [{"task": "rate_one", "task_key": f"one{i}", "payload": {}, "queue": "rated"} for i in range(2)]
+            + [{"task": "keyed_sleep", "task_key": "keyed", "payload": {"key": "k"}, "queue": "keyed"}],
+        )
+    holder = mysql_engine.connect()
+    holder.exec_driver_sql("LOCK TABLES concurrency_key WRITE")
+    first: list = []
+    claimer = threading.Thread(
+        target=lambda: first.append(_claim(mysql_engine, ["w:1", "w:2"], ["rated", "keyed"])), daemon=True
+    )
+    try:
+        claimer.start()
+        with mysql_engine.connect() as conn:
+            db = conn.exec_driver_sql("SELECT DATABASE()").scalar()
+
+            def waiting() -> bool:
+                rows = conn.exec_driver_sql("SHOW PROCESSLIST").all()
+                return any(r[3] == db and (r[6] or "").startswith("Waiting for table metadata lock") for r in rows)
+
+            wait_until(waiting, timeout=30, interval=0.01, message="the claim waiting on concurrency_key")
+            # The claim read its window before it waited: cross into a later second.
+            w0 = conn.exec_driver_sql("SELECT UTC_TIMESTAMP(6)").scalar().replace(microsecond=0)
+            wait_until(
+                lambda: conn.exec_driver_sql("SELECT UTC_TIMESTAMP(6)").scalar().replace(microsecond=0) > w0,
+                timeout=5,
+                interval=0.002,
+                message="the next second",
+            )
+    finally:
+        holder.exec_driver_sql("UNLOCK TABLES")
+        holder.close()
+    claimer.join(30)
+    assert first and sorted(c.job.task_key for c in first[0].claimed) == ["keyed", "one0"]
+    second = _claim(mysql_engine, ["w:3"], ["rated"])
+    with mysql_engine.connect() as conn:
+        starts = conn.execute(sa.select(jq.started_at).where(jq.task_name == "rate_one", jq.started_at.is_not(None)))
+        per_second = collections.Counter(s.replace(microsecond=0) for s in starts.scalars())
+    assert max(per_second.values()) <= 1, sorted(per_second.items())
+    assert second.claimed == [] and second.report.kind is EmptyClaim.LIMITED
+
+
+def _claim(engine, owners, queues):
+    with engine.connect() as conn:
+        return service.claim_cycle(conn, owners, queues, lease_seconds=60)

@@ -202,6 +202,7 @@ def test_cli_prune(db_url, engine):
     assert (default["done"], default["failed"]) == (0, 0)
     out = json.loads(run("prune", "--done-older-than", "1", "--failed-older-than", "2").stdout)
     assert (out["done"], out["failed"], out["attempts"], out["dry_run"]) == (4, 2, 6, False)
+    assert out["job_batches"] == 0
     assert run("prune", "--done-older-than", "-1").exit_code == 2
 
 
@@ -275,3 +276,184 @@ def test_bad_retention_settings_are_refused(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(SettingsError, match=name):
         Settings.from_env()
+
+
+# --- batches ---------------------------------------------------------------------------------------
+
+
+def run_batch(engine, key, outcomes, *, callbacks_ran=True, close=True):
+    """Batch `key` with a member per outcome ("done" / "failed"), each finished by a worker's
+    path (so the batch counts it), its callbacks then marked done (unless not `callbacks_ran`)."""
+    from jobqueue import JobQueue
+
+    q = JobQueue(engine)
+    b = q.batch(key, on_success="notify", on_failure="page_oncall", on_complete="cleanup")
+    for i in range(len(outcomes)):
+        b.enqueue("noop", f"{key}-m{i}", queue=f"q-{key}")
+    if close:
+        q.close_batch(key)
+    with engine.connect() as conn:
+        for outcome in outcomes:
+            got = service.claim(conn, "w", 1, [f"q-{key}"], lease_seconds=60)
+            assert got, f"{key}: a member to claim"
+            lease = got[0].lease
+            service.complete(conn, lease) if outcome == "done" else service.fail(conn, lease, "boom")
+        if callbacks_ran:
+            conn.execute(
+                sa.update(job_queue)
+                .where(jq.task_key.like(f"batch:{key}:%"))
+                .values(status="done", started_at=sa.func.now(), finished_at=sa.func.now())
+            )
+            conn.commit()
+
+
+def age(engine, key, days_ago=10.0):
+    """Move batch `key`, its members and its callbacks `days_ago` days into the past."""
+    from jobqueue.core.schema import job_batch
+
+    with engine.connect() as conn:
+        when = repository.reads.database_now(conn) - timedelta(days=days_ago)
+        jobs = sa.or_(jq.task_key.like(f"{key}-m%"), jq.task_key.like(f"batch:{key}:%"))
+        conn.execute(sa.update(job_queue).where(jobs).values(run_at=when, created_at=when))
+        conn.execute(
+            sa.update(job_queue).where(jobs, jq.finished_at.is_not(None)).values(started_at=when, finished_at=when)
+        )
+        conn.execute(
+            sa.update(job_batch)
+            .where(job_batch.c.batch_key == key)
+            .values(
+                created_at=when,
+                closed_at=sa.case((job_batch.c.closed_at.is_(None), None), else_=when),
+                finished_at=sa.case((job_batch.c.finished_at.is_(None), None), else_=when),
+            )
+        )
+        conn.commit()
+
+
+def batch_rows(conn, key):
+    from jobqueue.core.schema import job_batch, job_batch_member
+
+    batch_id = conn.execute(sa.select(job_batch.c.id).where(job_batch.c.batch_key == key)).scalar()
+    members = count(conn, job_batch_member, job_batch_member.c.batch_id == batch_id) if batch_id else 0
+    return batch_id, members
+
+
+def test_a_finished_batch_past_its_keep_time_goes_with_its_members_and_its_key_stays(engine):
+    from jobqueue import JobQueue
+    from jobqueue.core.errors import BatchClosed
+
+    run_batch(engine, "old", ["done", "done"])
+    age(engine, "old")
+    run_batch(engine, "young", ["done"])  # finished now: kept
+    with engine.connect() as conn:
+        counts = service.prune(conn, done_days=7, failed_days=30, pause=0)
+        assert (counts.done, counts.job_batches) == (4, 1)  # 2 members, 2 callbacks; 1 batch
+        assert counts.as_dict()["job_batches"] == 1
+        assert batch_rows(conn, "old") == (None, 0)
+        assert batch_rows(conn, "young")[0] is not None
+        assert repository.retention.last_prune(conn)["batch_rows"] == 1
+    q = JobQueue(engine)
+    # Opening the key again finds the finished batch as it was: no new batch, no callback again.
+    with engine.connect() as conn:
+        shown, created = repository.batches.open_batch(conn, "old", on_success="notify", on_complete="cleanup")
+    assert created is False
+    assert {k: shown[k] for k in ("key", "state", "total", "done", "failed", "pending")} == {
+        "key": "old",
+        "state": "finished",
+        "total": 2,
+        "done": 2,
+        "failed": 0,
+        "pending": 0,
+    }
+    assert shown["callbacks"]["on_success"]["status"] == "done"  # from pruned_key
+    with q.batch("old", on_success="notify") as b:
+        with pytest.raises(BatchClosed):
+            b.enqueue("noop", "old-late")
+    assert q.close_batch("old")["state"] == "finished"
+    assert q.batch_status("old")["state"] == "finished"
+    with engine.connect() as conn:
+        assert batch_rows(conn, "old") == (None, 0)
+        assert count(conn, job_queue, jq.task_key.like("batch:old:%")) == 0
+        assert count(conn, job_queue, jq.task_key == "old-late") == 0
+        assert service.prune(conn, done_days=7, failed_days=30, pause=0).job_batches == 0
+
+
+def test_a_batch_is_kept_while_open_closed_or_its_callbacks_pending_and_by_its_members_keep_time(engine):
+    from jobqueue import JobQueue
+
+    q = JobQueue(engine)
+    q.batch("opened", on_complete="cleanup")  # open, never closed
+    run_batch(engine, "closed", ["done", "done"], close=False)  # members finished, batch still open
+    run_batch(engine, "pending", ["done"], callbacks_ran=False)  # finished; callbacks not run yet
+    run_batch(engine, "failing", ["done", "failed"])  # a failure: kept as failed jobs are (30 days)
+    for key in ("opened", "closed", "pending", "failing"):
+        age(engine, key)
+    with engine.connect() as conn:
+        counts = service.prune(conn, done_days=7, failed_days=30, pause=0)
+        assert counts.job_batches == 0
+        for key in ("opened", "closed", "pending", "failing"):
+            assert batch_rows(conn, key)[0] is not None, key
+        assert batch_rows(conn, "failing")[1] == 1  # the failed member is kept 30 days, and its batch
+    age(engine, "failing", days_ago=40)
+    with engine.connect() as conn:
+        assert service.prune(conn, done_days=7, failed_days=30, pause=0).job_batches == 1
+        assert batch_rows(conn, "failing") == (None, 0)
+        # The callbacks of the pending batch run: then it goes too.
+        conn.execute(
+            sa.update(job_queue)
+            .where(jq.task_key.like("batch:pending:%"))
+            .values(status="done", started_at=sa.func.now(), finished_at=sa.func.now())
+        )
+        conn.commit()
+    age(engine, "pending")
+    with engine.connect() as conn:
+        assert service.prune(conn, done_days=7, failed_days=30, pause=0).job_batches == 1
+
+
+def test_a_dry_run_counts_batches_without_deleting(engine):
+    from jobqueue.core.schema import job_batch
+
+    run_batch(engine, "dry", ["done", "done"])
+    age(engine, "dry")
+    with engine.connect() as conn:
+        dry = service.prune(conn, done_days=7, failed_days=30, dry_run=True)
+        assert (dry.done, dry.job_batches, dry.dry_run) == (4, 1, True)
+        assert count(conn, job_batch) == 1 and count(conn, job_queue) == 4
+        assert service.prune(conn, done_days=0, failed_days=0, dry_run=True).job_batches == 0
+
+
+def test_a_pruned_batch_key_is_forgotten_with_the_job_keys(engine):
+    run_batch(engine, "again", ["done"])
+    age(engine, "again")
+    with engine.connect() as conn:
+        service.prune(conn, done_days=7, failed_days=30, keys_days=365, pause=0)
+        conn.execute(
+            sa.text("UPDATE pruned_batch SET pruned_at = :t"),
+            {"t": repository.reads.database_now(conn) - timedelta(days=400)},
+        )
+        conn.commit()
+        counts = service.prune(conn, done_days=7, failed_days=30, keys_days=365, pause=0)
+        assert counts.keys_expired == 1
+    with engine.connect() as conn:
+        shown, created = repository.batches.open_batch(conn, "again", on_complete="cleanup")
+    assert created is True and shown["state"] == "open"
+
+
+def test_opening_a_key_in_a_transaction_older_than_its_prune_finds_the_pruned_batch(mysql_engine):
+    # A caller's REPEATABLE READ transaction whose snapshot predates the prune: its consistent
+    # read would not see pruned_batch's new row and would open a second batch of the same key.
+    from jobqueue.core.schema import job_batch
+
+    run_batch(mysql_engine, "late", ["done"])
+    age(mysql_engine, "late")
+    with mysql_engine.connect() as caller:
+        caller = caller.execution_options(isolation_level="REPEATABLE READ")
+        caller.begin()
+        assert count(caller, job_batch, job_batch.c.batch_key == "late") == 1  # the snapshot
+        with mysql_engine.connect() as conn:
+            assert service.prune(conn, done_days=7, failed_days=30, pause=0).job_batches == 1
+        shown, created = repository.batches.open_batch(caller, "late", on_complete="cleanup")
+        caller.commit()
+    assert (created, shown["state"], shown["total"]) == (False, "finished", 1)
+    with mysql_engine.connect() as conn:
+        assert batch_rows(conn, "late") == (None, 0)

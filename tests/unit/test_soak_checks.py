@@ -251,3 +251,120 @@ def test_rows_taken_after_a_restart_ended_the_hold_are_not_touched_while_held(tm
 
     assert hold_then_release(holder_alive=False) == []
     assert hold_then_release(holder_alive=True) == ["job 87: held as ready/attempts 1, now (2, 'running')"]
+
+
+def workflow_run() -> Observed:
+    """A chain (b after a), a fan-in (j after p1 and p2, p2 doomed, on_parent_failure run), a
+    dependent job cancelled by its doomed parent (c after p2), and a batch of two members, one
+    doomed: its on_failure and on_complete fired, each once."""
+    from datetime import datetime, timedelta
+
+    t0 = datetime(2026, 12, 4, 12, 0, 0)
+
+    def at(seconds: float) -> datetime:
+        return t0 + timedelta(seconds=seconds)
+
+    specs = {
+        "a": Spec("a", "noop", "api", 4),
+        "b": Spec("b", "noop", "api", 4, after=("a",)),
+        "p1": Spec("p1", "noop", "api", 4),
+        "p2": Spec("p2", "doomed", "api", 1),
+        "j": Spec("j", "noop", "api", 4, after=("p1", "p2"), on_parent_failure="run"),
+        "c": Spec("c", "noop", "api", 4, after=("p2",)),
+        "m1": Spec("m1", "noop", "api", 4, batch="B"),
+        "m2": Spec("m2", "doomed", "api", 1, batch="B"),
+    }
+    rows = [
+        Row(1, "a", "done", 1, 4, None),
+        Row(2, "b", "done", 1, 4, None),
+        Row(3, "p1", "done", 1, 4, None),
+        Row(4, "p2", "failed", 1, 1, "SoakFailure: doomed"),
+        Row(5, "j", "done", 1, 4, None),
+        Row(6, "c", "cancelled", 0, 4, "parent p2 failed"),
+        Row(7, "m1", "done", 1, 4, None),
+        Row(8, "m2", "failed", 1, 1, "SoakFailure: doomed"),
+        Row(9, "batch:B:failure", "done", 1, 4, None),
+        Row(10, "batch:B:complete", "done", 1, 4, None),
+    ]
+    done = ["a", "b", "p1", "j", "m1", "batch:B:failure", "batch:B:complete"]
+    ids = {r.task_key: r.id for r in rows}
+    return Observed(
+        specs=specs,
+        acked={k: ids[k] for k in specs},
+        rows=rows,
+        results=[(k, ids[k], 1) for k in done],
+        attempt_rows=[(4, 1, "fail", "SoakFailure: doomed"), (8, 1, "fail", "SoakFailure: doomed")],
+        executions=[Execution(k, 1, "h:1:w1:1", 1) for k in done],
+        times={
+            "a": (at(0), at(1)),
+            "b": (at(1.5), at(2)),
+            "p1": (at(0), at(1)),
+            "p2": (at(0), at(3)),
+            "j": (at(3.1), at(4)),
+            "c": (None, at(3)),
+            "m1": (at(0), at(1)),
+            "m2": (at(0), at(2)),
+            "batch:B:failure": (at(2.1), at(2.5)),
+            "batch:B:complete": (at(2.1), at(2.5)),
+        },
+        batches={
+            "B": {
+                "state": "finished",
+                "total": 2,
+                "done": 1,
+                "failed": 1,
+                "cancelled": 0,
+                "success_job_id": None,
+                "failure_job_id": 9,
+                "complete_job_id": 10,
+            }
+        },
+        batches_opened={"B"},
+        batches_closed={"B"},
+    )
+
+
+def test_a_clean_workflow_run_passes():
+    f = check(workflow_run())
+    assert f.violations() == {}
+    assert (f.get("dependent_jobs"), f.get("cancelled_by_parent"), f.get("batches"), f.get("callbacks")) == (3, 1, 1, 2)
+    assert f.get("callback_executions") == 2
+
+
+def test_a_dependent_job_claimed_before_its_parent_finished_is_caught():
+    obs = workflow_run()
+    obs.times["j"] = (obs.times["p2"][1].replace(second=2), obs.times["j"][1])  # before p2 finished at 3 s
+    assert check(obs).violations() == {"started_before_parents": 1}
+
+
+def test_a_child_not_cancelled_by_its_failed_parent_is_caught():
+    obs = workflow_run()
+    obs.rows = [Row(6, "c", "done", 1, 4, None) if r.task_key == "c" else r for r in obs.rows]
+    obs.results.append(("c", 6, 1))
+    obs.executions.append(Execution("c", 1, "h:1:w1:1", 1))
+    obs.times["c"] = (obs.times["p2"][1], obs.times["p2"][1])
+    assert check(obs).violations() == {"ran_despite_failed_parent": 1}
+
+
+def test_batch_callbacks_missing_unexpected_or_enqueued_twice_are_caught():
+    obs = workflow_run()
+    obs.rows = [r for r in obs.rows if r.task_key != "batch:B:complete"]
+    obs.results = [r for r in obs.results if r[0] != "batch:B:complete"]
+    obs.executions = [e for e in obs.executions if e.task_key != "batch:B:complete"]
+    obs.batches["B"]["complete_job_id"] = None
+    assert check(obs).violations() == {"callbacks_missing": 1}
+
+    obs = workflow_run()
+    obs.rows.append(Row(11, "batch:B:success", "done", 1, 4, None))
+    obs.results.append(("batch:B:success", 11, 1))
+    obs.executions.append(Execution("batch:B:success", 1, "h:1:w1:1", 1))
+    obs.batches["B"]["success_job_id"] = 11
+    assert check(obs).violations() == {"callbacks_unexpected": 1}
+
+    obs = workflow_run()
+    obs.batches["B"]["failure_job_id"] = 12  # the batch names another job: a second enqueue
+    assert check(obs).violations() == {"duplicate_callbacks": 1}
+
+    obs = workflow_run()
+    obs.batches["B"]["failed"] = 0
+    assert check(obs).violations() == {"batch_counts_wrong": 1}

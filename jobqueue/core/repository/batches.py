@@ -19,11 +19,18 @@ When each callback fires, once the batch is closed:
   a failure), or at the close if one has failed already;
 - on_success: when every member is done; on_complete: when every member has finished, whatever
   its outcome (an empty batch: both, at its close).
+
+Retention deletes a finished batch once its members and callbacks are gone or finished and its
+keep time has passed (repository/retention.py), and keeps what it was in pruned_batch: opening
+its key again, closing it, showing it or enqueueing into it answer as for the finished batch it
+was (created: false, no callback again, BatchClosed), until the key's record expires with the
+keys of pruned jobs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
@@ -33,7 +40,7 @@ from .. import tracing
 from ..db import db_now, is_mysql, transaction
 from ..errors import BatchClosed, BatchNotFound, ValidationError
 from ..models import Enqueued, Status
-from ..schema import job_batch, job_batch_member, job_queue
+from ..schema import job_batch, job_batch_member, job_queue, pruned_batch, pruned_key
 from ..validation import check_payload, check_task_key, new_job
 from .common import jq
 
@@ -96,15 +103,29 @@ def open_batch(
 
     def write(c: Connection) -> bool:
         insert = sa.insert(job_batch).prefix_with("IGNORE", dialect="mysql").prefix_with("OR IGNORE", dialect="sqlite")
-        return c.execute(insert.values(**values, created_at=db_now())).rowcount == 1
+        if c.execute(insert.values(**values, created_at=db_now())).rowcount != 1:
+            return False
+        # Read after the INSERT, with a lock (the latest committed row, whatever the caller's
+        # snapshot): a prune that committed while the INSERT waited on the key is seen.
+        if _pruned(c, key, lock=True) is None:
+            return True
+        c.execute(sa.delete(job_batch).where(jb.batch_key == key))
+        return False
 
     created = write(conn) if conn.in_transaction() else transaction(conn, write, what="batch_open")
     return show(conn, key), created
 
 
+def _pruned(c: Connection, key: str, *, lock: bool = False) -> SimpleNamespace | None:
+    """The pruned batch `key` as the finished batch it was, or None."""
+    stmt = sa.select(pruned_batch).where(pruned_batch.c.batch_key == key)
+    row = c.execute(stmt.with_for_update() if lock and is_mysql(c) else stmt).first()
+    return None if row is None else SimpleNamespace(**row._mapping, id=row.batch_id, state="finished")
+
+
 def _lock(c: Connection, key: str):
     stmt = sa.select(job_batch).where(jb.batch_key == key)
-    row = c.execute(stmt.with_for_update() if is_mysql(c) else stmt).first()
+    row = c.execute(stmt.with_for_update() if is_mysql(c) else stmt).first() or _pruned(c, key, lock=True)
     if row is None:
         raise BatchNotFound(f"no batch has the key {key}")
     return row
@@ -230,7 +251,8 @@ def close(conn: Connection, key: str) -> dict:
 
 def show(conn: Connection, key: str) -> dict:
     """{"key", "state", "total", "done", "failed", "cancelled", "pending", "callbacks", ...}."""
-    b = conn.execute(sa.select(job_batch).where(jb.batch_key == _known_key(key))).first()
+    key = _known_key(key)
+    b = conn.execute(sa.select(job_batch).where(jb.batch_key == key)).first() or _pruned(conn, key)
     if b is None:
         raise BatchNotFound(f"no batch has the key {key}")
     return _shape(conn, b)
@@ -239,6 +261,10 @@ def show(conn: Connection, key: str) -> dict:
 def _shape(conn: Connection, b) -> dict:
     ids = [getattr(b, f"{kind}_job_id") for kind in KINDS]
     states = dict(conn.execute(sa.select(jq.id, jq.status).where(jq.id.in_([i for i in ids if i]))).all())
+    gone = {f"batch:{b.batch_key}:{kind}": i for kind, i in zip(KINDS, ids, strict=True) if i and i not in states}
+    if gone:  # callbacks pruned as jobs: their status is kept with their key
+        keys = sa.select(pruned_key.c.task_key, pruned_key.c.status).where(pruned_key.c.task_key.in_(list(gone)))
+        states |= {gone[k]: status for k, status in conn.execute(keys).all()}
     return {
         "key": b.batch_key,
         "state": b.state,

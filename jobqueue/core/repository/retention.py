@@ -6,6 +6,16 @@ is never later than its finished_at, so `run_at < cutoff` narrows the scan to ol
 locks its rows by primary key with SKIP LOCKED (a row an operator holds this instant is left for
 the next pass), records their keys, deletes their attempts and results, then the jobs, by
 primary key. Between batches the caller pauses, so neither locks nor the binlog see a burst.
+
+Then finished batches (job_batch), in the same style: a batch goes once it is `finished`, its
+finished_at is past the cutoff its members' outcomes call for (all done: the `done` cutoff; any
+failed or cancelled: the `failed` one, as its failed members are kept), no member is left (its
+members were pruned as jobs, by their own cutoffs, earlier in the pass or in an earlier one) and
+none of its callbacks is still pending (callbacks are ordinary jobs, pruned as jobs). What it
+was goes to pruned_batch, so that opening its key again answers the finished batch (created:
+false) and fires nothing (repository/batches.py). Each batch's row is locked FOR UPDATE SKIP
+LOCKED (the lock a member's settle or a close takes) and the conditions read again under it: no
+member can join a batch that is not open, so none appears meanwhile.
 """
 
 from __future__ import annotations
@@ -21,13 +31,24 @@ from sqlalchemy.engine import Connection
 
 from ..db import db_now, is_mysql, require_primary, transaction
 from ..models import Status
-from ..schema import job_attempt, job_batch_member, job_dependency, job_queue, job_result, prune_run, pruned_key
+from ..schema import (
+    job_attempt,
+    job_batch,
+    job_batch_member,
+    job_dependency,
+    job_queue,
+    job_result,
+    prune_run,
+    pruned_batch,
+    pruned_key,
+)
 from .common import as_datetime, database_now, jq
 
 PRUNE_BATCH = 1000
 PRUNE_PAUSE_SECONDS = 0.05  # at least this long between batches, and at least as long as the batch took
-pk, pr = pruned_key.c, prune_run.c
+pk, pr, jb, pb = pruned_key.c, prune_run.c, job_batch.c, pruned_batch.c
 FAILED_LIKE = (Status.FAILED.value, Status.CANCELLED.value)
+FINISHED = (Status.DONE.value, *FAILED_LIKE)
 
 
 @dataclass
@@ -37,8 +58,9 @@ class PruneCounts:
     cancelled: int = 0
     attempts: int = 0
     results: int = 0
-    keys_expired: int = 0
-    batches: int = 0
+    keys_expired: int = 0  # keys of pruned jobs and of pruned batches forgotten
+    job_batches: int = 0  # finished batches (job_batch rows) pruned
+    batches: int = 0  # transactions that deleted something
     seconds: float = 0.0
     dry_run: bool = False
     finished: bool = True  # False when stopped (shutdown, deadline) before the end
@@ -52,6 +74,7 @@ class PruneCounts:
             "attempts": self.attempts,
             "results": self.results,
             "keys_expired": self.keys_expired,
+            "job_batches": self.job_batches,
             "batches": self.batches,
             "seconds": round(self.seconds, 3),
             "dry_run": self.dry_run,
@@ -142,15 +165,88 @@ def prune_batch(
     return transaction(conn, write, what="prune")
 
 
-def expire_keys_batch(conn: Connection, cutoff: datetime, limit: int = PRUNE_BATCH) -> int:
-    """Forget up to `limit` keys of jobs pruned before `cutoff` (their task_keys may be used again)."""
+def _batch_prunable(done_cutoff: datetime | None, failed_cutoff: datetime | None, *, members_go: bool = False):
+    """The WHERE of a finished batch retention may delete, or None when both cutoffs keep
+    everything. `members_go` (a dry run, which deletes no member first): members that this pass
+    would prune count as gone."""
+    by_outcome = []
+    if done_cutoff is not None:
+        by_outcome.append(sa.and_(jb.done == jb.total, jb.finished_at < done_cutoff))
+    if failed_cutoff is not None:
+        by_outcome.append(sa.and_(jb.done != jb.total, jb.finished_at < failed_cutoff))
+    if not by_outcome:
+        return None
+    member = sa.select(job_batch_member.c.job_id).where(job_batch_member.c.batch_id == jb.id)
+    if members_go:
+        stays = sa.true()
+        for statuses, cutoff in (((Status.DONE.value,), done_cutoff), (FAILED_LIKE, failed_cutoff)):
+            if cutoff is not None:
+                stays = sa.and_(stays, sa.not_(sa.and_(jq.status.in_(statuses), jq.finished_at < cutoff)))
+        member = member.join(job_queue, jq.id == job_batch_member.c.job_id).where(stays)
+    pending_callback = sa.select(jq.id).where(
+        jq.id.in_([jb.success_job_id, jb.failure_job_id, jb.complete_job_id]), jq.status.not_in(FINISHED)
+    )
+    latest = max(t for t in (done_cutoff, failed_cutoff) if t is not None)
+    return sa.and_(
+        jb.state == "finished",
+        jb.finished_at < latest,  # ix_batch_finished
+        sa.or_(*by_outcome),
+        ~sa.exists(member),
+        ~sa.exists(pending_callback),
+    )
+
+
+def _record_batches(c: Connection, rows: list[Any], now: datetime) -> None:
+    names = [col.name for col in pruned_batch.columns if col.name not in ("batch_id", "pruned_at")]
+    values = [{**{n: getattr(r, n) for n in names}, "batch_id": r.id, "pruned_at": now} for r in rows]
+    if is_mysql(c):
+        from sqlalchemy.dialects.mysql import insert as mysql_insert
+
+        stmt = mysql_insert(pruned_batch)
+        # A key recorded before whose record expired, then used again: the newer batch counts.
+        c.execute(
+            stmt.on_duplicate_key_update({n: stmt.inserted[n] for n in [*names[1:], "batch_id", "pruned_at"]}), values
+        )
+    else:
+        c.execute(sa.insert(pruned_batch).prefix_with("OR REPLACE"), values)
+
+
+def prune_batch_rows(
+    conn: Connection, ids: Sequence[int], done_cutoff: datetime | None, failed_cutoff: datetime | None
+) -> int:
+    """One transaction: of the batches `ids`, those not held elsewhere and still prunable under
+    their row lock are recorded in pruned_batch and deleted. Returns how many."""
 
     def write(c: Connection) -> int:
         require_primary(c)
-        keys = c.execute(sa.select(pk.task_key).where(pk.pruned_at < cutoff).limit(limit)).scalars().all()
-        if not keys:
+        lock = sa.select(jb.id).where(jb.id.in_(list(ids)))
+        mine = list(c.execute(lock.with_for_update(skip_locked=True) if is_mysql(c) else lock).scalars())
+        where = _batch_prunable(done_cutoff, failed_cutoff)
+        if not mine or where is None:
             return 0
-        return c.execute(sa.delete(pruned_key).where(pk.task_key.in_(list(keys)), pk.pruned_at < cutoff)).rowcount
+        rows = c.execute(sa.select(job_batch).where(jb.id.in_(mine), where)).all()
+        if not rows:
+            return 0
+        _record_batches(c, rows, database_now(c))
+        return c.execute(sa.delete(job_batch).where(jb.id.in_([r.id for r in rows]))).rowcount
+
+    return transaction(conn, write, what="prune")
+
+
+def expire_keys_batch(conn: Connection, cutoff: datetime, limit: int = PRUNE_BATCH) -> int:
+    """Forget up to `limit` keys of jobs, then of batches, pruned before `cutoff` (their keys
+    may be used again)."""
+
+    def write(c: Connection) -> int:
+        require_primary(c)
+        n = 0
+        for table, key in ((pruned_key, pk.task_key), (pruned_batch, pb.batch_key)):
+            keys = c.execute(sa.select(key).where(table.c.pruned_at < cutoff).limit(limit - n)).scalars().all()
+            if keys:
+                n += c.execute(sa.delete(table).where(key.in_(list(keys)), table.c.pruned_at < cutoff)).rowcount
+            if n >= limit:
+                break
+        return n
 
     return transaction(conn, write, what="expire_keys")
 
@@ -205,12 +301,20 @@ def prune(
             )
             for status, n in rows:
                 setattr(counts, str(status), getattr(counts, str(status)) + int(n))
+        batches_go = _batch_prunable(plans[0][1], plans[1][1], members_go=True)
+        if batches_go is not None:
+            counts.job_batches = transaction(
+                conn,
+                lambda c: c.execute(sa.select(sa.func.count()).select_from(job_batch).where(batches_go)).scalar(),
+                what="prune",
+            )
         if keys_cutoff is not None:
             counts.keys_expired = transaction(
                 conn,
-                lambda c: c.execute(
-                    sa.select(sa.func.count()).select_from(pruned_key).where(pk.pruned_at < keys_cutoff)
-                ).scalar(),
+                lambda c: sum(
+                    c.execute(sa.select(sa.func.count()).select_from(t).where(t.c.pruned_at < keys_cutoff)).scalar()
+                    for t in (pruned_key, pruned_batch)
+                ),
                 what="prune",
             )
         counts.seconds = time.monotonic() - started
@@ -249,6 +353,22 @@ def prune(
                 if not by_status:
                     break  # every candidate held elsewhere this instant: the next pass gets them
                 pause_after(batch_started)
+        batches_go = _batch_prunable(plans[0][1], plans[1][1])
+        while batches_go is not None and not stopped():
+            batch_started = time.monotonic()
+            ids = transaction(
+                conn,
+                lambda c: list(c.execute(sa.select(jb.id).where(batches_go).limit(batch_size)).scalars()),
+                what="prune",
+            )
+            if not ids:
+                break
+            n = prune_batch_rows(conn, ids, plans[0][1], plans[1][1])
+            counts.batches += 1
+            counts.job_batches += n
+            if not n:
+                break  # held elsewhere this instant: the next pass
+            pause_after(batch_started)
         if keys_cutoff is not None:
             while not stopped():
                 batch_started = time.monotonic()
@@ -272,6 +392,7 @@ def prune(
                     attempt_rows=counts.attempts,
                     keys_expired=counts.keys_expired,
                     batches=counts.batches,
+                    batch_rows=counts.job_batches,
                     seconds=round(counts.seconds, 3),
                 )
             ),
