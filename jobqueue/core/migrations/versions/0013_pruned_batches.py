@@ -1,7 +1,7 @@
 """Retention prunes finished batches: pruned_batch, job_batch's ix_batch_finished, prune_run.batch_rows.
 
-Revision ID: 0012
-Revises: 0011
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-12-04
 
 pruned_batch is new (what is left of a pruned batch, so that its key stays idempotent); the index
@@ -12,8 +12,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
-revision = "0012"
-down_revision = "0011"
+revision = "0013"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
