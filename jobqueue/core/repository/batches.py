@@ -37,7 +37,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .. import tracing
-from ..db import db_now, is_mysql, transaction
+from ..db import callers_transaction, db_now, is_mysql, transaction
 from ..errors import BatchClosed, BatchNotFound, ValidationError
 from ..models import Enqueued, Status
 from ..schema import job_batch, job_batch_member, job_queue, pruned_batch, pruned_key
@@ -112,7 +112,13 @@ def open_batch(
         c.execute(sa.delete(job_batch).where(jb.batch_key == key))
         return False
 
-    created = write(conn) if conn.in_transaction() else transaction(conn, write, what="batch_open")
+    if conn.in_transaction():
+        # The caller's transaction: the locking read may be refused (1020: MariaDB 11.6.2+ when
+        # a prune changed pruned_batch after the caller's snapshot), which rolled it all back.
+        with callers_transaction("batch_open"):
+            created = write(conn)
+    else:
+        created = transaction(conn, write, what="batch_open")
     return show(conn, key), created
 
 
