@@ -10,6 +10,8 @@ which (`test_x[mysql]`):
 `--servers mysql,mariadb` (or JOBQUEUE_TEST_SERVERS) picks some; the default is all three, and a
 selected server that does not answer fails the run rather than skipping it. JOBQUEUE_TEST_SERVER_<NAME>
 gives another URL for one (JOBQUEUE_TEST_MYSQL, the old spelling, still names the mariadb one).
+`--driver mysqldb` (or JOBQUEUE_TEST_DRIVER=mysqldb) gives the tests URLs for mysqlclient
+(`mysql+mysqldb://`, the optional extra) in place of PyMySQL, the default.
 `--server-tests-only` keeps only the tests that run on a server (scripts/test runs the other
 servers' share in processes of their own). Tests that run on both a server and SQLite take `db_url`.
 
@@ -43,6 +45,8 @@ SERVERS = {
     "mariadb11": os.environ.get("JOBQUEUE_TEST_SERVER_MARIADB11", "mysql+pymysql://root@127.0.0.1:3308"),
 }
 MYSQL_SERVER = SERVERS["mariadb"]  # tests that need one server, whichever (the old name)
+DRIVERS = ("pymysql", "mysqldb")
+_driver = "pymysql"  # the driver of the URLs the database fixtures give (--driver)
 
 load_task_modules(["testkit.tasks"])
 
@@ -54,10 +58,26 @@ def pytest_addoption(parser):
         help=f"comma-separated servers the database tests run on (of {', '.join(SERVERS)})",
     )
     parser.addoption(
+        "--driver",
+        default=os.environ.get("JOBQUEUE_TEST_DRIVER", "pymysql"),
+        choices=DRIVERS,
+        help="the driver in the URLs of the tests' databases: pymysql (the default) or mysqldb (mysqlclient)",
+    )
+    parser.addoption(
         "--server-tests-only",
         action="store_true",
         help="only the tests that run on a server, a throwaway one of its flavour included (no unit or SQLite-only tests)",
     )
+
+
+def pytest_configure(config):
+    global _driver
+    _driver = config.getoption("--driver")
+
+
+def driver_url(url: str, driver: str | None = None) -> str:
+    """`url` (mysql+pymysql://...) through `driver` (default: --driver)."""
+    return url.replace("+pymysql://", f"+{driver or _driver}://", 1)
 
 
 def selected_servers(config) -> list[str]:
@@ -145,7 +165,7 @@ def database_on(server: str):
     admin = _admin(server)
     with admin.connect() as conn:
         conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-    url = f"{SERVERS[server]}/{name}"
+    url = driver_url(f"{SERVERS[server]}/{name}")
     engine = create_engine(url, pool_size=1)
     try:
         init_db(engine)

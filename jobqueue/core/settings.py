@@ -124,9 +124,10 @@ class Settings:
         "DATABASE_URL",
         _words,
         (),
-        "the database: `mysql+pymysql://user:pass@host/db` (`mysql://` works too) or `sqlite:///path`; "
-        "several URLs separated by spaces name candidate primaries, and the queue uses the one that is "
-        "writable",
+        "the database: `mysql+pymysql://user:pass@host/db` (`mysql://` works too), "
+        "`mysql+mysqldb://user:pass@host/db` with mysqlclient (the extra `jobqueue[mysqlclient]`) or "
+        "`sqlite:///path`; several URLs separated by spaces name candidate primaries (PyMySQL URLs), and "
+        "the queue uses the one that is writable",
         "SQLite under `./instance/`",
     )
     read_url: str | None = setting(

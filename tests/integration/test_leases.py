@@ -152,7 +152,7 @@ def commit_reply_lost(engine, monkeypatch):
             armed["left"] -= 1
             if engine.dialect.name in ("mysql", "mariadb"):
                 dbapi_connection.close()
-                raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+                raise dialect.loaded_dbapi.OperationalError(2013, "Lost connection to MySQL server during query")
             raise __import__("sqlite3").OperationalError("disk I/O error: database is locked")
 
     monkeypatch.setattr(dialect, "do_commit", do_commit)

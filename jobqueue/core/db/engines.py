@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 
 from ..settings import Settings, current
 from .clock import sqlite_micros_since, sqlite_now, sqlite_now_plus
+from .drivers import DRIVERS
 from .primary import Candidates, is_mariadb, watch_roles
 from .transactions import REQUEST_TRANSACTION
 
@@ -29,7 +30,9 @@ def default_sqlite_path(settings: Settings | None = None) -> str:
 
 def resolve_urls(url: str | Sequence[str] | None = None, settings: Settings | None = None) -> list[str]:
     """Candidate URLs from the argument (one URL, or several separated by spaces), then the
-    settings, then embedded SQLite. `mysql://` means PyMySQL, the driver we ship and test."""
+    settings, then embedded SQLite. `mysql://` means PyMySQL, the default driver;
+    `mysql+mysqldb://` means mysqlclient (the optional extra, see drivers.py), for one server only:
+    failover across several candidates is tested with PyMySQL alone."""
     if isinstance(url, str):
         urls = url.split()
     elif url:
@@ -49,6 +52,18 @@ def resolve_urls(url: str | Sequence[str] | None = None, settings: Settings | No
     backends = {make_url(u).get_backend_name() for u in out}
     if len(out) > 1 and backends - {"mysql", "mariadb"}:
         raise ValueError("several database URLs are candidate MySQL/MariaDB primaries; SQLite takes one URL")
+    if backends & {"mysql", "mariadb"}:
+        drivers = {make_url(u).get_driver_name() for u in out}
+        if drivers - set(DRIVERS):
+            raise ValueError(
+                f"unsupported MySQL driver {sorted(drivers - set(DRIVERS))[0]!r}: use mysql+pymysql:// (the default) "
+                "or mysql+mysqldb:// (mysqlclient)"
+            )
+        if len(out) > 1 and drivers != {"pymysql"}:
+            raise ValueError(
+                "several candidate primaries need PyMySQL (mysql+pymysql:// in every URL): failover is not "
+                "supported with mysql+mysqldb://"
+            )
     return out
 
 
@@ -127,6 +142,9 @@ def create_engine(
             # Connection with one open rolls it back), so the pool's extra ROLLBACK on check-in
             # would be a wasted round trip on every claim and completion.
             pool_reset_on_return=None,
+            # mysqlclient's own style is %s; both drivers take %(name)s, PyMySQL's style: one SQL
+            # text per statement whichever the driver (repository.common compiles it once).
+            paramstyle="pyformat",
         )
         engine.candidates = candidates
         engine.read_committed = True  # see reads_committed
@@ -146,7 +164,10 @@ def create_engine(
         )
         _configure_sqlite(engine)
         return engine
-    raise ValueError(f"unsupported database URL {urls[0]!r}: use mysql+pymysql://, mariadb+pymysql:// or sqlite:///")
+    raise ValueError(
+        f"unsupported database URL {urls[0]!r}: use mysql+pymysql://, mariadb+pymysql://, mysql+mysqldb:// "
+        "or sqlite:///"
+    )
 
 
 def _statement_timeout_sql(seconds: float | None) -> Callable[[bool], str] | None:

@@ -39,6 +39,7 @@ from sqlalchemy.exc import DisconnectionError
 from ..errors import NotPrimary
 from ..logs import event as log_event
 from .codes import CR_CONNECTION_ERRORS, code_of, is_mysql
+from .drivers import connect_errors, dbapi
 
 log = logging.getLogger("jobqueue.db")
 
@@ -129,6 +130,7 @@ class Candidates:
 
     def __init__(self, urls: Sequence[str], connect_args: dict):
         self.urls = [make_url(u) for u in urls]
+        self.driver = self.urls[0].get_driver_name()  # resolve_urls made them all one driver
         self.connect_args = connect_args
         self._preferred = 0
         self._lock = threading.Lock()
@@ -146,7 +148,8 @@ class Candidates:
 
     def _open(self, i: int, **overrides):
         u = self.urls[i]
-        return _connection_class()(
+        connection_class = dbapi(self.driver).connect if self.driver == "mysqldb" else _connection_class()
+        return connection_class(
             host=u.host or "localhost",
             port=u.port or 3306,
             user=u.username,
@@ -160,12 +163,11 @@ class Candidates:
         return server_refusal(conn) or (replica_refusal(conn) if len(self.urls) > 1 else None)
 
     def connect(self):
-        """A PyMySQL connection to the writable primary, or (none writable) to one that answers,
+        """A DB-API connection to the writable primary, or (none writable) to one that answers,
         with its ServerRole attached as `conn._jobqueue_role`. While two candidates are known to
         be writable, only the chosen one is taken as the primary: a process does not move its
         writes to the other side of a split brain because its own side stopped answering."""
-        import pymysql
-
+        failures = connect_errors(self.driver)
         with self._lock:
             preferred = self._preferred
             order = list(range(preferred, len(self.urls))) + list(range(preferred))
@@ -174,17 +176,12 @@ class Candidates:
         for i in order:
             try:
                 conn = self._open(i)
-            except pymysql.err.Error as exc:
-                errors.append(f"{self.address(i)}: {exc}")
-                continue
-            except RuntimeError as exc:
-                # PyMySQL raises RuntimeError when an auth plugin needs a missing package
-                # (caching_sha2_password without `cryptography`): a database error, not a crash.
+            except failures as exc:
                 errors.append(f"{self.address(i)}: {exc}")
                 continue
             try:
                 refusal = self._refusal(conn)
-            except pymysql.err.Error as exc:
+            except dbapi(self.driver).Error as exc:
                 conn.close()
                 errors.append(f"{self.address(i)}: {exc}")
                 continue
@@ -211,7 +208,7 @@ class Candidates:
             errors.append(f"{self.address(i)}: {refusal}")
         if fallback is not None:
             return fallback
-        raise pymysql.err.OperationalError(2003, "no database server answered: " + "; ".join(errors))
+        raise dbapi(self.driver).OperationalError(2003, "no database server answered: " + "; ".join(errors))
 
     # --- split brain ---------------------------------------------------------------------------
 

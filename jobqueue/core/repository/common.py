@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
 from ..db import db_now, error_code, is_mysql
+from ..db.drivers import warning_count
 from ..models import Job, Lease, LeaseLoss, Status
 from ..schema import audit_log, job_attempt, job_queue
 
@@ -231,10 +232,8 @@ def compiled_sql(c: Connection, stmt: sa.Executable) -> tuple[str, dict[str, Any
 
 def execute_sql(c: Connection, sql: str, params: Any = None) -> Result:
     """SQL text on the MySQL connection's DBAPI cursor, errors wrapped as in execute_fast. With no
-    `params` the text is sent as it is (PyMySQL formats it with % only when given parameters):
-    for statements whose values are already literals escaped by the driver (see enqueue)."""
-    import pymysql
-
+    `params` the text is sent as it is (PyMySQL and mysqlclient format it with % only when given
+    parameters): for statements whose values are already literals escaped by the driver (see enqueue)."""
     dbapi_conn = c.connection.dbapi_connection
     cursor = dbapi_conn.cursor()
     try:
@@ -243,14 +242,14 @@ def execute_sql(c: Connection, sql: str, params: Any = None) -> Result:
             list(cursor.fetchall()) if cursor.description else [],
             cursor.rowcount,
             cursor.lastrowid,
-            cursor.warning_count,
+            warning_count(cursor, dbapi_conn),
         )
-    except pymysql.err.Error as exc:
+    except c.dialect.loaded_dbapi.Error as exc:
         lost = c.dialect.is_disconnect(exc, dbapi_conn, cursor)
         if lost:
             c.invalidate(exc)
         raise sa.exc.DBAPIError.instance(
-            sql[:2000], params, exc, pymysql.err.Error, connection_invalidated=lost, dialect=c.dialect
+            sql[:2000], params, exc, c.dialect.loaded_dbapi.Error, connection_invalidated=lost, dialect=c.dialect
         ) from exc
     finally:
         cursor.close()

@@ -62,6 +62,7 @@ from ..db import (
     require_primary,
     transaction,
 )
+from ..db.drivers import escaper
 from ..errors import JobQueueError, ValidationError
 from ..models import Enqueued, Status
 from ..schema import job_queue
@@ -413,7 +414,7 @@ def _mysql_inserts(c: Connection, jobs: Iterable[NewJob], trace: str | None = No
     many rows each holds. A row is its escaped task_key, its payload's literal and the literals of
     its other values; the last two are escaped once per distinct value in a batch, since most
     batches repeat them (1,000 jobs of one task with no payload: three escapes in all)."""
-    escape = c.connection.dbapi_connection.escape  # quotes and escapes a str as PyMySQL's parameters do
+    escape = escaper(c.connection.dbapi_connection)  # quotes and escapes a str as the driver's parameters are
     payloads: dict[str, str] = {}
     tails: dict[tuple, str] = {}
     columns, end = (
@@ -503,7 +504,7 @@ def _read(
     rows: dict[str, tuple[int, Status]] = {}
     gone: dict[str, tuple[int, Status]] = {}
     mysql = is_mysql(c)
-    escape = c.connection.dbapi_connection.escape if mysql else None
+    escape = escaper(c.connection.dbapi_connection) if mysql else None
     # At READ COMMITTED every statement reads what is committed, the rows our INSERT waited on
     # included, and a locking read would only add waits: on MySQL-family servers its IN-list range
     # scan locks the record past each key, which an enqueue of a neighbouring key may hold

@@ -7,17 +7,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import pymysql
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from .. import metrics
 from ..db import is_not_primary, transient_kind
+from ..db.drivers import installed
 from ..errors import NotPrimary, TransientDatabaseError
 from ..logs import RateLimited, event
 
 log = logging.getLogger("jobqueue.worker")
 
-DB_ERRORS = (DBAPIError, SQLAlchemyError, TransientDatabaseError, NotPrimary, pymysql.err.Error)
+# The drivers' own errors: the idle probe reads on a DB-API connection, unwrapped by SQLAlchemy.
+_DRIVER_ERRORS = tuple(module.Error for module in installed())
+_DRIVER_OPERATIONAL_ERRORS = tuple(module.OperationalError for module in installed())
+DB_ERRORS = (DBAPIError, SQLAlchemyError, TransientDatabaseError, NotPrimary, *_DRIVER_ERRORS)
 NOT_CLAIMING = ("not_primary", "split_brain", "database_unreachable")  # states in which a worker claims nothing
 
 
@@ -30,7 +33,7 @@ def reachability(exc: BaseException) -> str | None:
         return "not_primary"
     if isinstance(exc, DBAPIError):
         return transient_kind(exc)
-    if isinstance(exc, pymysql.err.OperationalError):
+    if isinstance(exc, _DRIVER_OPERATIONAL_ERRORS):
         return "disconnect"
     return None
 
