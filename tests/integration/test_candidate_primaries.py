@@ -214,3 +214,24 @@ def test_the_web_takes_writes_again_soon_after_the_primary_does(throwaway_server
         app.extensions["jobqueue"].engine.dispose()
     assert status_on(server, "after") == "ready" and status_on(server, "while-read-only") is None
     print(f"writes taken again {taken_after:.1f} s after read_only = OFF")
+
+
+def test_a_worker_started_while_only_a_read_only_candidate_answers_waits_for_the_primary(two_servers, tmp_path):
+    """The primary down and the other candidate read-only when a worker starts: the worker waits
+    (not_primary) and claims once the primary is back. It exited 1 instead ("This connection is
+    closed": the pool gave up after the checkout hook dropped the read-only server's connection
+    twice, which the start-up wait did not count as the database being away)."""
+    a, b, (url_a, url_b) = two_servers
+    b.execute("SET GLOBAL read_only = ON")
+    a.stop()
+    w = WorkerProcess(
+        f"{url_a} {url_b}", tmp_path, "w", "--concurrency", "2", "--lease-seconds", "5", "--idle-cap-seconds", "0.5"
+    )
+    try:
+        time.sleep(4)  # start-up, preflight tried more than once
+        assert w.proc.poll() is None, f"the worker exited {w.proc.returncode}:\n{w.log()[-2000:]}"
+        a.start()
+        insert_ready(a, "after-restart")
+        wait_until(lambda: status_on(a, "after-restart") == "done", timeout=20, message="the job on A runs")
+    finally:
+        w.stop()

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.exc import DisconnectionError, InvalidRequestError
 
 from ..errors import NotPrimary
 from ..logs import event as log_event
@@ -347,6 +347,14 @@ def watch_roles(engine: Engine, candidates: Candidates) -> None:
         elif role is not None and not role.writable and refusal is None:
             log_event(log, logging.WARNING, "primary_writable_again", address=address)
         record.info["role"] = ServerRole(address, refusal, time.monotonic(), role.candidate if role else None)
+
+
+def pool_gave_up(exc: BaseException) -> bool:
+    """SQLAlchemy's pool gives up a checkout when the hook above dropped each connection it made
+    (two tries: the chosen primary down and the only server answering is another candidate, or
+    not writable) and raises InvalidRequestError("This connection is closed"), a programming
+    error by its class: for this process the primary is away, as with a lost connection."""
+    return isinstance(exc, InvalidRequestError) and str(exc) == "This connection is closed"
 
 
 def on_chosen_primary(engine: Engine, info: dict) -> bool:

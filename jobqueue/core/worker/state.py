@@ -10,7 +10,7 @@ from collections.abc import Callable
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from .. import metrics
-from ..db import is_not_primary, transient_kind
+from ..db import is_not_primary, pool_gave_up, transient_kind
 from ..db.drivers import installed
 from ..errors import NotPrimary, TransientDatabaseError
 from ..logs import RateLimited, event
@@ -29,7 +29,7 @@ def reachability(exc: BaseException) -> str | None:
     primary: worth waiting out. Anything else (a result the database refuses) is not."""
     if isinstance(exc, TransientDatabaseError):
         return "transient"
-    if is_not_primary(exc):
+    if is_not_primary(exc) or pool_gave_up(exc):
         return "not_primary"
     if isinstance(exc, DBAPIError):
         return transient_kind(exc)
