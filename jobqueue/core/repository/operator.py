@@ -314,6 +314,7 @@ class BulkResult:
     selection: str = ""
     paused_seconds: float = 0.0  # waited for replica lag (pace), this call
     replica_note: str | None = None  # the last wait's why: who lags, or who could not be read
+    blocked: int = 0  # of `skipped`: blocked jobs a requeue leaves (they run when their parents are done)
 
 
 BULK_ELIGIBLE = {
@@ -366,14 +367,14 @@ def bulk_action(
         if ids is not None
         else job_filter.describe()
     )
-    changed = busy = skipped = 0
+    changed = busy = skipped = blocked = 0
     paused, replica_note = 0.0, None
     cursor = after_id
     pending = list(ids) if ids is not None else None
     in_filter = sa.and_(sa.true(), *job_filter.where()) if job_filter is not None else sa.true()
 
     def result(finished: bool) -> BulkResult:
-        return BulkResult(changed, busy, skipped, cursor, finished, action, selection, paused, replica_note)
+        return BulkResult(changed, busy, skipped, cursor, finished, action, selection, paused, replica_note, blocked)
 
     while True:
         if pace is not None:
@@ -395,10 +396,11 @@ def bulk_action(
         if not batch_ids:
             return result(True)
 
-        def act(c: Connection) -> tuple[int, int, int]:
+        def act(c: Connection) -> tuple[int, int, int, int]:
             require_primary(c)
             seen = c.execute(sa.select(jq.id, jq.status).where(jq.id.in_(batch_ids))).all()
             wanted = [r.id for r in seen if r.status in eligible]
+            n_blocked = sum(r.status == Status.BLOCKED.value for r in seen) if action == "requeue" else 0
             # The whole filter again, under the lock: a job that left it since the page was read
             # (a failed job requeued meanwhile, under "cancel the failed ones") is skipped.
             locked = (
@@ -420,7 +422,7 @@ def bulk_action(
             n_busy = len(wanted) - len(locked)
             n_skipped = len(batch_ids) - len(wanted) + (len(locked) - len(targets))
             if not targets:
-                return 0, n_busy, n_skipped
+                return 0, n_busy, n_skipped, n_blocked
             target_ids = [r.id for r in targets]
             running = [r.id for r in targets if r.status == Status.RUNNING.value]
             if running:
@@ -472,10 +474,10 @@ def bulk_action(
                 count=n,
                 detail=_ids_text(target_ids) + (f"; reason: {reason}" if action != "requeue" else ""),
             )
-            return n, n_busy, n_skipped
+            return n, n_busy, n_skipped, n_blocked
 
-        n, n_busy, n_skipped = transaction(conn, act, what=f"bulk_{action}")
-        changed, busy, skipped = changed + n, busy + n_busy, skipped + n_skipped
+        n, n_busy, n_skipped, n_blocked = transaction(conn, act, what=f"bulk_{action}")
+        changed, busy, skipped, blocked = changed + n, busy + n_busy, skipped + n_skipped, blocked + n_blocked
         cursor = min(batch_ids)
         if (pending is not None and not pending) or (pending is None and len(batch_ids) < batch_size):
             return result(True)
