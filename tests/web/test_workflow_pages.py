@@ -183,3 +183,27 @@ def test_api_lists_a_batchs_members(client, engine):
     body = api(client, "GET", "/api/jobs?batch=nightly&limit=2").get_json()
     assert [j["id"] for j in body["jobs"]] == [ids["m2"], ids["m1"]] and body["matches"] == 3
     assert api(client, "GET", "/api/jobs?batch=").status_code == 400  # strict: given empty
+
+
+def test_overview_shows_rate_limits_on_their_queue_rows(client, engine):
+    from jobqueue.core.tasks import TaskSpec, handled_elsewhere
+
+    specs = [
+        TaskSpec("send_mail", handled_elsewhere, "mail", rate_limit="4/h"),
+        TaskSpec("per_customer", handled_elsewhere, "mail", rate_limit="10/m", rate_key="customer"),
+    ]
+    with engine.connect() as conn:
+        with conn.begin():
+            repository.task_definitions.register_tasks(conn, "h:1", specs)
+        service.enqueue(conn, "send_mail", "s1")  # found among the registered tasks: its bucket written
+        before = repository.reads.database_now(conn)
+        (c,) = service.claim(conn, "h:1:1", 1, ["mail"], lease_seconds=60)
+        assert c.job.task_key == "s1"
+    html = client.get("/").get_data(as_text=True)
+    with engine.connect() as conn:
+        after = repository.reads.database_now(conn)
+    row = re.search(r'<th scope="row">mail(.*?)</th>', html, re.S).group(1)
+    # One start taken in this hour's window (4 left again if the hour turned meanwhile).
+    left = 3 if before.hour == after.hour else 4
+    assert f"send_mail: 4/h, {left} left, next window" in row
+    assert "per_customer: 10/m per customer" in row
