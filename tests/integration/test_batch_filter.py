@@ -3,11 +3,14 @@ ways, counts and bulk actions, on each server (read through ix_batch_member) and
 
 from __future__ import annotations
 
+import pytest
+
 from jobqueue import JobQueue
 from jobqueue.core import repository, service
 from jobqueue.core.models import Status
 from jobqueue.core.repository.operator import JobFilter
 from jobqueue.core.validation import job_query
+from testkit.sql import explain, seq_rows, statements_sent
 
 
 def members_and_others(engine) -> tuple[list[int], list[int]]:
@@ -83,3 +86,41 @@ def test_batch_is_a_query_argument_and_describes_itself():
 def test_unknown_batch_key_matches_nothing_without_error(engine):
     with engine.connect() as conn:
         assert repository.reads.page_jobs(conn, JobFilter(batch="x" * 64)).jobs == []
+
+
+@pytest.mark.servers_only
+def test_a_batch_page_reads_the_batch_entries_not_the_table(mysql_engine):
+    """An old batch under 20,000 newer jobs: its page and counts read the batch's
+    entries of ix_batch_member and each member's row by primary key (EXPLAIN of the statements
+    sent), in job_id order with no sort."""
+    with mysql_engine.connect() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO job_batch (batch_key, state, total, done, failed, cancelled, created_at) "
+            "VALUES ('old', 'open', 0, 0, 0, 0, UTC_TIMESTAMP(6))"
+        )
+        for prefix, n in (("m:", 500), ("x:", 20_000)):
+            conn.exec_driver_sql(
+                "INSERT INTO job_queue (task_key, task_name, queue, priority, payload, status, run_at, attempts, "
+                f"max_attempts, created_at, updated_at) SELECT CONCAT('{prefix}', seq), 'noop', 'default', 0, '{{}}', "
+                f"'ready', UTC_TIMESTAMP(6), 0, 3, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM {seq_rows(n)}"
+            )
+        conn.exec_driver_sql(
+            "INSERT INTO job_batch_member (job_id, batch_id) SELECT id, (SELECT id FROM job_batch) "
+            "FROM job_queue WHERE task_key LIKE 'm:%%'"
+        )
+        conn.exec_driver_sql("ANALYZE TABLE job_queue, job_batch_member")
+        conn.commit()
+        f = JobFilter(batch="old", status=Status.READY)
+
+        def run():
+            page = repository.reads.page_jobs(conn, f)
+            assert len(page.jobs) == 50 and page.matches == 500 and page.jobs[0].task_key == "m:500"
+            assert repository.reads.count_matching(conn, f, statuses=["ready"]) == (500, False)
+
+        sent = statements_sent(mysql_engine, run, lambda s: "ix_batch_member" in s)
+        assert len(sent) == 3  # the page, its count, the count of a bulk confirmation
+        for stmt in sent:
+            plan = explain(conn, stmt.replace("%", "%%"))
+            tables = [(r["table"], r["key"]) for r in plan if r["table"] in ("job_batch_member", "job_queue")]
+            assert tables == [("job_batch_member", "ix_batch_member"), ("job_queue", "PRIMARY")], plan
+            assert not any("filesort" in (r["Extra"] or "") for r in plan), plan
