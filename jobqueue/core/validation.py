@@ -435,7 +435,7 @@ def _filter_text(value: Any, name: str, limit: int, strict: bool = False) -> str
 def job_query(args: Any, *, default_limit: int = 50, max_limit: int = MAX_LIST_LIMIT, strict: bool = False) -> JobQuery:
     """The filters and keyset position of a job listing from `args` (a mapping of text: query
     arguments, a form, CLI options): status, queue, task, key (task_key prefix), q (search in
-    payload, last error and task_key), before / after (keyset), limit. Bad input raises
+    payload, last error and task_key), batch (a batch's members), before / after (keyset), limit. Bad input raises
     ValidationError naming the field; nothing is read or written before that. `strict` (the JSON
     API): an argument given empty or with a control character anywhere is refused, not ignored."""
     from .models import Status
@@ -457,5 +457,6 @@ def job_query(args: Any, *, default_limit: int = 50, max_limit: int = MAX_LIST_L
         key_prefix=_filter_text(args.get("key"), "key", 80, strict),
         search=_filter_text(args.get("q"), "q", MAX_SEARCH_CHARS, strict),
         min_id=whole_number(args.get("min_id"), "min_id", strict=strict),
+        batch=_filter_text(args.get("batch"), "batch", 64, strict),
     )
     return JobQuery(job_filter, before, after, limit or default_limit)

@@ -6,7 +6,7 @@ POST /api/jobs                 enqueue: 201 {id, task_key, duplicate: false, sta
                                A JSON array of up to 1,000 jobs: one transaction, an array of
                                results in order; 201 if any was created, else 200; 413 over 1,000
                                jobs; 422 {error, index, field} for an invalid job, nothing written
-GET  /api/jobs                 ?status, queue, task, key, q, before, limit (<= 500): newest first,
+GET  /api/jobs                 ?status, queue, task, key, q, batch, before, limit (<= 500): newest first,
                                {jobs, next_before, matches, matches_capped, search_window...};
                                400 {error, field} on a bad argument
 GET  /api/jobs/<id>            the job, its result and its attempts
@@ -75,7 +75,7 @@ from .state import db, extension
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 
-LIST_ARGS = {"status", "queue", "task", "key", "q", "before", "limit"}
+LIST_ARGS = {"status", "queue", "task", "key", "q", "batch", "before", "limit"}
 MAX_RESULT_WAIT = openapi.MAX_RESULT_WAIT  # a long poll holds one of the web process's threads
 
 

@@ -205,6 +205,7 @@ PATHS: dict[str, dict[str, Any]] = {
                         ("queue", MAX_FILTER_CHARS, "queue name"),
                         ("task", MAX_FILTER_CHARS, "task name"),
                         ("key", 80, "task_key prefix"),
+                        ("batch", 64, "a batch's key: its member jobs"),
                         (
                             "q",
                             MAX_SEARCH_CHARS,

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from jobqueue import JobQueue
 from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine
 from jobqueue.core.models import Status
+from jobqueue.core.tasks import TaskSpec, handled_elsewhere
 from testkit.procs import REPO, GunicornServer, wait_until
 from testkit.web import ADMIN_TOKEN, api_post, server_env
 from tests.browser.conftest import ARTIFACTS, sign_in
@@ -71,6 +73,25 @@ def busy_server(mysql_url, tmp_path):
             )
             service.enqueue(conn, "sleep", "transcode-42", {"seconds": 60}, queue="default")
             service.enqueue(conn, "noop", "tomorrow", delay=86400)
+            # Workflows: a job waiting for "tomorrow", a finished batch, an open one with a job
+            # waiting, and a rate-limited task on the exports queue.
+            service.enqueue(conn, "noop", "after-tomorrow", after=["tomorrow"])
+            with conn.begin():
+                repository.task_definitions.register_tasks(
+                    conn, "elsewhere:1", [TaskSpec("export_invoices", handled_elsewhere, "exports", rate_limit="100/m")]
+                )
+            service.enqueue(conn, "export_invoices", "export-invoices-december", queue="exports", delay=86400)
+        client = JobQueue(engine)
+        with client.batch("invoices-2026-11", on_success="noop", payload={"month": "2026-11"}) as b:
+            for i in range(4):
+                b.enqueue("noop", f"invoice-2026-11-{i}")
+        client.batch("imports-2026-12", on_complete="noop").enqueue("noop", "import-2026-12-01", delay=86400)
+        with engine.connect() as conn:
+            wait_until(
+                lambda: repository.batches.show(conn, "invoices-2026-11")["state"] == "finished",
+                timeout=20,
+                message="the batch to finish",
+            )
             done = repository.reads.get_job_by_key(conn, "invoice-3").id
             ids = [repository.reads.get_job_by_key(conn, f"invoice-{i}").id for i in (5, 6)]
         api_post(server.base, f"/api/jobs/{done}/requeue", {"again": True}, token=ADMIN_TOKEN)
@@ -93,16 +114,27 @@ def busy_server(mysql_url, tmp_path):
         engine.dispose()
 
 
-def test_every_page_is_accessible_in_light_dark_and_narrow(busy_server, browser):
+def test_every_page_is_accessible_in_light_dark_and_narrow(busy_server, browser, mysql_url):
     from playwright.sync_api import expect
 
     server, failed = busy_server
+    engine = create_engine(mysql_url)
+    with engine.connect() as conn:
+        blocked = repository.reads.get_job_by_key(conn, "after-tomorrow").id
+    engine.dispose()
     pages = {
         "overview": "/",
         "jobs": "/jobs",
         "jobs failed": "/jobs?status=failed",
         "search": "/jobs?q=recipients",
         "failed job": f"/jobs/{failed}",
+        "blocked": "/jobs?status=blocked",
+        "blocked job": f"/jobs/{blocked}",
+        "batches": "/batches",
+        "batches open": "/batches?state=open",
+        "finished batch": "/batches/invoices-2026-11",
+        "open batch": "/batches/imports-2026-12",
+        "batch members": "/jobs?batch=invoices-2026-11",
         "workers": "/workers",
         "audit": "/audit",
         "health": "/health",
@@ -149,7 +181,7 @@ def test_narrow_screen_keeps_the_navigation(busy_server, browser):
     server, _ = busy_server
     watched = sign_in(browser, server.base, viewport={"width": 390, "height": 844})
     page = watched.page
-    for path in ("/", "/jobs", "/workers", "/audit", "/health", "/locks"):
+    for path in ("/", "/jobs", "/workers", "/audit", "/health", "/locks", "/batches", "/batches/invoices-2026-11"):
         page.goto(server.base + path)
         page.wait_for_timeout(200)
         width = page.evaluate("document.documentElement.scrollWidth")
@@ -182,6 +214,12 @@ def test_screenshots_for_the_readme(busy_server, browser):
     expect(page.locator("#job-summary .badge")).to_have_text("failed")
     expect(page.locator("#job-summary pre.error")).to_contain_text("on purpose")
     page.screenshot(path=str(SCREENSHOTS / "failed-job.png"), full_page=True)
+    page.goto(server.base + "/batches")
+    expect(page.locator("#batches")).to_contain_text("invoices-2026-11")
+    page.screenshot(path=str(ARTIFACTS / "batches.png"), full_page=True)
+    page.goto(server.base + "/batches/invoices-2026-11")
+    expect(page.locator("#batch-callbacks")).to_contain_text("batch:invoices-2026-11:success")
+    page.screenshot(path=str(ARTIFACTS / "batch.png"), full_page=True)
     page.goto(server.base + "/workers")
     expect(page.locator("#workers")).to_contain_text("transcode-42".replace("transcode-42", "sleep"))
     page.screenshot(path=str(ARTIFACTS / "workers.png"), full_page=True)

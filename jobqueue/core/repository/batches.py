@@ -30,6 +30,7 @@ keys of pruned jobs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -264,13 +265,7 @@ def show(conn: Connection, key: str) -> dict:
     return _shape(conn, b)
 
 
-def _shape(conn: Connection, b) -> dict:
-    ids = [getattr(b, f"{kind}_job_id") for kind in KINDS]
-    states = dict(conn.execute(sa.select(jq.id, jq.status).where(jq.id.in_([i for i in ids if i]))).all())
-    gone = {f"batch:{b.batch_key}:{kind}": i for kind, i in zip(KINDS, ids, strict=True) if i and i not in states}
-    if gone:  # callbacks pruned as jobs: their status is kept with their key
-        keys = sa.select(pruned_key.c.task_key, pruned_key.c.status).where(pruned_key.c.task_key.in_(list(gone)))
-        states |= {gone[k]: status for k, status in conn.execute(keys).all()}
+def _counts(b) -> dict:
     return {
         "key": b.batch_key,
         "state": b.state,
@@ -279,6 +274,18 @@ def _shape(conn: Connection, b) -> dict:
         "failed": b.failed,
         "cancelled": b.cancelled,
         "pending": b.total - b.done - b.failed - b.cancelled,
+    }
+
+
+def _shape(conn: Connection, b) -> dict:
+    ids = [getattr(b, f"{kind}_job_id") for kind in KINDS]
+    states = dict(conn.execute(sa.select(jq.id, jq.status).where(jq.id.in_([i for i in ids if i]))).all())
+    gone = {f"batch:{b.batch_key}:{kind}": i for kind, i in zip(KINDS, ids, strict=True) if i and i not in states}
+    if gone:  # callbacks pruned as jobs: their status is kept with their key
+        keys = sa.select(pruned_key.c.task_key, pruned_key.c.status).where(pruned_key.c.task_key.in_(list(gone)))
+        states |= {gone[k]: status for k, status in conn.execute(keys).all()}
+    return {
+        **_counts(b),
         "callbacks": {
             f"on_{kind}": {
                 "task": getattr(b, f"on_{kind}"),
@@ -293,6 +300,70 @@ def _shape(conn: Connection, b) -> dict:
         "created_at": b.created_at.isoformat() if b.created_at else None,
         "closed_at": b.closed_at.isoformat() if b.closed_at else None,
         "finished_at": b.finished_at.isoformat() if b.finished_at else None,
+    }
+
+
+STATES = ("open", "closed", "finished")
+STATE_WINDOW = 5_000  # batches a page filtered by state reads at most (no index holds the state)
+
+
+@dataclass(frozen=True)
+class BatchPage:
+    """One keyset page of batches, newest first. `older`: the `before` of the next page (None:
+    no such page); with a state, `window_floor` is the lowest id the page's bounded read reached
+    when it stopped short of the oldest batch, and `older` goes on below it even when that
+    window held no more of the state."""
+
+    batches: list[dict]
+    older: int | None
+    window_floor: int | None = None
+
+
+def page_batches(
+    conn: Connection, *, state: str | None = None, before: int | None = None, limit: int = 50
+) -> BatchPage:
+    """The batches below id `before`, newest first, as the dashboard's list shows them (counts
+    and times; no callback jobs). One range read of the primary key: a state (most batches
+    are finished, the open ones few and new) is checked on the newest STATE_WINDOW rows below
+    `before`, not on the whole table."""
+    if state is not None and state not in STATES:
+        raise ValidationError(f"unknown batch state {state!r} (one of {', '.join(STATES)})", "state")
+    below = [jb.id < before] if before is not None else []
+
+    def read(c: Connection) -> BatchPage:
+        if state is None:
+            rows = c.execute(sa.select(job_batch).where(*below).order_by(jb.id.desc()).limit(limit + 1)).all()
+            floor = None
+        else:
+            window = sa.select(jb.id).where(*below).order_by(jb.id.desc()).limit(STATE_WINDOW).subquery()
+            low, n = c.execute(sa.select(sa.func.min(window.c.id), sa.func.count()).select_from(window)).one()
+            floor = low if n >= STATE_WINDOW else None
+            rows = (
+                c.execute(
+                    sa.select(job_batch)
+                    .where(*below, jb.id >= (low or 0), jb.state == state)
+                    .order_by(jb.id.desc())
+                    .limit(limit + 1)
+                ).all()
+                if n
+                else []
+            )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        older = rows[-1].id if more else floor
+        return BatchPage([_listed(b) for b in rows], older, floor)
+
+    return transaction(conn, read, what="page_batches")
+
+
+def _listed(b) -> dict:
+    return {
+        "id": b.id,
+        **_counts(b),
+        "payload": b.payload,
+        "created_at": b.created_at,
+        "closed_at": b.closed_at,
+        "finished_at": b.finished_at,
     }
 
 

@@ -31,8 +31,8 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..db import db_now
-from ..schema import concurrency_key, rate_window
+from ..db import db_now, transaction
+from ..schema import concurrency_key, rate_window, task_definition
 from ..tasks import parse_rate_limit
 from .claim_sql import (
     KEYS_PRESENT,
@@ -220,3 +220,38 @@ def ensure_keys(c: Connection, wanted: dict[str, int]) -> None:
         c.execute(insert, [{"key": key, "limit": wanted[key]} for key in missing])
     for key in sorted(k for k, n in have.items() if n != wanted[k]):
         c.execute(sa.update(concurrency_key).where(ck.name == key).values(max_running=wanted[key], updated_at=db_now()))
+
+
+def rate_limits(conn: Connection) -> dict[str, list[dict]]:
+    """The rate limits of the tasks the workers registered, by queue (the overview's queue rows):
+    for each, its limit ("100/m"), its rate_key if every value has its own window, and for a
+    task's one bucket the starts left in the current window and when it ends. One read of
+    task_definition (a row per task) and its buckets' rows by primary key."""
+    td, rw = task_definition.c, rate_window.c
+    stmt = (
+        sa.select(
+            td.name,
+            td.queue,
+            td.rate_limit,
+            td.rate_key,
+            rw.max_starts,
+            rw.period_seconds,
+            rw.window_start,
+            rw.starts,
+            db_now().label("now"),
+        )
+        .select_from(task_definition.outerjoin(rate_window, rw.bucket == td.name))
+        .where(td.rate_limit.is_not(None))
+        .order_by(td.queue, td.name)
+    )
+    out: dict[str, list[dict]] = {}
+    for r in transaction(conn, lambda c: c.execute(stmt).all(), what="rate_limits"):
+        limit = {"task": r.name, "limit": r.rate_limit, "rate_key": r.rate_key, "left": None, "window_end": None}
+        if r.rate_key is None and r.max_starts is not None:
+            now = as_datetime(r.now)
+            current = window_start(now, int(r.period_seconds))
+            used = int(r.starts) if as_datetime(r.window_start) == current else 0
+            limit["left"] = max(0, int(r.max_starts) - used)
+            limit["window_end"] = current + timedelta(seconds=int(r.period_seconds))
+        out.setdefault(r.queue, []).append(limit)
+    return out

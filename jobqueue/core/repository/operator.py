@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -25,7 +25,7 @@ from sqlalchemy.sql.visitors import InternalTraversal
 from ..db import ER_LOCK_NOWAIT, ER_LOCK_WAIT_TIMEOUT, db_now, error_code, require_primary, transaction
 from ..errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, RunAgainNeeded
 from ..models import Status
-from ..schema import audit_log, job_queue
+from ..schema import audit_log, job_batch, job_batch_member, job_queue
 from ..validation import check_reason
 from .common import audit, jq, one_more_attempt, record_attempts, truncate_error
 from .hooks import settle_finished
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from .replicas import Pause
 
 AUDIT_IDS_SHOWN = 200
+jb = job_batch.c
+jbm = job_batch_member.c
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,8 @@ class JobFilter:
     last error or the task_key: no index serves it, so a search never reads more than
     SEARCH_WINDOW rows (SPARSE_SEARCH_WINDOW inside a status, a task or a prefix: see
     reads.search_window), and a bulk action over a search is bounded to the
-    window it was shown, `min_id` and up."""
+    window it was shown, `min_id` and up. `batch` (a batch's key) keeps its members: their ids
+    come from ix_batch_member (reads.page_jobs reads a page of them through it)."""
 
     status: Status | None = None
     queue: str | None = None
@@ -241,6 +244,7 @@ class JobFilter:
     key_prefix: str | None = None
     search: str | None = None
     min_id: int | None = None
+    batch: str | None = None
 
     def where(self, *, search: bool = True) -> list[Any]:
         clauses = []
@@ -254,9 +258,16 @@ class JobFilter:
             clauses.append(jq.task_key.like(like_escaped(self.key_prefix) + "%", escape="\\"))
         if self.min_id is not None:
             clauses.append(jq.id >= self.min_id)
+        if self.batch:
+            clauses.append(jq.id.in_(self.member_ids()))
         if search and self.search:
             clauses.append(self.search_clause())
         return clauses
+
+    def member_ids(self) -> sa.Select:
+        """The batch's members (SQLite, and a search's window; batch_members on the servers)."""
+        batch_id = sa.select(jb.id).where(jb.batch_key == self.batch).scalar_subquery()
+        return sa.select(jbm.job_id).where(jbm.batch_id == batch_id)
 
     def search_clause(self) -> Any:
         """The search alone: `search` in the payload, the last error or the task_key."""
@@ -267,7 +278,7 @@ class JobFilter:
         )
 
     def args(self) -> dict[str, str]:
-        """The filter as the dashboard's query arguments (status, queue, task, key, q, min_id)."""
+        """The filter as the dashboard's query arguments (status, queue, task, key, q, min_id, batch)."""
         return {
             k: str(v)
             for k, v in (
@@ -277,6 +288,7 @@ class JobFilter:
                 ("key", self.key_prefix),
                 ("q", self.search),
                 ("min_id", self.min_id),
+                ("batch", self.batch),
             )
             if v is not None and v != ""
         }
@@ -293,6 +305,7 @@ class JobFilter:
                 ("queue", self.queue),
                 ("task", self.task),
                 ("key_prefix", self.key_prefix),
+                ("batch", self.batch),
             )
             if v
         ]
@@ -301,6 +314,24 @@ class JobFilter:
         if self.min_id is not None:
             parts.append(f"id>={self.min_id}")
         return " ".join(parts) if parts else "all jobs"
+
+
+def batch_members(c: Connection, job_filter: JobFilter) -> sa.Select:
+    """The ids of a batch's members that match the filter's other conditions (not its search),
+    read from the batch's entries of ix_batch_member (batch_id, job_id) in job_id order, each
+    member's row then by primary key (STRAIGHT_JOIN): a page reads the members it shows, and those
+    the other conditions leave out, never the table. Left to itself the planner materialised every
+    member, or walked the primary key for the newest jobs (0.7 s for a batch of 50,000 among
+    200,000 jobs on MySQL). The batch's id is read first (uk_batch_key): an unknown key has none."""
+    batch_id = c.execute(sa.select(jb.id).where(jb.batch_key == job_filter.batch)).scalar()
+    rest = replace(job_filter, batch=None).where(search=False)
+    stmt = (
+        sa.select(jbm.job_id)
+        .select_from(job_batch_member.join(job_queue, jq.id == jbm.job_id))
+        .where(jbm.batch_id == (batch_id if batch_id is not None else -1), *rest)
+        .with_hint(job_batch_member, "FORCE INDEX (ix_batch_member)", c.dialect.name)
+    )
+    return stmt.prefix_with("STRAIGHT_JOIN", dialect=c.dialect.name)
 
 
 @dataclass(frozen=True)
@@ -314,6 +345,7 @@ class BulkResult:
     selection: str = ""
     paused_seconds: float = 0.0  # waited for replica lag (pace), this call
     replica_note: str | None = None  # the last wait's why: who lags, or who could not be read
+    blocked: int = 0  # of `skipped`: blocked jobs a requeue leaves (they run when their parents are done)
 
 
 BULK_ELIGIBLE = {
@@ -366,14 +398,16 @@ def bulk_action(
         if ids is not None
         else job_filter.describe()
     )
-    changed = busy = skipped = 0
+    changed = busy = skipped = blocked = 0
     paused, replica_note = 0.0, None
     cursor = after_id
     pending = list(ids) if ids is not None else None
-    in_filter = sa.and_(sa.true(), *job_filter.where()) if job_filter is not None else sa.true()
+    # Checked again under the row locks. A job's batch never changes (written with the job), so
+    # not the batch: its member set read again for every 500 rows.
+    in_filter = sa.and_(sa.true(), *replace(job_filter, batch=None).where()) if job_filter is not None else sa.true()
 
     def result(finished: bool) -> BulkResult:
-        return BulkResult(changed, busy, skipped, cursor, finished, action, selection, paused, replica_note)
+        return BulkResult(changed, busy, skipped, cursor, finished, action, selection, paused, replica_note, blocked)
 
     while True:
         if pace is not None:
@@ -388,17 +422,26 @@ def bulk_action(
         else:
             if job_filter.search and job_filter.min_id is None:
                 raise ValueError("a bulk action over a search needs the window it was shown (min_id)")
-            page = sa.select(jq.id).where(*job_filter.where()).order_by(jq.id.desc()).limit(batch_size)
-            if cursor is not None:
-                page = page.where(jq.id < cursor)
-            batch_ids = transaction(conn, lambda c: c.execute(page).scalars().all(), what="bulk_page")
+
+            def read_page(c: Connection) -> list[int]:
+                if job_filter.batch and not job_filter.search and c.dialect.name in ("mysql", "mariadb"):
+                    page = batch_members(c, job_filter).order_by(jbm.job_id.desc())
+                    bound = jbm.job_id
+                else:
+                    page = sa.select(jq.id).where(*job_filter.where()).order_by(jq.id.desc())
+                    bound = jq.id
+                page = page.limit(batch_size) if cursor is None else page.where(bound < cursor).limit(batch_size)
+                return c.execute(page).scalars().all()
+
+            batch_ids = transaction(conn, read_page, what="bulk_page")
         if not batch_ids:
             return result(True)
 
-        def act(c: Connection) -> tuple[int, int, int]:
+        def act(c: Connection) -> tuple[int, int, int, int]:
             require_primary(c)
             seen = c.execute(sa.select(jq.id, jq.status).where(jq.id.in_(batch_ids))).all()
             wanted = [r.id for r in seen if r.status in eligible]
+            n_blocked = sum(r.status == Status.BLOCKED.value for r in seen) if action == "requeue" else 0
             # The whole filter again, under the lock: a job that left it since the page was read
             # (a failed job requeued meanwhile, under "cancel the failed ones") is skipped.
             locked = (
@@ -420,7 +463,7 @@ def bulk_action(
             n_busy = len(wanted) - len(locked)
             n_skipped = len(batch_ids) - len(wanted) + (len(locked) - len(targets))
             if not targets:
-                return 0, n_busy, n_skipped
+                return 0, n_busy, n_skipped, n_blocked
             target_ids = [r.id for r in targets]
             running = [r.id for r in targets if r.status == Status.RUNNING.value]
             if running:
@@ -472,10 +515,10 @@ def bulk_action(
                 count=n,
                 detail=_ids_text(target_ids) + (f"; reason: {reason}" if action != "requeue" else ""),
             )
-            return n, n_busy, n_skipped
+            return n, n_busy, n_skipped, n_blocked
 
-        n, n_busy, n_skipped = transaction(conn, act, what=f"bulk_{action}")
-        changed, busy, skipped = changed + n, busy + n_busy, skipped + n_skipped
+        n, n_busy, n_skipped, n_blocked = transaction(conn, act, what=f"bulk_{action}")
+        changed, busy, skipped, blocked = changed + n, busy + n_busy, skipped + n_skipped, blocked + n_blocked
         cursor = min(batch_ids)
         if (pending is not None and not pending) or (pending is None and len(batch_ids) < batch_size):
             return result(True)

@@ -12,10 +12,10 @@ from sqlalchemy.engine import Connection
 
 from ..db import transaction
 from ..models import Job, JobResult, Status
-from ..schema import job_attempt, job_queue, job_result
+from ..schema import job_attempt, job_batch_member, job_queue, job_result
 from .common import database_now as _now
 from .common import job_from_row, jq, through_index
-from .operator import SEARCH_WINDOW, SPARSE_SEARCH_WINDOW, JobFilter
+from .operator import SEARCH_WINDOW, SPARSE_SEARCH_WINDOW, JobFilter, batch_members
 
 
 def get_job(conn: Connection, job_id: int) -> Job | None:
@@ -172,6 +172,14 @@ def _count(c: Connection, where: list[Any], cap: int) -> tuple[int, bool]:
     return min(n, cap), n > cap
 
 
+jm = job_batch_member.c
+
+
+def _count_members(c: Connection, members: sa.Select, cap: int) -> tuple[int, bool]:
+    n = c.execute(sa.select(sa.func.count()).select_from(members.limit(cap + 1).subquery())).scalar()
+    return min(n, cap), n > cap
+
+
 def count_matching(
     conn: Connection,
     job_filter: JobFilter,
@@ -185,6 +193,13 @@ def count_matching(
     or the newest search_window rows)."""
 
     def read(c: Connection):
+        if job_filter.batch and not job_filter.search and c.dialect.name in ("mysql", "mariadb"):
+            members = batch_members(c, job_filter)
+            if statuses is not None:
+                members = members.where(jq.status.in_(list(statuses)))
+            if below is not None:
+                members = members.where(jm.job_id < below)
+            return _count_members(c, members, cap)
         where = job_filter.where()
         if statuses is not None:
             where.append(jq.status.in_(list(statuses)))
@@ -452,6 +467,24 @@ def page_jobs(
                 if wanted
                 else []
             )
+        elif job_filter.batch and c.dialect.name in ("mysql", "mariadb"):
+            members = batch_members(c, job_filter)
+            ends = [] if start is None else [jm.job_id < start if direction == "older" else jm.job_id > start]
+            ids = (
+                c.execute(
+                    members.where(*ends)
+                    .order_by(jm.job_id.desc() if direction == "older" else jm.job_id)
+                    .limit(limit + 1)
+                )
+                .scalars()
+                .all()
+            )
+            rows = (
+                [job_from_row(r) for r in c.execute(sa.select(job_queue).where(jq.id.in_(ids)).order_by(order)).all()]
+                if ids
+                else []
+            )
+            matches, capped = _count_members(c, members, cap)
         elif (ids := _status_page_ids(c, job_filter, where[len(base) :], direction == "older", limit + 1)) is not None:
             rows = (
                 [job_from_row(r) for r in c.execute(sa.select(job_queue).where(jq.id.in_(ids)).order_by(order)).all()]

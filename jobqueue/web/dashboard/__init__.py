@@ -1,4 +1,4 @@
-"""The operations dashboard: overview, jobs, job detail, workers, recurring jobs, audit log, and
+"""The operations dashboard: overview, jobs, job detail, batches, workers, recurring jobs, audit log, and
 the actions (requeue, fail, cancel; pause and resume a queue; add, enable, disable and remove a
 recurring job). Every read and write goes through jobqueue.core.repository.
 
@@ -7,7 +7,7 @@ page header); the actions, and the row or panel an action answers with, use `db(
 
 from __future__ import annotations
 
-from . import actions, jobs, locks, overview, recurring, workers  # noqa: F401 - each adds its views to `bp`
+from . import actions, batches, jobs, locks, overview, recurring, workers  # noqa: F401 - each adds its views to `bp`
 from .common import bp
 from .overview import LOCK_MINUTES, LockCounterMinutes
 

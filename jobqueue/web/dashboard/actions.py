@@ -228,7 +228,9 @@ def bulk():
     # row is touched or audited.
     require_confirm()
     req = _bulk_request()
-    previous = {k: int_arg(request.form, f"total_{k}") or 0 for k in ("changed", "busy", "skipped", "paused_ms")}
+    previous = {
+        k: int_arg(request.form, f"total_{k}") or 0 for k in ("changed", "busy", "skipped", "blocked", "paused_ms")
+    }
     deadline = time.monotonic() + BULK_TIME_BUDGET
     action, job_filter = req["action"], req["filter"]
     replicas = extension().replicas
@@ -258,7 +260,7 @@ def bulk():
                 deadline=deadline if pace else None,
                 pace=pace,
             )
-    totals = {k: previous[k] + getattr(result, k) for k in ("changed", "busy", "skipped")}
+    totals = {k: previous[k] + getattr(result, k) for k in ("changed", "busy", "skipped", "blocked")}
     totals["paused_ms"] = previous["paused_ms"] + round(result.paused_seconds * 1000)
     context = {
         "action": action,
@@ -317,8 +319,17 @@ def bulk_message(action: str, totals: dict[str, int], finished: bool, replica_no
     text = f"{totals['changed']} {'job' if totals['changed'] == 1 else 'jobs'} {verb}"
     if totals["busy"]:
         text += f", {totals['busy']} busy (held by a worker this instant; run it again for those)"
-    if totals["skipped"]:
-        text += f", {totals['skipped']} skipped (not in a state this applies to)"
+    blocked = totals.get("blocked", 0)
+    if blocked:
+        # Requeue refuses them (InvalidState for one job): say why rather than "skipped".
+        why = (
+            "it runs when its parents are done; cancel it instead"
+            if blocked == 1
+            else "they run when their parents are done; cancel them instead"
+        )
+        text += f", {blocked} blocked ({why})"
+    if totals["skipped"] - blocked:
+        text += f", {totals['skipped'] - blocked} skipped (not in a state this applies to)"
     paused = totals.get("paused_ms", 0) / 1000
     if paused or replica_note:
         # Paused so far over the whole bulk (every request of it), then why (the last wait's reading).

@@ -96,6 +96,7 @@ def overview_context() -> dict[str, Any]:
         by_operator = repository.stats.operator_failures(conn, since)
         processes, _ = repository.processes.list_processes(conn, limit=20)
         audit = repository.operator.list_audit(conn, limit=5)
+        rate_limits = repository.limits.rate_limits(conn)
     with db() as conn:
         # The primary's own counters: a replica's would not count the primary's deadlocks.
         lock_minutes = LOCK_MINUTES.record(now, repository.locks.lock_counters(conn))
@@ -104,6 +105,7 @@ def overview_context() -> dict[str, Any]:
     totals = {s.value: sum(q["counts"][s.value] for q in summaries) for s in Status}
     return {
         "summaries": summaries,
+        "rate_limits": rate_limits,
         "totals": totals,
         "now": now,
         "running": running,
