@@ -147,6 +147,9 @@ def enqueue():
     if single_limit is not None and len(request.get_data(cache=True)) > single_limit:
         raise RequestEntityTooLarge()
     body = json_object(fields=SINGLE_ENQUEUE_FIELDS, required=True)
+    for name in ("after", "on_parent_failure", "batch"):
+        if name in body and body[name] is None:  # left out means none; null is not a value of theirs
+            return error(422, f"{name}: leave it out rather than null", field=name)
     try:
         with db() as conn:
             res = service.enqueue(

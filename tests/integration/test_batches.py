@@ -408,6 +408,15 @@ def test_the_api(mysql_url):
         }
         assert set(shown["callbacks"]) == {"on_success", "on_failure"}
         assert api(client, "GET", "/api/batches/nope").status_code == 404
+        # A callback name its enqueue at the close would refuse is refused at the open: such a
+        # batch could never close (schemathesis found one).
+        odd = api(client, "POST", "/api/batches", json={"key": "odd", "on_complete": " notify"})
+        assert odd.status_code == 422 and odd.get_json()["field"] == "on_complete"
+        assert api(client, "GET", "/api/batches/odd").status_code == 404
+        # null for a job's optional workflow fields: refused, as its contract says (an array / a string).
+        for name in ("after", "on_parent_failure", "batch"):
+            answer = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": f"null-{name}", name: None})
+            assert answer.status_code == 422 and answer.get_json()["field"] == name, name
     finally:
         app.extensions["jobqueue"].engine.dispose()
 
