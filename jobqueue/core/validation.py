@@ -256,6 +256,8 @@ def _depth(value: Any, limit: int = MAX_PAYLOAD_DEPTH + 1) -> int:
 
 
 MAX_TASK_NAME_CHARS = 100  # job_queue.task_name
+# A batch's callback task: printable ASCII, no space at either end (web/openapi.py says the same).
+CALLBACK_TASK = re.compile(f"[!-~](?:[ -~]{{0,{MAX_TASK_NAME_CHARS - 2}}}[!-~])?")
 
 
 def check_task_name(name: str) -> str:

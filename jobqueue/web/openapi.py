@@ -970,7 +970,13 @@ SCHEMAS["NewBatch"] = {
     "properties": {
         "key": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": TASK_KEY_PATTERN},
         **{
-            f"on_{kind}": {"type": ["string", "null"], "minLength": 1, "maxLength": 100}
+            f"on_{kind}": {
+                "type": ["string", "null"],
+                "minLength": 1,
+                "maxLength": 100,
+                "pattern": "^[!-~](?:[ -~]*[!-~])?(?![\\s\\S])",
+                "description": "a task name: printable ASCII, no space at either end",
+            }
             for kind in ("success", "failure", "complete")
         },
         "payload": {"type": ["object", "null"]},
