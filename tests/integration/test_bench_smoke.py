@@ -114,8 +114,11 @@ def test_the_dashboard_bench_loads_its_shape_on_every_server(mysql_url):
 
 
 @pytest.mark.slow
+@pytest.mark.only_servers("mariadb", "mariadb11")
 def test_the_mysql_peers_bench_counts_every_execution(db_server, tmp_path, monkeypatch):
-    """bench/mysql_peers.py end to end at 200 jobs on each server: our worker (1 process x 4
+    """bench/mysql_peers.py end to end at 200 jobs on each server (MySQL 9.7 by hand, to keep the
+    CI's longest share short: `PYTHONPATH=. .venv/bin/python -m bench.mysql_peers --server mysql
+    --jobs 200 --rounds 1`, measured 2026-12-04 at 2,000 jobs: docs/benchmarks.md section 11): our worker (1 process x 4
     threads) and one peer (django-tasks-db, 4 db_worker processes, from the peers' Python 3.12
     venv: built on first use into ~/.cache/jobqueue/, about 30-45 s, then reused). Every job ran
     exactly once, counted from the file the handler appends to, each system's own timestamps give
