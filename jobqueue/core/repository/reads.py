@@ -479,18 +479,10 @@ def page_jobs(
                 .scalars()
                 .all()
             )
-            rows = (
-                [job_from_row(r) for r in c.execute(sa.select(job_queue).where(jq.id.in_(ids)).order_by(order)).all()]
-                if ids
-                else []
-            )
+            rows = _rows_by_id(c, ids, order)
             matches, capped = _count_members(c, members, cap)
         elif (ids := _status_page_ids(c, job_filter, where[len(base) :], direction == "older", limit + 1)) is not None:
-            rows = (
-                [job_from_row(r) for r in c.execute(sa.select(job_queue).where(jq.id.in_(ids)).order_by(order)).all()]
-                if ids
-                else []
-            )
+            rows = _rows_by_id(c, ids, order)
             matches, capped = _count(c, base, cap)
         elif (pinned := pinned_index(job_filter)) and c.dialect.name in ("mysql", "mariadb"):
             # The page's ids from the filter's own index (index-only for a prefix, or a live
@@ -506,11 +498,7 @@ def page_jobs(
                 .scalars()
                 .all()
             )
-            rows = (
-                [job_from_row(r) for r in c.execute(sa.select(job_queue).where(jq.id.in_(ids)).order_by(order)).all()]
-                if ids
-                else []
-            )
+            rows = _rows_by_id(c, ids, order)
             matches, capped = _count(c, base, cap)
         else:
             rows = [
@@ -547,3 +535,10 @@ def jobs_by_id(conn: Connection, ids: Sequence[int]) -> list[Job]:
         return []
     stmt = sa.select(job_queue).where(jq.id.in_([int(i) for i in ids]))
     return [job_from_row(r) for r in transaction(conn, lambda c: c.execute(stmt).all(), what="jobs_by_id")]
+
+
+def _rows_by_id(c: Connection, ids: list[int], order) -> list[Job]:
+    """A page's jobs by primary key, in the page's order (the ids came from an index read)."""
+    if not ids:
+        return []
+    return [job_from_row(r) for r in c.execute(sa.select(job_queue).where(jq.id.in_(ids)).order_by(order)).all()]
