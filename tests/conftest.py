@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 
 import pytest
 import sqlalchemy as sa
@@ -34,6 +33,7 @@ from sqlalchemy.pool import NullPool
 from jobqueue.core.db import create_engine
 from jobqueue.core.migrate import init_db
 from jobqueue.core.task_modules import load_task_modules
+from testkit.databases import databases
 from testkit.netns import HostNetwork, netns_unavailable_reason
 from testkit.replication import ReplicationCluster
 from testkit.throwaway import ThrowawayMariaDB, ThrowawayServer
@@ -157,30 +157,46 @@ def db_backend(request) -> str:
     return request.param
 
 
-@contextlib.contextmanager
-def database_on(server: str):
-    """A fresh migrated database on `server`, dropped after."""
-    _server_up(server)
-    name = f"jqt_{uuid.uuid4().hex[:16]}"
-    admin = _admin(server)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-    url = driver_url(f"{SERVERS[server]}/{name}")
+def _migrate(url: str) -> None:
     engine = create_engine(url, pool_size=1)
     try:
         init_db(engine)
-        engine.dispose()
-        yield url
     finally:
         engine.dispose()
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
-        admin.dispose()
+
+
+@contextlib.contextmanager
+def database_on(server: str, *, migrations: bool = False):
+    """A database on `server` as init_db leaves a new one, for one test (testkit/databases.py:
+    built from the migrated schema's statements, renewed after the test), or a new one every
+    migration builds when `migrations` (the tests of the migrations), dropped after."""
+    _server_up(server)
+    each = databases(SERVERS[server], _migrate)
+    if migrations:
+        name = each.create()
+        try:
+            _migrate(driver_url(each.url(name)))
+            yield driver_url(each.url(name))
+        finally:
+            each.drop(name)
+        return
+    name = each.take()
+    try:
+        yield driver_url(each.url(name))
+    finally:
+        each.give_back(name)
 
 
 @pytest.fixture
 def mysql_url(db_server):
     with database_on(db_server) as url:
+        yield url
+
+
+@pytest.fixture
+def migrated_url(db_server):
+    """Like mysql_url, but built by running every migration (for the tests of the migrations)."""
+    with database_on(db_server, migrations=True) as url:
         yield url
 
 
