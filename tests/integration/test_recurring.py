@@ -220,7 +220,8 @@ def test_cli_recurring_commands(db_url):
 
 @pytest.mark.slow
 def test_three_worker_processes_enqueue_exactly_one_job_per_minute(mysql_url, mysql_engine, tmp_path):
-    """Real time: three `jobqueue worker` processes and a `* * * * *` schedule for three minutes:
+    """Real time: three `jobqueue worker` processes and a `* * * * *` schedule for two ticks (three
+    made each of CI's three shares wait a minute longer for nothing the second does not show):
     one job per minute (distinct keys, none twice), each run by one of them."""
     workers = [WorkerProcess(mysql_url, tmp_path, f"w{n}", "--concurrency", "2") for n in range(3)]
     try:
@@ -235,12 +236,12 @@ def test_three_worker_processes_enqueue_exactly_one_job_per_minute(mysql_url, my
         early = [first] if first < added + timedelta(seconds=REREAD_SECONDS) else []
         if early:
             first += timedelta(minutes=1)
-        ticks = [first + timedelta(minutes=m) for m in range(3)]
+        ticks = [first + timedelta(minutes=m) for m in range(2)]
         wait_until(
             lambda: _now(mysql_engine) >= ticks[-1] + timedelta(seconds=20),
             timeout=330,
             interval=1,
-            message="three ticks",
+            message="two ticks",
         )
         with mysql_engine.connect() as conn:
             rows = conn.execute(
@@ -257,7 +258,7 @@ def test_three_worker_processes_enqueue_exactly_one_job_per_minute(mysql_url, my
     if early:
         assert timedelta(0) <= rows[0].created_at - early[0] < timedelta(seconds=REREAD_SECONDS + 5), rows
     logs = "".join(w.log() for w in workers)
-    assert logs.count("event=recurring_enqueued ") == len(early) + 3
+    assert logs.count("event=recurring_enqueued ") == len(early) + 2
 
 
 def _now(engine):
