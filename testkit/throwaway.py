@@ -278,6 +278,8 @@ class ThrowawayServer:
         if self.proc is None:
             return
         if self.proc.poll() is None:
+            if self.is_mysql:
+                self._end_binlog_dumps()
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
@@ -286,6 +288,18 @@ class ThrowawayServer:
                 self.proc.wait(10)
         self.proc = None
         _running.discard(self)
+
+    def _end_binlog_dumps(self) -> None:
+        """A MySQL source's shutdown waited about 10 s for each binlog dump thread, even one whose
+        replica had gone (it learns so at its next heartbeat): 11 s of every replication test's
+        teardown. Ended first, the shutdown takes as long as one without replicas (1.7 s)."""
+        try:
+            for (thread,) in self.execute(
+                "SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%'"
+            ):
+                self.execute(f"KILL {int(thread)}")
+        except pymysql.MySQLError:
+            pass  # not answering: SIGTERM (or SIGKILL after the timeout) it is
 
     def kill(self) -> None:
         """Crash it (SIGKILL): connections drop at once, InnoDB recovers on the next start()."""
