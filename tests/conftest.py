@@ -108,15 +108,19 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collection_modifyitems(config, items):
-    if not config.getoption("--server-tests-only"):
-        return
     servers = set(selected_servers(config))
-    kept = [
-        item
-        for item in items
-        if getattr(item, "callspec", None) is not None
-        and ({item.callspec.params.get("db_server"), item.callspec.params.get("db_backend")} & servers)
-    ]
+
+    def wanted(item) -> bool:
+        only = item.get_closest_marker("only_servers")
+        if only and not servers & set(only.args):
+            return False  # none of its servers selected: deselected, not an empty parameter set's skip
+        if not config.getoption("--server-tests-only"):
+            return True
+        return getattr(item, "callspec", None) is not None and bool(
+            {item.callspec.params.get("db_server"), item.callspec.params.get("db_backend")} & servers
+        )
+
+    kept = [item for item in items if wanted(item)]
     config.hook.pytest_deselected(items=[item for item in items if item not in kept])
     items[:] = kept
 
