@@ -50,9 +50,10 @@ SELECT
 """
 
 
-def schema_statements(conn) -> list[str]:
-    """CREATE TABLE and INSERT statements that rebuild the tables of `conn`'s database."""
-    statements = []
+def schema_statements(conn) -> tuple[list[str], dict[str, list[tuple]]]:
+    """CREATE TABLE and INSERT statements that rebuild the tables of `conn`'s database, and the
+    rows of each table that has any (sorted)."""
+    statements, rows = [], {}
     for (table,) in conn.exec_driver_sql("SHOW TABLES").all():
         create = conn.exec_driver_sql(f"SHOW CREATE TABLE `{table}`").one()[1]
         statements.append(re.sub(r" AUTO_INCREMENT=\d+", "", create))
@@ -60,7 +61,8 @@ def schema_statements(conn) -> list[str]:
             columns = ", ".join(f"`{c}`" for c in row)
             values = ", ".join(_literal(v) for v in row.values())
             statements.append(f"INSERT INTO `{table}` ({columns}) VALUES ({values})")
-    return statements
+            rows.setdefault(table, []).append(tuple(row.values()))
+    return statements, {table: sorted(found) for table, found in rows.items()}
 
 
 def _literal(value) -> str:
@@ -84,6 +86,7 @@ class Databases:
         self._statements: list[str] | None = None
         self._seeded: dict[str, list[tuple]] = {}  # table -> the rows the migrations put in it
         self._shape: tuple | None = None
+        self._mysql = False  # MySQL rather than MariaDB (read with the statements)
         self._spare: list[str] = []
         self.renewed = 0  # how often a database was renewed rather than made (for the note)
 
@@ -131,18 +134,15 @@ class Databases:
                 self.migrate(self.url(name))
                 with self.admin.connect() as conn:
                     conn.exec_driver_sql(f"USE `{name}`")
-                    self._statements = schema_statements(conn)
-                    for (table,) in conn.exec_driver_sql("SHOW TABLES").all():
-                        rows = [tuple(r) for r in conn.exec_driver_sql(f"SELECT * FROM `{table}`")]
-                        if rows:
-                            self._seeded[table] = sorted(rows)
+                    self._statements, self._seeded = schema_statements(conn)
+                    self._mysql = "mariadb" not in conn.exec_driver_sql("SELECT VERSION()").scalar().lower()
             finally:
                 self.drop(name)
         return self._statements
 
     def _renew(self, name: str) -> bool:
         with self.admin.connect() as conn:
-            if "mariadb" not in conn.exec_driver_sql("SELECT VERSION()").scalar().lower():
+            if self._mysql:
                 # MySQL caches AUTO_INCREMENT in information_schema.TABLES for a day by default
                 conn.exec_driver_sql("SET SESSION information_schema_stats_expiry = 0")
             *shape, others = conn.exec_driver_sql(_SHAPE, {"db": name}).one()

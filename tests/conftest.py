@@ -197,13 +197,6 @@ def mysql_url(db_server):
         yield url
 
 
-@pytest.fixture
-def migrated_url(db_server):
-    """Like mysql_url, but built by running every migration (for the tests of the migrations)."""
-    with database_on(db_server, migrations=True) as url:
-        yield url
-
-
 def _sqlite(tmp_path) -> str:
     url = f"sqlite:///{tmp_path / 'jobqueue.sqlite3'}"
     engine = create_engine(url, pool_size=1)
