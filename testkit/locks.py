@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import time
+
 import sqlalchemy as sa
+
+from jobqueue.core.repository.locks import PROBE_POLL
 
 
 def hold_rows(engine, ids):
     """A second transaction holding FOR UPDATE on `ids`, not committing (the paused transaction).
-    Returns its connection; roll it back (or close it) to let go."""
+    Returns its connection once the server's lock tables show it (InnoDB refreshes INNODB_TRX at
+    most every 0.1 s; the Locks page is that picture); roll it back (or close it) to let go."""
     conn = engine.connect()
     conn.begin()
     # FORCE INDEX: on a table this small the optimizer would rather scan the whole table, and a
@@ -23,4 +28,5 @@ def hold_rows(engine, ids):
         .all()
     )
     assert sorted(got) == sorted(ids)
+    time.sleep(PROBE_POLL)
     return conn

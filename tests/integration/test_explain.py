@@ -136,6 +136,8 @@ def test_only_a_connection_holding_job_rows_may_be_killed(mysql_engine):
 
 def test_the_lock_report_lists_the_holder_with_its_jobs(mysql_engine):
     ids = [enqueue(mysql_engine, f"k{i}") for i in range(3)]
+    with mysql_engine.connect() as conn:
+        repository.locks.lock_report(conn)  # as the test before may have: the server caches the picture
     holder = hold_rows(mysql_engine, ids[1:])
     try:
         holder_id = holder.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
@@ -146,6 +148,25 @@ def test_the_lock_report_lists_the_holder_with_its_jobs(mysql_engine):
         assert len(mine) == 1 and mine[0].jobs == tuple(ids[1:]) and mine[0].rows_locked >= 2
     finally:
         holder.close()
+
+
+def test_a_lock_taken_a_moment_ago_is_named_too(mysql_engine):
+    """InnoDB's INNODB_TRX is a picture refreshed at most every 0.1 s: a row locked just after
+    someone read it (here the lock report) is still named by explain, not "let go while we looked"."""
+    job = enqueue(mysql_engine, "fresh")
+    with mysql_engine.connect() as conn:
+        for _ in range(5):
+            repository.locks.lock_report(conn)  # the picture is read, so cached, now
+            holder = mysql_engine.connect()
+            try:
+                holder.begin()
+                holder.execute(sa.text("SELECT id FROM job_queue WHERE id = :id FOR UPDATE"), {"id": job})
+                holder_id = holder.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
+                lock = repository.locks.row_lock(conn, job)
+                assert lock.held and lock.unknown_why is None, lock
+                assert [t.connection_id for t in lock.holders] == [holder_id]
+            finally:
+                holder.close()
 
 
 # --- the other reasons ------------------------------------------------------------------------------

@@ -149,8 +149,12 @@ def row_lock(conn: Connection, job_id: int) -> RowLock:
     kind = flavour(conn)
     try:
         if kind == "mysql":
-            found, unread = _mysql_record_locks(conn)
-            ids = {cid for cid, job, granted in found if job == job_id and granted}
+            ids, unread = _mysql_holders(conn, job_id)
+            if not ids and not unread:
+                # INNODB_TRX is a picture InnoDB refreshes at most every 0.1 s: a lock taken just
+                # after someone read it is in the next one.
+                time.sleep(PROBE_POLL)
+                ids, unread = _mysql_holders(conn, job_id)
             if not ids and unread:
                 return RowLock(
                     True,
@@ -310,6 +314,12 @@ def _mysql_record_locks(c: Connection) -> tuple[list[tuple[int, int, bool]], set
     return out, unread
 
 
+def _mysql_holders(c: Connection, job_id: int) -> tuple[set[int], set[int]]:
+    """The connections holding job `job_id`'s row, and those whose locks were not read (MySQL)."""
+    found, unread = _mysql_record_locks(c)
+    return {cid for cid, job, granted in found if job == job_id and granted}, unread
+
+
 def _denied(kind: str) -> str:
     """Why another connection's transaction could not be read (an access error)."""
     from ..privileges import PERFORMANCE_SCHEMA_TABLES
@@ -380,7 +390,8 @@ def _details(
 
 def lock_report(conn: Connection) -> LockReport:
     """Every transaction that holds or waits on job_queue rows (other than this connection's),
-    with the job rows it holds, oldest first."""
+    with the job rows it holds, oldest first. A picture up to 0.1 s old (InnoDB's INNODB_TRX):
+    a transaction begun since may not be in it yet."""
     if not is_mysql(conn):
         return LockReport([], unavailable="SQLite has no row locks: a transaction takes the whole database")
     kind = flavour(conn)
