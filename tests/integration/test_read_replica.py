@@ -13,7 +13,6 @@ from sqlalchemy.exc import DBAPIError
 from jobqueue.core import repository, service
 from jobqueue.core.db import create_engine, error_code
 from jobqueue.core.migrate import init_db
-from testkit.procs import wait_until
 from testkit.replication import executed_statements
 from testkit.web import api, post, signed_in_app
 
@@ -55,14 +54,14 @@ def test_read_only_pages_read_from_the_replica_and_show_its_lag(replicated, read
     with engine.connect() as conn:
         first = service.enqueue(conn, "noop", "seen-on-both")
     cluster.wait_caught_up()
-    # MySQL may still say 1 s for a moment after applying everything (its figure counts from the
-    # last event's timestamp, in whole seconds): the page shows what the server says, so wait
-    # for the server to say 0.
-    wait_until(lambda: cluster.status().seconds_behind_master == 0, timeout=10, interval=0.2, message="0 s behind")
-
+    # Caught up, yet MySQL may say 1 s for a moment, and again at the next event from the primary
+    # (the app's own heartbeats): its figure counts from the last event's timestamp, in whole
+    # seconds, and the page shows what the server says. A caught-up replica shows 0-2 s.
     page = client.get("/jobs").get_data(as_text=True)
     assert "seen-on-both" in page
-    assert header_source(page) == f"read from replica {replica.host}:{replica.port}: 0 s behind the primary"
+    source = header_source(page)
+    m = re.fullmatch(rf"read from replica {re.escape(replica.host)}:{replica.port}: (\d+) s behind the primary", source)
+    assert m and int(m.group(1)) <= 2, source
     assert executed_statements(replica, LIST_JOBS), "the jobs page read from the replica"
     assert not executed_statements(cluster.primary, LIST_JOBS), "and not from the primary"
     for path in ("/", "/overview/panels", f"/jobs/{first.id}", "/workers", "/audit"):

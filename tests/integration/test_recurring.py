@@ -252,9 +252,11 @@ def test_three_worker_processes_enqueue_exactly_one_job_per_minute(mysql_url, my
     assert codes == [0, 0, 0]
     assert [r.task_key for r in rows] == [run_key("every-minute", t) for t in early + ticks]
     assert {r.status for r in rows} == {"done"}
-    # Each enqueued within seconds of its tick (the database clock).
+    # Each enqueued after its tick and well before the next (the database clock): within a second
+    # or two on a quiet machine, 15 s late once in CI while a soak shared its two cores; the keys
+    # above already say one run per tick.
     timed = rows[len(early) :]
-    assert all(timedelta(0) <= r.created_at - t < timedelta(seconds=5) for r, t in zip(timed, ticks)), rows
+    assert all(timedelta(0) <= r.created_at - t < timedelta(seconds=30) for r, t in zip(timed, ticks)), rows
     if early:
         assert timedelta(0) <= rows[0].created_at - early[0] < timedelta(seconds=REREAD_SECONDS + 5), rows
     logs = "".join(w.log() for w in workers)
