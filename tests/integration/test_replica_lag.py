@@ -93,8 +93,9 @@ def test_each_replicas_lag_on_api_health_the_panel_and_doctor(replicated, watche
 
     # Caught up: 0 s, both threads running, ok everywhere. (The status is a warning anyway: root
     # holds SUPER, the privileges check says.) MySQL counts whole seconds from the newest event's
-    # timestamp: with the kit's heartbeat every 0.2 s a caught-up replica reads 0 or 1.
-    caught_up = "[01]" if replica.is_mysql else "0"
+    # timestamp: with the kit's heartbeat every 0.2 s a caught-up replica reads 0 or 1, and 2 for a
+    # moment on a busy machine (CI saw it, test_replication_kit).
+    caught_up = "[012]" if replica.is_mysql else "0"
     code, body = health(client)
     assert code == 200, body
     (seen,) = body["replicas"]
