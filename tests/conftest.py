@@ -120,8 +120,10 @@ def pytest_collection_modifyitems(config, items):
             {item.callspec.params.get("db_server"), item.callspec.params.get("db_backend")} & servers
         )
 
-    kept = [item for item in items if wanted(item)]
-    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    kept, dropped = [], []
+    for item in items:
+        (kept if wanted(item) else dropped).append(item)
+    config.hook.pytest_deselected(items=dropped)
     items[:] = kept
 
 
