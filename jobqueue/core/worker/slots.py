@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import queue as queue_mod
 import threading
 import time
 import traceback
@@ -51,6 +50,15 @@ log = logging.getLogger("jobqueue.worker")
 # to a busy thread that freed up within about a claim's round trip.
 CONFIRM_AFTER_SECONDS = 0.05
 DURATION_WEIGHT = 0.2  # how much the last handler's time moves the running average
+# The lane: while handlers take less than LANE_WHILE_HANDLERS_UNDER_SECONDS on average (their own
+# time, call to return) or none has run yet, the jobs in hand run one after another on one thread
+# (the lane), and another thread takes a job only once it waited LATE_START_SECONDS for the lane
+# (the lane's job turned slow, or the lane cannot keep up). Why: a handler that lets go of the GIL
+# around its system calls (appending a line to a file: eight of them) hands it to whichever other
+# slot thread has a job to run, and waits to get it back; four threads running such jobs at once
+# cost the worker more CPU a job than one (docs/benchmarks.md, "A small handler's cost").
+LANE_WHILE_HANDLERS_UNDER_SECONDS = 0.001
+LATE_START_SECONDS = 0.001
 
 
 class Places:
@@ -108,8 +116,9 @@ def _hand_over(turn: asyncio.Future[None]) -> None:
 
 class Slots:
     """`concurrency` places to run a job. A plain handler runs on a thread of its own (threads are
-    started as jobs need them, up to `concurrency`); an `async def` handler runs on the worker's
-    event loop and takes no thread: the loop starts with the first one."""
+    started as jobs need them, up to `concurrency`; while handlers are short, on the lane first:
+    LANE_WHILE_HANDLERS_UNDER_SECONDS); an `async def` handler runs on the worker's event loop and
+    takes no thread: the loop starts with the first one."""
 
     def __init__(self, finisher: Finisher, keeper: LeaseKeeper, registry: Registry, worker_id: str, threads: int):
         self.finisher = finisher
@@ -118,25 +127,33 @@ class Slots:
         self.worker_id = worker_id
         self.concurrency = threads
         self.average_seconds: float | None = None  # running average of a place's time per job
+        self.handler_seconds: float | None = None  # running average of a plain handler's own time
         self.places = Places(threads)
-        self.inbox: queue_mod.SimpleQueue[Held | None] = queue_mod.SimpleQueue()
         self.threads: list[threading.Thread] = []
-        self._idle = 0  # threads waiting on the inbox
-        self._queued = 0  # jobs in the inbox no thread took yet
+        self._inbox: collections.deque[tuple[float, Held]] = collections.deque()  # (when given, job)
+        self._idle = 0  # threads waiting for a job
         self._lock = threading.Lock()
+        self._lane_wake = threading.Condition(self._lock)  # the lane (the first thread) waits here
+        self._lane_waiting = False
+        self._lane_called = False  # woken for a job it has not taken yet
+        self._lane_since: float | None = None  # when the lane took the job it runs
+        self._others_wake = threading.Condition(self._lock)  # every other thread waits here
+        self._watching = 0  # other threads waiting for the inbox's first job to be late
+        self._stopping = False
         self._loop = EventLoop()
 
     def stop(self, wait: float = 2.0) -> None:
+        """The threads take what is left in the inbox (lost leases: each is forgotten), then end."""
         with self._lock:
-            threads = len(self.threads)
-        for _ in range(threads):
-            self.inbox.put(None)
+            self._stopping = True
+            self._lane_wake.notify_all()
+            self._others_wake.notify_all()
         self._loop.stop(wait)
 
     @property
     def queued(self) -> int:
         """Jobs handed to the threads that no thread has taken yet."""
-        return self._queued
+        return len(self._inbox)
 
     def give(self, held: Held) -> None:
         spec = self.registry.get(held.claimed.job.task_name)
@@ -144,26 +161,72 @@ class Slots:
             held.coroutine = self._loop.submit(self._run_coroutine(held, spec.handler))
             return
         with self._lock:
-            self._queued += 1
+            self._inbox.append((time.monotonic(), held))
             thread = None
-            if self._queued > self._idle and len(self.threads) < self.concurrency:
-                thread = threading.Thread(target=self._run, name=f"jobqueue-slot-{len(self.threads) + 1}", daemon=True)
+            if len(self._inbox) > self._idle and len(self.threads) < self.concurrency:
+                lane = not self.threads
+                thread = threading.Thread(
+                    target=self._run, args=(lane,), name=f"jobqueue-slot-{len(self.threads) + 1}", daemon=True
+                )
                 self.threads.append(thread)
-        self.inbox.put(held)
+            if self._lane_waiting and not self._lane_called:
+                self._lane_called = True
+                self._lane_wake.notify()
+            elif not self._on_lane() or (self._lane_since is not None and not self._watching):
+                self._others_wake.notify()  # to run it now, or to watch for the lane's job turning slow
         if thread is not None:
             thread.start()
 
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                self._idle += 1
-            held = self.inbox.get()
-            with self._lock:
+    def _on_lane(self) -> bool:
+        """Whether jobs wait for the lane now (the lock held)."""
+        average = self.handler_seconds
+        return not self._stopping and (average is None or average < LANE_WHILE_HANDLERS_UNDER_SECONDS)
+
+    def _next(self, lane: bool) -> Held | None:
+        """The next job for this thread; None once the slots stop and the inbox is empty."""
+        with self._lock:
+            self._idle += 1
+            try:
+                return self._lane_next() if lane else self._other_next()
+            finally:
                 self._idle -= 1
-                if held is not None:
-                    self._queued -= 1
-            if held is None:
-                return
+
+    def _lane_next(self) -> Held | None:
+        self._lane_since = None
+        while not self._inbox:
+            if self._stopping:
+                return None
+            self._lane_waiting = True
+            self._lane_wake.wait()
+            self._lane_waiting = False
+        self._lane_called = False
+        self._lane_since = time.monotonic()
+        if len(self._inbox) > 1 and not self._watching:
+            self._others_wake.notify()  # the jobs behind this one: watch for it turning slow
+        return self._inbox.popleft()[1]
+
+    def _other_next(self) -> Held | None:
+        while True:
+            if self._inbox:
+                late_at = self._inbox[0][0]
+                if self._lane_since is not None:
+                    late_at = max(late_at, self._lane_since)
+                late_in = late_at + LATE_START_SECONDS - time.monotonic()
+                if late_in <= 0 or not self._on_lane():
+                    held = self._inbox.popleft()[1]
+                    if self._inbox:
+                        self._others_wake.notify()  # the next one needs a taker or a watcher
+                    return held
+                self._watching += 1
+                self._others_wake.wait(late_in)
+                self._watching -= 1
+            elif self._stopping:
+                return None
+            else:
+                self._others_wake.wait()
+
+    def _run(self, lane: bool) -> None:
+        while (held := self._next(lane)) is not None:
             self.places.take()
             started = time.monotonic()
             try:
@@ -172,6 +235,8 @@ class Slots:
                 self._slot_error(held, exc)
             finally:
                 self._took(time.monotonic() - started)
+                if held.duration:  # it ran and ended (returned or raised)
+                    self.handler_seconds = moved(self.handler_seconds, held.duration)
                 self.places.give_back()
 
     async def _run_coroutine(self, held: Held, handler: Callable[..., Awaitable[Any]]) -> None:
@@ -226,8 +291,7 @@ class Slots:
 
     def _took(self, seconds: float) -> None:
         """A place was busy `seconds` with one job (its handler and any write of its own)."""
-        average = self.average_seconds
-        self.average_seconds = seconds if average is None else average + DURATION_WEIGHT * (seconds - average)
+        self.average_seconds = moved(self.average_seconds, seconds)
 
     def run_attempt(self, held: Held) -> None:
         job = held.claimed.job
@@ -345,6 +409,11 @@ class Slots:
         metrics.ATTEMPT_SECONDS.labels(task=held.claimed.job.task_name, outcome=outcome).observe(
             time.monotonic() - started
         )
+
+
+def moved(average: float | None, seconds: float) -> float:
+    """A running average after one more job of `seconds`."""
+    return seconds if average is None else average + DURATION_WEIGHT * (seconds - average)
 
 
 def describe(exc: BaseException) -> str:
