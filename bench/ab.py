@@ -4,10 +4,12 @@
 
 For each round and configuration (PROCESSESxTHREADS) each side gets a fresh database made by its
 own code (its schema, its enqueue_many), N no-op jobs, then `jobqueue worker --burst` at the
-default log level, run from that side's tree (the order of the sides alternates every round).
-jobs/s: done jobs / (MAX(finished_at) - MIN(started_at)), the jobs' own timestamps, as in
-bench/throughput.py; "whole process": jobs / (first spawn .. last exit). The other commit is
-checked out into a temporary git worktree and removed afterwards.
+default log level, run from that side's tree (the order of the sides alternates every round),
+its processes started behind the start gate (bench/gate.py). jobs/s: done jobs /
+(MAX(finished_at) - MIN(started_at)), the jobs' own timestamps, as in bench/throughput.py;
+worker CPU: the workers' CPU seconds (user + system, os.wait4) from the gate to their exit, per
+job, so start-up is not counted. The other commit is checked out into a temporary git worktree and
+removed afterwards.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from bench.common import REPO, db_window, drop_mysql_db
+from bench.common import REPO, ProcRun, db_window, drop_mysql_db
 
 JOBQUEUE = Path(sys.executable).with_name("jobqueue")
 
@@ -39,35 +40,21 @@ def _py(tree: Path, code: str) -> str:
 
 
 def run_side(tree: Path, jobs: int, procs: int, threads: int) -> tuple[float, float]:
-    """(jobs/s in the jobs' own window, jobs/s of the whole processes) for one run."""
+    """(jobs/s in the jobs' own window, worker CPU microseconds a job) for one run."""
     url = _py(
         tree, f"from bench import common; u = common.create_mysql_db('ab'); common.enqueue_noops(u, {jobs}); print(u)"
     )
     try:
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        cmd = [
-            str(JOBQUEUE),
-            "--database-url",
-            url,
-            "worker",
-            "--concurrency",
-            str(threads),
-            "--burst",
-            "--tasks",
-            "bench.gate_tasks",
-        ]
-        t0 = time.perf_counter()
-        children = [
-            subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for _ in range(procs)
-        ]
-        if any(c.wait() for c in children):
-            raise RuntimeError(f"a worker of {tree} exited with an error")
-        wall = time.perf_counter() - t0
+        cmd = [str(JOBQUEUE), "--database-url", url, "worker", "--concurrency", str(threads), "--burst"]
+        run = ProcRun([[*cmd, "--tasks", "bench.gate_tasks"]] * procs, env={"PYTHONPATH": str(tree)}, cwd=tree)
+        with tempfile.TemporaryDirectory() as logs:
+            run.start(Path(logs))
+            run.wait(600)
+            run.check()
         window = db_window(url)  # the columns it reads are the same on both sides
         if window.done != jobs:
             raise RuntimeError(f"{tree}: {window.done} of {jobs} jobs done")
-        return window.jobs_per_s, jobs / wall
+        return window.jobs_per_s, run.cpu / jobs * 1e6
     finally:
         drop_mysql_db(url)
 
@@ -94,16 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=REPO, check=False)
         shutil.rmtree(before.parent, ignore_errors=True)
     print(f"{a.jobs:,} no-op jobs, {a.rounds} rounds alternating, before = {a.ref}, after = this checkout")
-    print(
-        "| configuration | before jobs/s | after jobs/s | ratio | before, whole process | after, whole process | ratio |"
-    )
+    print("| configuration | before jobs/s | after jobs/s | ratio | before, worker CPU us/job | after | ratio |")
     print("|---|---|---|---|---|---|---|")
     for procs, threads in configs:
         b, n = results[(procs, threads, "before")], results[(procs, threads, "after")]
         med = [statistics.median(x[i] for x in side) for side in (b, n) for i in (0, 1)]
         print(
-            f"| {procs} x {threads} | {med[0]:,.0f} | {med[2]:,.0f} | {med[2] / med[0]:.2f}x | {med[1]:,.0f} | "
-            f"{med[3]:,.0f} | {med[3] / med[1]:.2f}x |"
+            f"| {procs} x {threads} | {med[0]:,.0f} | {med[2]:,.0f} | {med[2] / med[0]:.2f}x | {med[1]:.0f} | "
+            f"{med[3]:.0f} | {med[3] / med[1]:.2f}x |"
         )
     return 0
 

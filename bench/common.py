@@ -300,6 +300,7 @@ class ProcRun:
 
     cmds: list[list[str]]
     env: dict[str, str] = field(default_factory=dict)
+    cwd: Path = REPO  # bench.ab runs another commit's tree (its PYTHONPATH in env)
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
     cpu_at_gate: list[float] = field(default_factory=list)
@@ -332,7 +333,12 @@ class ProcRun:
             with open(path, "w") as fh:
                 self.procs.append(
                     subprocess.Popen(
-                        cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=self.new_session
+                        cmd,
+                        stdout=fh,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        cwd=self.cwd,
+                        start_new_session=self.new_session,
                     )
                 )
         if not self.gated:
