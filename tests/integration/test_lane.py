@@ -100,3 +100,26 @@ def test_longer_handlers_run_side_by_side(engine):
     assert worker.processed == 24
     assert worker.slots.handler_seconds >= LANE_WHILE_HANDLERS_UNDER_SECONDS
     assert most == 4
+
+
+def test_every_job_given_is_taken_whoever_took_the_one_before(engine):
+    """The lane was woken for a job another thread took first (many threads, handlers switching
+    between short and long): a job given after that must still find a thread. (A stale "woken"
+    flag on the lane left such a job in the inbox for ever: a 2 x 32 benchmark run hung.)"""
+    keys = [f"{'slow' if (i // 40) % 2 else 'fast'}{i}" for i in range(1200)]
+
+    def handler(payload, ctx):
+        if ctx.task_key.startswith("slow"):
+            time.sleep(LANE_WHILE_HANDLERS_UNDER_SECONDS * 2)
+
+    add(engine, keys)
+    worker = worker_of(engine, handler, concurrency=32, burst=True)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    thread.join(120)
+    hung = thread.is_alive()
+    if hung:
+        worker.stop()
+        thread.join(60)
+    assert not hung, f"{worker.processed} of {len(keys)} jobs ran, then the worker waited for ever"
+    assert worker.processed == len(keys)

@@ -196,6 +196,9 @@ class Slots:
         while not self._inbox:
             if self._stopping:
                 return None
+            # Woken for a job another thread took first: no longer "called", or the next job given
+            # would wait for a lane that nobody wakes.
+            self._lane_called = False
             self._lane_waiting = True
             self._lane_wake.wait()
             self._lane_waiting = False
