@@ -189,3 +189,56 @@ def test_many_concurrent_batches_over_the_same_keys_write_each_once(mysql_engine
             if not r.duplicate:
                 writers[r.task_key] = writers.get(r.task_key, 0) + 1
     assert writers == {key: 1 for key in table}
+
+
+def test_concurrent_batches_split_in_several_statements_report_their_own_rows_ids(mysql_engine, monkeypatch):
+    """MySQL's default innodb_autoinc_lock_mode 2 does not promise a multi-row INSERT consecutive
+    ids, so each statement's are checked (one row read) before LAST_INSERT_ID() onwards is
+    trusted. Four connections write 30 batches of 200 fresh keys each at once, each batch in
+    several statements: every id reported is its own row's."""
+    enqueue_module = __import__("sys").modules["jobqueue.core.repository.enqueue"]
+    monkeypatch.setattr(enqueue_module, "STATEMENT_BYTES", 4000)
+    barrier = threading.Barrier(4)
+    results: list = []
+    errors: list[BaseException] = []
+
+    def caller(n: int) -> None:
+        try:
+            with mysql_engine.connect() as conn:
+                barrier.wait()
+                for b in range(30):
+                    results.extend(
+                        service.enqueue_many(conn, [{"task": "noop", "task_key": f"i{n}-{b}-{i}"} for i in range(200)])
+                    )
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    with mysql_engine.connect() as conn:
+        table = rows_by_key(conn)
+    assert len(results) == len(table) == 4 * 30 * 200
+    wrong = [r.task_key for r in results if r.duplicate or r.id != table[r.task_key].id]
+    assert wrong == []
+
+
+def test_ids_not_in_a_row_are_not_trusted(mysql_engine):
+    """The check itself, on real rows: three rows written by one statement whose ids are no
+    longer first, first + 1, first + 2 (the last one moved) are read back, not assumed."""
+    from types import SimpleNamespace
+
+    from jobqueue.core.repository.enqueue import _consecutive_ids, _numbered_in_a_row
+
+    keys = [SimpleNamespace(task_key=k) for k in ("a", "b", "c")]
+    with mysql_engine.connect() as conn:
+        first = service.enqueue_many(conn, [{"task": "noop", "task_key": k.task_key} for k in keys])[0].id
+        _consecutive_ids(conn)
+        assert _numbered_in_a_row(conn, keys, first)
+        with conn.begin():
+            conn.execute(sa.update(job_queue).where(jq.task_key == "c").values(id=first + 5))
+        assert not _numbered_in_a_row(conn, keys, first)
+        assert _numbered_in_a_row(conn, keys[:2], first)

@@ -17,8 +17,9 @@ pruned_key, and job_queue for our own rows and for known keys the consistent rea
 caller's whole transaction back: TransactionConflict (db.callers_transaction).
 
 The INSERT's row count says what happened. Every row went in: all ours, and their ids are
-LAST_INSERT_ID() onwards where InnoDB numbers a statement's rows consecutively (see
-_consecutive_ids; elsewhere the read below also reads job_queue for them). A key that turns out
+LAST_INSERT_ID() onwards where InnoDB numbered a statement's rows consecutively (promised by
+_consecutive_ids' lock modes, else checked by _numbered_in_a_row; where neither holds the read
+below also reads job_queue for them). A key that turns out
 to be in pruned_key is deleted again before the COMMIT (the read comes after the INSERT, so a
 prune that committed while our INSERT waited on its row is seen). No row went in: all known, and
 one read (job_queue UNION ALL pruned_key, by task_key) gives their ids and statuses. Only some
@@ -389,34 +390,58 @@ def _payload_json(job: NewJob) -> str:
 
 def _insert(c: Connection, jobs: Iterable[NewJob], trace: str | None = None) -> tuple[int, list[int] | None]:
     """INSERT IGNORE the jobs (with `trace` as their trace_context); returns how many rows went in
-    and, when every row went in and the server numbers a statement's rows consecutively, their ids
+    and, when every row went in and each statement's rows were numbered consecutively, their ids
     in order (None: read them)."""
     if not is_mysql(c):
         return sum(c.exec_driver_sql(sql, params).rowcount for sql, params in _sqlite_inserts(jobs, trace)), None
-    inserted, ids = 0, []
+    jobs = list(jobs)
+    inserted, ids, done = 0, [], 0
     consecutive = _consecutive_ids(c)
     for sql, rows in _mysql_inserts(c, jobs, trace):
         result = execute_sql(c, sql)
         if result.warnings != rows - result.rowcount:
             _refusals(c)  # a warning besides one per known key: raised unless all are duplicates
         inserted += result.rowcount
-        if result.rowcount == rows and consecutive:
+        if (
+            ids is not None
+            and result.rowcount == rows
+            and (consecutive or _numbered_in_a_row(c, jobs[done : done + rows], result.lastrowid))
+        ):
             ids.extend(range(result.lastrowid, result.lastrowid + rows))
         else:
-            consecutive = False
-    return inserted, ids if consecutive else None
+            ids = None
+        done += rows
+    return inserted, ids
 
 
 def _consecutive_ids(c: Connection) -> bool:
     """Whether one multi-row INSERT's rows get consecutive ids from LAST_INSERT_ID() on: InnoDB
     promises it in the "traditional" and "consecutive" lock modes (0, 1: MariaDB's default) with
-    auto_increment_increment 1, not in "interleaved" mode (2: MySQL 8.0's default), where the ids
-    are read back instead. Asked once per connection (a failover gets a new one)."""
+    auto_increment_increment 1, not in "interleaved" mode (2: MySQL 8.0's default), where each
+    statement's ids are checked instead (_numbered_in_a_row). Asked once per connection (a
+    failover gets a new one)."""
     info = c.connection.info
     if "jq_consecutive_ids" not in info:
         ((mode, step),) = execute_sql(c, "SELECT @@innodb_autoinc_lock_mode, @@auto_increment_increment").rows
         info["jq_consecutive_ids"] = int(mode) in (0, 1) and int(step) == 1
+        info["jq_ids_step"] = int(step)
     return info["jq_consecutive_ids"]
+
+
+def _numbered_in_a_row(c: Connection, jobs: list[NewJob], first: int) -> bool:
+    """Whether the rows one INSERT statement wrote (every one of `jobs`) hold the ids first,
+    first + 1, ..., in their order. In "interleaved" mode a statement's rows get rising ids in
+    their order, yet rows of other statements may take ids in between: the ids are those exactly
+    when the highest is first + n - 1 (n distinct ids, none below first). One row read back
+    instead of n (MySQL: a third of enqueue_many's client CPU, docs/benchmarks.md)."""
+    if c.connection.info.get("jq_ids_step") != 1:
+        return False
+    escape = escaper(c.connection.dbapi_connection)
+    in_list = ",".join(escape(job.task_key) for job in jobs)
+    ((highest,),) = execute_sql(
+        c, f"SELECT MAX(id) FROM job_queue FORCE INDEX (uk_task_key) WHERE task_key IN ({in_list})"
+    ).rows
+    return highest == first + len(jobs) - 1
 
 
 def _mysql_inserts(c: Connection, jobs: Iterable[NewJob], trace: str | None = None) -> Iterator[tuple[str, int]]:
