@@ -78,6 +78,23 @@ def test_the_enqueue_bench_runs_every_part_small(mysql_url):
     assert any(name.startswith("9. validation") for name, _, _ in targets)
 
 
+def test_the_enqueue_client_bench_runs_small(mysql_url):
+    """bench/enqueue_client.py as documented, at a small size: it makes and drops its database."""
+    import subprocess
+    import sys
+
+    server = mysql_url.rsplit("/", 1)[0]
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.enqueue_client", "--server", server, "--rows", "2000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert out.returncode == 0, out.stderr
+    assert " rows/s, client CPU " in out.stdout
+
+
 def test_the_dashboard_bench_loads_its_shape_on_every_server(mysql_url):
     """bench/dashboard.py fills the table from a table of numbers of its own (MariaDB's seq_1_to_N
     tables do not exist on MySQL): the history, then the live jobs above it, ids in time order."""
