@@ -24,6 +24,28 @@ def rows_by_key(conn):
     return {r.task_key: r for r in conn.execute(sa.select(jq.task_key, jq.id, jq.status, jq.payload, jq.queue))}
 
 
+def at_once(engine, callers: int, call) -> None:
+    """call(n, conn) on `callers` threads, each on its own connection, started together; what
+    any of them raised is raised here."""
+    barrier = threading.Barrier(callers)
+    errors: list[BaseException] = []
+
+    def run(n: int) -> None:
+        try:
+            with engine.connect() as conn:
+                barrier.wait()
+                call(n, conn)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(callers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+
+
 def test_a_fresh_batch_reports_each_rows_own_id_in_order(engine):
     with engine.connect() as conn:
         res = service.enqueue_many(
@@ -156,29 +178,17 @@ def test_many_concurrent_batches_over_the_same_keys_write_each_once(mysql_engine
     inserted a moment before (mixed batches, redone the exact way) and wait on rows others
     have not committed yet."""
     shared = [f"shared-{i}" for i in range(300)]
-    barrier = threading.Barrier(4)
     results: dict[int, list] = {}
-    errors: list[BaseException] = []
 
-    def caller(n: int) -> None:
+    def caller(n: int, conn) -> None:
         keys = shared[:] + [f"own-{n}-{i}" for i in range(50)]
         random.Random(n).shuffle(keys)
-        try:
-            with mysql_engine.connect() as conn:
-                barrier.wait()
-                out = []
-                for lo in range(0, len(keys), 100):
-                    out += service.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in keys[lo : lo + 100]])
-                results[n] = out
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        out = []
+        for lo in range(0, len(keys), 100):
+            out += service.enqueue_many(conn, [{"task": "noop", "task_key": k} for k in keys[lo : lo + 100]])
+        results[n] = out
 
-    threads = [threading.Thread(target=caller, args=(n,)) for n in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert errors == []
+    at_once(mysql_engine, 4, caller)
     with mysql_engine.connect() as conn:
         table = rows_by_key(conn)
     assert len(table) == 300 + 4 * 50
@@ -198,27 +208,15 @@ def test_concurrent_batches_split_in_several_statements_report_their_own_rows_id
     several statements: every id reported is its own row's."""
     enqueue_module = __import__("sys").modules["jobqueue.core.repository.enqueue"]
     monkeypatch.setattr(enqueue_module, "STATEMENT_BYTES", 4000)
-    barrier = threading.Barrier(4)
     results: list = []
-    errors: list[BaseException] = []
 
-    def caller(n: int) -> None:
-        try:
-            with mysql_engine.connect() as conn:
-                barrier.wait()
-                for b in range(30):
-                    results.extend(
-                        service.enqueue_many(conn, [{"task": "noop", "task_key": f"i{n}-{b}-{i}"} for i in range(200)])
-                    )
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+    def caller(n: int, conn) -> None:
+        for b in range(30):
+            results.extend(
+                service.enqueue_many(conn, [{"task": "noop", "task_key": f"i{n}-{b}-{i}"} for i in range(200)])
+            )
 
-    threads = [threading.Thread(target=caller, args=(n,)) for n in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert errors == []
+    at_once(mysql_engine, 4, caller)
     with mysql_engine.connect() as conn:
         table = rows_by_key(conn)
     assert len(results) == len(table) == 4 * 30 * 200
