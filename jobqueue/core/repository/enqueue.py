@@ -18,7 +18,7 @@ caller's whole transaction back: TransactionConflict (db.callers_transaction).
 
 The INSERT's row count says what happened. Every row went in: all ours, and their ids are
 LAST_INSERT_ID() onwards where InnoDB numbered a statement's rows consecutively (promised by
-_consecutive_ids' lock modes, else checked by _numbered_in_a_row; where neither holds the read
+the lock modes of _id_numbering, else checked by _numbered_in_a_row; where neither holds the read
 below also reads job_queue for them). A key that turns out
 to be in pruned_key is deleted again before the COMMIT (the read comes after the INSERT, so a
 prune that committed while our INSERT waited on its row is seen). No row went in: all known, and
@@ -396,7 +396,7 @@ def _insert(c: Connection, jobs: Iterable[NewJob], trace: str | None = None) -> 
         return sum(c.exec_driver_sql(sql, params).rowcount for sql, params in _sqlite_inserts(jobs, trace)), None
     jobs = list(jobs)
     inserted, ids, done = 0, [], 0
-    consecutive = _consecutive_ids(c)
+    numbering = _id_numbering(c)
     for sql, rows in _mysql_inserts(c, jobs, trace):
         result = execute_sql(c, sql)
         if result.warnings != rows - result.rowcount:
@@ -405,7 +405,11 @@ def _insert(c: Connection, jobs: Iterable[NewJob], trace: str | None = None) -> 
         if (
             ids is not None
             and result.rowcount == rows
-            and (consecutive or _numbered_in_a_row(c, jobs[done : done + rows], result.lastrowid))
+            and (
+                numbering == "consecutive"
+                or numbering == "checked"
+                and _numbered_in_a_row(c, jobs[done : done + rows], result.lastrowid)
+            )
         ):
             ids.extend(range(result.lastrowid, result.lastrowid + rows))
         else:
@@ -414,18 +418,18 @@ def _insert(c: Connection, jobs: Iterable[NewJob], trace: str | None = None) -> 
     return inserted, ids
 
 
-def _consecutive_ids(c: Connection) -> bool:
-    """Whether one multi-row INSERT's rows get consecutive ids from LAST_INSERT_ID() on: InnoDB
-    promises it in the "traditional" and "consecutive" lock modes (0, 1: MariaDB's default) with
-    auto_increment_increment 1, not in "interleaved" mode (2: MySQL 8.0's default), where each
-    statement's ids are checked instead (_numbered_in_a_row). Asked once per connection (a
-    failover gets a new one)."""
+def _id_numbering(c: Connection) -> str:
+    """How one multi-row INSERT's rows are numbered from LAST_INSERT_ID() on: "consecutive", as
+    InnoDB promises in the "traditional" and "consecutive" lock modes (0, 1: MariaDB's default)
+    with auto_increment_increment 1; "checked" in "interleaved" mode (2: MySQL 8.0's default),
+    which promises rising ids only, so each statement's are checked (_numbered_in_a_row); "read"
+    with another increment: the ids are read back. Asked once per connection (a failover gets a
+    new one)."""
     info = c.connection.info
-    if "jq_consecutive_ids" not in info:
+    if "jq_id_numbering" not in info:
         ((mode, step),) = execute_sql(c, "SELECT @@innodb_autoinc_lock_mode, @@auto_increment_increment").rows
-        info["jq_consecutive_ids"] = int(mode) in (0, 1) and int(step) == 1
-        info["jq_ids_step"] = int(step)
-    return info["jq_consecutive_ids"]
+        info["jq_id_numbering"] = "read" if int(step) != 1 else "consecutive" if int(mode) in (0, 1) else "checked"
+    return info["jq_id_numbering"]
 
 
 def _numbered_in_a_row(c: Connection, jobs: list[NewJob], first: int) -> bool:
@@ -433,9 +437,7 @@ def _numbered_in_a_row(c: Connection, jobs: list[NewJob], first: int) -> bool:
     first + 1, ..., in their order. In "interleaved" mode a statement's rows get rising ids in
     their order, yet rows of other statements may take ids in between: the ids are those exactly
     when the highest is first + n - 1 (n distinct ids, none below first). One row read back
-    instead of n (MySQL: a third of enqueue_many's client CPU, docs/benchmarks.md)."""
-    if c.connection.info.get("jq_ids_step") != 1:
-        return False
+    instead of n (MySQL: about a fifth of enqueue_many's client CPU, docs/benchmarks.md)."""
     escape = escaper(c.connection.dbapi_connection)
     in_list = ",".join(escape(job.task_key) for job in jobs)
     ((highest,),) = execute_sql(

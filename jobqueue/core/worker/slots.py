@@ -134,9 +134,9 @@ class Slots:
         self._idle = 0  # threads waiting for a job
         self._lock = threading.Lock()
         self._lane_wake = threading.Condition(self._lock)  # the lane (the first thread) waits here
-        self._lane_waiting = False
         self._lane_called = False  # woken for a job it has not taken yet
-        self._lane_since: float | None = None  # when the lane took the job it runs
+        # When the lane took the job it runs; None while it waits for one (or has not started).
+        self._lane_since: float | None = None
         self._others_wake = threading.Condition(self._lock)  # every other thread waits here
         self._watching = 0  # other threads waiting for the inbox's first job to be late
         self._stopping = False
@@ -169,7 +169,7 @@ class Slots:
                     target=self._run, args=(lane,), name=f"jobqueue-slot-{len(self.threads) + 1}", daemon=True
                 )
                 self.threads.append(thread)
-            if self._lane_waiting and not self._lane_called:
+            if self._lane_since is None and not self._lane_called:
                 self._lane_called = True
                 self._lane_wake.notify()
             elif not self._on_lane() or (self._lane_since is not None and not self._watching):
@@ -199,9 +199,7 @@ class Slots:
             # Woken for a job another thread took first: no longer "called", or the next job given
             # would wait for a lane that nobody wakes.
             self._lane_called = False
-            self._lane_waiting = True
             self._lane_wake.wait()
-            self._lane_waiting = False
         self._lane_called = False
         self._lane_since = time.monotonic()
         if len(self._inbox) > 1 and not self._watching:
