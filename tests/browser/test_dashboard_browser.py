@@ -47,6 +47,9 @@ def test_requeue_a_failed_job_and_watch_it_finish(mysql_url, tmp_path, browser):
 
         page.click("text=Jobs")
         page.select_option("select[name=status]", "failed")
+        # The filtered table replaces the whole one: act on its row, not on the unfiltered table's
+        # (a click there, then the filtered table drawn from before the requeue, shows it failed).
+        expect(page).to_have_url(re.compile(r"status=failed"))
         row = page.locator(f"#job-{job_id}")
         expect(row.locator(".badge")).to_have_text("failed")
         expect(row.locator("td.error")).to_contain_text(
