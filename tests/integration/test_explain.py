@@ -16,7 +16,7 @@ from jobqueue.core import repository, service
 from jobqueue.core.errors import InvalidState, JobNotFound
 from jobqueue.core.models import Status
 from jobqueue.core.schema import job_queue
-from testkit.locks import hold_rows
+from testkit.locks import hold_rows, wait_for_lock_tables
 from testkit.procs import WorkerProcess, jobqueue, wait_until
 
 
@@ -88,7 +88,7 @@ def test_a_held_row_names_exactly_the_connection_that_holds_it(mysql_url, mysql_
             # Ending the holder frees the row, and the next claim takes it.
             killed = service.kill_connection(conn, holder_id, actor="test")
             assert killed.jobs == (held,)
-            wait_until(lambda: not repository.locks.row_lock(conn, held).held, message="row let go")
+            wait_for_lock_tables(lambda: not repository.locks.row_lock(conn, held).held, "row let go")
             assert [c.job.id for c in service.claim(conn, "w:2", 1, ["default"], lease_seconds=30)] == [held]
             (audit,) = [a for a in repository.operator.list_audit(conn, limit=5) if a["action"] == "kill"]
         assert (

@@ -11,8 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobqueue.core import repository, service
-from testkit.locks import hold_rows
-from testkit.procs import wait_until
+from testkit.locks import hold_rows, wait_for_lock_tables
 from testkit.web import VIEWER_TOKEN, api, post
 
 
@@ -66,7 +65,7 @@ def test_the_locks_page_lists_the_holder_and_killing_it_frees_the_job(client, en
     done = post(client, f"/locks/{holder_id}/kill", {"confirm": "yes"}, htmx=False)
     assert done.status_code == 302
     with engine.connect() as conn:
-        wait_until(lambda: not repository.locks.row_lock(conn, job_id).held, message="row let go")
+        wait_for_lock_tables(lambda: not repository.locks.row_lock(conn, job_id).held, "row let go")
         claimed = service.claim(conn, "w:1", 2, ["default"], lease_seconds=30)
         assert job_id in [c.job.id for c in claimed]
         (audit,) = [a for a in repository.operator.list_audit(conn, limit=5) if a["action"] == "kill"]
@@ -123,9 +122,8 @@ def test_sql_text_is_for_admins_only(client, viewer, engine, held_job):
     try:
         started.wait(5)
         with engine.connect() as conn:
-            wait_until(
-                lambda: any(t.waiting_for for t in repository.locks.lock_report(conn).transactions),
-                message="the waiter shows",
+            wait_for_lock_tables(
+                lambda: any(t.waiting_for for t in repository.locks.lock_report(conn).transactions), "the waiter shows"
             )
         assert "secret-marker" in client.get("/locks").get_data(as_text=True)
         assert "secret-marker" not in viewer.get("/locks").get_data(as_text=True)
@@ -168,9 +166,8 @@ def test_the_latest_deadlock_is_shown_to_admins(client, viewer, engine):
         t = threading.Thread(target=a_takes_b)
         t.start()
         with engine.connect() as conn:
-            wait_until(
-                lambda: any(tr.waiting_for for tr in repository.locks.lock_report(conn).transactions),
-                message="a waits for b",
+            wait_for_lock_tables(
+                lambda: any(tr.waiting_for for tr in repository.locks.lock_report(conn).transactions), "a waits for b"
             )
         try:
             b.exec_driver_sql(lock.format(a_id))  # the cycle: one of the two is chosen as the victim
@@ -275,11 +272,9 @@ def test_a_second_waiter_is_not_named_as_the_rows_holder(client, engine, held_jo
             waiters.append(t)
             with engine.connect() as conn:
                 n = len(waiters)
-                # InnoDB refreshes what its information_schema tables show at most every 0.1 s.
-                wait_until(
+                wait_for_lock_tables(
                     lambda: sum(bool(t.waiting_for) for t in repository.locks.lock_report(conn).transactions) == n,
-                    interval=0.2,
-                    message=f"{n} waiters show",
+                    f"{n} waiters show",
                 )
         with engine.connect() as conn:
             assert [t.connection_id for t in repository.locks.row_lock(conn, job_id).holders] == [holder_id]

@@ -390,8 +390,9 @@ def _details(
 
 def lock_report(conn: Connection) -> LockReport:
     """Every transaction that holds or waits on job_queue rows (other than this connection's),
-    with the job rows it holds, oldest first. A picture up to 0.1 s old (InnoDB's INNODB_TRX):
-    a transaction begun since may not be in it yet."""
+    with the job rows it holds, oldest first. InnoDB's picture (INNODB_TRX), which it refreshes only
+    when it was last read more than 0.1 s ago (see PROBE_POLL): a transaction begun since may not be
+    in it yet, and a reader polling faster than that keeps reading the old picture."""
     if not is_mysql(conn):
         return LockReport([], unavailable="SQLite has no row locks: a transaction takes the whole database")
     kind = flavour(conn)
