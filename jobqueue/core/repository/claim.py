@@ -218,11 +218,11 @@ def _open_queues(c: Connection, kind: str, queues: Sequence[str]) -> list[str]:
     queue; a pause creating the same row meanwhile makes the insert wait for it."""
     statement = QUEUE_STATES if kind == "sqlite" else QUEUE_STATES_SHARED  # SQLite: the claim holds the database
     names = list(dict.fromkeys(queues))
-    paused = dict(c.execute(statement, {"queues": names}).all())
+    paused = dict(execute_fast(c, statement, {"queues": names}).rows)
     missing = [q for q in names if q not in paused]
     if missing:
         c.execute(ADD_QUEUE_STATE, [{"name": q} for q in sorted(missing)])
-        paused = dict(c.execute(statement, {"queues": names}).all())
+        paused = dict(execute_fast(c, statement, {"queues": names}).rows)
     return [q for q in queues if q in paused and not paused[q]]
 
 
