@@ -191,15 +191,22 @@ def test_no_claim_commits_after_the_pause_answered_though_the_cycle_read_the_que
         t.join(10)
 
 
-def test_a_pause_waits_for_a_claim_in_flight_and_no_claim_commits_after_it_answered(mysql_engine, monkeypatch):
+@pytest.mark.parametrize("row", ["queue row present", "queue row missing"])
+def test_a_pause_waits_for_a_claim_in_flight_and_no_claim_commits_after_it_answered(mysql_engine, monkeypatch, row):
     """A claim transaction stalls after its locking pick; a pause sent meanwhile answers only
     once that claim committed (the claim's queue-state lock), and from then on nothing of the
-    queue is claimed."""
+    queue is claimed. A queue that never had a queue_state row has nothing to lock yet: the pause
+    (which creates it) answers at once, and the claim, reading the row again under its lock
+    before taking anything, takes nothing."""
     claim_module = importlib.import_module("jobqueue.core.repository.claim")  # the facade's `claim` is a function
 
     with mysql_engine.connect() as conn:
         add(conn, "held", 6)
-    real, stalled, go = claim_module._pick, threading.Event(), threading.Event()
+        if row == "queue row present":
+            service.resume_queue(conn, "held", actor="tester")
+    # split_rows reads the rows of the locking pick (with the queue states, the lock of finished
+    # jobs, or alone): stalling there stalls the claim with its locks taken.
+    real, stalled, go = claim_module.split_rows, threading.Event(), threading.Event()
 
     def stalling(*args, **kwargs):
         rows = real(*args, **kwargs)
@@ -208,7 +215,7 @@ def test_a_pause_waits_for_a_claim_in_flight_and_no_claim_commits_after_it_answe
             go.wait(10)
         return rows
 
-    monkeypatch.setattr(claim_module, "_pick", stalling)
+    monkeypatch.setattr(claim_module, "split_rows", stalling)
     worker = Worker(
         mysql_engine, WorkerConfig(concurrency=2, prefetch=0, queues=("held",), idle_cap_seconds=0.2, doorbell=False)
     )
@@ -226,6 +233,12 @@ def test_a_pause_waits_for_a_claim_in_flight_and_no_claim_commits_after_it_answe
         assert stalled.wait(10), "the worker never picked"
         pauser.start()
         time.sleep(1.0)
+        if row == "queue row missing":
+            assert paused, "the pause waited though the claim had no queue row to lock"
+            go.set()
+            time.sleep(1.0)
+            assert claimed(mysql_engine, "held") == [], "a claim committed after the pause answered"
+            return
         assert not paused, "the pause answered while a claim of its queue was in flight"
         released = time.monotonic()
         go.set()

@@ -24,13 +24,16 @@ that reaches a demoted primary (or a replica) rolls back before its UPDATE: no c
 written on a read-only server.
 
 A claim may first complete the jobs that finished since the last one (`completions`), in the
-same transaction: one COMMIT per cycle of the worker instead of two.
+same transaction: one COMMIT per cycle of the worker instead of two. Where the server takes it, a
+cycle sends one SELECT (queue states, finished rows, pick), one UPDATE and the COMMIT.
 
 Concurrency limits and rate limits: which picked jobs a claim may take is decided in limits.py
 (`Places`), inside the claim's transaction, without ever waiting on a lock.
 
 Paused queues: the claim share-locks the queue_state rows of the queues it was given and leaves
-out the paused ones (_open_queues), in its own transaction. A pause locks its row exclusively,
+out the paused ones, in its own transaction: in the same statement as its pick (the UNION ALL of
+_lock_and_pick, which drops the rows it picked from a queue it then finds paused), or apart
+(_open_queues). A pause locks its row exclusively,
 so it waits for the claims in flight that read the queue open, and the claims after it read it
 paused: once `pause` has answered, no claim of that queue commits, whatever the worker read
 before (workers still leave paused queues out of the lists they pass in, see ready_queues and
@@ -65,11 +68,12 @@ from .claim_sql import (
     LockedRow,
     PickedRow,
     complete_and_take_statement,
-    lock_and_pick_sql,
     lock_finished_statement,
     pick_after_statement,
     pick_statement,
+    queue_states_statement,
     split_rows,
+    union_sql,
 )
 from .common import NO_ROW, as_datetime, execute_fast, execute_sql, jq, shape
 from .hooks import settle
@@ -114,13 +118,14 @@ def claim_cycle(
         require_primary(c)
         kind = flavour(c)
         wanted = owners or (refill and completions)
-        open_queues = _open_queues(c, kind, queues) if queues and wanted else []
-        # One statement locks the finished jobs' rows and picks from the first queue, as if every
-        # finished job's slot will take new work; a slot whose row was held elsewhere (BUSY: the
-        # lease is still ours, its completion is tried again next cycle) takes none.
-        first = open_queues[0] if open_queues else None
+        # One statement reads the queues' states, locks the finished jobs' rows and picks from the
+        # first queue, as if every finished job's slot will take new work; a slot whose row was
+        # held elsewhere (BUSY: the lease is still ours, its completion is tried again next cycle)
+        # takes none.
         optimistic = len(owners) + (len(completions) if refill else 0)
-        mine, finishing, first_rows, parents = _lock_and_pick(c, kind, completions, first, optimistic)
+        open_queues, first, first_rows, mine, finishing, parents = _lock_and_pick(
+            c, kind, completions, queues if wanted else [], optimistic
+        )
         done = [lease for lease in completions if lease.job_id in mine]
         completed = {lease: Outcome.BUSY for lease in completions if lease.job_id not in mine}
         slots = list(owners) + ([lease.owner for lease in done] if refill else [])
@@ -232,7 +237,7 @@ def _pick_after(c: Connection, kind: str, queue: str, limit: int, last: PickedRo
         pick_after_statement(kind),
         {"queue": queue, "limit": limit, "after_priority": last.priority, "after_id": last.id},
     ).rows
-    return split_rows(rows)[1]
+    return split_rows(rows)[2]
 
 
 def _write(
@@ -280,25 +285,27 @@ def _write(
 
 
 def _lock_and_pick(
-    c: Connection, kind: str, finished: Sequence[Lease], queue: str | None, limit: int
-) -> tuple[set[int], list[str], list[PickedRow], set[int]]:
-    """Lock the finished leases' rows (those another transaction holds this instant stay out) and
-    pick up to `limit` ready rows of `queue`, in one round trip where the server takes a UNION of
-    the two locking SELECTs (one round trip less per cycle), else in two. Returns the ids locked,
-    the concurrency keys whose places the completions free, the picked rows and the ids of the
-    finished jobs something waits for. Either SELECT
-    reads the server's read-only flags: on a demoted primary the cycle stops here, before any
-    write."""
-    pick = (lambda: _pick(c, kind, {"queue": queue, "limit": limit})) if queue and limit else (lambda: [])
-    if not finished:
-        return set(), [], pick(), set()
-    size = shape(len(finished))
-    params = fence_params(finished, size)
-    lock = lock_finished_statement(size, kind)
-    if queue and limit and kind != "sqlite" and not REFUSED.union and not REFUSED.index_missing:
-        sql, defaults = lock_and_pick_sql(c.dialect, lock, pick_statement(kind))
+    c: Connection, kind: str, finished: Sequence[Lease], queues: Sequence[str], limit: int
+) -> tuple[list[str], str | None, list[PickedRow], set[int], list[str], set[int]]:
+    """Share-lock the queue_state rows of `queues` (see _open_queues), lock the finished leases'
+    rows (those another transaction holds this instant stay out) and pick up to `limit` ready rows
+    of the first queue: in one round trip where the server takes a UNION ALL of the locking
+    SELECTs (two round trips less per cycle), else apart. Returns the open queues, the queue
+    whose rows were picked (None when none was: its rows are dropped if it turned out paused),
+    the picked rows, the ids locked, the concurrency keys whose places the completions free and
+    the ids of the finished jobs something waits for. Every SELECT reads the server's read-only
+    flags: on a demoted primary the cycle stops here, before any write."""
+    names = list(dict.fromkeys(queues))
+    if names and limit and kind != "sqlite" and not REFUSED.union and not REFUSED.index_missing:
+        parts = [queue_states_statement(len(names), kind)]
+        params: dict[str, Any] = {f"state_{i}": name for i, name in enumerate(names)}
+        if finished:
+            size = shape(len(finished))
+            parts.append(lock_finished_statement(size, kind))
+            params.update(fence_params(finished, size))
+        sql, defaults = union_sql(c.dialect, *parts, pick_statement(kind))
         try:
-            rows = execute_sql(c, sql, {**defaults, **params, "queue": queue, "limit": limit}).rows
+            rows = execute_sql(c, sql, {**defaults, **params, "queue": queues[0], "limit": limit}).rows
         except DBAPIError as exc:
             code = error_code(exc)
             if code not in (ER_PARSE_ERROR, ER_WRONG_USAGE, ER_NO_SUCH_KEY):
@@ -306,16 +313,29 @@ def _lock_and_pick(
             # A statement error; the transaction goes on. (A missing index is _pick's to note.)
             REFUSED.union = REFUSED.union or code != ER_NO_SUCH_KEY
         else:
-            locked, picked = split_rows(rows)
-            _refuse_if_read_only(c, locked or picked, kind)
-            return {row.id for row in locked}, _freed(locked), picked, _parents(locked)
-    locked = split_rows(execute_fast(c, lock, params).rows)[0]
-    if kind == "sqlite":
-        mine = {lease.job_id for lease in finished}  # BEGIN IMMEDIATE already holds the whole database
-    else:
-        _refuse_if_read_only(c, locked, kind)
-        mine = {row.id for row in locked}
-    return mine, _freed(locked), pick(), _parents(locked)
+            if rows:
+                _refuse_if_read_only(c, [PickedRow(*rows[0])], kind)
+            states, locked, picked = split_rows(rows)
+            if len(states) < len(names):
+                open_queues = _open_queues(c, kind, queues)  # adds the missing rows, reads all again
+            else:
+                open_queues = [q for q in queues if not states[q]]
+            first = queues[0] if open_queues and open_queues[0] == queues[0] else None
+            return open_queues, first, picked if first else [], {r.id for r in locked}, _freed(locked), _parents(locked)
+    open_queues = _open_queues(c, kind, queues) if queues else []
+    first = open_queues[0] if open_queues and limit else None
+    locked: list[LockedRow] = []
+    mine: set[int] = set()
+    if finished:
+        size = shape(len(finished))
+        locked = split_rows(execute_fast(c, lock_finished_statement(size, kind), fence_params(finished, size)).rows)[1]
+        if kind == "sqlite":
+            mine = {lease.job_id for lease in finished}  # BEGIN IMMEDIATE already holds the whole database
+        else:
+            _refuse_if_read_only(c, locked, kind)
+            mine = {row.id for row in locked}
+    picked = _pick(c, kind, {"queue": first, "limit": limit}) if first else []
+    return open_queues, first, picked, mine, _freed(locked), _parents(locked)
 
 
 def _parents(locked: list[LockedRow]) -> set[int]:
@@ -345,7 +365,7 @@ def _pick(c: Connection, kind: str, params: dict[str, Any]) -> list[PickedRow]:
             REFUSED.index_missing = True  # a statement error; the transaction goes on
     if rows is None:
         rows = execute_fast(c, pick_statement(kind, hinted=False), params).rows
-    picked = split_rows(rows)[1]
+    picked = split_rows(rows)[2]
     if kind != "sqlite":
         _refuse_if_read_only(c, picked, kind)
     return picked

@@ -58,9 +58,12 @@ REFUSED = Refusals()
 # --- the rows -----------------------------------------------------------------------------------
 
 
+QUEUE_STATE_ROW = 2  # `finishing` of a queue_states_statement row
+
+
 class PickedRow(NamedTuple):
-    """A row of pick_statement (or of lock_finished_statement, `finishing` 1, in the same columns
-    so that both go in one UNION ALL)."""
+    """A row of pick_statement (or of lock_finished_statement, `finishing` 1, or of
+    queue_states_statement, `finishing` 2, in the same columns so that they go in one UNION ALL)."""
 
     id: int
     task_key: str
@@ -72,7 +75,7 @@ class PickedRow(NamedTuple):
     waited_us: int | None  # since run_at, by the database clock
     rate_bucket: str | None
     concurrency_key: str | None
-    finishing: int  # 0: a ready row picked; 1: a finished job's row locked
+    finishing: int  # 0: a ready row picked; 1: a finished job's row locked; 2: a queue's state
     read_only: Any = None  # any of the server's read-only flags on (not read on SQLite)
 
 
@@ -85,18 +88,23 @@ class LockedRow(NamedTuple):
     has_dependents: bool = False  # something waits for it: its completion settles its children
 
 
-def split_rows(rows: list[tuple]) -> tuple[list[LockedRow], list[PickedRow]]:
-    """The rows of the lock, the pick or their UNION ALL, told apart by their `finishing` column."""
+def split_rows(rows: list[tuple]) -> tuple[dict[str, bool], list[LockedRow], list[PickedRow]]:
+    """The rows of the queue states, the lock, the pick or their UNION ALL, told apart by their
+    `finishing` column: queue -> paused, the finished jobs' rows locked, the rows picked."""
+    states: dict[str, bool] = {}
     locked: list[LockedRow] = []
     picked: list[PickedRow] = []
     for row in rows:
         row = PickedRow(*row)
-        if row.finishing:
+        if row.finishing == QUEUE_STATE_ROW:
+            # A queue state row: the queue's name in `task_key`, paused in `priority`.
+            states[row.task_key] = bool(row.priority)
+        elif row.finishing:
             # A locked row carries has_dependents in the pick's `priority` column.
             locked.append(LockedRow(row.id, row.concurrency_key, row.read_only, bool(row.priority)))
         else:
             picked.append(row)
-    return locked, picked
+    return states, locked, picked
 
 
 # --- the statements -----------------------------------------------------------------------------
@@ -174,21 +182,37 @@ def lock_finished_statement(n: int, flavour: str) -> sa.Select:
     return _force(stmt, job_queue, "PRIMARY").with_for_update(skip_locked=True)
 
 
-_unions: dict[tuple[str, sa.Select, sa.Select], tuple[str, dict[str, Any]]] = {}
+_unions: dict[tuple[Any, ...], tuple[str, dict[str, Any]]] = {}
 
 
-def lock_and_pick_sql(dialect: Dialect, lock: sa.Select, pick: sa.Select) -> tuple[str, dict[str, Any]]:
-    """`(lock) UNION ALL (pick)` as SQL text with their default parameters, built once. Their
-    parameter names must not clash: one dictionary carries both."""
-    key = (dialect.name, lock, pick)
+def union_sql(dialect: Dialect, *parts: sa.Select) -> tuple[str, dict[str, Any]]:
+    """`(part) UNION ALL (part) ...` as SQL text with their default parameters, built once. Their
+    parameter names must not clash: one dictionary carries them all. The server runs the parts in
+    order, so their locks are taken in that order."""
+    key = (dialect.name, *parts)
     if key not in _unions:
-        parts = [stmt.compile(dialect=dialect) for stmt in (lock, pick)]
-        first, second = (dict(p.params) for p in parts)
-        clash = {k for k in first.keys() & second.keys() if first[k] != second[k]}
-        if clash:
-            raise AssertionError(f"parameters named alike in both SELECTs: {sorted(clash)}")
-        _unions[key] = f"({parts[0].string}) UNION ALL ({parts[1].string})", {**first, **second}
+        compiled = [stmt.compile(dialect=dialect) for stmt in parts]
+        merged: dict[str, Any] = {}
+        for one in compiled:
+            clash = {k for k, v in one.params.items() if k in merged and merged[k] != v}
+            if clash:
+                raise AssertionError(f"parameters named alike in two SELECTs: {sorted(clash)}")
+            merged.update(one.params)
+        _unions[key] = " UNION ALL ".join(f"({one.string})" for one in compiled), merged
     return _unions[key]
+
+
+@functools.lru_cache(maxsize=64)
+def queue_states_statement(n: int, flavour: str) -> sa.Select:
+    """The queue_state rows of n queues (parameters state_0 ...), share-locked: a pause, which
+    locks its row exclusively, waits for the claim that read it open. In the pick's columns, so
+    that it goes first in the cycle's UNION ALL: the name in `task_key`, paused in `priority`."""
+    names = [sa.bindparam(f"state_{i}", type_=sa.String) for i in range(n)]
+    qs = queue_state.c
+    null = sa.literal_column("NULL")
+    columns = [null, qs.queue, null, qs.paused, *[null] * 6, sa.literal_column(str(QUEUE_STATE_ROW)).label("finishing")]
+    stmt = sa.select(*columns, read_only_column(flavour)).where(qs.queue.in_(names))
+    return _force(stmt, queue_state, "PRIMARY").with_for_update(read=True)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -291,6 +315,8 @@ _EXAMPLE = {
     "queue": "default",
     "limit": 4,
     "queues": ["default", "mail"],
+    "state_0": "default",
+    "state_1": "mail",
     "name": "mail",
     "keys": ["mail"],
     "after_priority": 0,
@@ -311,14 +337,27 @@ _EXAMPLE = {
 class Shape:
     name: str
     when: str
-    build: Callable[[str], Any]  # flavour -> a statement, or (lock, pick) for the UNION ALL
+    build: Callable[[str], Any]  # flavour -> a statement, or a tuple of them for a UNION ALL
 
 
 SHAPES = (
     Shape(
+        "open queues, lock and pick",
+        "First in a cycle with finished jobs and room to claim, in one round trip: share-locks the "
+        "queue_state rows of its queues (a pause waits for it), locks the finished jobs' rows and "
+        "picks from its first queue (its rows are dropped if that queue is paused). Not sent once the "
+        "server refused it (`REFUSED.union`) or said the index is missing (`REFUSED.index_missing`).",
+        lambda f: (queue_states_statement(2, f), lock_finished_statement(2, f), pick_statement(f)),
+    ),
+    Shape(
+        "open queues and pick",
+        "The same in a cycle with no finished job.",
+        lambda f: (queue_states_statement(2, f), pick_statement(f)),
+    ),
+    Shape(
         "open queues",
-        "First in every cycle that may claim: share-locks the queue_state rows of its queues (a "
-        "pause waits for it) and leaves out the paused ones.",
+        "When the UNION ALL is not sent; and after it, only when one of the queues had no "
+        "queue_state row (then `add queue state` first, and this reads them all again).",
         lambda f: QUEUE_STATES_SHARED,
     ),
     Shape(
@@ -327,20 +366,13 @@ SHAPES = (
         lambda f: ADD_QUEUE_STATE,
     ),
     Shape(
-        "lock and pick",
-        "A cycle with finished jobs and room to claim: locks the finished jobs' rows and picks "
-        "from its first queue in one round trip. Not sent once the server refused it (`REFUSED.union`) or "
-        "said the index is missing (`REFUSED.index_missing`).",
-        lambda f: (lock_finished_statement(2, f), pick_statement(f)),
-    ),
-    Shape(
         "lock finished",
-        "A cycle with finished jobs when `lock and pick` is not sent: nothing to pick, or refused.",
+        "A cycle with finished jobs when the UNION ALL is not sent: nothing to pick, or refused.",
         lambda f: lock_finished_statement(2, f),
     ),
     Shape(
         "pick",
-        "Each queue a cycle claims from (the first one's rows come from `lock and pick` when that was sent).",
+        "Each queue a cycle claims from (the first one's rows come from the UNION ALL when that was sent).",
         lambda f: pick_statement(f),
     ),
     Shape(
@@ -396,7 +428,7 @@ def as_sent(dialect: Dialect, built: Any, params: dict[str, Any]) -> str:
     from pymysql.converters import escape_item
 
     if isinstance(built, tuple):
-        sql, defaults = lock_and_pick_sql(dialect, *built)
+        sql, defaults = union_sql(dialect, *built)
         values = {**defaults, **params}
     else:
         compiled = built.compile(dialect=dialect)
@@ -417,7 +449,7 @@ def document() -> str:
         "A statement over n rows is built for n up to 2, else the next power of two; the places past n get",
         "ids no row has. Each SELECT below can be run with `EXPLAIN` in front.",
         "",
-        "One cycle: `open queues`, `lock and pick` (or `lock finished` and `pick`), `complete and take`,",
+        "One cycle: `open queues, lock and pick` (or `open queues`, `lock finished` and `pick`), `complete and take`,",
         "COMMIT. When it took fewer jobs than it asked for, one plain read says why",
         "(`claim.classify_statement`).",
         "",
