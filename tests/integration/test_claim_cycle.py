@@ -211,26 +211,26 @@ def test_batches_of_every_size_share_a_few_statements(mysql_engine):
 def test_a_cycle_whose_first_queue_is_paused_takes_from_the_next_and_leaves_the_paused_rows_free(mysql_engine, shape):
     """The one-statement cycle picks from its first queue before it knows that queue's state:
     when it is paused, those rows are dropped (their locks end at COMMIT) and the slots take
-    from the next open queue."""
+    from the next open queue. Three queues: the state read is built for four (see shape), the
+    last place repeating the first, and a paused queue further down the list is left alone too."""
+
+    def add_to(conn, queue, n):
+        jobs = [{"task": "noop", "task_key": f"{queue}{i}", "queue": queue} for i in range(n)]
+        return [r.id for r in service.enqueue_many(conn, jobs)]
+
     with mysql_engine.connect() as conn:
-        paused = [
-            r.id
-            for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"a{i}", "queue": "a"} for i in range(3)])
-        ]
-        other = [
-            r.id
-            for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"b{i}", "queue": "b"} for i in range(3)])
-        ]
+        paused, other, last = add_to(conn, "a", 3), add_to(conn, "b", 3), add_to(conn, "c", 2)
         service.pause_queue(conn, "a", actor="test")
-        first = service.claim_cycle(conn, ["w:1", "w:2"], ["a", "b"], lease_seconds=60)
+        service.pause_queue(conn, "c", actor="test")
+        first = service.claim_cycle(conn, ["w:1", "w:2"], ["a", "b", "c"], lease_seconds=60)
         assert sorted(c.job.id for c in first.claimed) == other[:2]
         # With completions: the finished rows' lock rides in the same statement.
         second = service.claim_cycle(
-            conn, [], ["a", "b"], lease_seconds=60, completions=[c.lease for c in first.claimed]
+            conn, [], ["a", "b", "c"], lease_seconds=60, completions=[c.lease for c in first.claimed]
         )
         assert set(second.completed.values()) == {Outcome.OK}
         assert [c.job.id for c in second.claimed] == other[2:]
-        states = dict(conn.execute(sa.select(jq.id, jq.status).where(jq.id.in_(paused))).all())
+        states = dict(conn.execute(sa.select(jq.id, jq.status).where(jq.id.in_(paused + last))).all())
     assert set(states.values()) == {"ready"}
     with mysql_engine.connect() as conn:  # nothing of queue a is still locked
         service.resume_queue(conn, "a", actor="test")

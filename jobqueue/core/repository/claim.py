@@ -297,8 +297,10 @@ def _lock_and_pick(
     flags: on a demoted primary the cycle stops here, before any write."""
     names = list(dict.fromkeys(queues))
     if names and limit and kind != "sqlite" and not REFUSED.union and not REFUSED.index_missing:
-        parts = [queue_states_statement(len(names), kind)]
-        params: dict[str, Any] = {f"state_{i}": name for i, name in enumerate(names)}
+        # Built for a few counts of queues (see shape); the places past them repeat the first.
+        places = shape(len(names))
+        parts = [queue_states_statement(places, kind)]
+        params: dict[str, Any] = {f"state_{i}": names[i if i < len(names) else 0] for i in range(places)}
         if finished:
             size = shape(len(finished))
             parts.append(lock_finished_statement(size, kind))
