@@ -223,11 +223,11 @@ def _open_queues(c: Connection, kind: str, queues: Sequence[str]) -> list[str]:
     queue; a pause creating the same row meanwhile makes the insert wait for it."""
     statement = QUEUE_STATES if kind == "sqlite" else QUEUE_STATES_SHARED  # SQLite: the claim holds the database
     names = list(dict.fromkeys(queues))
-    paused = dict(execute_fast(c, statement, {"queues": names}).rows)
+    paused = dict(c.execute(statement, {"queues": names}).all())
     missing = [q for q in names if q not in paused]
     if missing:
         c.execute(ADD_QUEUE_STATE, [{"name": q} for q in sorted(missing)])
-        paused = dict(execute_fast(c, statement, {"queues": names}).rows)
+        paused = dict(c.execute(statement, {"queues": names}).all())
     return [q for q in queues if q in paused and not paused[q]]
 
 
@@ -322,7 +322,7 @@ def _lock_and_pick(
                 open_queues = _open_queues(c, kind, queues)  # adds the missing rows, reads all again
             else:
                 open_queues = [q for q in queues if not states[q]]
-            first = queues[0] if open_queues and open_queues[0] == queues[0] else None
+            first = queues[0] if queues[0] in open_queues else None
             return open_queues, first, picked if first else [], {r.id for r in locked}, _freed(locked), _parents(locked)
     open_queues = _open_queues(c, kind, queues) if queues else []
     first = open_queues[0] if open_queues and limit else None

@@ -204,35 +204,29 @@ class Result:
     warnings: int = 0
 
 
-_compiled: dict[tuple[str, Any], tuple[str, dict[str, Any], Any]] = {}
+_compiled: dict[tuple[str, Any], tuple[str, dict[str, Any]]] = {}
 
 
 def execute_fast(c: Connection, stmt: sa.Executable, params: dict[str, Any]) -> Result:
     """Run one of the claim/complete statements. On MySQL the statement is compiled once to SQL
     text and sent on the DBAPI cursor: SQLAlchemy's per-execution work (cache key, parameter
     processing, result objects) was about 40 us of CPU per statement, a third of the worker's
-    CPU per job. An expanding IN list costs about 5 us a call to spell out. Errors are wrapped as
-    SQLAlchemy's own (and a lost connection invalidated), so db.transaction retries them as usual.
-    Elsewhere (SQLite) it is a plain execute."""
+    CPU per job. Errors are wrapped as SQLAlchemy's own (and a lost connection invalidated), so
+    db.transaction retries them as usual. Elsewhere (SQLite) it is a plain execute."""
     if not is_mysql(c):
         result = c.execute(stmt, params)
         return Result([tuple(r) for r in result.all()] if result.returns_rows else [], result.rowcount)
-    sql, defaults, expanding = compiled_sql(c, stmt)
-    if expanding is None:
-        return execute_sql(c, sql, {**defaults, **params})
-    spelled = expanding.construct_expanded_state({**defaults, **params})
-    return execute_sql(c, spelled.statement, spelled.parameters)
+    sql, defaults = compiled_sql(c, stmt)
+    return execute_sql(c, sql, {**defaults, **params})
 
 
-def compiled_sql(c: Connection, stmt: sa.Executable) -> tuple[str, dict[str, Any], Any]:
-    """A statement's SQL text for this connection's dialect, its default parameters, and (when it
-    has expanding IN lists, whose placeholders depend on the list) the compiled form that spells
-    them out; compiled once per statement object."""
+def compiled_sql(c: Connection, stmt: sa.Executable) -> tuple[str, dict[str, Any]]:
+    """A statement's SQL text for this connection's dialect and its default parameters, compiled
+    once per statement object."""
     key = (c.dialect.name, stmt)
     if key not in _compiled:
         compiled = stmt.compile(dialect=c.dialect)
-        expanding = compiled if compiled.post_compile_params else None
-        _compiled[key] = (compiled.string, dict(compiled.params), expanding)
+        _compiled[key] = (compiled.string, dict(compiled.params))
     return _compiled[key]
 
 

@@ -402,15 +402,10 @@ def _insert(c: Connection, jobs: Iterable[NewJob], trace: str | None = None) -> 
         if result.warnings != rows - result.rowcount:
             _refusals(c)  # a warning besides one per known key: raised unless all are duplicates
         inserted += result.rowcount
-        if (
-            ids is not None
-            and result.rowcount == rows
-            and (
-                numbering == "consecutive"
-                or numbering == "checked"
-                and _numbered_in_a_row(c, jobs[done : done + rows], result.lastrowid)
-            )
-        ):
+        in_a_row = ids is not None and result.rowcount == rows and numbering != "read"
+        if in_a_row and numbering == "checked":
+            in_a_row = _numbered_in_a_row(c, jobs[done : done + rows], result.lastrowid)
+        if in_a_row:
             ids.extend(range(result.lastrowid, result.lastrowid + rows))
         else:
             ids = None
