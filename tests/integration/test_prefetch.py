@@ -1,6 +1,7 @@
-"""Prefetch (issue 17): by default a worker claims up to one job per thread ahead of a free
-thread while its handlers are short, so that threads do not wait for the claim's round trips;
-never while they are long (a prefetched job would wait behind them), never more than asked."""
+"""Prefetch (issue 17): by default a worker claims jobs ahead of a free thread while its handlers
+are short, so that threads do not wait for the claim's round trips: one per thread while they take
+milliseconds, more (issue 29) while they take microseconds; never while they are long (a
+prefetched job would wait behind them: those in hand go back), never more than asked."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import threading
 import time
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
 
 from jobqueue.core import service
@@ -17,6 +19,7 @@ from jobqueue.core.tasks import Registry, TaskSpec
 from jobqueue.core.worker import Worker, WorkerConfig
 from jobqueue.core.worker import claimer as claimer_module
 from jobqueue.core.worker.claimer import PREFETCH_WHILE_JOBS_UNDER_SECONDS
+from jobqueue.core.worker.config import AUTO_LEASES
 
 
 def most_held(worker: Worker) -> list[int]:
@@ -54,10 +57,14 @@ def run_burst(engine, jobs: int, config: WorkerConfig, handler=noop) -> tuple[Wo
     return worker, seen[0]
 
 
-def test_short_jobs_are_prefetched_up_to_one_per_thread(engine):
-    worker, most = run_burst(engine, 300, WorkerConfig(concurrency=2, burst=True))
-    assert worker.prefetch_now() == 2
-    assert 2 < most <= 4
+def test_very_short_jobs_are_prefetched_deeper_than_one_per_thread(engine):
+    """Jobs of microseconds: a cycle takes what finished since the last one, up to the automatic
+    bound (AUTO_LEASES in all), so its round trips are shared by many jobs."""
+    config = WorkerConfig(concurrency=2, burst=True)
+    assert config.capacity == AUTO_LEASES
+    worker, most = run_burst(engine, 300, config)
+    assert worker.prefetch_now() == AUTO_LEASES - 2
+    assert 4 < most <= AUTO_LEASES
 
 
 def test_long_jobs_are_not_prefetched(engine):
@@ -69,9 +76,11 @@ def test_long_jobs_are_not_prefetched(engine):
     assert most <= 2
 
 
-def test_prefetch_stops_when_jobs_turn_long_and_nothing_waits_behind_them(engine):
-    """After short jobs, long ones: once the running average passes the bound, claims are sized
-    to idle threads again, so no job waits in hand behind a long one for long."""
+def test_prefetch_stops_when_jobs_turn_long_and_nothing_waits_behind_them(engine, monkeypatch):
+    """After short jobs, long ones, claimed many at once while the prefetch was deep: once the
+    running average passes the bound, claims are sized to idle threads again, and the jobs in
+    hand that no free thread takes go back to `ready`, attempts kept (issue 29), so no job waits
+    in hand behind a long one for long."""
     gate = threading.Event()
     long_started = threading.Event()
 
@@ -80,6 +89,9 @@ def test_prefetch_stops_when_jobs_turn_long_and_nothing_waits_behind_them(engine
             long_started.set()
             gate.wait(0.3)
 
+    # The deepest prefetch whatever the short jobs' average on a busy machine (milliseconds
+    # there, microseconds on a quiet one).
+    monkeypatch.setattr(claimer_module, "HAND_WAIT_SECONDS", 10.0)
     add(engine, [f"short{i}" for i in range(100)])
     worker = Worker(engine, WorkerConfig(concurrency=2), registry=registry_of(mixed))
     thread = threading.Thread(target=worker.run)
@@ -88,23 +100,49 @@ def test_prefetch_stops_when_jobs_turn_long_and_nothing_waits_behind_them(engine
         deadline = time.monotonic() + 30
         while worker.processed < 100 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert worker.prefetch_now() == 2
+        assert worker.prefetch_now() == AUTO_LEASES - 2
         add(engine, [f"long{i}" for i in range(10)])
         assert long_started.wait(10)
-        time.sleep(1.0)  # a few long jobs have run: the average is past the bound
+        most = max(most_held_since(worker, 0.2))  # the long jobs in hand, claimed together
+        time.sleep(0.8)  # a few long jobs have run: the average is past the bound
         assert worker.prefetch_now() == 0
-        # What the worker holds now: at most one job per thread (plus those claimed before the
-        # average moved, which have finished by now).
+        # What the worker holds now: at most one job per thread; the rest went back.
+        assert most > 4
         assert len(worker.keeper) <= 2
         gate.set()
         deadline = time.monotonic() + 30
-        while worker.processed < 110 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        while done_count(engine) < 110 and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         gate.set()
         worker.stop()
         thread.join(60)
-    assert worker.processed == 110
+    assert done_count(engine) == 110
+    with engine.connect() as conn:
+        handed_back = conn.execute(
+            sa.text("SELECT job_id, attempt, error FROM job_attempt WHERE outcome = 'release' ORDER BY job_id")
+        ).all()
+        second_tries = conn.execute(sa.text("SELECT id FROM job_queue WHERE attempts = 2 ORDER BY id")).scalars().all()
+        task_keys = conn.execute(sa.text("SELECT task_key FROM job_queue WHERE attempts > 1")).scalars().all()
+    # Handed back as a shutdown hands back a job in hand (its attempt kept, recorded), then run.
+    assert handed_back and [row.job_id for row in handed_back] == second_tries
+    assert {row.attempt for row in handed_back} == {1}
+    assert all("turned long" in row.error for row in handed_back)
+    assert all(key.startswith("long") for key in task_keys)
+
+
+def done_count(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT COUNT(*) FROM job_queue WHERE status = 'done'")).scalar_one()
+
+
+def most_held_since(worker: Worker, seconds: float) -> list[int]:
+    """How many leases the worker held, read every few milliseconds for `seconds`."""
+    seen, deadline = [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        seen.append(len(worker.keeper))
+        time.sleep(0.005)
+    return seen
 
 
 @pytest.mark.parametrize("prefetch, bound", [(0, 2), (1, 3)])

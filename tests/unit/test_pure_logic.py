@@ -286,3 +286,27 @@ def test_a_lease_past_its_local_deadline_never_starts():
     assert keeper.start(early) and early.state is LeaseState.RUNNING
     now[0] = 109.0  # sent_at + lease - margin
     assert not keeper.start(late) and late.state is LeaseState.WAITING
+
+
+def test_automatic_prefetch_by_the_average_job_time():
+    """Issue 29: none before a job finished or while jobs take 0.1 s or more; one per thread
+    while they take milliseconds; as many as keep the last job in hand waiting about 5 ms, up to
+    the bound, while they take microseconds."""
+    from jobqueue.core.worker.claimer import auto_prefetch
+    from jobqueue.core.worker.config import WorkerConfig
+
+    most = WorkerConfig(concurrency=4).max_prefetch
+    assert most == 28
+    assert WorkerConfig(concurrency=64).max_prefetch == 64
+    assert WorkerConfig(concurrency=4, prefetch=3).max_prefetch == 3
+    assert [auto_prefetch(4, most, a) for a in (None, 0.5, 0.1, 0.05, 0.002, 0.001, 0.0005, 0.00001, 0.0)] == [
+        0,
+        0,
+        0,
+        4,
+        4,
+        5,
+        10,
+        28,
+        28,
+    ]

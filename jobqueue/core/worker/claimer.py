@@ -2,8 +2,10 @@
 cycle and claims a job for every lease slot it may fill; each claimed job goes to a thread.
 
 Which slots it may fill: one per thread, plus prefetched ones. By default (automatic prefetch)
-jobs are claimed ahead of a free thread only while handlers are short on average, so that a
-prefetched job waits about one short job for its thread, never behind a long one.
+jobs are claimed ahead of a free thread only while handlers are short on average: one per thread
+while they take milliseconds, more while they take microseconds (auto_prefetch), so that the last
+job in hand waits a few milliseconds at most. When the jobs turn long, the jobs in hand that no
+free thread takes at once go back to `ready` rather than wait behind long ones.
 
 Nothing claimed? The same transaction said why (idle / contended / waiting on leases), and the
 claimer backs off accordingly; while idle it reads first (probe.py) and claims only when the read
@@ -32,10 +34,10 @@ from ..tasks import JobContext, Registry
 from .config import WorkerConfig
 from .doorbell import Doorbell
 from .finisher import Finisher
-from .leases import Held, LeaseKeeper
+from .leases import Held, LeaseKeeper, LeaseState
 from .maintenance import Maintenance
 from .probe import IdleProbe
-from .slots import Slots
+from .slots import CONFIRM_AFTER_SECONDS, Slots
 from .state import DB_ERRORS, WorkerState
 
 log = logging.getLogger("jobqueue.worker")
@@ -45,9 +47,24 @@ NOT_PRIMARY_RETRY_SECONDS = 1.0
 # average; its point is that threads do not wait for the claim's round trips when jobs take
 # about as long as those.
 PREFETCH_WHILE_JOBS_UNDER_SECONDS = 0.1
+# ... and while they are much shorter, take so many ahead that the last of them would wait about
+# this long in hand were the jobs before it run one after another (auto_prefetch).
+HAND_WAIT_SECONDS = 0.005
 # While every thread still has a prefetched job to start, a cycle may wait this long for more
 # handlers to return, so that one COMMIT completes several jobs rather than one or two.
 GATHER_SECONDS = 0.002
+
+
+def auto_prefetch(concurrency: int, most: int, average: float | None) -> int:
+    """Jobs to claim ahead of a free thread, by the running average of a job's time: none before
+    one has finished or while they are long; one per thread while they take milliseconds; more,
+    up to `most`, while they take less, so that a cycle's round trips are shared by more jobs
+    (each cycle takes about what finished since the last), yet the last job in hand waits about
+    HAND_WAIT_SECONDS at most for the jobs before it."""
+    if average is None or average >= PREFETCH_WHILE_JOBS_UNDER_SECONDS:
+        return 0
+    deep = int(HAND_WAIT_SECONDS / average) if average > 0 else most
+    return min(most, max(concurrency, deep))
 
 
 class Claimer:
@@ -94,6 +111,7 @@ class Claimer:
         gather = self._gather_for()
         if gather:
             return gather
+        self._hand_back_when_long()
         finished = self.finisher.take_finished()
         free, refill = self.fillable(finished)
         if not free and not finished:
@@ -290,12 +308,25 @@ class Claimer:
         return free[: max(0, room)], False
 
     def prefetch_now(self) -> int:
-        """Jobs to hold beyond one per thread: the configured number, or (automatic) up to one per
-        thread while handlers are short on average, none while they are long or not yet seen."""
+        """Jobs to hold beyond one per thread: the configured number, or automatic
+        (auto_prefetch)."""
         if self.config.prefetch is not None:
             return self.config.prefetch
-        average = self.slots.average_seconds
-        return self.config.concurrency if average is not None and average < PREFETCH_WHILE_JOBS_UNDER_SECONDS else 0
+        return auto_prefetch(self.config.concurrency, self.config.max_prefetch, self.slots.average_seconds)
+
+    def _hand_back_when_long(self) -> None:
+        """The jobs turned long, and automatic prefetch takes none ahead now: a job in hand that
+        waited CONFIRM_AFTER_SECONDS for a place (no free thread took it at once) goes back to
+        `ready` (attempts kept) for any worker with a free thread, instead of waiting here
+        behind long ones. A job claimed for a free thread starts long before that."""
+        if self.config.prefetch is not None or self.slots.average_seconds is None or self.prefetch_now():
+            return
+        now = self.keeper.clock()
+        for held in self.keeper.held(LeaseState.WAITING):
+            if now - held.claimed_at < CONFIRM_AFTER_SECONDS:
+                continue
+            if self.keeper.lose(held, "handed_back", "its jobs turned long", only_if=(LeaseState.WAITING,)):
+                self.finisher.release(held, "handed back before it started: its worker's jobs turned long")
 
     # --- empty claims ----------------------------------------------------------------------------
 

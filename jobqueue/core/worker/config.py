@@ -8,6 +8,12 @@ from dataclasses import dataclass
 from ..settings import DEFAULTS
 from .maintenance import reap_interval
 
+# Automatic prefetch holds at most this many leases in all (one per thread, the rest claimed
+# ahead), or two per thread where that is more: a claim cycle's round trips are paid once for
+# every job it takes, and a worker of 4 threads running jobs of microseconds spent half its CPU
+# a job on them with 4 taken ahead (docs/benchmarks.md, "Automatic prefetch, deeper").
+AUTO_LEASES = 32
+
 
 @dataclass
 class WorkerConfig:
@@ -20,7 +26,7 @@ class WorkerConfig:
     idle_cap_seconds: float = 2.0  # longest sleep between claims when idle
     doorbell: bool = True  # MySQL: other processes' enqueues wake it (worker/doorbell.py)
     prefetch: int | None = None  # jobs claimed ahead of a free thread (leased, renewed);
-    # None: up to `concurrency`, while handlers are short
+    # None: automatic, while handlers are short (claimer.auto_prefetch)
     reap_interval: float | None = None  # default: a quarter of the lease, 1..15 s
     queue_refresh_seconds: float = 1.0
     finish_retry_seconds: float | None = None  # how long to keep retrying a job's last write
@@ -45,7 +51,9 @@ class WorkerConfig:
 
     @property
     def max_prefetch(self) -> int:
-        return self.concurrency if self.prefetch is None else self.prefetch
+        if self.prefetch is not None:
+            return self.prefetch
+        return max(self.concurrency, AUTO_LEASES - self.concurrency)
 
     @property
     def capacity(self) -> int:

@@ -235,7 +235,7 @@ class Slots:
             except Exception as exc:  # never lose a thread to a bug of ours
                 self._slot_error(held, exc)
             finally:
-                self._took(time.monotonic() - started)
+                self._took(held, time.monotonic() - started)
                 if held.duration:  # it ran and ended (returned or raised)
                     self.handler_seconds = moved(self.handler_seconds, held.duration)
                 self.places.give_back()
@@ -276,7 +276,7 @@ class Slots:
         except Exception as exc:
             self._slot_error(held, exc)
         finally:
-            self._took(time.monotonic() - started)
+            self._took(held, time.monotonic() - started)
             self.places.give_back()
 
     def _slot_error(self, held: Held, exc: Exception) -> None:
@@ -290,9 +290,13 @@ class Slots:
         )
         self.finisher.forget(held)
 
-    def _took(self, seconds: float) -> None:
-        """A place was busy `seconds` with one job (its handler and any write of its own)."""
-        self.average_seconds = moved(self.average_seconds, seconds)
+    def _took(self, held: Held, seconds: float) -> None:
+        """A place was busy `seconds` with one job (its handler and any write of its own). A job
+        that never started (taken back, handed back, past its deadline) says nothing of how long
+        jobs take: counted as a job of microseconds, it pulled the average down, and the jobs in
+        hand that had just gone back because jobs turned long were claimed ahead again."""
+        if held.started_at is not None:
+            self.average_seconds = moved(self.average_seconds, seconds)
 
     def run_attempt(self, held: Held) -> None:
         job = held.claimed.job
