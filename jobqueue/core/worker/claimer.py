@@ -4,8 +4,9 @@ cycle and claims a job for every lease slot it may fill; each claimed job goes t
 Which slots it may fill: one per thread, plus prefetched ones. By default (automatic prefetch)
 jobs are claimed ahead of a free thread only while handlers are short on average: one per thread
 while they take milliseconds, more while they take microseconds (auto_prefetch), so that the last
-job in hand waits a few milliseconds at most. When the jobs turn long, the jobs in hand that no
-free thread takes at once go back to `ready` rather than wait behind long ones.
+job in hand waits a few milliseconds at most. When the jobs turn longer, the jobs in hand beyond
+what the prefetch allows now (one per thread at least) go back to `ready` rather than wait behind
+long ones.
 
 Nothing claimed? The same transaction said why (idle / contended / waiting on leases), and the
 claimer backs off accordingly; while idle it reads first (probe.py) and claims only when the read
@@ -315,14 +316,21 @@ class Claimer:
         return auto_prefetch(self.config.concurrency, self.config.max_prefetch, self.slots.average_seconds)
 
     def _hand_back_when_long(self) -> None:
-        """The jobs turned long, and automatic prefetch takes none ahead now: a job in hand that
-        waited CONFIRM_AFTER_SECONDS for a place (no free thread took it at once) goes back to
-        `ready` (attempts kept) for any worker with a free thread, instead of waiting here
-        behind long ones. A job claimed for a free thread starts long before that."""
-        if self.config.prefetch is not None or self.slots.average_seconds is None or self.prefetch_now():
+        """Jobs of microseconds were claimed deep, then the jobs turned longer: of the jobs in
+        hand that have not started, one per free thread and `keep` more stay (one per thread,
+        what automatic prefetch takes ahead of jobs of milliseconds: those waited behind a long
+        job before deep prefetch, and still may); the rest, once they waited CONFIRM_AFTER_SECONDS
+        (no free thread took them at once), go back to `ready`, attempts kept, for any worker with
+        a free thread, instead of waiting here behind long ones. While the prefetch allowed stays
+        where it was when they were claimed, nothing is beyond it: no job goes back."""
+        if self.config.prefetch is not None:
             return
+        keep = max(self.prefetch_now(), self.config.concurrency)
+        if len(self.keeper) - self.config.concurrency <= keep:
+            return  # no more in hand than one per thread and `keep`
+        places = self.config.concurrency - len(self.keeper.held(LeaseState.RUNNING))
         now = self.keeper.clock()
-        for held in self.keeper.held(LeaseState.WAITING):
+        for held in self.keeper.held(LeaseState.WAITING)[max(0, places) + keep :]:
             if now - held.claimed_at < CONFIRM_AFTER_SECONDS:
                 continue
             if self.keeper.lose(held, "handed_back", "its jobs turned long", only_if=(LeaseState.WAITING,)):
