@@ -175,6 +175,10 @@ def test_the_api_takes_after_and_refuses_unknown_parents(mysql_url):
         assert refused.status_code == 422 and refused.get_json()["field"] == "after"
         in_array = api(client, "POST", "/api/jobs", json=[{"task": "noop", "task_key": "e", "after": ["p"]}])
         assert in_array.status_code == 422
+        # Found by the OpenAPI negative tests: a list (or object) inside `after` was a 500.
+        for bad in ([[]], [{"k": 1}], ["p", ["p"]]):
+            refused = api(client, "POST", "/api/jobs", json={"task": "noop", "task_key": "f", "after": bad})
+            assert refused.status_code == 422 and refused.get_json()["field"] == "after", bad
         with app.extensions["jobqueue"].engine.connect() as c:
             assert c.execute(sa.select(jq.task_key).order_by(jq.id)).scalars().all() == ["p", "c"]
     finally:

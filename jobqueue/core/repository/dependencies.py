@@ -52,9 +52,10 @@ def check_after(after: Iterable[str] | None, on_parent_failure: str | None) -> t
     """`after` as a list of distinct task_keys and the mode; ValidationError for anything else."""
     if isinstance(after, (str, bytes, dict)) or (after is not None and not isinstance(after, Iterable)):
         raise ValidationError("after: a list of task_keys", "after")
-    keys = list(dict.fromkeys(after or ()))
-    if not all(isinstance(k, str) and k for k in keys):
+    given = list(after or ())
+    if not all(isinstance(k, str) and k for k in given):  # before dict.fromkeys: a list in it is unhashable
         raise ValidationError("after: a list of task_keys", "after")
+    keys = list(dict.fromkeys(given))
     mode = "cancel" if on_parent_failure is None else on_parent_failure
     if not isinstance(mode, str) or mode not in MODES:
         raise ValidationError("on_parent_failure: 'cancel' or 'run'", "on_parent_failure")
