@@ -65,6 +65,8 @@ def test_very_short_jobs_are_prefetched_deeper_than_one_per_thread(engine):
     worker, most = run_burst(engine, 300, config)
     assert worker.prefetch_now() == AUTO_LEASES - 2
     assert 4 < most <= AUTO_LEASES
+    with engine.connect() as conn:  # jobs that stay short are never handed back
+        assert conn.execute(sa.text("SELECT COUNT(*) FROM job_attempt WHERE outcome = 'release'")).scalar_one() == 0
 
 
 def test_long_jobs_are_not_prefetched(engine):

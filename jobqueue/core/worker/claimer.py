@@ -316,13 +316,11 @@ class Claimer:
         return auto_prefetch(self.config.concurrency, self.config.max_prefetch, self.slots.average_seconds)
 
     def _hand_back_when_long(self) -> None:
-        """Jobs of microseconds were claimed deep, then the jobs turned longer: of the jobs in
-        hand that have not started, one per free thread and `keep` more stay (one per thread,
-        what automatic prefetch takes ahead of jobs of milliseconds: those waited behind a long
-        job before deep prefetch, and still may); the rest, once they waited CONFIRM_AFTER_SECONDS
-        (no free thread took them at once), go back to `ready`, attempts kept, for any worker with
-        a free thread, instead of waiting here behind long ones. While the prefetch allowed stays
-        where it was when they were claimed, nothing is beyond it: no job goes back."""
+        """Jobs turned long after a deep claim: a job in hand that has waited CONFIRM_AFTER_SECONDS
+        (ten times the wait deep prefetch allows for) and lies beyond one per free thread and
+        `keep` more (the prefetch allowed now, one per thread at least: what was held ahead before
+        deep prefetch) goes back to `ready`, attempts kept, for any worker with a free thread.
+        While jobs stay about as short as when they were claimed, none waits that long."""
         if self.config.prefetch is not None:
             return
         keep = max(self.prefetch_now(), self.config.concurrency)
