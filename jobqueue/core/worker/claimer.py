@@ -331,8 +331,12 @@ class Claimer:
         for held in self.keeper.held(LeaseState.WAITING)[max(0, places) + keep :]:
             if now - held.claimed_at < CONFIRM_AFTER_SECONDS:
                 continue
-            if self.keeper.lose(held, "handed_back", "its jobs turned long", only_if=(LeaseState.WAITING,)):
-                self.finisher.release(held, "handed back before it started: its worker's jobs turned long")
+            self.finisher.release_unstarted(
+                held,
+                "handed_back",
+                "its jobs turned long",
+                "handed back before it started: its worker's jobs turned long",
+            )
 
     # --- empty claims ----------------------------------------------------------------------------
 

@@ -195,10 +195,8 @@ class Finisher:
                 self.keeper.end_renewal([held], sent_at, {lease: outcome})
                 return True
             if outcome is Outcome.PAUSED:
-                if self.keeper.lose(
-                    held, "paused", "its queue was paused before its handler started", only_if=(LeaseState.WAITING,)
-                ):
-                    self.release(held, "its queue was paused before its handler started")
+                why = "its queue was paused before its handler started"
+                self.release_unstarted(held, "paused", why, why)
                 return False
             if outcome is Outcome.LEASE_LOST:
                 self.keeper.lose(held, "start", "taken back before its handler started")
@@ -276,6 +274,12 @@ class Finisher:
                 )
         if held.handler_done:
             self.forget(held)  # a handler still running (timed out) is forgotten when it returns
+
+    def release_unstarted(self, held: Held, lost_reason: str, detail: str, reason: str) -> None:
+        """A job in hand whose handler has not started goes back to `ready` (release), unless a
+        thread started it this instant (then it runs)."""
+        if self.keeper.lose(held, lost_reason, detail, only_if=(LeaseState.WAITING,)):
+            self.release(held, reason)
 
     def release(self, held: Held, reason: str = "worker shutting down") -> int:
         """running -> ready under the lease (attempts kept), renewed until it commits."""

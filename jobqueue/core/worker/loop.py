@@ -281,8 +281,7 @@ class Worker:
             return
         finisher = self.finisher
         for held in self.keeper.held(LeaseState.WAITING):
-            if self.keeper.lose(held, "shutdown", "released before it started", only_if=(LeaseState.WAITING,)):
-                finisher.release(held)
+            finisher.release_unstarted(held, "shutdown", "released before it started", "worker shutting down")
         deadline = time.monotonic() + self.config.grace_seconds
         while time.monotonic() < deadline and self.keeper.held(LeaseState.RUNNING, LeaseState.FINISHING):
             self.claimer.complete_finished()
