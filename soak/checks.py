@@ -184,7 +184,13 @@ def check(obs: Observed) -> Findings:
     results_by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for key, job_id, attempt in obs.results:
         results_by_key[key].append((job_id, attempt))
-    reaped = {(job_id, attempt) for job_id, attempt, outcome, _ in obs.attempt_rows if outcome == "lease_expired"}
+    # Attempts taken back while they ran: by the reaper (the lease ran out) or by an operator's
+    # forced requeue.
+    taken_back = {
+        (job_id, attempt)
+        for job_id, attempt, outcome, _ in obs.attempt_rows
+        if outcome in ("lease_expired", "requeued")
+    }
     for key, result_attempts in results_by_key.items():
         n = len(result_attempts)
         if n > 1:
@@ -193,20 +199,21 @@ def check(obs: Observed) -> Findings:
         # A job cancelled while it ran may have recorded its result first: its work was done.
         # So may one whose every attempt died: the result is recorded under the lease in a
         # transaction of its own, before the completion; an attempt that recorded it and then
-        # lost its lease (taken back by the reaper) left it, and if no later attempt lived to
-        # complete, the job failed with its attempts used up by expired leases.
+        # lost its lease (taken back by the reaper, or by an operator's forced requeue) left it,
+        # and if no later attempt lived to complete, the job failed with its attempts used up by
+        # expired leases.
         died_after_recording = (
             row is not None
             and row.status == "failed"
             and (row.last_error or "").startswith("lease expired")
-            and all(pair in reaped for pair in result_attempts)
+            and all(pair in taken_back for pair in result_attempts)
         )
         if row is None or (row.status not in ("done", "cancelled") and not died_after_recording):
             f.add("results_not_done", f"{key}: result row but job is {row.status if row else 'missing'}")
         elif died_after_recording:
             f.add(
                 "results_of_reaped_attempts",
-                f"{key}: recorded by attempt {result_attempts[0][1]}, then its lease ran out; later attempts died too",
+                f"{key}: recorded by attempt {result_attempts[0][1]}, then taken back; later attempts died too",
             )
         spec = obs.specs.get(key)
         if spec and spec.kind == "doomed":

@@ -218,7 +218,7 @@ def table(n: dict) -> str:
             failed_not_doomed(n)
             + (
                 f"; {n['results_of_reaped_attempts']} of them with a result recorded by an attempt "
-                "whose lease then ran out"
+                "then taken back (lease ran out, or a forced requeue)"
                 if n.get("results_of_reaped_attempts")
                 else ""
             ),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from soak.checks import Execution, Observed, Row, Spec, check
 
 
@@ -75,17 +77,25 @@ def test_two_results_for_one_task_key_and_a_result_for_a_doomed_job():
     assert f.get("results_not_done") == 1 and f.get("doomed_not_failed") == 1
 
 
-def a_sleep_job_whose_attempts_all_died(result_attempt_reaped: bool) -> Observed:
+FIRST_ATTEMPT_ENDED = {
+    "reaped": ("lease_expired", "lease expired; held by web:2"),
+    "requeued": ("requeued", "requeued by soak while running"),
+    "failed": ("retry", "Boom"),
+}
+
+
+def a_sleep_job_whose_attempts_all_died(first_attempt: str) -> Observed:
     """Seed 3 of the quick soak: attempt 1 slept, logged its execution and recorded its result
     under its lease, then its renewals failed and the reaper took the job back before the
-    completion landed; attempts 2 to 4 were SIGKILLed or cut off, and the job failed."""
+    completion landed (or, in a CI run on MySQL, an operator's forced requeue took it back);
+    attempts 2 to 4 were SIGKILLed or cut off, and the job failed."""
     obs = clean_run()
     obs.specs["k-sleep"] = Spec("k-sleep", "sleep", "api", 4)
     obs.acked["k-sleep"] = 4
     obs.rows.append(Row(4, "k-sleep", "failed", 4, 4, "lease expired after attempt 4 of 4; no attempts left"))
     obs.results.append(("k-sleep", 4, 1))
     obs.executions.append(Execution("k-sleep", 1, "h:13:web:2", 13))
-    first = ("lease_expired", "lease expired; held by web:2") if result_attempt_reaped else ("retry", "Boom")
+    first = FIRST_ATTEMPT_ENDED[first_attempt]
     obs.attempt_rows += [
         (4, 1, *first),
         (4, 2, "lease_expired", "lease expired; held by w2"),
@@ -95,13 +105,17 @@ def a_sleep_job_whose_attempts_all_died(result_attempt_reaped: bool) -> Observed
     return obs
 
 
-def test_a_result_recorded_by_an_attempt_that_was_then_reaped_is_explained_not_failed():
-    f = check(a_sleep_job_whose_attempts_all_died(result_attempt_reaped=True))
+@pytest.mark.parametrize("first_attempt", ["reaped", "requeued"])
+def test_a_result_recorded_by_an_attempt_that_was_then_taken_back_is_explained_not_failed(first_attempt):
+    f = check(a_sleep_job_whose_attempts_all_died(first_attempt))
     assert f.violations() == {}
     assert f.get("results_of_reaped_attempts") == 1 and f.get("failed_not_doomed") == 1
+
+
+def test_a_result_recorded_by_an_attempt_that_failed_is_not_explained():
     # The same result, but from an attempt that ended otherwise (a failure the worker recorded):
     # nothing explains it.
-    f = check(a_sleep_job_whose_attempts_all_died(result_attempt_reaped=False))
+    f = check(a_sleep_job_whose_attempts_all_died("failed"))
     assert f.violations() == {"results_not_done": 1}
 
 
