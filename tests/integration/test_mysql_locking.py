@@ -190,3 +190,55 @@ def test_the_preflight_is_three_statements(mysql_engine):
     )
     preflight.require_supported(mysql_engine)
     assert len(sent) == 3, sent
+
+
+@pytest.mark.parametrize("step", ["promote", "reap"])
+def test_the_reapers_statements_hold_no_row_but_the_ones_they_change(mysql_url, step):
+    """While the promoter or the reaper is inside its transaction, every running job they have
+    no business with can still be completed (its row is not locked): a locking range scan that
+    finds nothing still locks the first row past its range, and a worker's completion of that
+    running job came back BUSY (CI: a running job the dashboard kept showing as running)."""
+    due_engine = sa.create_engine(mysql_url)
+    probe_engine = sa.create_engine(mysql_url)
+    try:
+        with due_engine.connect() as conn:
+            service.enqueue_many(conn, [{"task": "noop", "task_key": f"run-{i}"} for i in range(40)])
+            running = [c.lease.job_id for c in service.claim(conn, "w", 40, ["default"], lease_seconds=300)]
+            # Work for the step, so that its statements run through: one job due for promotion, one
+            # lease run out.
+            due = service.enqueue(conn, "noop", "due", delay=0.001).id
+            expired = service.enqueue(conn, "noop", "expired").id
+            service.claim(conn, "w2", 1, ["default"], lease_seconds=0.001)
+        time.sleep(0.05)
+        held_back: dict[str, list[int]] = {}
+
+        def probe(conn, cursor, statement, parameters, context, executemany):
+            # After each statement of the step, inside its transaction: which running jobs of
+            # other workers could not be locked right now?
+            if not conn.in_transaction():
+                return
+            with probe_engine.connect() as other:
+                mine = repository.leases.lock_leased(other, running)
+                other.rollback()
+            missing = sorted(set(running) - set(mine))
+            if missing:
+                held_back[statement.split(" FROM ")[0][:60]] = missing
+
+        sa.event.listen(due_engine, "after_cursor_execute", probe)
+        try:
+            with due_engine.connect() as conn:
+                changed = (
+                    repository.maintenance.promote_due(conn) if step == "promote" else repository.maintenance.reap(conn)
+                )
+        finally:
+            sa.event.remove(due_engine, "after_cursor_execute", probe)
+        assert held_back == {}
+        with due_engine.connect() as conn:
+            status = dict(conn.execute(sa.select(jq.id, jq.status).where(jq.id.in_([due, expired]))).all())
+        if step == "promote":
+            assert changed == 1 and status[due] == "ready"
+        else:
+            assert changed.reclaimed == 1 and status[expired] == "ready"
+    finally:
+        due_engine.dispose()
+        probe_engine.dispose()

@@ -137,14 +137,16 @@ def promote_due(conn: Connection, *, batch_size: int = PROMOTE_BATCH, max_batche
 
         def write(c: Connection) -> int:
             require_primary(c)
+            # As the reaper does: find the due jobs with a plain read, then lock just those by
+            # primary key. A locking range scan of ix_due also locks the first row past the due
+            # ones, often a running job, whose completion then came back BUSY (and an operator's
+            # action on it 423) every time this found nothing to do.
+            due = sa.and_(jq.status == Status.SCHEDULED.value, jq.run_at <= db_now())
+            candidates = c.execute(sa.select(jq.id).where(due).order_by(jq.run_at).limit(batch_size)).scalars().all()
+            if not candidates:
+                return 0
             ids = (
-                c.execute(
-                    sa.select(jq.id)
-                    .where(jq.status == Status.SCHEDULED.value, jq.run_at <= db_now())
-                    .order_by(jq.run_at)
-                    .limit(batch_size)
-                    .with_for_update(skip_locked=True)
-                )
+                c.execute(sa.select(jq.id).where(jq.id.in_(candidates), due).with_for_update(skip_locked=True))
                 .scalars()
                 .all()
             )
