@@ -1,7 +1,8 @@
 """docs/benchmarks.md and the PNG plots under docs/bench/, from docs/bench/results.json.
 
-`python -m bench.report [--out docs]` re-renders without measuring anything. Hand-written notes in
-<out>/bench/notes.md (if present) are appended as they are, so they survive a re-render.
+`python -m bench.report [--out docs]` re-renders without measuring anything. The hand-written
+notes at the end of <out>/benchmarks.md (from NOTES_HEADING on) are kept as they are, so they
+survive a re-render: they live in that one file, nowhere else.
 """
 
 from __future__ import annotations
@@ -104,11 +105,19 @@ def render(results: dict, out_dir: Path, command: str) -> Path:
         + ".",
         f"## Targets\n\n{passed} pass, {failed} fail.\n\n{summary}",
     ]
-    notes = plots / "notes.md"
-    tail = [notes.read_text().strip()] if notes.exists() else []
     path = out_dir / "benchmarks.md"
+    tail = [kept_notes(path)] if path.exists() and NOTES_HEADING in path.read_text() else []
     path.write_text("\n\n".join(header + sections + tail) + "\n")
     return path
+
+
+NOTES_HEADING = "## Notes on these results"
+
+
+def kept_notes(path: Path) -> str:
+    """The hand-written notes section of an existing report: from NOTES_HEADING to the end."""
+    text = path.read_text()
+    return text[text.index(NOTES_HEADING) :].strip()
 
 
 def _mysql_peers(res: dict, targets: list) -> str:
