@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -259,9 +260,13 @@ def _wait_done(cfg: Config, run: Run, procs: common.ProcRun, jobs: int, timeout:
 # --- the configurations ---------------------------------------------------------------------------
 
 
-def _ours(procs: int, threads: int) -> Callable[[Run], common.ProcRun]:
+def _ours(procs: int, threads: int, driver: str = "pymysql") -> Callable[[Run], common.ProcRun]:
+    """`procs` x `jobqueue worker --concurrency threads`, through `driver` (the URL's: pymysql,
+    the default, or mysqldb, the jobqueue[mysqlclient] extra's, the C driver the Django peers use)."""
+
     def start(run: Run) -> common.ProcRun:
-        cmd = common.worker_cmd(run.url, threads, tasks="bench.append_tasks,bench.gate_tasks")
+        url = run.url.replace("+pymysql://", f"+{driver}://", 1)
+        cmd = common.worker_cmd(url, threads, tasks="bench.append_tasks,bench.gate_tasks")
         p = common.ProcRun([cmd] * procs, env={"BENCH_APPEND_FILE": str(run.append_file)})
         p.start(run.log_dir)
         return p
@@ -335,14 +340,30 @@ DJQ2_WHY = (
 )
 
 
+def _with_mysqlclient(*fields: Any) -> list[Config]:
+    """The configuration where mysqlclient is installed (scripts/ensure-services installs it),
+    else none: a machine without a compiler still runs every other one."""
+    return [Config(*fields)] if importlib.util.find_spec("MySQLdb") is not None else []
+
+
 def configs() -> list[Config]:
     """Ours at 1 x 4 threads and its best (2 x 64; since automatic prefetch takes up to 32 leases
-    for jobs of microseconds, 2 x 4 about as fast); each peer at 4-way concurrency and at its best
-    configuration found in issue 29's measurement."""
+    for jobs of microseconds, 2 x 4 about as fast), and 2 x 4 on mysqlclient, the C driver of the
+    jobqueue[mysqlclient] extra and of every Django peer here; each peer at 4-way concurrency and at
+    its best configuration found in issue 29's measurement."""
     return [
         Config("ours p1 t4", "ours", True, "`jobqueue worker --concurrency 4 --burst`", _ours(1, 4), True),
         Config("ours p2 t4", "ours", False, "2 x `jobqueue worker --concurrency 4 --burst`", _ours(2, 4), True),
         Config("ours p2 t64", "ours", False, "2 x `jobqueue worker --concurrency 64 --burst`", _ours(2, 64), True),
+        *_with_mysqlclient(
+            "ours p2 t4 mysqlclient",
+            "ours",
+            False,
+            "2 x `jobqueue worker --concurrency 4 --burst`, URL `mysql+mysqldb://` (the `jobqueue[mysqlclient]` extra: "
+            "mysqlclient, the C driver the Django peers run on)",
+            _ours(2, 4, "mysqldb"),
+            True,
+        ),
         Config("dj-queue t4", "dj-queue", True, DJQ_WHY + ", 4 threads", _dj_queue(4), False),
         Config("dj-queue t16", "dj-queue", False, DJQ_WHY + ", 16 threads", _dj_queue(16), False),
         Config(
