@@ -12,10 +12,7 @@ selected server."""
 
 from __future__ import annotations
 
-import glob
-import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -24,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from testkit.procs import REPO, cli_env
+from testkit.venvs import cached_venv, python312
 from tests.conftest import database_on, selected_servers
 
 SHOP = REPO / "examples" / "django_shop"
@@ -51,42 +49,11 @@ def test_the_django_shop_on_django_5_2_with_the_backport(mysql_url):
     assert "django 5.2" in out and "framework django_tasks.base" in out and "django shop checks passed" in out
 
 
-def python312() -> str:
-    """A Python 3.12+ that runs (a pyenv shim may name one it cannot start)."""
-    candidates = [
-        os.environ.get("JOBQUEUE_PYTHON312"),
-        *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[2-9]*/bin/python3"))),
-        shutil.which("python3.12"),
-        shutil.which("python3.13"),
-    ]
-    for candidate in filter(None, candidates):
-        works = subprocess.run(
-            [candidate, "-c", "import sys; sys.exit(sys.version_info < (3, 12))"], capture_output=True
-        )
-        if works.returncode == 0:
-            return candidate
-    raise AssertionError("Django 6 needs Python 3.12+: none runs here (set JOBQUEUE_PYTHON312)")
-
-
 def django6_python() -> str:
     """The cached venv's interpreter, (re)built when the project's dependencies change: those
     dependencies and Django 6 (the project itself comes from the checkout, on PYTHONPATH)."""
     requirements = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"] + [DJANGO6]
-    want = hashlib.sha256("\n".join(requirements).encode()).hexdigest()
-    stamp = VENV / ".jobqueue-requirements"
-    python = VENV / "bin" / "python"
-    if not (python.exists() and stamp.exists() and stamp.read_text() == want):
-        shutil.rmtree(VENV, ignore_errors=True)
-        subprocess.run([python312(), "-m", "venv", str(VENV)], check=True)
-        done = subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        stamp.write_text(want)
-    return str(python)
+    return cached_venv(VENV, requirements, python312("JOBQUEUE_PYTHON312"))
 
 
 @pytest.mark.slow
