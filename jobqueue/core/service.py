@@ -53,7 +53,7 @@ from .repository.retention import PruneCounts
 from .repository.stats import forget_counts
 from .repository.task_definitions import KnownTasks
 from .tasks import TASKS, Registry
-from .validation import NewJob
+from .validation import NewJob, new_job
 
 log = logging.getLogger("jobqueue.repository")
 
@@ -82,8 +82,7 @@ def enqueue(
     `allow_unregistered` takes a name found in neither, with the default options. With `after`
     (task_keys), the job is blocked until those jobs are done (`on_parent_failure`: "cancel" or
     "run" when one fails or is cancelled). With `batch`, a member of that open batch."""
-    result = _enqueue.enqueue(
-        conn,
+    job = new_job(
         task_name,
         task_key,
         payload,
@@ -93,10 +92,8 @@ def enqueue(
         max_attempts=max_attempts,
         registry=KnownTasks(conn, base=registry),
         allow_unregistered=allow_unregistered,
-        after=after,
-        on_parent_failure=on_parent_failure,
-        batch=batch,
     )
+    result = _enqueue.enqueue(conn, job, after=after, on_parent_failure=on_parent_failure, batch=batch)
     engine = conn.engine
     _after_commit(conn, lambda: _report_enqueued([result], engine))
     return result

@@ -596,34 +596,15 @@ def _refusals(c: Connection) -> None:
 
 def enqueue(
     conn: Connection,
-    task_name: str,
-    task_key: str,
-    payload: dict | None = None,
+    job: NewJob,
     *,
-    queue: str | None = None,
-    priority: int = 0,
-    delay: float = 0,
-    max_attempts: int | None = None,
-    registry: Registry = TASKS,
-    allow_unregistered: bool = False,
     after: Iterable[str] | None = None,
     on_parent_failure: str | None = None,
     batch: str | None = None,
 ) -> Enqueued:
-    """Add one job. A known task_key writes nothing and returns the existing id, duplicate=True.
-    With `after`, the job waits (blocked) for those jobs: see dependencies.py. With `batch`, it
-    is a member of that open batch: see batches.py."""
-    job = new_job(
-        task_name,
-        task_key,
-        payload,
-        queue=queue,
-        priority=priority,
-        delay=delay,
-        max_attempts=max_attempts,
-        registry=registry,
-        allow_unregistered=allow_unregistered,
-    )
+    """Add one job (validated by validation.new_job). A known task_key writes nothing and returns
+    the existing id, duplicate=True. With `after`, the job waits (blocked) for those jobs: see
+    dependencies.py. With `batch`, it is a member of that open batch: see batches.py."""
     parents, mode = dependencies.check_after(after, on_parent_failure)
 
     def write(c: Connection) -> Enqueued:
