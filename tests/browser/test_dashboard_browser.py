@@ -46,6 +46,10 @@ def test_requeue_a_failed_job_and_watch_it_finish(mysql_url, tmp_path, browser):
         expect(page.locator("#queue-table")).to_be_visible()
 
         page.click("text=Jobs")
+        # The click returns once the jobs page starts loading; its scripts are deferred, so the
+        # select can be changed before HTMX listens for it (CI on MySQL once: the change was
+        # lost and the table stayed unfiltered). A person takes longer than the page's load.
+        page.wait_for_load_state("load")
         page.select_option("select[name=status]", "failed")
         # The filtered table replaces the whole one: act on its row, not on the unfiltered table's
         # (a click there, then the filtered table drawn from before the requeue, shows it failed).
