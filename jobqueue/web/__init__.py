@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from flask import Blueprint, Flask, Request
+from flask import Blueprint, Flask, Request, request
 from jinja2 import BaseLoader, FileSystemLoader, PrefixLoader
 from werkzeug.routing import IntegerConverter, Map
 
@@ -49,6 +49,13 @@ class _QueueBlueprint(Blueprint):
     @cached_property
     def jinja_loader(self) -> BaseLoader:
         return PrefixLoader({"jobqueue": FileSystemLoader(_asset_folder("templates"))})
+
+    def get_send_file_max_age(self, filename: str | None) -> int | None:
+        """A year for a static file asked for by the URL filters.asset_url gives (its content's
+        hash in `v`); asked for any other way, revalidated each time (Flask's default)."""
+        if filename and request.args.get("v") == filters.asset_version(filename):
+            return filters.ASSET_MAX_AGE
+        return super().get_send_file_max_age(filename)
 
 
 def _blueprint(own_login: bool) -> Blueprint:

@@ -8,10 +8,13 @@ browser's local time.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
 from datetime import datetime
+from pathlib import Path
 
-from flask import Blueprint, Flask, g
+from flask import Blueprint, Flask, current_app, g, url_for
 from markupsafe import Markup, escape
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -129,7 +132,27 @@ FILTERS = {
     "shorten": shorten,
     "seconds": seconds,
 }
-GLOBALS = {"duration": duration, "audit_detail": audit_detail}
+ASSET_MAX_AGE = 365 * 24 * 3600
+
+
+@functools.cache
+def _asset_version(folder: str, filename: str) -> str:
+    return hashlib.sha256((Path(folder) / filename).read_bytes()).hexdigest()[:12]
+
+
+def asset_version(filename: str) -> str:
+    """The first 12 hex digits of the static file's SHA-256: what `asset_url` puts in `v`."""
+    return _asset_version(current_app.blueprints["jobqueue"].static_folder, filename)
+
+
+def asset_url(filename: str) -> str:
+    """A static file's URL named by its content (`?v=<hash>`): browsers may keep it a year
+    (ASSET_MAX_AGE), and a release that changes the file links a new URL. Without it every page
+    revalidated htmx.min.js, app.js and app.css, a round trip each before its scripts ran."""
+    return url_for("jobqueue.static", filename=filename, v=asset_version(filename))
+
+
+GLOBALS = {"duration": duration, "audit_detail": audit_detail, "asset_url": asset_url}
 
 
 def init_app(app: Flask, scope: Flask | Blueprint) -> None:

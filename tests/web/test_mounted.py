@@ -213,7 +213,7 @@ def test_static_files_links_and_headers_live_under_the_prefix_and_the_host_keeps
     admin = signed_in(host, "ada")
     page = admin.get("/jobs-admin/")
     html = page.get_data(as_text=True)
-    assert 'src="/jobs-admin/static/htmx.min.js"' in html and 'href="/jobs-admin/jobs"' in html
+    assert 'src="/jobs-admin/static/htmx.min.js?v=' in html and 'href="/jobs-admin/jobs"' in html
     assert "HOST BASE" not in html  # our base.html, not the host's
     assert "Content-Security-Policy" in page.headers and page.headers["X-Frame-Options"] == "DENY"
     with admin.get("/jobs-admin/static/app.css") as css:
