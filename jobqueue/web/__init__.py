@@ -53,7 +53,8 @@ class _QueueBlueprint(Blueprint):
     def get_send_file_max_age(self, filename: str | None) -> int | None:
         """A year for a static file asked for by the URL filters.asset_url gives (its content's
         hash in `v`); asked for any other way, revalidated each time (Flask's default)."""
-        if filename and request.args.get("v") == filters.asset_version(filename):
+        version = filters.asset_version(filename) if filename else None
+        if version is not None and request.args.get("v") == version:
             return filters.ASSET_MAX_AGE
         return super().get_send_file_max_age(filename)
 

@@ -136,13 +136,14 @@ ASSET_MAX_AGE = 365 * 24 * 3600
 
 
 @functools.cache
-def _asset_version(folder: str, filename: str) -> str:
-    return hashlib.sha256((Path(folder) / filename).read_bytes()).hexdigest()[:12]
+def _asset_versions(folder: str) -> dict[str, str]:
+    """Each file of the static folder (read once): the first 12 hex digits of its SHA-256."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:12] for p in Path(folder).iterdir() if p.is_file()}
 
 
-def asset_version(filename: str) -> str:
-    """The first 12 hex digits of the static file's SHA-256: what `asset_url` puts in `v`."""
-    return _asset_version(current_app.blueprints["jobqueue"].static_folder, filename)
+def asset_version(filename: str) -> str | None:
+    """What `asset_url` puts in `v` for a file of the static folder; None for any other name."""
+    return _asset_versions(current_app.blueprints["jobqueue"].static_folder).get(filename)
 
 
 def asset_url(filename: str) -> str:

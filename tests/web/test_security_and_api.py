@@ -134,6 +134,10 @@ def test_assets_are_cached_for_a_year_under_a_url_that_names_their_content(clien
         for other in (path, path + "?v=0123456789ab"):
             with client.get(other) as asked:
                 assert asked.status_code == 200 and asked.headers["Cache-Control"] == "no-cache"
+    # A file that is not there, or a path out of the folder, with a `v`: 404, and nothing read.
+    for missing in ("/static/nope.js?v=0123456789ab", "/static/sub/app.js?v=x", "/static/..%2Fweb%2F__init__.py?v=x"):
+        with client.get(missing) as asked:
+            assert asked.status_code == 404, (missing, asked.status_code)
 
 
 def test_no_users_configured_refuses_to_start(mysql_url):
