@@ -106,7 +106,8 @@ def render(results: dict, out_dir: Path, command: str) -> Path:
         f"## Targets\n\n{passed} pass, {failed} fail.\n\n{summary}",
     ]
     path = out_dir / "benchmarks.md"
-    tail = [kept_notes(path)] if path.exists() and NOTES_HEADING in path.read_text() else []
+    notes = kept_notes(path)
+    tail = [notes] if notes else []
     path.write_text("\n\n".join(header + sections + tail) + "\n")
     return path
 
@@ -115,9 +116,11 @@ NOTES_HEADING = "## Notes on these results"
 
 
 def kept_notes(path: Path) -> str:
-    """The hand-written notes section of an existing report: from NOTES_HEADING to the end."""
-    text = path.read_text()
-    return text[text.index(NOTES_HEADING) :].strip()
+    """The hand-written notes section of an existing report: from NOTES_HEADING to the end ("" if
+    there is none)."""
+    text = path.read_text() if path.exists() else ""
+    at = text.find(NOTES_HEADING)
+    return text[at:].strip() if at >= 0 else ""
 
 
 def _mysql_peers(res: dict, targets: list) -> str:
