@@ -135,6 +135,83 @@ def test_a_held_row_in_a_completion_batch_stalls_no_other_job_and_keeps_its_leas
     assert all(get(engine, i).attempts == 1 for i in ids)
 
 
+@pytest.mark.servers_only
+@pytest.mark.parametrize("max_attempts, status, outcome", [(3, Status.SCHEDULED, "retry"), (1, Status.FAILED, "fail")])
+def test_a_failed_attempt_on_a_held_row_is_written_once_it_is_let_go(engine, max_attempts, status, outcome):
+    """A handler raised while another transaction held its job's row for a moment (an operator's
+    action, a sweep): its retry or failure waits for the row, as a completion does. It used to
+    take the answer BUSY for a lost lease: nothing written, the error forgotten, the job left
+    `running` until its lease ran out and the reaper charged an attempt to it."""
+    gate = threading.Event()
+
+    def raising(payload, ctx):
+        gate.wait(20)
+        raise RuntimeError("boom")
+
+    reg = registry_with(raising=raising)
+    with engine.connect() as conn:
+        job_id = service.enqueue(conn, "raising", "r1", max_attempts=max_attempts, registry=reg).id
+    worker = Worker(engine, WorkerConfig(concurrency=1, lease_seconds=10), registry=reg)
+    t = start(worker)
+    try:
+        wait_until(lambda: len(worker.keeper.held(LeaseState.RUNNING)) == 1, message="running")
+        holder = hold_rows(engine, [job_id])
+        try:
+            gate.set()
+            time.sleep(0.5)  # the write meets the held row
+        finally:
+            holder.rollback()
+            holder.close()
+        wait_until(lambda: get(engine, job_id).status is status, timeout=5, message=f"{outcome} written")
+    finally:
+        gate.set()
+        worker.stop()
+        t.join(15)
+    with engine.connect() as conn:
+        attempts = conn.execute(sa.select(job_attempt.c.outcome, job_attempt.c.error)).all()
+    assert [a.outcome for a in attempts] == [outcome] and "boom" in attempts[0].error
+
+
+@pytest.mark.servers_only
+def test_a_shutdown_hands_back_a_job_in_hand_whose_row_is_held_for_a_moment(engine):
+    """A job claimed ahead of a thread goes back to `ready` when its worker stops, even if its row
+    was held by another transaction at that instant. It used to stay `running` (the release's
+    BUSY taken for done) until its lease ran out."""
+    gate = threading.Event()
+
+    def gated(payload, ctx):
+        gate.wait(20)
+
+    reg = registry_with(gated=gated)
+    with engine.connect() as conn:
+        first, second = (
+            r.id for r in service.enqueue_many(conn, [{"task": "gated", "task_key": k} for k in "ab"], registry=reg)
+        )
+    worker = Worker(engine, WorkerConfig(concurrency=1, prefetch=1, lease_seconds=10), registry=reg)
+    t = start(worker)
+    holder = None
+    try:
+        wait_until(lambda: len(worker.keeper) == 2, message="one running, one in hand")
+        holder = hold_rows(engine, [second])
+        worker.stop()
+        time.sleep(0.5)  # the release meets the held row
+        holder.rollback()
+        holder.close()
+        holder = None
+        gate.set()
+        t.join(15)
+    finally:
+        gate.set()
+        if holder is not None:
+            holder.rollback()
+            holder.close()
+        worker.stop()
+        t.join(15)
+    assert get(engine, first).status is Status.DONE
+    job = get(engine, second)
+    assert (job.status, job.attempts, job.lease_owner) == (Status.READY, 1, None)
+
+
 # --- 6: a lost COMMIT reply: the retry recognises its own write ---------------------------------
 
 

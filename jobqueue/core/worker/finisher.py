@@ -308,9 +308,15 @@ class Finisher:
         when every lease in `items` is lost; renewals go on between the tries."""
 
         def once() -> T:
-            with self.keeper.writing(items):
-                with self.engine.connect() as conn:
-                    return write(conn)
+            while True:
+                with self.keeper.writing(items):
+                    with self.engine.connect() as conn:
+                        result = write(conn)
+                # BUSY: a row held by another transaction this instant (an operator's action, a
+                # sweep): tried again, the lease renewed meanwhile, while it may still be ours.
+                if result is not Outcome.BUSY or self.keeper.clock() >= max(h.deadline for h in items):
+                    return result
+                time.sleep(BUSY_RETRY_SECONDS)
 
         def on_retry(kind: str, attempt: int, delay: float, exc: BaseException) -> None:
             self.state.sql_error(operation, exc)
