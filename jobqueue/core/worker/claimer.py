@@ -2,7 +2,7 @@
 cycle and claims a job for every lease slot it may fill; each claimed job goes to a thread.
 
 Which slots it may fill: one per thread, plus prefetched ones. By default (automatic prefetch)
-jobs are claimed ahead of a free thread only while handlers are short on average: one per thread
+jobs are claimed ahead of a free thread only while jobs are typically short: one per thread
 while they take milliseconds, more while they take microseconds (auto_prefetch), so that the last
 job in hand waits a few milliseconds at most. When the jobs turn longer, the jobs in hand beyond
 what the prefetch allows now (one per thread at least) go back to `ready` rather than wait behind
@@ -44,8 +44,8 @@ from .state import DB_ERRORS, WorkerState
 log = logging.getLogger("jobqueue.worker")
 
 NOT_PRIMARY_RETRY_SECONDS = 1.0
-# Automatic prefetch: claim ahead of a free thread only while handlers take less than this on
-# average; its point is that threads do not wait for the claim's round trips when jobs take
+# Automatic prefetch: claim ahead of a free thread only while jobs typically take less than
+# this; its point is that threads do not wait for the claim's round trips when jobs take
 # about as long as those.
 PREFETCH_WHILE_JOBS_UNDER_SECONDS = 0.1
 # ... and while they are much shorter, take so many ahead that the last of them would wait about
@@ -56,15 +56,15 @@ HAND_WAIT_SECONDS = 0.005
 GATHER_SECONDS = 0.002
 
 
-def auto_prefetch(concurrency: int, most: int, average: float | None) -> int:
-    """Jobs to claim ahead of a free thread, by the running average of a job's time: none before
-    one has finished or while they are long; one per thread while they take milliseconds; more,
+def auto_prefetch(concurrency: int, most: int, typical: float | None) -> int:
+    """Jobs to claim ahead of a free thread, by a job's typical time (Slots.typical_seconds):
+    none before one has finished or while they are long; one per thread while they take milliseconds; more,
     up to `most`, while they take less, so that a cycle's round trips are shared by more jobs
     (each cycle takes about what finished since the last), yet the last job in hand waits about
     HAND_WAIT_SECONDS at most for the jobs before it."""
-    if average is None or average >= PREFETCH_WHILE_JOBS_UNDER_SECONDS:
+    if typical is None or typical >= PREFETCH_WHILE_JOBS_UNDER_SECONDS:
         return 0
-    deep = int(HAND_WAIT_SECONDS / average) if average > 0 else most
+    deep = int(HAND_WAIT_SECONDS / typical) if typical > 0 else most
     return min(most, max(concurrency, deep))
 
 
@@ -164,11 +164,11 @@ class Claimer:
         GATHER_SECONDS, and only when nobody waits on this cycle: every thread still has a job
         queued behind it, or handlers are so short that the wait is about one of them."""
         pending = self.finisher.pending_count
-        average = self.slots.average_seconds
+        typical = self.slots.typical_seconds
         if (
             not pending
             or pending >= len(self.keeper)
-            or not (self.slots.queued or (average is not None and average < GATHER_SECONDS))
+            or not (self.slots.queued or (typical is not None and typical < GATHER_SECONDS))
         ):
             self._gather_since = None
             return 0.0
@@ -313,7 +313,7 @@ class Claimer:
         (auto_prefetch)."""
         if self.config.prefetch is not None:
             return self.config.prefetch
-        return auto_prefetch(self.config.concurrency, self.config.max_prefetch, self.slots.average_seconds)
+        return auto_prefetch(self.config.concurrency, self.config.max_prefetch, self.slots.typical_seconds)
 
     def _hand_back_when_long(self) -> None:
         """Jobs turned long after a deep claim: a job in hand that has waited CONFIRM_AFTER_SECONDS

@@ -91,7 +91,8 @@ class Finisher:
             return
         with self._lock:
             self._free.add(held.slot)
-        self.processed += 1
+        if held.started_at is not None:  # a job that never ran is not processed: it runs elsewhere, or later
+            self.processed += 1
         self._wake.set()
 
     # --- returned handlers, completed by the claim loop ------------------------------------------

@@ -49,7 +49,7 @@ log = logging.getLogger("jobqueue.worker")
 # database before its handler starts (one fenced write). Shorter waits are those of a job handed
 # to a busy thread that freed up within about a claim's round trip.
 CONFIRM_AFTER_SECONDS = 0.05
-DURATION_WEIGHT = 0.2  # how much the last handler's time moves the running average
+DURATION_WEIGHT = 0.2  # how much the last handler's time moves the lane's running average
 # The lane: while handlers take less than LANE_WHILE_HANDLERS_UNDER_SECONDS on average (their own
 # time, call to return) or none has run yet, the jobs in hand run one after another on one thread
 # (the lane), and another thread takes a job only once it waited LATE_START_SECONDS for the lane
@@ -126,7 +126,7 @@ class Slots:
         self.registry = registry
         self.worker_id = worker_id
         self.concurrency = threads
-        self.average_seconds: float | None = None  # running average of a place's time per job
+        self._recent: collections.deque[float] = collections.deque(maxlen=2 * threads + 1)  # places' times
         self.handler_seconds: float | None = None  # running average of a plain handler's own time
         self.places = Places(threads)
         self.threads: list[threading.Thread] = []
@@ -229,13 +229,12 @@ class Slots:
     def _run(self, lane: bool) -> None:
         while (held := self._next(lane)) is not None:
             self.places.take()
-            started = time.monotonic()
             try:
                 self.run_attempt(held)
             except Exception as exc:  # never lose a thread to a bug of ours
                 self._slot_error(held, exc)
             finally:
-                self._took(held, time.monotonic() - started)
+                self._took(held)
                 if held.duration:  # it ran and ended (returned or raised)
                     self.handler_seconds = moved(self.handler_seconds, held.duration)
                 self.places.give_back()
@@ -276,7 +275,7 @@ class Slots:
         except Exception as exc:
             self._slot_error(held, exc)
         finally:
-            self._took(held, time.monotonic() - started)
+            self._took(held)
             self.places.give_back()
 
     def _slot_error(self, held: Held, exc: Exception) -> None:
@@ -290,13 +289,25 @@ class Slots:
         )
         self.finisher.forget(held)
 
-    def _took(self, held: Held, seconds: float) -> None:
-        """A place was busy `seconds` with one job (its handler and any write of its own). A job
-        that never started (taken back, handed back, past its deadline) says nothing of how long
-        jobs take: counted as a job of microseconds, it pulled the average down, and the jobs in
-        hand that had just gone back because jobs turned long were claimed ahead again."""
+    @property
+    def typical_seconds(self) -> float | None:
+        """A job's time as jobs run now: the lower median of the last 2 x concurrency + 1 times a
+        place was busy with one. A moment when every thread was slow at once (the process paused
+        on a busy machine, a slow write: one slowed job a thread) moves it not at all; jobs that
+        turned long move it within about two of them a thread."""
+        with self._lock:
+            recent = sorted(self._recent)
+        return recent[(len(recent) - 1) // 2] if recent else None
+
+    def _took(self, held: Held) -> None:
+        """A place was busy with one job from its handler's start to its attempt's end (its own
+        writes included). A job that never started (taken back, handed back, past its deadline)
+        says nothing of how long jobs take, nor does the write that confirmed a job that had
+        waited in hand: a cost of the wait, counted it made every job look long after a slow
+        moment, and the jobs in hand went back to `ready` though their jobs had stayed short."""
         if held.started_at is not None:
-            self.average_seconds = moved(self.average_seconds, seconds)
+            with self._lock:
+                self._recent.append(self.keeper.clock() - held.started_at)
 
     def run_attempt(self, held: Held) -> None:
         job = held.claimed.job
