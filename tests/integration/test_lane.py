@@ -41,7 +41,10 @@ def test_short_handlers_run_on_one_thread(engine, tmp_path):
     assert sum(ran.values()) == 400 and len(out.read_text().splitlines()) == 400
     name, most = ran.most_common(1)[0]
     assert name == "jobqueue-slot-1"
-    assert most >= 0.9 * 400, ran  # the other threads took only jobs that waited for the lane
+    # The other threads take only jobs that waited for the lane, which stalls now and then (a
+    # claim cycle holding the GIL): 59-90% on the lane in 24 runs on a quiet 2-core machine,
+    # where without the lane no thread ran the most more often than another.
+    assert most >= 0.5 * 400, ran
 
 
 def test_a_job_that_turns_slow_holds_the_others_back_no_longer_than_a_moment(engine):
