@@ -58,10 +58,10 @@ GATHER_SECONDS = 0.002
 
 def auto_prefetch(concurrency: int, most: int, typical: float | None) -> int:
     """Jobs to claim ahead of a free thread, by a job's typical time (Slots.typical_seconds):
-    none before one has finished or while they are long; one per thread while they take milliseconds; more,
-    up to `most`, while they take less, so that a cycle's round trips are shared by more jobs
-    (each cycle takes about what finished since the last), yet the last job in hand waits about
-    HAND_WAIT_SECONDS at most for the jobs before it."""
+    none before one has finished or while they are long; one per thread while they take
+    milliseconds; more, up to `most`, while they take less, so that a cycle's round trips are
+    shared by more jobs (each cycle takes about what finished since the last), yet the last job
+    in hand waits about HAND_WAIT_SECONDS at most for the jobs before it."""
     if typical is None or typical >= PREFETCH_WHILE_JOBS_UNDER_SECONDS:
         return 0
     deep = int(HAND_WAIT_SECONDS / typical) if typical > 0 else most
