@@ -64,6 +64,9 @@ class Observed:
     attempts_backwards: list[dict[str, Any]] = field(default_factory=list)  # from the monitor
     terminal_regressions: list[dict[str, Any]] = field(default_factory=list)  # from the monitor
     cancelled: set[str] = field(default_factory=set)  # task_keys the soak cancelled (answered changed)
+    # task_keys a cancel was sent for whose effect is not known: no answer, a 5xx, or "already
+    # cancelled" (the server's own retry after a COMMIT whose OK never arrived finds its own work).
+    cancel_unknown: set[str] = field(default_factory=set)
     paused_claims: list[dict[str, Any]] = field(default_factory=list)  # from the monitor: claims while paused
     killed_pids: set[int] = field(default_factory=set)
     stopped_pids: set[int] = field(default_factory=set)
@@ -137,6 +140,8 @@ def check(obs: Observed) -> Findings:
     for name in Findings.MUST_BE_ZERO:
         f.counts.setdefault(name, 0)
     by_key = {r.task_key: r for r in obs.rows}
+    # The jobs the soak cancelled: answered so, or asked with the answer lost and cancelled now.
+    cancelled = obs.cancelled | {k for k in obs.cancel_unknown if k in by_key and by_key[k].status == "cancelled"}
 
     # --- what goes in must come out --------------------------------------------------------------
     for key, job_id in obs.acked.items():
@@ -164,7 +169,7 @@ def check(obs: Observed) -> Findings:
             f.add("attempts_over_max", f"{row.task_key}: attempts {row.attempts} > max {row.max_attempts}")
         if spec and spec.kind == "doomed" and row.status not in ("failed", "cancelled"):
             f.add("doomed_not_failed", f"{row.task_key} is {row.status}")
-        if row.status == "cancelled" and row.task_key not in obs.cancelled:
+        if row.status == "cancelled" and row.task_key not in cancelled:
             if _cancelled_by_parent(row, spec, by_key):
                 f.add("cancelled_by_parent")
             else:
@@ -179,6 +184,7 @@ def check(obs: Observed) -> Findings:
         if row is None or row.status != "cancelled":
             f.add("cancel_undone", f"{key}: cancelled, now {row.status if row else 'missing'}")
     f.counts["cancelled"] = sum(1 for r in obs.rows if r.status == "cancelled")
+    f.counts["cancelled_answer_lost"] = len(cancelled - obs.cancelled)
 
     # --- results: one per done task_key, none for anything else ----------------------------------
     results_by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
@@ -270,7 +276,7 @@ def check(obs: Observed) -> Findings:
         if row.status == "done" and (row.task_key, row.attempts) not in succeeded:
             f.add("done_without_execution", f"{row.task_key} done at attempt {row.attempts}")
 
-    check_workflows(obs, f, by_key, per_key)
+    check_workflows(obs, f, by_key, per_key, cancelled)
 
     # --- the monitor's view while it ran ---------------------------------------------------------
     for item in obs.attempts_backwards:
@@ -282,7 +288,9 @@ def check(obs: Observed) -> Findings:
     return f
 
 
-def check_workflows(obs: Observed, f: Findings, by_key: dict[str, Row], per_key: dict[str, list[Execution]]) -> None:
+def check_workflows(
+    obs: Observed, f: Findings, by_key: dict[str, Row], per_key: dict[str, list[Execution]], cancelled: set[str]
+) -> None:
     """Dependent jobs ran only after their parents finished, and were settled as their parents'
     outcomes say; each batch finished with its members' counts and its callbacks enqueued
     exactly once, as its outcome calls for."""
@@ -299,7 +307,7 @@ def check_workflows(obs: Observed, f: Findings, by_key: dict[str, Row], per_key:
         first, _ = obs.times.get(row.task_key, (None, None))
         # A parent the soak cancelled after it finished (a failed one) has a later finished_at
         # than the moment it released its children: left out of the comparison.
-        finished = [obs.times.get(p.task_key, (None, None))[1] for p in parents if p.task_key not in obs.cancelled]
+        finished = [obs.times.get(p.task_key, (None, None))[1] for p in parents if p.task_key not in cancelled]
         if first is not None and any(t is not None and first < t for t in finished):
             f.add("started_before_parents", f"{row.task_key} first claimed {first}, a parent finished {max(finished)}")
         failed = [p for p in parents if p.status in failed_like]
@@ -332,9 +340,7 @@ def check_workflows(obs: Observed, f: Findings, by_key: dict[str, Row], per_key:
         # failure when one failed (or was failed and then cancelled by the soak: it fired then).
         required = {"complete"} | ({"success"} if statuses.get("done", 0) == len(members) else set())
         required |= {"failure"} if statuses.get("failed") else set()
-        allowed = required | (
-            {"failure"} if any(m is not None and m.task_key in obs.cancelled for m in members) else set()
-        )
+        allowed = required | ({"failure"} if any(m is not None and m.task_key in cancelled for m in members) else set())
         for kind in ("success", "failure", "complete"):
             cb_key = f"{CALLBACK_PREFIX}{key}:{kind}"
             row = by_key.get(cb_key)

@@ -86,41 +86,44 @@ class OperatorFaults:
         recent = known[-n * 5 :]
         sample = self.rng.sample(recent, n - 2) + self.rng.sample(known[: -n * 5], 2)
 
+        box = [None]  # the API's connection, kept between cancels
+
+        def ask(job_id: int, via_api: bool) -> tuple[str, bool]:
+            """One cancel: its outcome's name and whether it answered that it changed the job."""
+            if not via_api:
+                out = self._cli("cancel", str(job_id), "--reason", "soak")
+                outcome = {0: "ok", 3: "done", 75: "busy"}.get(out.returncode, f"exit {out.returncode}")
+                return outcome, out.returncode == 0 and json.loads(out.stdout).get("changed")
+            if box[0] is None:
+                box[0] = http.client.HTTPConnection("127.0.0.1", self.web_port, timeout=15)
+            try:
+                status, answer = self._http("POST", f"/api/jobs/{job_id}/cancel", {"reason": "soak"}, conn=box[0])
+            except (OSError, http.client.HTTPException):
+                box[0].close()
+                box[0] = None
+                raise
+            outcome = {200: "ok", 409: "done", 423: "busy"}.get(status, f"http {status}")
+            return outcome, status == 200 and answer.get("changed")
+
         def cancel():
-            box = [None]
             for i, (key, job_id) in enumerate(sample):
                 via_api = i < self.plan.cancel_api_keys
 
                 def attempt(key=key, job_id=job_id, via_api=via_api) -> bool:
-                    if via_api:
-                        if box[0] is None:
-                            box[0] = http.client.HTTPConnection("127.0.0.1", self.web_port, timeout=15)
-                        try:
-                            status, answer = self._http(
-                                "POST", f"/api/jobs/{job_id}/cancel", {"reason": "soak"}, conn=box[0]
-                            )
-                        except (OSError, http.client.HTTPException):
-                            box[0].close()
-                            box[0] = None
-                            raise
-                        outcome = (
-                            "ok"
-                            if status == 200
-                            else "done"
-                            if status == 409
-                            else "busy"
-                            if status == 423
-                            else f"http {status}"
-                        )
-                        changed = status == 200 and answer.get("changed")
-                    else:
-                        out = self._cli("cancel", str(job_id), "--reason", "soak")
-                        outcome = {0: "ok", 3: "done", 75: "busy"}.get(out.returncode, f"exit {out.returncode}")
-                        changed = out.returncode == 0 and json.loads(out.stdout).get("changed")
+                    try:
+                        outcome, changed = ask(job_id, via_api)
+                    except BaseException:
+                        with self.lock:
+                            self.cancel_unknown.add(key)  # sent; whether it took, no one said
+                        raise
                     with self.lock:
                         self.cancel_answers[outcome] += 1
                         if changed:
                             self.cancelled.add(key)
+                        elif outcome not in ("done", "busy"):
+                            # A 5xx, or "already cancelled": that may be this cancel's own
+                            # earlier try (or the server's retry) whose COMMIT's OK was lost.
+                            self.cancel_unknown.add(key)
                     return outcome in ("ok", "done")
 
                 self._until_ok(f"cancel {key}", attempt, 60)

@@ -42,6 +42,7 @@ def judge(
         "terminal_regressions": findings.get("terminal_regressions"),
         "cancelled": findings.get("cancelled"),
         "cancel_answers": dict(soak.cancel_answers),
+        "cancelled_answer_lost": findings.get("cancelled_answer_lost"),
         "pause_windows_seconds": [round(end - start + PAUSE_NOTICE_SECONDS, 1) for start, end in soak.pause_windows],
         "claims_while_paused": findings.get("claims_while_paused"),
         "results_of_reaped_attempts": findings.get("results_of_reaped_attempts"),
@@ -210,7 +211,8 @@ def table(n: dict) -> str:
         ),
         (
             "cancellations",
-            f"{n['cancelled']} jobs cancelled; answers {json.dumps(n['cancel_answers'], sort_keys=True)}",
+            f"{n['cancelled']} jobs cancelled ({n['cancelled_answer_lost']} by a cancel whose answer was lost); "
+            f"answers {json.dumps(n['cancel_answers'], sort_keys=True)}",
         ),
         *monitor_rows(n),
         (

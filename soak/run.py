@@ -103,6 +103,7 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
         self.paused_claims: list[dict] = []
         self.actions_gave_up: list[str] = []  # a resume or a cancel that never went through
         self.cancelled: set[str] = set()
+        self.cancel_unknown: set[str] = set()
         self.cancel_answers: Counter = Counter()
         self.own_connection_ids: set[int] = set()
         self.restart_outage = 0.0
@@ -396,6 +397,7 @@ class Soak(Enqueuers, ProcessFaults, OperatorFaults, FaultRun):
             attempts_backwards=self.attempts_backwards,
             terminal_regressions=self.terminal_regressions,
             cancelled=set(self.cancelled),
+            cancel_unknown=set(self.cancel_unknown),
             paused_claims=list(self.paused_claims),
             killed_pids=self.killed_pids,
             stopped_pids=self.stopped_pids,

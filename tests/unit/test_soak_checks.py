@@ -170,6 +170,24 @@ def test_a_cancel_that_did_not_stick_or_was_never_asked_for_is_caught():
     assert check(obs).violations() == {"cancel_undone": 1}
 
 
+def test_a_cancel_whose_answer_was_lost_is_not_taken_for_one_never_asked_for():
+    """A cancel that committed and whose answer never came (the COMMIT's OK lost as the server
+    restarted: 503 after the server's own retries, or a reset connection), tried again and
+    answered 200 `changed: false` (already cancelled), was counted as cancelled_unasked in a
+    MySQL soak. Such a key was asked for; whether the cancel took effect is not known, so the
+    job may end either way, and cancel_undone holds only for cancels answered `changed: true`."""
+    obs = clean_run()
+    obs.rows[0] = Row(1, "k-noop", "cancelled", 0, 4, None)
+    obs.results = [r for r in obs.results if r[0] != "k-noop"]
+    obs.executions = [e for e in obs.executions if e.task_key != "k-noop"]
+    obs.cancel_unknown = {"k-noop"}
+    f = check(obs)
+    assert f.violations() == {} and f.get("cancelled_answer_lost") == 1
+    obs = clean_run()
+    obs.cancel_unknown = {"k-noop"}  # the cancel did not take: the job ran and ended done
+    assert check(obs).violations() == {}
+
+
 def test_claims_while_paused_fail_the_run():
     obs = clean_run()
     obs.paused_claims = [{"id": 1, "attempt": 1}]
