@@ -10,6 +10,12 @@ its processes started behind the start gate (bench/gate.py). jobs/s: done jobs /
 worker CPU: the workers' CPU seconds (user + system, os.wait4) from the gate to their exit, per
 job, so start-up is not counted. The other commit is checked out into a temporary git worktree and
 removed afterwards.
+
+With `--steady M` (M > N) each round also runs M jobs, and a second table splits the worker CPU
+into what each further job costs, (CPU of the M-job run - CPU of the N-job run) / (M - N), and
+what a process spends once from the gate to its exit whatever the job count (compiling its
+statements' shapes on first use, registering, shutting down): the N-job run's CPU less N jobs at
+that rate, a process.
 """
 
 from __future__ import annotations
@@ -59,23 +65,40 @@ def run_side(tree: Path, jobs: int, procs: int, threads: int) -> tuple[float, fl
         drop_mysql_db(url)
 
 
+def split_cpu(
+    small: list[tuple[float, float]], large: list[tuple[float, float]], n: int, m: int, procs: int
+) -> tuple[float, float]:
+    """(worker CPU us a further job, ms a process spends once), medians over rounds, from each
+    round's (jobs/s, CPU us a job) of an n-job and an m-job run."""
+    rates = [(lg[1] * m - sm[1] * n) / (m - n) for sm, lg in zip(small, large, strict=True)]
+    once = [(sm[1] - rate) * n / procs / 1000 for sm, rate in zip(small, rates, strict=True)]
+    return statistics.median(rates), statistics.median(once)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ref", required=True, help="the other commit (before)")
     p.add_argument("--jobs", type=int, default=5000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--configs", default="1x1,1x4,1x32,2x32", help="PROCESSESxTHREADS, comma-separated")
+    p.add_argument("--steady", type=int, help="also run this many jobs (more than --jobs): CPU a job in steady state")
     a = p.parse_args(argv)
+    if a.steady is not None and a.steady <= a.jobs:
+        p.error("--steady must be more than --jobs")
+    sizes = [a.jobs] + ([a.steady] if a.steady else [])
     configs = [tuple(int(x) for x in c.split("x")) for c in a.configs.split(",")]
     before = Path(tempfile.mkdtemp(prefix="jobqueue-ab-")) / "tree"
     subprocess.run(["git", "worktree", "add", "--detach", "-q", str(before), a.ref], cwd=REPO, check=True)
     sides = {"before": before, "after": REPO}
-    results: dict[tuple[int, int, str], list[tuple[float, float]]] = {}
+    results: dict[tuple[int, int, str, int], list[tuple[float, float]]] = {}
     try:
         for r in range(a.rounds):
             for procs, threads in configs:
                 for side in list(sides) if r % 2 == 0 else list(reversed(sides)):
-                    results.setdefault((procs, threads, side), []).append(run_side(sides[side], a.jobs, procs, threads))
+                    for jobs in sizes:
+                        results.setdefault((procs, threads, side, jobs), []).append(
+                            run_side(sides[side], jobs, procs, threads)
+                        )
             print(f"round {r + 1} of {a.rounds} done", file=sys.stderr, flush=True)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=REPO, check=False)
@@ -84,12 +107,33 @@ def main(argv: list[str] | None = None) -> int:
     print("| configuration | before jobs/s | after jobs/s | ratio | before, worker CPU us/job | after | ratio |")
     print("|---|---|---|---|---|---|---|")
     for procs, threads in configs:
-        b, n = results[(procs, threads, "before")], results[(procs, threads, "after")]
+        b, n = results[(procs, threads, "before", a.jobs)], results[(procs, threads, "after", a.jobs)]
         med = [statistics.median(x[i] for x in side) for side in (b, n) for i in (0, 1)]
         print(
             f"| {procs} x {threads} | {med[0]:,.0f} | {med[2]:,.0f} | {med[2] / med[0]:.2f}x | {med[1]:.0f} | "
             f"{med[3]:.0f} | {med[3] / med[1]:.2f}x |"
         )
+    if a.steady:
+        print(f"\nSteady state: worker CPU a further job between {a.jobs:,} and {a.steady:,} jobs (medians of rounds)")
+        print("| configuration | before us/job | after us/job | ratio | before, once a process (ms) | after |")
+        print("|---|---|---|---|---|---|")
+        for procs, threads in configs:
+            per_job, once = zip(
+                *(
+                    split_cpu(
+                        results[(procs, threads, side, a.jobs)],
+                        results[(procs, threads, side, a.steady)],
+                        a.jobs,
+                        a.steady,
+                        procs,
+                    )
+                    for side in sides
+                )
+            )
+            print(
+                f"| {procs} x {threads} | {per_job[0]:.0f} | {per_job[1]:.0f} | {per_job[1] / per_job[0]:.2f}x | "
+                f"{once[0]:.0f} | {once[1]:.0f} |"
+            )
     return 0
 
 

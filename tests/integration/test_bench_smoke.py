@@ -164,3 +164,16 @@ def test_the_mysql_peers_bench_counts_every_execution(db_server, tmp_path, monke
     assert "| django-tasks-db p4 |" in text and "ours 1 x 4 threads / peer 4-way" in text
     assert len(mysql_peers.targets(res)) == 2
     assert not list(tmp_path.glob("append-*")), "each run's append file is removed"
+
+
+def test_ab_splits_worker_cpu_into_a_further_job_and_once_a_process():
+    """bench.ab --steady: rounds of two processes that spend F ms each once and then c us a job
+    give back c and F, medians over the rounds (100 us and 30 ms here)."""
+    from bench.ab import split_cpu
+
+    rounds = [(30, 100), (40, 90), (20, 110)]  # (F ms a process, c us a job)
+
+    def per_job(jobs: int) -> list[tuple[float, float]]:
+        return [(1.0, (2 * f * 1000 + jobs * c) / jobs) for f, c in rounds]
+
+    assert split_cpu(per_job(5_000), per_job(20_000), 5_000, 20_000, 2) == pytest.approx((100, 30))
