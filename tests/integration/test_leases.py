@@ -278,6 +278,39 @@ def test_complete_after_a_lost_commit_reply_is_ok(engine, commit_reply_lost, cap
     assert "event=lease_lost" not in caplog.text
 
 
+@pytest.mark.servers_only
+@pytest.mark.parametrize(
+    "action, running, after",
+    [("cancel", False, Status.CANCELLED), ("fail", True, Status.FAILED), ("requeue", True, Status.READY)],
+)
+def test_an_operator_action_after_a_lost_commit_reply_answers_what_it_did(
+    engine, commit_reply_lost, action, running, after
+):
+    """The soak saw it on MySQL: a cancel whose COMMIT landed but whose reply never came was run
+    again by the transaction's retry, which found the job cancelled and answered `changed:
+    false`, as if someone else had. A fail answered 409 (already failed), a forced requeue of a
+    running job `changed: false` (or, had a worker claimed it in between, would have requeued it
+    a second time). The retry now finds its own audit row and answers what the first try did."""
+    with engine.connect() as conn:
+        job_id = service.enqueue(conn, "noop", f"op-{action}").id
+        if running:
+            service.claim(conn, "w", 1, ["default"], lease_seconds=30)
+        before = Status.RUNNING if running else Status.READY
+        commit_reply_lost["left"] = 1
+        if action == "cancel":
+            result = service.cancel_job(conn, job_id, "lost reply", actor="ops")
+        elif action == "fail":
+            result = service.fail_job(conn, job_id, "lost reply", actor="ops")
+        else:
+            result = service.requeue_job(conn, job_id, force=True, actor="ops")
+        assert (result.before, result.after, result.changed) == (before, after, True)
+        assert repository.reads.get_job(conn, job_id).status is after
+        audited = conn.execute(sa.text("SELECT actor, action FROM audit_log WHERE job_id = :id"), {"id": job_id}).all()
+        attempts = conn.execute(sa.select(job_attempt.c.outcome).where(job_attempt.c.job_id == job_id)).scalars().all()
+    assert [tuple(r) for r in audited] == [("ops", action)]
+    assert len(attempts) == (1 if running else 0)
+
+
 # --- 7: every ready row a claim passes by is counted ------------------------------------------
 
 

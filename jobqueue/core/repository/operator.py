@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 AUDIT_IDS_SHOWN = 200
 jb = job_batch.c
+al = audit_log.c
 jbm = job_batch_member.c
 
 
@@ -69,6 +70,34 @@ def _lock_nowait(c: Connection, job_id: int) -> Row:
     if row is None:
         raise JobNotFound(f"job {job_id} not found")
     return row
+
+
+def _once(
+    conn: Connection, act: Callable[[Connection], ActionResult], job_id: int, action: str, actor: str
+) -> ActionResult:
+    """`act` in a transaction of its own, retried as db.transaction does, and done once: a retry
+    after a COMMIT whose reply never came (the connection lost after the server committed) finds
+    the audit row that try wrote in the same transaction, and answers what it did instead of
+    acting again on what it left (a requeued job may even have been claimed since)."""
+    seen: list[int] = []  # the job's last audit row before the first try
+
+    def once(c: Connection) -> ActionResult:
+        if not seen:
+            seen.append(
+                c.execute(sa.select(sa.func.coalesce(sa.func.max(al.id), 0)).where(al.job_id == job_id)).scalar()
+            )
+        else:
+            mine = c.execute(
+                sa.select(al.before_status, al.after_status)
+                .where(al.job_id == job_id, al.id > seen[0], al.action == action, al.actor == actor[:100])
+                .order_by(al.id)
+                .limit(1)
+            ).first()
+            if mine is not None:
+                return ActionResult(job_id, Status(mine.before_status), Status(mine.after_status), True)
+        return act(c)
+
+    return transaction(conn, once, what=action)
 
 
 def requeue_job(
@@ -132,7 +161,7 @@ def requeue_job(
         )
         return ActionResult(job_id, before, Status.READY, True)
 
-    return transaction(conn, act, what="requeue")
+    return _once(conn, act, job_id, "requeue", actor)
 
 
 def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor: str = "operator") -> ActionResult:
@@ -162,7 +191,7 @@ def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor:
         audit(c, actor, "fail", job_id=job_id, before=before.value, after=Status.FAILED.value, detail=reason)
         return ActionResult(job_id, before, Status.FAILED, True)
 
-    return transaction(conn, act, what="fail")
+    return _once(conn, act, job_id, "fail", actor)
 
 
 def cancel_job(conn: Connection, job_id: int, reason: str | None = None, *, actor: str = "operator") -> ActionResult:
@@ -190,7 +219,7 @@ def cancel_job(conn: Connection, job_id: int, reason: str | None = None, *, acto
         audit(c, actor, "cancel", job_id=job_id, before=before.value, after=Status.CANCELLED.value, detail=reason)
         return ActionResult(job_id, before, Status.CANCELLED, True)
 
-    return transaction(conn, act, what="cancel")
+    return _once(conn, act, job_id, "cancel", actor)
 
 
 # --- bulk ----------------------------------------------------------------------------------------
