@@ -64,8 +64,8 @@ class Observed:
     attempts_backwards: list[dict[str, Any]] = field(default_factory=list)  # from the monitor
     terminal_regressions: list[dict[str, Any]] = field(default_factory=list)  # from the monitor
     cancelled: set[str] = field(default_factory=set)  # task_keys the soak cancelled (answered changed)
-    # task_keys a cancel was sent for whose effect is not known: no answer, a 5xx, or "already
-    # cancelled" (the server's own retry after a COMMIT whose OK never arrived finds its own work).
+    # task_keys a cancel was sent for whose effect is not known: no answer, a 5xx (a COMMIT may
+    # have landed whose OK never came), or "already cancelled" after one of those.
     cancel_unknown: set[str] = field(default_factory=set)
     paused_claims: list[dict[str, Any]] = field(default_factory=list)  # from the monitor: claims while paused
     killed_pids: set[int] = field(default_factory=set)

@@ -121,8 +121,8 @@ class OperatorFaults:
                         if changed:
                             self.cancelled.add(key)
                         elif outcome not in ("done", "busy"):
-                            # A 5xx, or "already cancelled": that may be this cancel's own
-                            # earlier try (or the server's retry) whose COMMIT's OK was lost.
+                            # A 5xx (the server's retries ran out after a COMMIT whose OK was
+                            # lost?), or "already cancelled" after one: it may have taken.
                             self.cancel_unknown.add(key)
                     return outcome in ("ok", "done")
 
