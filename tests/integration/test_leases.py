@@ -311,6 +311,32 @@ def test_an_operator_action_after_a_lost_commit_reply_answers_what_it_did(
     assert len(attempts) == (1 if running else 0)
 
 
+@pytest.mark.servers_only
+def test_a_bulk_action_after_a_lost_commit_reply_counts_what_it_did(engine, commit_reply_lost):
+    """The same for a bulk action's batch: its retry found the jobs already cancelled (no longer
+    eligible) and counted 0 changed, 3 skipped, for a batch that cancelled all 3."""
+    with engine.connect() as conn:
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"bulk-{i}"} for i in range(3)])]
+        commit_reply_lost["left"] = 1
+        result = service.bulk_action(conn, "cancel", actor="ops", ids=ids)
+        assert (result.changed, result.skipped, result.finished) == (3, 0, True)
+        assert {repository.reads.get_job(conn, i).status for i in ids} == {Status.CANCELLED}
+        audited = conn.execute(sa.text("SELECT action, count FROM audit_log")).all()
+    assert [tuple(r) for r in audited] == [("bulk_cancel", 3)]
+
+
+@pytest.mark.servers_only
+def test_a_pause_after_a_lost_commit_reply_says_it_paused(engine, commit_reply_lost):
+    """And for a pause: its retry found the queue paused and answered `changed: false`."""
+    with engine.connect() as conn:
+        commit_reply_lost["left"] = 1
+        state = service.pause_queue(conn, "lost-reply", actor="ops")
+        assert (state.paused, state.changed, state.changed_by) == (True, True, "ops")
+        assert state.changed_at is not None
+        audited = conn.execute(sa.text("SELECT action, selection FROM audit_log")).all()
+    assert [tuple(r) for r in audited] == [("pause", "queue lost-reply")]
+
+
 # --- 7: every ready row a claim passes by is counted ------------------------------------------
 
 

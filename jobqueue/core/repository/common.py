@@ -4,21 +4,23 @@ hot statements, and the attempt history and audit writes several verbs make."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
-from ..db import db_now, error_code, is_mysql
+from ..db import db_now, error_code, is_mysql, transaction
 from ..db.drivers import warning_count
 from ..models import Job, Lease, LeaseLoss, Status
 from ..schema import audit_log, job_attempt, job_queue
 
 jq = job_queue.c
+al = audit_log.c
+T = TypeVar("T")
 
 
 def through_index(c: Connection, stmt: sa.Select, index: str | None, table: sa.Table = job_queue) -> sa.Select:
@@ -165,6 +167,35 @@ def audit(
             detail=truncate_error(detail),
         )
     )
+
+
+def audited_once(
+    conn: Connection,
+    act: Callable[[Connection], T],
+    what: str,
+    *,
+    last: sa.Select,
+    mine: Callable[[int], sa.Select],
+    answer: Callable[[Row], T],
+) -> T:
+    """`act` in a transaction of its own, retried as db.transaction does, and done once. `act`
+    writes an audit row in its transaction; a retry after a COMMIT whose reply never came (the
+    connection lost after the server committed) looks for that row first (`mine(id)`: the
+    action's audit row after `last`, the highest id read before the first try) and answers from
+    it (`answer(row)`) instead of acting again on what the first try left (a requeued job may
+    even have been claimed since)."""
+    seen: list[int] = []
+
+    def once(c: Connection) -> T:
+        if not seen:
+            seen.append(c.execute(last).scalar() or 0)
+        else:
+            row = c.execute(mine(seen[0])).first()
+            if row is not None:
+                return answer(row)
+        return act(c)
+
+    return transaction(conn, once, what=what)
 
 
 def upsert(c: Connection, table: sa.Table, keys: list[str], values: dict[str, Any], update: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ from ..errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, RunAga
 from ..models import Status
 from ..schema import audit_log, job_batch, job_batch_member, job_queue
 from ..validation import check_reason
-from .common import audit, jq, one_more_attempt, record_attempts, truncate_error
+from .common import al, audit, audited_once, jq, one_more_attempt, record_attempts, truncate_error
 from .hooks import settle_finished
 
 if TYPE_CHECKING:
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 AUDIT_IDS_SHOWN = 200
 jb = job_batch.c
-al = audit_log.c
 jbm = job_batch_member.c
 
 
@@ -72,32 +71,23 @@ def _lock_nowait(c: Connection, job_id: int) -> Row:
     return row
 
 
-def _once(
+def _job_once(
     conn: Connection, act: Callable[[Connection], ActionResult], job_id: int, action: str, actor: str
 ) -> ActionResult:
-    """`act` in a transaction of its own, retried as db.transaction does, and done once: a retry
-    after a COMMIT whose reply never came (the connection lost after the server committed) finds
-    the audit row that try wrote in the same transaction, and answers what it did instead of
-    acting again on what it left (a requeued job may even have been claimed since)."""
-    seen: list[int] = []  # the job's last audit row before the first try
-
-    def once(c: Connection) -> ActionResult:
-        if not seen:
-            seen.append(
-                c.execute(sa.select(sa.func.coalesce(sa.func.max(al.id), 0)).where(al.job_id == job_id)).scalar()
-            )
-        else:
-            mine = c.execute(
-                sa.select(al.before_status, al.after_status)
-                .where(al.job_id == job_id, al.id > seen[0], al.action == action, al.actor == actor[:100])
-                .order_by(al.id)
-                .limit(1)
-            ).first()
-            if mine is not None:
-                return ActionResult(job_id, Status(mine.before_status), Status(mine.after_status), True)
-        return act(c)
-
-    return transaction(conn, once, what=action)
+    """_once for an action on one job: its own audit row names the job, the action and the actor."""
+    return audited_once(
+        conn,
+        act,
+        action,
+        last=sa.select(sa.func.max(al.id)).where(al.job_id == job_id),
+        mine=lambda seen: (
+            sa.select(al.before_status, al.after_status)
+            .where(al.job_id == job_id, al.id > seen, al.action == action, al.actor == actor[:100])
+            .order_by(al.id)
+            .limit(1)
+        ),
+        answer=lambda row: ActionResult(job_id, Status(row.before_status), Status(row.after_status), True),
+    )
 
 
 def requeue_job(
@@ -161,7 +151,7 @@ def requeue_job(
         )
         return ActionResult(job_id, before, Status.READY, True)
 
-    return _once(conn, act, job_id, "requeue", actor)
+    return _job_once(conn, act, job_id, "requeue", actor)
 
 
 def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor: str = "operator") -> ActionResult:
@@ -191,7 +181,7 @@ def fail_job(conn: Connection, job_id: int, reason: str | None = None, *, actor:
         audit(c, actor, "fail", job_id=job_id, before=before.value, after=Status.FAILED.value, detail=reason)
         return ActionResult(job_id, before, Status.FAILED, True)
 
-    return _once(conn, act, job_id, "fail", actor)
+    return _job_once(conn, act, job_id, "fail", actor)
 
 
 def cancel_job(conn: Connection, job_id: int, reason: str | None = None, *, actor: str = "operator") -> ActionResult:
@@ -219,7 +209,7 @@ def cancel_job(conn: Connection, job_id: int, reason: str | None = None, *, acto
         audit(c, actor, "cancel", job_id=job_id, before=before.value, after=Status.CANCELLED.value, detail=reason)
         return ActionResult(job_id, before, Status.CANCELLED, True)
 
-    return _once(conn, act, job_id, "cancel", actor)
+    return _job_once(conn, act, job_id, "cancel", actor)
 
 
 # --- bulk ----------------------------------------------------------------------------------------
@@ -546,7 +536,21 @@ def bulk_action(
             )
             return n, n_busy, n_skipped, n_blocked
 
-        n, n_busy, n_skipped, n_blocked = transaction(conn, act, what=f"bulk_{action}")
+        # A batch whose COMMIT's reply was lost counts from its audit row (what it changed; how
+        # many it found busy or skipped is not kept there).
+        n, n_busy, n_skipped, n_blocked = audited_once(
+            conn,
+            act,
+            f"bulk_{action}",
+            last=sa.select(sa.func.max(al.id)),
+            mine=lambda seen: (
+                sa.select(al.count)
+                .where(al.id > seen, al.action == f"bulk_{action}", al.actor == actor[:100], al.selection == selection)
+                .order_by(al.id)
+                .limit(1)
+            ),
+            answer=lambda row: (row.count, 0, 0, 0),
+        )
         changed, busy, skipped, blocked = changed + n, busy + n_busy, skipped + n_skipped, blocked + n_blocked
         cursor = min(batch_ids)
         if (pending is not None and not pending) or (pending is None and len(batch_ids) < batch_size):
