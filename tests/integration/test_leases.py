@@ -312,6 +312,28 @@ def test_an_operator_action_after_a_lost_commit_reply_answers_what_it_did(
 
 
 @pytest.mark.servers_only
+def test_an_operator_action_in_the_callers_transaction_reads_no_audit_row_first(engine):
+    """The caller owns that transaction and its retries: the action's first statement is still
+    its locking read, so a REPEATABLE READ caller's snapshot is not taken earlier than before."""
+    sent: list[str] = []
+
+    def record(conn, cursor, statement, *args):
+        sent.append(" ".join(statement.split()).lower())
+
+    with engine.connect() as conn:
+        job_id = service.enqueue(conn, "noop", "op-in-callers").id
+        conn.commit()
+        sa.event.listen(engine, "before_cursor_execute", record)
+        try:
+            with conn.begin():
+                assert service.cancel_job(conn, job_id, "theirs", actor="ops").changed
+        finally:
+            sa.event.remove(engine, "before_cursor_execute", record)
+    job_reads = [s for s in sent if "from job_queue" in s or "from audit_log" in s]
+    assert "from job_queue" in job_reads[0] and "for update" in job_reads[0], job_reads
+
+
+@pytest.mark.servers_only
 def test_a_bulk_action_after_a_lost_commit_reply_counts_what_it_did(engine, commit_reply_lost):
     """The same for a bulk action's batch: its retry found the jobs already cancelled (no longer
     eligible) and counted 0 changed, 3 skipped, for a batch that cancelled all 3."""

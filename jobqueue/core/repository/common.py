@@ -183,7 +183,11 @@ def audited_once(
     connection lost after the server committed) looks for that row first (`mine(id)`: the
     action's audit row after `last`, the highest id read before the first try) and answers from
     it (`answer(row)`) instead of acting again on what the first try left (a requeued job may
-    even have been claimed since)."""
+    even have been claimed since). In the caller's transaction, which the caller retries, `act`
+    alone: a read before its locks would take the snapshot of a REPEATABLE READ transaction
+    earlier than the action did before."""
+    if conn.in_transaction():
+        return transaction(conn, act, what=what)
     seen: list[int] = []
 
     def once(c: Connection) -> T:
