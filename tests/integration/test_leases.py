@@ -359,6 +359,20 @@ def test_a_pause_after_a_lost_commit_reply_says_it_paused(engine, commit_reply_l
     assert [tuple(r) for r in audited] == [("pause", "queue lost-reply")]
 
 
+@pytest.mark.servers_only
+def test_disabling_a_schedule_after_a_lost_commit_reply_says_it_changed(engine, commit_reply_lost):
+    """And for a recurring schedule's disable: its retry found it disabled and said unchanged."""
+    with engine.connect() as conn:
+        service.upsert_recurring(conn, "lost-reply", cron="* * * * *", task="noop", actor="ops")
+        commit_reply_lost["left"] = 1
+        row, changed = service.set_recurring_enabled(conn, "lost-reply", False, actor="ops")
+        assert (row["enabled"], changed) == (False, True)
+        audited = (
+            conn.execute(sa.text("SELECT action FROM audit_log WHERE action LIKE 'recurring_%able'")).scalars().all()
+        )
+    assert audited == ["recurring_disable"]
+
+
 # --- 7: every ready row a claim passes by is counted ------------------------------------------
 
 

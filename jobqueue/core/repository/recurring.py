@@ -19,7 +19,7 @@ from ..recurring import check_name, latest_tick, next_tick, parse_cron, run_key
 from ..schema import recurring_job
 from ..tasks import TASKS, Registry
 from ..validation import check_payload, new_job
-from .common import as_datetime, audit, database_now
+from .common import al, as_datetime, audit, audited_once, database_now
 from .enqueue import enqueue_many
 
 rj = recurring_job.c
@@ -143,6 +143,7 @@ def remove_recurring(conn: Connection, name: str, *, actor: str) -> None:
 def set_recurring_enabled(conn: Connection, name: str, enabled: bool, *, actor: str) -> tuple[dict[str, Any], bool]:
     """Enable or disable a schedule. Enabling starts from the next tick after now: the ticks it
     spent disabled are not caught up. Returns (the row, changed)."""
+    action = "recurring_enable" if enabled else "recurring_disable"
 
     def write(c: Connection) -> tuple[dict[str, Any], bool]:
         require_primary(c)
@@ -159,7 +160,7 @@ def set_recurring_enabled(conn: Connection, name: str, enabled: bool, *, actor: 
         audit(
             c,
             actor,
-            "recurring_enable" if enabled else "recurring_disable",
+            action,
             selection=f"recurring {name}",
             before="disabled" if enabled else "enabled",
             after="enabled" if enabled else "disabled",
@@ -167,7 +168,22 @@ def set_recurring_enabled(conn: Connection, name: str, enabled: bool, *, actor: 
         )
         return _row(c.execute(sa.select(recurring_job).where(rj.name == name)).one()), True
 
-    return transaction(conn, write, what="recurring_enable")
+    return audited_once(
+        conn,
+        write,
+        "recurring_enable",
+        last=sa.select(sa.func.max(al.id)),
+        mine=lambda seen: (
+            sa.select(recurring_job)
+            .where(rj.name == name)
+            .where(
+                sa.exists().where(
+                    al.id > seen, al.action == action, al.actor == actor[:100], al.selection == f"recurring {name}"
+                )
+            )
+        ),
+        answer=lambda row: (_row(row), True),
+    )
 
 
 def sync_code_schedules(conn: Connection, *, registry: Registry = TASKS, actor: str = "code") -> int:
