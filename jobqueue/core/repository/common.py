@@ -172,31 +172,39 @@ def audit(
 def audited_once(
     conn: Connection,
     act: Callable[[Connection], T],
-    what: str,
     *,
-    last: sa.Select,
-    mine: Callable[[int], sa.Select],
-    answer: Callable[[Row], T],
+    what: str,
+    action: str,
+    actor: str,
+    answer: Callable[[Connection, Row], T],
+    job_id: int | None = None,
+    selection: str | None = None,
 ) -> T:
     """`act` in a transaction of its own, retried as db.transaction does, and done once. `act`
-    writes an audit row in its transaction; a retry after a COMMIT whose reply never came (the
-    connection lost after the server committed) looks for that row first (`mine(id)`: the
-    action's audit row after `last`, the highest id read before the first try) and answers from
-    it (`answer(row)`) instead of acting again on what the first try left (a requeued job may
-    even have been claimed since). In the caller's transaction, which the caller retries, `act`
-    alone: a read before its locks would take the snapshot of a REPEATABLE READ transaction
+    writes an audit row (`action`, `actor`, and `job_id` or `selection`) in its transaction; a
+    retry after a COMMIT whose reply never came (the connection lost after the server committed)
+    looks for that row first, after the highest audit id read before the first try, and answers
+    from it (`answer(c, row)`) instead of acting again on what the first try left (a requeued job
+    may even have been claimed since). In the caller's transaction, which the caller retries,
+    `act` alone: a read before its locks would take the snapshot of a REPEATABLE READ transaction
     earlier than the action did before."""
     if conn.in_transaction():
         return transaction(conn, act, what=what)
+    which = al.job_id == job_id if job_id is not None else al.selection == selection
     seen: list[int] = []
 
     def once(c: Connection) -> T:
         if not seen:
-            seen.append(c.execute(last).scalar() or 0)
+            seen.append(c.execute(sa.select(sa.func.max(al.id))).scalar() or 0)
         else:
-            row = c.execute(mine(seen[0])).first()
-            if row is not None:
-                return answer(row)
+            mine = c.execute(
+                sa.select(audit_log)
+                .where(al.id > seen[0], al.action == action, al.actor == actor[:100], which)
+                .order_by(al.id)
+                .limit(1)
+            ).first()
+            if mine is not None:
+                return answer(c, mine)
         return act(c)
 
     return transaction(conn, once, what=what)

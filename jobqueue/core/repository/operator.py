@@ -27,7 +27,7 @@ from ..errors import InvalidState, JobBusy, JobNotFound, LeaseStillValid, RunAga
 from ..models import Status
 from ..schema import audit_log, job_batch, job_batch_member, job_queue
 from ..validation import check_reason
-from .common import al, audit, audited_once, jq, one_more_attempt, record_attempts, truncate_error
+from .common import audit, audited_once, jq, one_more_attempt, record_attempts, truncate_error
 from .hooks import settle_finished
 
 if TYPE_CHECKING:
@@ -74,19 +74,15 @@ def _lock_nowait(c: Connection, job_id: int) -> Row:
 def _job_once(
     conn: Connection, act: Callable[[Connection], ActionResult], job_id: int, action: str, actor: str
 ) -> ActionResult:
-    """_once for an action on one job: its own audit row names the job, the action and the actor."""
+    """audited_once for an action on one job: its audit row says the job's status before and after."""
     return audited_once(
         conn,
         act,
-        action,
-        last=sa.select(sa.func.max(al.id)).where(al.job_id == job_id),
-        mine=lambda seen: (
-            sa.select(al.before_status, al.after_status)
-            .where(al.job_id == job_id, al.id > seen, al.action == action, al.actor == actor[:100])
-            .order_by(al.id)
-            .limit(1)
-        ),
-        answer=lambda row: ActionResult(job_id, Status(row.before_status), Status(row.after_status), True),
+        what=action,
+        action=action,
+        actor=actor,
+        job_id=job_id,
+        answer=lambda c, row: ActionResult(job_id, Status(row.before_status), Status(row.after_status), True),
     )
 
 
@@ -541,15 +537,11 @@ def bulk_action(
         n, n_busy, n_skipped, n_blocked = audited_once(
             conn,
             act,
-            f"bulk_{action}",
-            last=sa.select(sa.func.max(al.id)),
-            mine=lambda seen: (
-                sa.select(al.count)
-                .where(al.id > seen, al.action == f"bulk_{action}", al.actor == actor[:100], al.selection == selection)
-                .order_by(al.id)
-                .limit(1)
-            ),
-            answer=lambda row: (row.count, 0, 0, 0),
+            what=f"bulk_{action}",
+            action=f"bulk_{action}",
+            actor=actor,
+            selection=selection,
+            answer=lambda c, row: (row.count, 0, 0, 0),
         )
         changed, busy, skipped, blocked = changed + n, busy + n_busy, skipped + n_skipped, blocked + n_blocked
         cursor = min(batch_ids)

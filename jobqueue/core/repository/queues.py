@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 from ..db import require_primary, transaction
 from ..schema import queue_state
 from ..validation import check_queue
-from .common import al, audit, audited_once, database_now, upsert
+from .common import audit, audited_once, database_now, upsert
 
 qs = queue_state.c
 
@@ -70,22 +70,12 @@ def set_paused(conn: Connection, queue: str, paused: bool, *, actor: str) -> Que
         return QueueState(queue, paused, now, actor[:100], True)
 
     action = "pause" if paused else "resume"
-    return audited_once(
-        conn,
-        write,
-        action,
-        last=sa.select(sa.func.max(al.id)),
-        mine=lambda seen: (
-            sa.select(qs.changed_at, qs.changed_by)
-            .where(qs.queue == queue)
-            .where(
-                sa.exists().where(
-                    al.id > seen, al.action == action, al.actor == actor[:100], al.selection == f"queue {queue}"
-                )
-            )
-        ),
-        answer=lambda row: QueueState(queue, paused, row.changed_at, row.changed_by, True),
-    )
+
+    def answer(c: Connection, _audited) -> QueueState:
+        row = c.execute(sa.select(qs.changed_at, qs.changed_by).where(qs.queue == queue)).one()
+        return QueueState(queue, paused, row.changed_at, row.changed_by, True)
+
+    return audited_once(conn, write, what=action, action=action, actor=actor, selection=f"queue {queue}", answer=answer)
 
 
 def queue_states(conn: Connection) -> dict[str, QueueState]:

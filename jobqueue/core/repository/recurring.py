@@ -19,7 +19,7 @@ from ..recurring import check_name, latest_tick, next_tick, parse_cron, run_key
 from ..schema import recurring_job
 from ..tasks import TASKS, Registry
 from ..validation import check_payload, new_job
-from .common import al, as_datetime, audit, audited_once, database_now
+from .common import as_datetime, audit, audited_once, database_now
 from .enqueue import enqueue_many
 
 rj = recurring_job.c
@@ -171,18 +171,11 @@ def set_recurring_enabled(conn: Connection, name: str, enabled: bool, *, actor: 
     return audited_once(
         conn,
         write,
-        "recurring_enable",
-        last=sa.select(sa.func.max(al.id)),
-        mine=lambda seen: (
-            sa.select(recurring_job)
-            .where(rj.name == name)
-            .where(
-                sa.exists().where(
-                    al.id > seen, al.action == action, al.actor == actor[:100], al.selection == f"recurring {name}"
-                )
-            )
-        ),
-        answer=lambda row: (_row(row), True),
+        what="recurring_enable",
+        action=action,
+        actor=actor,
+        selection=f"recurring {name}",
+        answer=lambda c, _audited: (_row(c.execute(sa.select(recurring_job).where(rj.name == name)).one()), True),
     )
 
 
