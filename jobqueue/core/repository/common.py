@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection, Row
 from sqlalchemy.exc import IntegrityError
 
 from ..db import db_now, error_code, is_mysql, transaction
-from ..db.drivers import warning_count
+from ..db.drivers import bind, warning_count
 from ..models import Job, Lease, LeaseLoss, Status
 from ..schema import audit_log, job_attempt, job_queue
 
@@ -280,7 +280,7 @@ def execute_sql(c: Connection, sql: str, params: Any = None) -> Result:
     dbapi_conn = c.connection.dbapi_connection
     cursor = dbapi_conn.cursor()
     try:
-        cursor.execute(sql, params)
+        cursor.execute(*bind(dbapi_conn, sql, params))
         return Result(
             list(cursor.fetchall()) if cursor.description else [],
             cursor.rowcount,
