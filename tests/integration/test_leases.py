@@ -348,6 +348,20 @@ def test_a_bulk_action_after_a_lost_commit_reply_counts_what_it_did(engine, comm
 
 
 @pytest.mark.servers_only
+def test_a_bulk_batch_after_a_lost_commit_reply_counts_what_it_passed_over(engine, commit_reply_lost):
+    """And what the batch passed over: a job already finished is skipped, on the first try and
+    so in the answer to the retry (which used to say 0 skipped). The audit row says so too."""
+    with engine.connect() as conn:
+        ids = [r.id for r in service.enqueue_many(conn, [{"task": "noop", "task_key": f"over-{i}"} for i in range(3)])]
+        service.cancel_job(conn, ids[0], actor="ops")
+        commit_reply_lost["left"] = 1
+        result = service.bulk_action(conn, "fail", actor="ops", ids=ids, reason="bad batch")
+        assert (result.changed, result.busy, result.skipped, result.finished) == (2, 0, 1, True)
+        detail = conn.execute(sa.text("SELECT detail FROM audit_log WHERE action = 'bulk_fail'")).scalar_one()
+    assert detail == f"ids {ids[1]},{ids[2]}; passed over 0 busy, 1 skipped, 0 blocked; reason: bad batch"
+
+
+@pytest.mark.servers_only
 def test_a_pause_after_a_lost_commit_reply_says_it_paused(engine, commit_reply_lost):
     """And for a pause: its retry found the queue paused and answered `changed: false`."""
     with engine.connect() as conn:

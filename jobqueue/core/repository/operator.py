@@ -11,6 +11,7 @@ the action answers JobBusy (NOWAIT) and may be tried again at once."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -377,6 +378,19 @@ def _ids_text(ids: Sequence[int]) -> str:
     return f"ids {shown}" + (f" and {len(ids) - AUDIT_IDS_SHOWN} more" if len(ids) > AUDIT_IDS_SHOWN else "")
 
 
+# A bulk batch's audit detail: the ids it changed, then what it passed over (read back by a retry
+# whose first try's COMMIT reply was lost), then the operator's reason.
+_PASSED_OVER = "; passed over {} busy, {} skipped, {} blocked"
+_PASSED_OVER_READ = re.compile(r"ids [^;]*; passed over (\d+) busy, (\d+) skipped, (\d+) blocked")
+
+
+def _passed_over(detail: str | None) -> tuple[int, int, int]:
+    """(busy, skipped, blocked) from a bulk batch's audit detail (0s for a row written before
+    they were kept)."""
+    found = _PASSED_OVER_READ.match(detail or "")
+    return (int(found[1]), int(found[2]), int(found[3])) if found else (0, 0, 0)
+
+
 def bulk_action(
     conn: Connection,
     action: str,
@@ -528,12 +542,13 @@ def bulk_action(
                 before=before,
                 after=BULK_AFTER[action].value,
                 count=n,
-                detail=_ids_text(target_ids) + (f"; reason: {reason}" if action != "requeue" else ""),
+                detail=_ids_text(target_ids)
+                + _PASSED_OVER.format(n_busy, n_skipped, n_blocked)
+                + (f"; reason: {reason}" if action != "requeue" else ""),
             )
             return n, n_busy, n_skipped, n_blocked
 
-        # A batch whose COMMIT's reply was lost counts from its audit row (what it changed; how
-        # many it found busy or skipped is not kept there).
+        # A batch whose COMMIT's reply was lost counts from its audit row.
         n, n_busy, n_skipped, n_blocked = audited_once(
             conn,
             act,
@@ -541,7 +556,7 @@ def bulk_action(
             action=f"bulk_{action}",
             actor=actor,
             selection=selection,
-            answer=lambda c, row: (row.count, 0, 0, 0),
+            answer=lambda c, row: (row.count, *_passed_over(row.detail)),
         )
         changed, busy, skipped, blocked = changed + n, busy + n_busy, skipped + n_skipped, blocked + n_blocked
         cursor = min(batch_ids)
