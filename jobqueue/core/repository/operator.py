@@ -378,15 +378,17 @@ def _ids_text(ids: Sequence[int]) -> str:
     return f"ids {shown}" + (f" and {len(ids) - AUDIT_IDS_SHOWN} more" if len(ids) > AUDIT_IDS_SHOWN else "")
 
 
-# A bulk batch's audit detail: the ids it changed, then what it passed over (read back by a retry
-# whose first try's COMMIT reply was lost), then the operator's reason.
-_PASSED_OVER = "; passed over {} busy, {} skipped, {} blocked"
+# A bulk batch's audit detail: the ids it changed, then what it passed over unless nothing (read
+# back by a retry whose first try's COMMIT reply was lost), then the operator's reason.
 _PASSED_OVER_READ = re.compile(r"ids [^;]*; passed over (\d+) busy, (\d+) skipped, (\d+) blocked")
 
 
+def _passed_over_text(busy: int, skipped: int, blocked: int) -> str:
+    return f"; passed over {busy} busy, {skipped} skipped, {blocked} blocked" if busy or skipped or blocked else ""
+
+
 def _passed_over(detail: str | None) -> tuple[int, int, int]:
-    """(busy, skipped, blocked) from a bulk batch's audit detail (0s for a row written before
-    they were kept)."""
+    """(busy, skipped, blocked) from a bulk batch's audit detail: 0s when it says none."""
     found = _PASSED_OVER_READ.match(detail or "")
     return (int(found[1]), int(found[2]), int(found[3])) if found else (0, 0, 0)
 
@@ -543,7 +545,7 @@ def bulk_action(
                 after=BULK_AFTER[action].value,
                 count=n,
                 detail=_ids_text(target_ids)
-                + _PASSED_OVER.format(n_busy, n_skipped, n_blocked)
+                + _passed_over_text(n_busy, n_skipped, n_blocked)
                 + (f"; reason: {reason}" if action != "requeue" else ""),
             )
             return n, n_busy, n_skipped, n_blocked
