@@ -30,9 +30,13 @@ def connect_errors(driver: str) -> tuple[type[BaseException], ...]:
     return (dbapi(driver).Error, RuntimeError) if driver == "pymysql" else (dbapi(driver).Error,)
 
 
+def _mysqlclient(dbapi_conn: Any) -> bool:
+    return hasattr(dbapi_conn, "string_literal")
+
+
 def escaper(dbapi_conn: Any) -> Callable[[Any], str]:
     """A function quoting and escaping a value as a SQL literal (str), as the driver's parameters are."""
-    if hasattr(dbapi_conn, "string_literal"):  # mysqlclient: literal() gives bytes
+    if _mysqlclient(dbapi_conn):  # literal() gives bytes
         literal = dbapi_conn.literal
         return lambda value: literal(value).decode("utf-8")
     return dbapi_conn.escape
@@ -45,9 +49,9 @@ def bind(dbapi_conn: Any, sql: str, params: dict[str, Any] | None) -> tuple[str,
     encoders (10 % of a 32-thread worker's samples under py-spy); rendered here, a job costs 3-4 %
     less CPU (docs/benchmarks.md). An int is its digits, as PyMySQL writes it; anything else goes
     through PyMySQL's own escaping. mysqlclient's (C) formatting is kept as it is."""
-    if params is None or hasattr(dbapi_conn, "string_literal"):
+    if params is None or _mysqlclient(dbapi_conn):
         return sql, params
-    escape = dbapi_conn.escape
+    escape = escaper(dbapi_conn)
     return sql % {key: str(value) if type(value) is int else escape(value) for key, value in params.items()}, None
 
 

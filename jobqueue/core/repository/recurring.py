@@ -34,6 +34,11 @@ def _row(r) -> dict[str, Any]:
     return d
 
 
+def _read(c: Connection, name: str) -> dict[str, Any]:
+    """The schedule `name` as it stands in this transaction (it exists)."""
+    return _row(c.execute(sa.select(recurring_job).where(rj.name == name)).one())
+
+
 def _validate(name: Any, cron: Any, task: Any, payload: Any, queue: Any, registry: Registry) -> tuple:
     name = check_name(name)
     cron = parse_cron(cron)
@@ -107,7 +112,7 @@ def upsert_recurring(
                     detail=f"{cron} {task} queue={queue or '(task default)'} payload={json.dumps(payload)}",
                 )
             created = False
-        return _row(c.execute(sa.select(recurring_job).where(rj.name == name)).one()), created
+        return _read(c, name), created
 
     return transaction(conn, write, what="recurring_add")
 
@@ -166,7 +171,7 @@ def set_recurring_enabled(conn: Connection, name: str, enabled: bool, *, actor: 
             after="enabled" if enabled else "disabled",
             count=0,
         )
-        return _row(c.execute(sa.select(recurring_job).where(rj.name == name)).one()), True
+        return _read(c, name), True
 
     return audited_once(
         conn,
@@ -175,7 +180,7 @@ def set_recurring_enabled(conn: Connection, name: str, enabled: bool, *, actor: 
         action=action,
         actor=actor,
         selection=f"recurring {name}",
-        answer=lambda c, _audited: (_row(c.execute(sa.select(recurring_job).where(rj.name == name)).one()), True),
+        answer=lambda c, _audited: (_read(c, name), True),
     )
 
 
