@@ -126,3 +126,26 @@ def test_every_job_given_is_taken_whoever_took_the_one_before(engine):
         thread.join(60)
     assert not hung, f"{worker.processed} of {len(keys)} jobs ran, then the worker waited for ever"
     assert worker.processed == len(keys)
+
+
+def test_the_lane_wakes_one_watcher_at_a_time(engine):
+    """Each job the lane takes with others behind it calls a thread to watch it; with no-op
+    handlers the lane was through the next job before the called thread ran, called another, and
+    so on: one thread woken for every other job, each a switch of the GIL for nothing. A thread
+    called and not yet running counts as watching."""
+    woke = 0
+    add(engine, [f"k{i}" for i in range(3000)])
+    worker = worker_of(engine, lambda payload, ctx: None, concurrency=32, burst=True)
+    others = worker.slots._others_wake
+    notify = others.notify
+
+    def counting(n=1):
+        nonlocal woke
+        woke += min(n, len(others._waiters))
+        notify(n)
+
+    others.notify = counting
+    assert worker.run() == 0
+    assert worker.processed == 3000
+    # Measured: 1,325-1,498 before, 88-128 after (on SQLite and each server).
+    assert woke <= 3000 / 10, woke

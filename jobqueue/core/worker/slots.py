@@ -139,6 +139,10 @@ class Slots:
         self._lane_since: float | None = None
         self._others_wake = threading.Condition(self._lock)  # every other thread waits here
         self._watching = 0  # other threads waiting for the inbox's first job to be late
+        self._resting = 0  # other threads waiting for a job (not watching)
+        # A thread woken to watch that has not run yet: the lane does not wake another meanwhile
+        # (a no-op handler is done before the woken thread runs, and each job woke one more).
+        self._watcher_called = False
         self._stopping = False
         self._loop = EventLoop()
 
@@ -172,8 +176,10 @@ class Slots:
             if self._lane_since is None and not self._lane_called:
                 self._lane_called = True
                 self._lane_wake.notify()
-            elif not self._on_lane() or (self._lane_since is not None and not self._watching):
-                self._others_wake.notify()  # to run it now, or to watch for the lane's job turning slow
+            elif not self._on_lane():
+                self._others_wake.notify()  # to run it now
+            elif self._lane_since is not None:
+                self._call_watcher()  # to watch for the lane's job turning slow
         if thread is not None:
             thread.start()
 
@@ -202,9 +208,16 @@ class Slots:
             self._lane_wake.wait()
         self._lane_called = False
         self._lane_since = time.monotonic()
-        if len(self._inbox) > 1 and not self._watching:
-            self._others_wake.notify()  # the jobs behind this one: watch for it turning slow
+        if len(self._inbox) > 1:
+            self._call_watcher()  # the jobs behind this one: watch for it turning slow
         return self._inbox.popleft()[1]
+
+    def _call_watcher(self) -> None:
+        """Wake another thread to watch the lane's job (the lock held), unless one watches or
+        was woken to and has not run yet."""
+        if self._resting and not self._watching and not self._watcher_called:
+            self._watcher_called = True
+            self._others_wake.notify()
 
     def _other_next(self) -> Held | None:
         while True:
@@ -224,7 +237,10 @@ class Slots:
             elif self._stopping:
                 return None
             else:
+                self._resting += 1
                 self._others_wake.wait()
+                self._resting -= 1
+            self._watcher_called = False  # a thread woke (by the call or not): it watches or takes
 
     def _run(self, lane: bool) -> None:
         while (held := self._next(lane)) is not None:
