@@ -14,6 +14,7 @@ import atexit
 import functools
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -25,9 +26,12 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 QUIET_LOGGERS = ("apscheduler", "alembic")
 
 
+_NEEDS_QUOTES = re.compile(r'[ "=\n\r\t]')
+
+
 def _format_value(value: Any) -> str:
     text = str(value)
-    if text == "" or any(ch in text for ch in ' "=\n\r\t'):
+    if text == "" or _NEEDS_QUOTES.search(text):
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r") + '"'
     return text
 
@@ -42,9 +46,10 @@ class EventMessage:
         self.fields = fields
 
     def __str__(self) -> str:
-        parts = [f"event={self.name}"]
-        parts.extend(f"{key}={_format_value(value)}" for key, value in self.fields.items() if value is not None)
-        return " ".join(parts)
+        return " ".join(
+            [f"event={self.name}"]
+            + [f"{key}={_format_value(value)}" for key, value in self.fields.items() if value is not None]
+        )
 
 
 class EventBatch:
@@ -72,11 +77,12 @@ class EventFormatter(logging.Formatter):
         if not isinstance(record.msg, EventBatch):
             return super().format(record)
         record.asctime = self.formatTime(record, self.datefmt)
-        lines = []
-        for line in record.msg.lines():
-            record.message = line
-            lines.append(self.formatMessage(record))
-        return "\n".join(lines)
+        # The prefix (and whatever follows the message) made once for all the batch's lines.
+        record.message = "\0"
+        before, _, after = self.formatMessage(record).partition("\0")
+        lines = record.msg.lines()
+        record.message = "\n".join(lines)
+        return "\n".join([before + line + after for line in lines])
 
 
 def event(logger: logging.Logger, level: int, name: str, **fields: Any) -> None:

@@ -165,10 +165,10 @@ def test_a_batch_of_events_is_written_as_one_line_each_like_single_events():
 
     from jobqueue.core.logs import EventFormatter, event, events
 
-    def written(log_call) -> list[str]:
+    def written(log_call, fmt="%(levelname)s %(name)s %(message)s") -> list[str]:
         out = io.StringIO()
         handler = logging.StreamHandler(out)
-        handler.setFormatter(EventFormatter("%(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(EventFormatter(fmt))
         logger = logging.getLogger("jobqueue.test_batch")
         logger.addHandler(handler)
         logger.propagate = False
@@ -190,6 +190,17 @@ def test_a_batch_of_events_is_written_as_one_line_each_like_single_events():
         ]
     )
     assert written(lambda lg: events(lg, logging.INFO, "complete", [])) == []
+    # The message anywhere in the format; values quoted where a space, quote, =, tab, CR or LF
+    # (or nothing) would break a `key=value` split.
+    odd = [{"a": "", "b": 'x"y', "c": "k=v", "d": "t\tu", "e": "l\nm", "f": "r\rs"}, {"a": "plain", "b": 3}]
+    fmt = "[%(message)s] %(levelname)s"
+    batch = written(lambda lg: events(lg, logging.INFO, "odd", odd), fmt)
+    single = written(lambda lg: [event(lg, logging.INFO, "odd", **fields) for fields in odd], fmt)
+    assert (
+        batch
+        == single
+        == ['[event=odd a="" b="x\\"y" c="k=v" d="t\tu" e="l\\nm" f="r\\rs"] INFO', "[event=odd a=plain b=3] INFO"]
+    )
 
 
 def test_the_listener_writes_every_line_in_order_and_flush_writes_the_rest():
