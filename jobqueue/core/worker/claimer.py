@@ -171,6 +171,7 @@ class Claimer:
             or not (self.slots.queued or (typical is not None and typical < GATHER_SECONDS))
         ):
             self._gather_since = None
+            self.finisher.gathering = False
             return 0.0
         now = time.monotonic()
         if self._gather_since is None:
@@ -178,7 +179,11 @@ class Claimer:
         left = self._gather_since + GATHER_SECONDS - now
         if left <= 0:
             self._gather_since = None
+            self.finisher.gathering = False
             return 0.0
+        # Woken by the handler returning last, else when the wait is over: a wake-up for each
+        # one was a switch of threads a job for any handler that lets go of the GIL.
+        self.finisher.gathering = True
         return left
 
     def complete_finished(self) -> None:

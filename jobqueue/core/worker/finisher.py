@@ -68,6 +68,9 @@ class Finisher:
         self._lock = threading.Lock()
         self._free: set[int] = set(range(1, config.capacity + 1))  # lease slots
         self._finished: queue_mod.SimpleQueue[Held] = queue_mod.SimpleQueue()
+        # The claim loop waits for the other jobs in hand to return (Claimer._gather_for): a
+        # returning handler wakes it only when it was the last.
+        self.gathering = False
         self._policy = retry.RetryPolicy(
             seconds=config.finish_retry_seconds, first_delay=FINISH.first_delay, max_delay=FINISH.max_delay
         )
@@ -107,7 +110,8 @@ class Finisher:
     def handler_succeeded(self, held: Held) -> None:
         """A slot's handler returned: the next cycle completes the job (its lease still renewed)."""
         self._finished.put(held)
-        self._wake.set()
+        if not self.gathering or self._finished.qsize() >= len(self.keeper):
+            self._wake.set()
 
     @property
     def pending(self) -> bool:
