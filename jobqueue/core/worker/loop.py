@@ -280,6 +280,7 @@ class Worker:
         if not self._started:
             return
         finisher = self.finisher
+        finisher.gathering = False  # each handler that returns from now on wakes the loop below
         for held in self.keeper.held(LeaseState.WAITING):
             finisher.release_unstarted(held, "shutdown", "released before it started", "worker shutting down")
         deadline = time.monotonic() + self.config.grace_seconds
