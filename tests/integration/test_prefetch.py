@@ -5,6 +5,7 @@ prefetched job would wait behind them: those in hand go back), never more than a
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -240,23 +241,30 @@ def gated_worker(engine, keys: list[str]) -> tuple[Worker, dict[str, threading.E
     return worker, gates, thread
 
 
+@contextlib.contextmanager
+def running(worker: Worker, gates: dict[str, threading.Event], thread: threading.Thread):
+    """The gated worker runs inside; after, every gate opens and all its jobs must have run."""
+    thread.start()
+    try:
+        yield
+    finally:
+        for gate in gates.values():
+            gate.set()
+        thread.join(60)
+    assert worker.processed == len(gates)
+
+
 def test_handlers_returning_one_by_one_are_completed_by_one_cycle(engine, monkeypatch):
     """Four jobs in hand on two threads, their handlers returning 50 ms apart: one cycle completes
     all four (it waits for the others, at most GATHER_SECONDS), not a cycle (a COMMIT) each."""
     monkeypatch.setattr(claimer_module, "GATHER_SECONDS", 10.0)
     worker, gates, thread = gated_worker(engine, ["g0", "g1", "g2", "g3"])
     cycles = cycles_of(worker)
-    thread.start()
-    try:
+    with running(worker, gates, thread):
         for key in ["g0", "g1", "g2", "g3"]:
             assert worker.started[key].wait(10), key
             gates[key].set()
             time.sleep(0.05)
-    finally:
-        for gate in gates.values():
-            gate.set()
-        thread.join(60)
-    assert worker.processed == 4
     assert [n for n, _ in cycles] == [4]
 
 
@@ -277,8 +285,7 @@ def test_a_handler_returning_wakes_the_gathering_claim_loop_only_when_it_is_the_
         return turn()
 
     worker.claimer.turn = counting
-    thread.start()
-    try:
+    with running(worker, gates, thread):
         assert worker.started["g0"].wait(10)
         gates["g0"].set()
         time.sleep(0.2)  # the loop woke for it, and waits for the others (two threads, four jobs)
@@ -289,12 +296,6 @@ def test_a_handler_returning_wakes_the_gathering_claim_loop_only_when_it_is_the_
             time.sleep(0.1)
         assert len(turns) == before and not cycles
         assert worker.started["g3"].wait(10)
-        gates["g3"].set()
-    finally:
-        for gate in gates.values():
-            gate.set()
-        thread.join(60)
-    assert worker.processed == 4
     assert [n for n, _ in cycles] == [4]
 
 
@@ -304,8 +305,7 @@ def test_the_wait_for_other_handlers_is_bounded(engine, monkeypatch):
     monkeypatch.setattr(claimer_module, "GATHER_SECONDS", 0.3)
     worker, gates, thread = gated_worker(engine, ["g0", "g1", "g2", "g3"])
     cycles = cycles_of(worker)
-    thread.start()
-    try:
+    with running(worker, gates, thread):
         assert worker.started["g0"].wait(10)
         for key in ["g1", "g2", "g3"]:
             assert worker.started[key].wait(10), key
@@ -314,8 +314,3 @@ def test_the_wait_for_other_handlers_is_bounded(engine, monkeypatch):
         while not cycles and time.monotonic() < deadline:
             time.sleep(0.01)
         assert cycles and cycles[0] == (3, frozenset({"g0"}))
-    finally:
-        for gate in gates.values():
-            gate.set()
-        thread.join(60)
-    assert worker.processed == 4
