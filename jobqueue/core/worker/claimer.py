@@ -165,25 +165,21 @@ class Claimer:
         queued behind it, or handlers are so short that the wait is about one of them."""
         pending = self.finisher.pending_count
         typical = self.slots.typical_seconds
+        left = 0.0
         if (
-            not pending
-            or pending >= len(self.keeper)
-            or not (self.slots.queued or (typical is not None and typical < GATHER_SECONDS))
+            pending
+            and pending < len(self.keeper)
+            and (self.slots.queued or (typical is not None and typical < GATHER_SECONDS))
         ):
+            now = time.monotonic()
+            if self._gather_since is None:
+                self._gather_since = now
+            left = max(0.0, self._gather_since + GATHER_SECONDS - now)
+        if not left:
             self._gather_since = None
-            self.finisher.gathering = False
-            return 0.0
-        now = time.monotonic()
-        if self._gather_since is None:
-            self._gather_since = now
-        left = self._gather_since + GATHER_SECONDS - now
-        if left <= 0:
-            self._gather_since = None
-            self.finisher.gathering = False
-            return 0.0
-        # Woken by the handler returning last, else when the wait is over: a wake-up for each
-        # one was a switch of threads a job for any handler that lets go of the GIL.
-        self.finisher.gathering = True
+        # While it waits, only the handler returning last wakes it (else the wait's end): a
+        # wake-up for each one was a switch of threads a job for any handler that lets go of the GIL.
+        self.finisher.gathering = bool(left)
         return left
 
     def complete_finished(self) -> None:
