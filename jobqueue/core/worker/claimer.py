@@ -4,9 +4,8 @@ cycle and claims a job for every lease slot it may fill; each claimed job goes t
 Which slots it may fill: one per thread, plus prefetched ones. By default (automatic prefetch)
 jobs are claimed ahead of a free thread only while jobs are typically short: one per thread
 while they take milliseconds, more while they take microseconds (auto_prefetch), so that the last
-job in hand waits a few milliseconds at most. When the jobs turn longer, the jobs in hand beyond
-what the prefetch allows now (one per thread at least) go back to `ready` rather than wait behind
-long ones.
+job in hand waits a few milliseconds at most. When the jobs turn long, the jobs in hand that would
+wait behind them go back to `ready` (_hand_back_when_long).
 
 Nothing claimed? The same transaction said why (idle / contended / waiting on leases), and the
 claimer backs off accordingly; while idle it reads first (probe.py) and claims only when the read
@@ -319,12 +318,18 @@ class Claimer:
     def _hand_back_when_long(self) -> None:
         """Jobs turned long after a deep claim: a job in hand that has waited CONFIRM_AFTER_SECONDS
         (ten times the wait deep prefetch allows for) and lies beyond one per free thread and
-        `keep` more (the prefetch allowed now, one per thread at least: what was held ahead before
-        deep prefetch) goes back to `ready`, attempts kept, for any worker with a free thread.
-        While jobs stay about as short as when they were claimed, none waits that long."""
+        `keep` more goes back to `ready`, attempts kept, for any worker with a free thread. `keep`:
+        as many as one thread runs in CONFIRM_AFTER_SECONDS at the typical time now, one per
+        thread at least (what was held ahead before deep prefetch). While jobs stay about as short
+        as when they were claimed, none waits that long; after a moment when every thread was
+        slow, all have, yet they go back only if those ahead of them would hold them that long
+        again: jobs a little slower than before (a busy machine) are not long."""
         if self.config.prefetch is not None:
             return
-        keep = max(self.prefetch_now(), self.config.concurrency)
+        typical = self.slots.typical_seconds
+        if typical == 0:
+            return
+        keep = max(self.config.concurrency, int(CONFIRM_AFTER_SECONDS / typical) if typical else 0)
         if len(self.keeper) - self.config.concurrency <= keep:
             return  # no more in hand than one per thread and `keep`
         places = self.config.concurrency - len(self.keeper.held(LeaseState.RUNNING))
