@@ -109,6 +109,14 @@ def claimed_ids(*workers: WorkerProcess) -> Counter:
     return counts
 
 
+def run_report(out: subprocess.CompletedProcess, workdir: Path, verdict_prefix: str) -> str:
+    """What a failed assertion on a soak or drill run shows: its verdict line first (the one line
+    a CI summary keeps, problems included), then the ends of its output."""
+    verdicts = [line for line in out.stdout.splitlines() if line.startswith(verdict_prefix)]
+    first = verdicts[-1] if verdicts else "no verdict line"
+    return f"exit {out.returncode}: {first}; logs in {workdir}\n{out.stdout[-6000:]}\n{out.stderr[-3000:]}"
+
+
 def wait_until(predicate, timeout: float = 15.0, interval: float = 0.05, message: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -19,7 +19,7 @@ import pytest
 
 from drill.run import FAULT_KINDS
 from testkit.netns import netns_unavailable_reason
-from testkit.procs import REPO, cli_env
+from testkit.procs import REPO, cli_env, run_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.only_servers("mariadb", "mysql")]
 
@@ -50,7 +50,7 @@ def test_quick_drill_loses_nothing_across_hosts_and_a_failover(db_server, tmp_pa
         cwd=REPO,
         timeout=900,
     )
-    report = f"exit {out.returncode}, logs in {workdir}\n{out.stdout[-6000:]}\n{out.stderr[-3000:]}"
+    report = run_report(out, workdir, "DRILL ")
     results_file = workdir / "results.json"
     assert results_file.exists(), report
     results = json.loads(results_file.read_text())

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from soak.run import FAULT_KINDS
-from testkit.procs import REPO, cli_env
+from testkit.procs import REPO, cli_env, run_report
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def test_quick_soak_loses_nothing_under_faults(db_server, tmp_path):
         cwd=REPO,
         timeout=300,
     )
-    report = f"exit {out.returncode}, logs in {workdir}\n{out.stdout[-6000:]}\n{out.stderr[-3000:]}"
+    report = run_report(out, workdir, "SOAK ")
     results_file = workdir / "results.json"
     assert results_file.exists(), report
     results = json.loads(results_file.read_text())
