@@ -15,6 +15,8 @@ from soak.plan import PAUSE_NOTICE_SECONDS, QUEUE
 from testkit.faults import NotNow, Proc
 from testkit.procs import REPO
 
+ER_LOCK_WAIT_TIMEOUT = 1205
+
 
 class OperatorFaults:
     """The `fault_<kind>` methods of `Soak` (soak/run.py) that act as an operator would."""
@@ -327,8 +329,18 @@ class OperatorFaults:
         hold = self._connect()
         try:
             with hold.cursor() as cur:
+                # Another session may hold the row a long while: a worker cut off by a partition
+                # in its claim's transaction keeps its lock on the server until the partition
+                # heals, and the heal is a `later` of this very thread, which the wait would block
+                # (once for 30 s, the read timeout, and the fault went uninjected).
+                cur.execute("SET SESSION innodb_lock_wait_timeout = 2")
                 cur.execute("BEGIN")
-                cur.execute("SELECT paused FROM queue_state WHERE queue = %s FOR UPDATE", (QUEUE,))
+                try:
+                    cur.execute("SELECT paused FROM queue_state WHERE queue = %s FOR UPDATE", (QUEUE,))
+                except pymysql.err.OperationalError as exc:
+                    if exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
+                        raise NotNow("the queue_state row is held by another session") from exc
+                    raise
                 row = cur.fetchone()
                 if row is None or row[0]:
                     raise NotNow("no queue_state row to hold yet" if row is None else "the queue is paused")
