@@ -89,12 +89,16 @@ def test_a_moment_when_every_thread_is_slow_hands_nothing_back(engine):
         assert conn.execute(sa.text("SELECT COUNT(*) FROM job_attempt WHERE outcome = 'release'")).scalar_one() == 0
 
 
-def test_jobs_a_little_slower_after_a_slow_moment_hand_nothing_back(engine):
+def test_jobs_a_little_slower_after_a_slow_moment_hand_nothing_back(engine, monkeypatch):
     """What a busy machine does to the test above (CI failed on it: 5 handed back): after the
-    slow moment the jobs take a millisecond, not microseconds, so the prefetch allowed now is
-    shallower than what is in hand, and every job in hand has waited the slow moment out. Yet
-    the last of them starts within a few milliseconds (about 30 jobs of 1 ms on two threads):
-    they did not turn long, and none goes back."""
+    slow moment the jobs take a little longer than deep prefetch allows for, so the prefetch
+    allowed now is shallower than what is in hand, and every job in hand has waited the slow
+    moment out. Yet the last of them starts within a few milliseconds: they did not turn long,
+    and none goes back. Scaled so that a busy machine cannot make them long: deep prefetch
+    allows 1 ms in hand here (not 5), and the jobs after the moment take 0.25 ms (32 of them on
+    one thread: 8 ms, a sixth of CONFIRM_AFTER_SECONDS), busy, not asleep: a thread that lets go
+    of the GIL waits for it on a busy machine, up to the 5 ms switch interval."""
+    monkeypatch.setattr(claimer_module, "HAND_WAIT_SECONDS", 0.001)
     both = threading.Barrier(2, timeout=10)
 
     def paused(payload, ctx):
@@ -103,12 +107,12 @@ def test_jobs_a_little_slower_after_a_slow_moment_hand_nothing_back(engine):
             both.wait()
             time.sleep(0.1)
         elif n > 101:
-            until = time.perf_counter() + 0.001
+            until = time.perf_counter() + 0.00025
             while time.perf_counter() < until:
                 pass
 
     worker, _ = run_burst(engine, 300, WorkerConfig(concurrency=2, burst=True), paused)
-    assert 0 < worker.prefetch_now() < AUTO_LEASES - 2  # jobs of a millisecond: less deep
+    assert 0 < worker.prefetch_now() < AUTO_LEASES - 2  # slower than deep prefetch allows for
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT COUNT(*) FROM job_attempt WHERE outcome = 'release'")).scalar_one() == 0
 
