@@ -11,11 +11,10 @@ import time
 
 import pymysql
 
+from jobqueue.core.db import ER_LOCK_WAIT_TIMEOUT
 from soak.plan import PAUSE_NOTICE_SECONDS, QUEUE
 from testkit.faults import NotNow, Proc
 from testkit.procs import REPO
-
-ER_LOCK_WAIT_TIMEOUT = 1205
 
 
 class OperatorFaults:
@@ -337,8 +336,8 @@ class OperatorFaults:
                 cur.execute("BEGIN")
                 try:
                     cur.execute("SELECT paused FROM queue_state WHERE queue = %s FOR UPDATE", (QUEUE,))
-                except pymysql.err.OperationalError as exc:
-                    if exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
+                except pymysql.MySQLError as exc:
+                    if exc.args and exc.args[0] == ER_LOCK_WAIT_TIMEOUT:
                         raise NotNow("the queue_state row is held by another session") from exc
                     raise
                 row = cur.fetchone()
