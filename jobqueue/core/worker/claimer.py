@@ -163,13 +163,8 @@ class Claimer:
         GATHER_SECONDS, and only when nobody waits on this cycle: every thread still has a job
         queued behind it, or handlers are so short that the wait is about one of them."""
         pending = self.finisher.pending_count
-        typical = self.slots.typical_seconds
         left = 0.0
-        if (
-            pending
-            and pending < len(self.keeper)
-            and (self.slots.queued or (typical is not None and typical < GATHER_SECONDS))
-        ):
+        if pending and pending < len(self.keeper) and (self.slots.queued or self._typically_under(GATHER_SECONDS)):
             now = time.monotonic()
             if self._gather_since is None:
                 self._gather_since = now
@@ -308,6 +303,10 @@ class Claimer:
             return free[: room - len(finished)], True
         return free[: max(0, room)], False
 
+    def _typically_under(self, seconds: float) -> bool:
+        typical = self.slots.typical_seconds
+        return typical is not None and typical < seconds
+
     def prefetch_now(self) -> int:
         """Jobs to hold beyond one per thread: the configured number, or automatic
         (auto_prefetch)."""
@@ -324,15 +323,14 @@ class Claimer:
         as when they were claimed, none waits that long; after a moment when every thread was
         slow, all have, yet they go back only if those ahead of them would hold them that long
         again: jobs a little slower than before (a busy machine) are not long."""
-        if self.config.prefetch is not None:
+        threads = self.config.concurrency
+        if self.config.prefetch is not None or len(self.keeper) <= 2 * threads:
+            return  # nothing in hand beyond one per thread and `keep` (one per thread at least)
+        typical = self.slots.typical_seconds  # a sort under a lock: read only when it may matter
+        keep = threads if typical is None else max(threads, int(CONFIRM_AFTER_SECONDS / max(typical, 1e-9)))
+        if len(self.keeper) - threads <= keep:
             return
-        typical = self.slots.typical_seconds
-        if typical == 0:
-            return
-        keep = max(self.config.concurrency, int(CONFIRM_AFTER_SECONDS / typical) if typical else 0)
-        if len(self.keeper) - self.config.concurrency <= keep:
-            return  # no more in hand than one per thread and `keep`
-        places = self.config.concurrency - len(self.keeper.held(LeaseState.RUNNING))
+        places = threads - len(self.keeper.held(LeaseState.RUNNING))
         now = self.keeper.clock()
         for held in self.keeper.held(LeaseState.WAITING)[max(0, places) + keep :]:
             if now - held.claimed_at < CONFIRM_AFTER_SECONDS:
