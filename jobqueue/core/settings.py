@@ -163,6 +163,14 @@ class Settings:
         5,
         "how long a fenced write or an operator action waits for a row lock (`innodb_lock_wait_timeout`)",
     )
+    idle_transaction_seconds: int = setting(
+        "IDLE_TRANSACTION_SECONDS",
+        _number(int, 1, 86400),
+        30,
+        "how long the server keeps a worker's transaction that stopped sending statements (its process "
+        "frozen or cut off mid-claim) before it ends it and frees the rows it held (MariaDB "
+        "`idle_transaction_timeout`, MySQL `wait_timeout`, on worker sessions only)",
+    )
     task_modules: tuple[str, ...] | None = setting(
         "TASKS", _csv, None, "comma-separated modules that register tasks", "none"
     )

@@ -97,7 +97,10 @@ def init_app(app: Flask, settings: WebSettings, *, url_prefix: str = "", access:
         statement_timeout_seconds=REQUEST_STATEMENT_SECONDS,
     )
     runtime_engine = create_engine(
-        settings.core.database_urls or None, pool_size=max(4, settings.embedded_workers + 4), settings=settings.core
+        settings.core.database_urls or None,
+        pool_size=max(4, settings.embedded_workers + 4),
+        settings=settings.core,
+        idle_transaction_seconds=settings.core.idle_transaction_seconds,
     )
     read_engine = None
     if settings.core.read_url:

@@ -124,7 +124,7 @@ def worker(
         # under way: wait for the new primary instead of refusing.
         refuse_read_only_at_start=len(settings.database_urls) <= 1,
     )
-    engine = engine_of(ctx, database_url, pool_size=concurrency + 3)
+    engine = engine_of(ctx, database_url, pool_size=concurrency + 3, worker=True)
     sys.exit(Worker(engine, config).run())
 
 

@@ -112,12 +112,18 @@ def payload_of(raw: str) -> Any:
         fail(EXIT_BAD_INPUT, f"--payload is not valid JSON: {exc}")
 
 
-def engine_of(ctx: click.Context, url: str | None, pool_size: int = 1):
+def engine_of(ctx: click.Context, url: str | None, pool_size: int = 1, *, worker: bool = False):
+    """The command's engine; a worker's bounds its sessions' idle transactions (create_engine)."""
     from ..db import create_engine
 
     settings = settings_of(ctx, url)
     try:
-        engine = create_engine(settings.database_urls or None, pool_size=pool_size, settings=settings)
+        engine = create_engine(
+            settings.database_urls or None,
+            pool_size=pool_size,
+            settings=settings,
+            idle_transaction_seconds=settings.idle_transaction_seconds if worker else None,
+        )
     except ValueError as exc:
         fail(EXIT_BAD_INPUT, str(exc))
     started()

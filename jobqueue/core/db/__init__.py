@@ -36,7 +36,14 @@ from .codes import (
     is_not_primary,
     transient_kind,
 )
-from .engines import DEFAULT_LOCK_WAIT_SECONDS, create_engine, default_sqlite_path, resolve_url, resolve_urls
+from .engines import (
+    DEFAULT_LOCK_WAIT_SECONDS,
+    create_engine,
+    default_sqlite_path,
+    keep_when_idle,
+    resolve_url,
+    resolve_urls,
+)
 from .primary import (
     NOT_WRITABLE_CHECK_SECONDS,
     PEER_CHECK_SECONDS,
@@ -60,6 +67,7 @@ from .primary import (
 from .transactions import REQUEST_TRANSACTION, TRANSACTION, callers_transaction, transaction
 
 __all__ = [
+    "keep_when_idle",
     "CR_CONNECTION_ERRORS",
     "Candidates",
     "DEFAULT_LOCK_WAIT_SECONDS",

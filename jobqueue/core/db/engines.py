@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 
 import sqlalchemy as sa
@@ -82,6 +83,7 @@ def create_engine(
     statement_timeout_seconds: float | None = None,
     settings: Settings | None = None,
     read_only: bool = False,
+    idle_transaction_seconds: int | None = None,
 ) -> Engine:
     """An engine for the queue. `url` is one URL or several candidate primaries (default: the
     settings). `statement_timeout_seconds` bounds every statement, and makes metadata-lock
@@ -92,7 +94,15 @@ def create_engine(
 
     `read_only` makes an engine for reads from a replica (JOBQUEUE_READ_URL): its sessions are
     READ ONLY, so not even an account with SUPER could write through it, and its server's role is
-    not watched (a replica is expected to be read-only)."""
+    not watched (a replica is expected to be read-only).
+
+    `idle_transaction_seconds` bounds how long the server keeps a transaction whose client stopped
+    sending statements (a worker frozen or cut off mid-claim holds job rows and the queues' share
+    locks until its transaction ends): MariaDB's `idle_transaction_timeout`; MySQL has none, so
+    its sessions' `wait_timeout`, and a connection idle in the pool for half of it is replaced
+    before use rather than handed out closed. Worker engines set it; an engine whose transactions
+    are the application's (the client's) does not. Connections kept open while idle (the
+    doorbell's, the idle probe's) take the server's default again: `keep_when_idle`."""
     settings = settings or current()
     urls = resolve_urls(url, settings)
     if lock_wait_seconds is None:
@@ -123,6 +133,9 @@ def create_engine(
                     # MySQL answers information_schema.TABLES from a cache of up to a day unless
                     # told not to: table_status and job_queue's UPDATE_TIME (stats.py) read it.
                     sets.append("information_schema_stats_expiry = 0")
+                if idle_transaction_seconds:
+                    variable = "idle_transaction_timeout" if mariadb else "wait_timeout"
+                    sets.append(f"{variable} = {int(idle_transaction_seconds)}")
                 cursor.execute("SET SESSION " + ", ".join(sets))
                 if read_only:
                     # The same syntax on MySQL 8.0 and MariaDB (their variables' names differ).
@@ -146,6 +159,9 @@ def create_engine(
             # text per statement whichever the driver (repository.common compiles it once).
             paramstyle="pyformat",
         )
+        if idle_transaction_seconds:
+            engine.idle_transaction_seconds = idle_transaction_seconds
+            _replace_idle_connections(engine, idle_transaction_seconds / 2)
         engine.candidates = candidates
         engine.read_committed = True  # see reads_committed
         if statement_timeout_seconds:
@@ -168,6 +184,40 @@ def create_engine(
         f"unsupported database URL {urls[0]!r}: use mysql+pymysql://, mariadb+pymysql://, mysql+mysqldb:// "
         "or sqlite:///"
     )
+
+
+def _replace_idle_connections(engine: Engine, after_seconds: float) -> None:
+    """MySQL closes a session idle for its `wait_timeout`, in a transaction or not: a connection
+    that waited in the pool for `after_seconds` is replaced at checkout instead (the pool
+    reconnects on DisconnectionError). MariaDB's bound is on idle transactions only; its
+    connections are left alone."""
+
+    @event.listens_for(engine, "connect")
+    def _flavour(dbapi_conn, record) -> None:
+        record.info["closes_when_idle"] = not is_mariadb(dbapi_conn)
+
+    @event.listens_for(engine, "checkin")
+    def _idle_from(dbapi_conn, record) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _fresh(dbapi_conn, record, proxy) -> None:
+        since = record.info.get("idle_since")
+        if record.info.get("closes_when_idle") and since is not None and time.monotonic() - since > after_seconds:
+            raise sa.exc.DisconnectionError("idle longer than half the server's wait_timeout")
+
+
+def keep_when_idle(engine: Engine, dbapi_conn) -> None:
+    """A connection of `engine` this process keeps open through idle spells (autocommit, never
+    inside a transaction, never given back to the pool): on MySQL, give it the server's own
+    wait_timeout back, so that the bound on idle transactions does not close it between uses.
+    Nothing to do on MariaDB, or without the bound."""
+    if getattr(engine, "idle_transaction_seconds", None) and not is_mariadb(dbapi_conn):
+        cursor = dbapi_conn.cursor()
+        try:
+            cursor.execute("SET SESSION wait_timeout = @@GLOBAL.wait_timeout")
+        finally:
+            cursor.close()
 
 
 def _statement_timeout_sql(seconds: float | None) -> Callable[[bool], str] | None:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from sqlalchemy.engine import Engine
 
-from ..db import on_chosen_primary
+from ..db import keep_when_idle, on_chosen_primary
 from ..logs import RateLimited, event
 from ..repository import doorbell as _doorbell
 from ..wakeup import Wake
@@ -55,6 +55,7 @@ class Doorbell(threading.Thread):
                 # SLEEP); taken from the pool once, not at every idle spell.
                 if self._conn is None:
                     self._conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+                    keep_when_idle(self.engine, self._conn.connection.dbapi_connection)
                     self.connection_id = int(self._conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar())
                 while not self.stop_event.is_set() and self._idle.is_set():
                     if not on_chosen_primary(self.engine, self._conn.connection.info):

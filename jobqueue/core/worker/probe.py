@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy.engine import Engine
 
 from .. import repository
-from ..db import on_chosen_primary
+from ..db import keep_when_idle, on_chosen_primary
 from ..errors import NotPrimary
 from ..models import EmptyClaimReport
 
@@ -32,6 +32,7 @@ class IdleProbe:
         if self._conn is None:
             self._conn = self.engine.raw_connection()
             self._conn.dbapi_connection.autocommit(True)
+            keep_when_idle(self.engine, self._conn.dbapi_connection)
         try:
             if self._sql is None:
                 with self.engine.connect() as conn:
