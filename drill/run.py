@@ -488,7 +488,12 @@ def main(argv: list[str] | None = None) -> int:
         default="mariadb",
         help="the database hosts' server: the machine's MariaDB, or the MySQL or MariaDB 11.8 root",
     )
-    parser.add_argument("--out", default=None, help="markdown report (default docs/scale-out.md; with --quick, none)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="markdown report (default docs/scale-out.md, or docs/scale-out-SERVER.md with --server; with --quick, "
+        "none)",
+    )
     parser.add_argument("--workdir", default=None, help="logs and results.json (default test-artifacts/drill-<time>)")
     args = parser.parse_args(argv)
 
@@ -506,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
         plan.window_seconds = args.window_seconds
     plan.server = args.server
     seed, workdir = seed_and_workdir(args.seed, args.workdir, "drill")
-    out = args.out if args.out is not None else (None if args.quick else str(REPO / "docs" / "scale-out.md"))
+    # Each server's last full result has its own page (as its plot has): one must not overwrite another's.
+    page = "scale-out.md" if args.server == "mariadb" else f"scale-out-{args.server}.md"
+    out = args.out if args.out is not None else (None if args.quick else str(REPO / "docs" / page))
     steps = None
     if not (args.quick or args.skip_throughput):
         from drill.throughput import Steps

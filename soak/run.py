@@ -542,7 +542,12 @@ def main(argv: list[str] | None = None) -> int:
         default="mariadb",
         help="the throwaway server: the machine's MariaDB, or the MySQL or MariaDB 11.8 root",
     )
-    parser.add_argument("--out", default=None, help="markdown report (default docs/soak.md; with --quick, none)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="markdown report (default docs/soak.md, docs/soak-mysql.md or docs/soak-mariadb11.md by --server; with "
+        "--quick, none)",
+    )
     parser.add_argument("--workdir", default=None, help="logs and results.json (default test-artifacts/soak-<time>)")
     args = parser.parse_args(argv)
 
@@ -555,7 +560,9 @@ def main(argv: list[str] | None = None) -> int:
     plan.crash_db = args.db_crash
     plan.server = args.server
     seed, workdir = seed_and_workdir(args.seed, args.workdir, "soak")
-    out = args.out if args.out is not None else (None if args.quick else str(REPO / "docs" / "soak.md"))
+    # Each server's last full result has its own page: a run on one must not overwrite another's.
+    page = "soak.md" if args.server == "mariadb" else f"soak-{args.server}.md"
+    out = args.out if args.out is not None else (None if args.quick else str(REPO / "docs" / page))
 
     outcome = run(plan, seed, workdir, say=lambda s: print(s, flush=True))
     print(outcome.verdict)
