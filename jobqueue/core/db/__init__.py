@@ -67,7 +67,6 @@ from .primary import (
 from .transactions import REQUEST_TRANSACTION, TRANSACTION, callers_transaction, transaction
 
 __all__ = [
-    "keep_when_idle",
     "CR_CONNECTION_ERRORS",
     "Candidates",
     "DEFAULT_LOCK_WAIT_SECONDS",
@@ -102,6 +101,7 @@ __all__ = [
     "error_code",
     "is_mysql",
     "is_not_primary",
+    "keep_when_idle",
     "mark_not_primary",
     "on_chosen_primary",
     "pool_gave_up",
