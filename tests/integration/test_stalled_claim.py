@@ -160,3 +160,27 @@ def test_a_worker_busy_past_the_bound_keeps_its_doorbell_and_idle_probe(mysql_ur
 def _sleeping(engine, queue: str) -> bool:
     with engine.connect() as conn:
         return any(queue in s.queues for s in doorbell.sleepers(conn))
+
+
+def test_only_the_engines_that_run_workers_bound_idle_transactions(mysql_url, db_server):
+    """The web app's embedded workers and the reaper (its runtime engine) are bounded; its request
+    engine and a client's, whose transactions may be the application's, keep the server's."""
+    from jobqueue import JobQueue, create_app
+    from testkit.web import app_config
+
+    def bound(engine) -> int:
+        variable = "wait_timeout" if db_server == "mysql" else "idle_transaction_timeout"
+        with engine.connect() as conn:
+            return int(conn.exec_driver_sql(f"SELECT @@session.{variable}").scalar())
+
+    app = create_app(app_config(mysql_url))
+    client = JobQueue(mysql_url)
+    try:
+        queue = app.extensions["jobqueue"]
+        assert bound(queue.runtime.engine) == 30
+        assert bound(queue.engine) != 30
+        assert bound(client.engine) != 30
+    finally:
+        client.close()
+        queue.runtime.engine.dispose()
+        queue.engine.dispose()
