@@ -99,8 +99,9 @@ def create_engine(
     `idle_transaction_seconds` bounds how long the server keeps a transaction whose client stopped
     sending statements (a worker frozen or cut off mid-claim holds job rows and the queues' share
     locks until its transaction ends): MariaDB's `idle_transaction_timeout`; MySQL has none, so
-    its sessions' `wait_timeout`, and a connection idle in the pool for half of it is replaced
-    before use rather than handed out closed. Worker engines set it; an engine whose transactions
+    its sessions' `wait_timeout`, and a connection idle in the pool for nearly that long (5 s
+    short) is replaced before use rather than handed out closed; the pool hands out the connection
+    used last, so an idle worker keeps one alive and lets the others go. Worker engines set it; an engine whose transactions
     are the application's (the client's) does not. Connections kept open while idle (the
     doorbell's, the idle probe's) take the server's default again: `keep_when_idle`."""
     settings = settings or current()
@@ -151,6 +152,11 @@ def create_engine(
             pool_size=pool_size,
             max_overflow=pool_size,
             pool_recycle=1800,
+            # The connection used last is used next, so that a worker's few statements while idle
+            # (heartbeats, sweeps) keep one connection alive rather than go round them all: with
+            # a bound on idle sessions (MySQL's wait_timeout) the others are let go instead of
+            # reopened at every use.
+            pool_use_lifo=bool(idle_transaction_seconds),
             # Every use ends its own transaction (db.transaction commits or rolls back; closing a
             # Connection with one open rolls it back), so the pool's extra ROLLBACK on check-in
             # would be a wasted round trip on every claim and completion.
@@ -161,7 +167,9 @@ def create_engine(
         )
         if idle_transaction_seconds:
             engine.idle_transaction_seconds = idle_transaction_seconds
-            _replace_idle_connections(engine, idle_transaction_seconds / 2)
+            # Idle time counts from the check-in, a moment after the server's last reply: a
+            # margin of 5 s (or half, for a bound under 10 s).
+            _replace_idle_connections(engine, max(idle_transaction_seconds / 2, idle_transaction_seconds - 5))
         engine.candidates = candidates
         engine.read_committed = True  # see reads_committed
         if statement_timeout_seconds:
@@ -204,7 +212,7 @@ def _replace_idle_connections(engine: Engine, after_seconds: float) -> None:
     def _fresh(dbapi_conn, record, proxy) -> None:
         since = record.info.get("idle_since")
         if record.info.get("closes_when_idle") and since is not None and time.monotonic() - since > after_seconds:
-            raise sa.exc.DisconnectionError("idle longer than half the server's wait_timeout")
+            raise sa.exc.DisconnectionError("idle for nearly the server's wait_timeout")
 
 
 def keep_when_idle(engine: Engine, dbapi_conn) -> None:
