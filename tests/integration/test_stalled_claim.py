@@ -21,12 +21,14 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
+from jobqueue import JobQueue, create_app
 from jobqueue.core import service
 from jobqueue.core.db import CR_CONNECTION_ERRORS, ER_CLIENT_INTERACTION_TIMEOUT, create_engine, error_code
 from jobqueue.core.models import Status
 from jobqueue.core.repository import doorbell
 from jobqueue.core.schema import job_queue
 from testkit.procs import WorkerProcess, cli_env, wait_until
+from testkit.web import app_config
 
 BOUND_SECONDS = 3
 JOBS = 20000
@@ -165,8 +167,6 @@ def _sleeping(engine, queue: str) -> bool:
 def test_only_the_engines_that_run_workers_bound_idle_transactions(mysql_url, db_server):
     """The web app's embedded workers and the reaper (its runtime engine) are bounded; its request
     engine and a client's, whose transactions may be the application's, keep the server's."""
-    from jobqueue import JobQueue, create_app
-    from testkit.web import app_config
 
     def bound(engine) -> int:
         variable = "wait_timeout" if db_server == "mysql" else "idle_transaction_timeout"

@@ -206,12 +206,13 @@ def _replace_idle_connections(engine: Engine, after_seconds: float) -> None:
 
     @event.listens_for(engine, "checkin")
     def _idle_from(dbapi_conn, record) -> None:
-        record.info["idle_since"] = time.monotonic()
+        if record.info.get("closes_when_idle"):
+            record.info["idle_since"] = time.monotonic()
 
     @event.listens_for(engine, "checkout")
     def _fresh(dbapi_conn, record, proxy) -> None:
-        since = record.info.get("idle_since")
-        if record.info.get("closes_when_idle") and since is not None and time.monotonic() - since > after_seconds:
+        since = record.info.get("idle_since")  # only where the server closes idle sessions
+        if since is not None and time.monotonic() - since > after_seconds:
             raise sa.exc.DisconnectionError("idle for nearly the server's wait_timeout")
 
 
