@@ -307,7 +307,7 @@ def test_automatic_prefetch_by_the_average_job_time():
     from jobqueue.core.worker.config import WorkerConfig
 
     most = WorkerConfig(concurrency=4).max_prefetch
-    assert most == 28
+    assert most == 60
     assert WorkerConfig(concurrency=64).max_prefetch == 64
     assert WorkerConfig(concurrency=4, prefetch=3).max_prefetch == 3
     assert [auto_prefetch(4, most, a) for a in (None, 0.5, 0.1, 0.05, 0.002, 0.001, 0.0005, 0.00001, 0.0)] == [
@@ -318,6 +318,6 @@ def test_automatic_prefetch_by_the_average_job_time():
         4,
         5,
         10,
-        28,
-        28,
+        60,
+        60,
     ]

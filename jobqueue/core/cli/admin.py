@@ -72,7 +72,7 @@ def init_db_cmd(ctx: click.Context, database_url: str | None) -> None:
     show_default=True,
     help="Jobs claimed ahead of a free thread (leased and renewed while they wait): a number, or "
     "auto (while handlers take under 0.1 s on average: one per thread, more for jobs of microseconds, "
-    "up to 128 leases in all or two per thread)",
+    "up to 64 leases in all or two per thread)",
 )
 @click.option("--burst", is_flag=True, help="Exit when nothing is ready for this worker and it holds nothing")
 @click.option(

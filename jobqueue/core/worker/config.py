@@ -11,11 +11,12 @@ from .maintenance import reap_interval
 # Automatic prefetch holds at most this many leases in all (one per thread, the rest claimed
 # ahead), or two per thread where that is more: a claim cycle's round trips are paid once for
 # every job it takes, and a worker of 4 threads running jobs of microseconds spent half its CPU
-# a job on them with 4 taken ahead (docs/benchmarks.md, "Automatic prefetch, deeper"). 128, as
-# many as a worker of 64 threads held already: with 32, 2 x 4 threads of no-op jobs ran 0.6-0.7x
-# the jobs a second of 2 x 64 ("Prefetch to 128 leases"). It binds only while jobs take under
-# 5 ms / 128 (HAND_WAIT_SECONDS in claimer.py), so the last job in hand still waits about 5 ms.
-AUTO_LEASES = 128
+# a job on them with 4 taken ahead (docs/benchmarks.md, "Automatic prefetch, deeper"). 64: with
+# 32, 2 x 4 threads of no-op jobs ran 0.6-0.7x the jobs a second of 2 x 64 on an Intel Xeon of
+# this machine kind; with 128, a handler that appends a line to a file left the lane (slots.py)
+# for other threads more often and cost more CPU a job than with 32 ("Automatic prefetch to 64
+# leases"). It binds only while jobs take under 5 ms / 64 (HAND_WAIT_SECONDS in claimer.py).
+AUTO_LEASES = 64
 
 
 @dataclass
