@@ -1,9 +1,10 @@
 """Before and after: the worker of another commit against this checkout's, same run, alternating.
 
-    python -m bench.ab --ref 382a9cc --jobs 5000 --rounds 3 --configs 1x1,1x4,1x32,2x32
+    python -m bench.ab --ref 382a9cc --jobs 5000 --rounds 3 --configs 1x1,1x4,1x32,2x32 [--handler append]
 
 For each round and configuration (PROCESSESxTHREADS) each side gets a fresh database made by its
-own code (its schema, its enqueue_many), N no-op jobs, then `jobqueue worker --burst` at the
+own code (its schema, its enqueue_many), N no-op jobs (or, with `--handler append`, jobs that
+append a line to a file: section 11's handler, bench/append_tasks.py), then `jobqueue worker --burst` at the
 default log level, run from that side's tree (the order of the sides alternates every round),
 its processes started behind the start gate (bench/gate.py). jobs/s: done jobs /
 (MAX(finished_at) - MIN(started_at)), the jobs' own timestamps, as in bench/throughput.py;
@@ -45,15 +46,23 @@ def _py(tree: Path, code: str) -> str:
     ).stdout.strip()
 
 
-def run_side(tree: Path, jobs: int, procs: int, threads: int) -> tuple[float, float]:
+# --handler: the task each job runs, and the modules that register it.
+HANDLERS = {"noop": ("noop", "bench.gate_tasks"), "append": ("append", "bench.append_tasks,bench.gate_tasks")}
+
+
+def run_side(tree: Path, jobs: int, procs: int, threads: int, handler: str = "noop") -> tuple[float, float]:
     """(jobs/s in the jobs' own window, worker CPU microseconds a job) for one run."""
+    task, modules = HANDLERS[handler]
     url = _py(
-        tree, f"from bench import common; u = common.create_mysql_db('ab'); common.enqueue_noops(u, {jobs}); print(u)"
+        tree,
+        f"import {modules}; from bench import common; u = common.create_mysql_db('ab'); "
+        f"common.enqueue_noops(u, {jobs}, task={task!r}); print(u)",
     )
     try:
         cmd = [str(JOBQUEUE), "--database-url", url, "worker", "--concurrency", str(threads), "--burst"]
-        run = ProcRun([[*cmd, "--tasks", "bench.gate_tasks"]] * procs, env={"PYTHONPATH": str(tree)}, cwd=tree)
         with tempfile.TemporaryDirectory() as logs:
+            env = {"PYTHONPATH": str(tree), "BENCH_APPEND_FILE": str(Path(logs) / "append.txt")}
+            run = ProcRun([[*cmd, "--tasks", modules]] * procs, env=env, cwd=tree)
             run.start(Path(logs))
             run.wait(600)
             run.check()
@@ -82,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--configs", default="1x1,1x4,1x32,2x32", help="PROCESSESxTHREADS, comma-separated")
     p.add_argument("--steady", type=int, help="also run this many jobs (more than --jobs): CPU a job in steady state")
+    p.add_argument(
+        "--handler",
+        choices=sorted(HANDLERS),
+        default="noop",
+        help="what each job runs: noop, or append (a line to a file, section 11's handler)",
+    )
     a = p.parse_args(argv)
     if a.steady is not None and a.steady <= a.jobs:
         p.error("--steady must be more than --jobs")
@@ -97,13 +112,14 @@ def main(argv: list[str] | None = None) -> int:
                 for side in list(sides) if r % 2 == 0 else list(reversed(sides)):
                     for jobs in sizes:
                         results.setdefault((procs, threads, side, jobs), []).append(
-                            run_side(sides[side], jobs, procs, threads)
+                            run_side(sides[side], jobs, procs, threads, a.handler)
                         )
             print(f"round {r + 1} of {a.rounds} done", file=sys.stderr, flush=True)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=REPO, check=False)
         shutil.rmtree(before.parent, ignore_errors=True)
-    print(f"{a.jobs:,} no-op jobs, {a.rounds} rounds alternating, before = {a.ref}, after = this checkout")
+    what = "no-op jobs" if a.handler == "noop" else "jobs appending a line to a file"
+    print(f"{a.jobs:,} {what}, {a.rounds} rounds alternating, before = {a.ref}, after = this checkout")
     print("| configuration | before jobs/s | after jobs/s | ratio | before, worker CPU us/job | after | ratio |")
     print("|---|---|---|---|---|---|---|")
     for procs, threads in configs:
