@@ -347,11 +347,11 @@ def _with_mysqlclient(*fields: Any) -> list[Config]:
 
 
 def configs() -> list[Config]:
-    """Ours at 1 x 4 threads, 2 x 4 and 2 x 64 (which is faster depends on the machine: 2 x 4
-    on an AMD EPYC of this kind, 2 x 64 on an Intel Xeon while automatic prefetch took up to 32
-    leases), each of the two also on mysqlclient, the C driver of the jobqueue[mysqlclient] extra
-    and of every Django peer here; each peer at 4-way concurrency and at its best configuration
-    found in issue 29's measurement."""
+    """Ours at 1 x 4 threads, 2 x 4 and 2 x 64 (on no-op jobs which is faster has depended on the
+    machine; on this section's handler 2 x 4 was, on both kinds of CPU measured), each of the two
+    also on mysqlclient, the C driver of the jobqueue[mysqlclient] extra and of every Django peer
+    here; each peer at 4-way concurrency and at its best configuration found in issue 29's
+    measurement."""
     return [
         Config("ours p1 t4", "ours", True, "`jobqueue worker --concurrency 4 --burst`", _ours(1, 4), True),
         Config("ours p2 t4", "ours", False, "2 x `jobqueue worker --concurrency 4 --burst`", _ours(2, 4), True),
