@@ -101,9 +101,10 @@ def create_engine(
     locks until its transaction ends): MariaDB's `idle_transaction_timeout`; MySQL has none, so
     its sessions' `wait_timeout`, and a connection idle in the pool for nearly that long (5 s
     short) is replaced before use rather than handed out closed; the pool hands out the connection
-    used last, so an idle worker keeps one alive and lets the others go. Worker engines set it; an engine whose transactions
-    are the application's (the client's) does not. Connections kept open while idle (the
-    doorbell's, the idle probe's) take the server's default again: `keep_when_idle`."""
+    used last, so an idle worker keeps one alive and lets the others go. Worker engines set it;
+    an engine whose transactions are the application's (the client's) does not. Connections kept
+    open while idle (the doorbell's, the idle probe's) take the server's default again:
+    `keep_when_idle`."""
     settings = settings or current()
     urls = resolve_urls(url, settings)
     if lock_wait_seconds is None:
