@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 from jobqueue.core.db import PEER_CHECK_SECONDS
@@ -37,7 +37,7 @@ SEEN = re.compile(r"^(\S+ \S+),(\d+) ERROR jobqueue.worker event=split_brain ", 
 @dataclass
 class Spell:
     writable_at: datetime  # the primary's clock, when the twin was made writable
-    writable_wall: float  # time.time() then
+    writable_wall: float  # time.time() then (after that read: the spell begins no later)
     read_only_at: datetime | None = None
 
 
@@ -48,6 +48,22 @@ def seen_at(log: str, after_wall: float) -> float | None:
         if stamp >= after_wall - 0.5:
             return stamp
     return None
+
+
+def claims_stop_at(spell: Spell, log: str) -> tuple[datetime, float | None]:
+    """From when the twin worker may start no claim in this spell (naive UTC, as the primary
+    stamps started_at), and how long after the twin turned writable it said so (None: never): its
+    split_brain line, or MAX_DETECTION_SECONDS after the spell began if it said so later or never.
+
+    On the wall clock: the primary runs on this host, so its UTC_TIMESTAMP(6) is this clock. (Moving
+    the line onto a clock read with the fault's own query, whose round trip took a while on a
+    loaded machine, began the window before the line, where the worker still claimed, rightly.)
+    The line's stamp is cut to the millisecond: it was written within the millisecond after it."""
+    seen = seen_at(log, spell.writable_wall)
+    delay = None if seen is None else seen - spell.writable_wall
+    since = seen + 0.001 if delay is not None and delay <= MAX_DETECTION_SECONDS else None
+    since = since or spell.writable_wall + MAX_DETECTION_SECONDS
+    return datetime.fromtimestamp(since, UTC).replace(tzinfo=None), delay
 
 
 class TwinServer:
@@ -108,30 +124,28 @@ class TwinServer:
         )[0][0]
         registered_on_twin = self.server.execute("SELECT COUNT(*) FROM worker_process", database=self.database)[0][0]
         owner = f"%:{NAME}:%"
-        forbidden, delays, late = 0, [], 0
+        forbidden, delays, late, windows = [], [], 0, []
         with primary.cursor() as cur:
             for spell in self.spells:
-                seen = seen_at(worker_log, spell.writable_wall)
-                delay = None if seen is None else seen - spell.writable_wall
+                since, delay = claims_stop_at(spell, worker_log)
                 delays.append(None if delay is None else round(delay, 1))
                 if delay is None or delay > MAX_DETECTION_SECONDS:
                     late += 1
-                    delay = MAX_DETECTION_SECONDS
-                # From the line on (on the primary's clock, the same host's), no claim may start.
-                since, until = spell.writable_at + timedelta(seconds=delay), spell.read_only_at
+                until = spell.read_only_at
+                windows.append(f"{since:%H:%M:%S.%f} - {until:%H:%M:%S.%f}")
                 for sql in (
-                    "SELECT COUNT(*) FROM job_queue WHERE lease_owner LIKE %s AND started_at BETWEEN %s AND %s",
-                    "SELECT COUNT(*) FROM job_attempt WHERE worker LIKE %s AND started_at BETWEEN %s AND %s",
+                    "SELECT id, started_at FROM job_queue WHERE lease_owner LIKE %s AND started_at BETWEEN %s AND %s",
+                    "SELECT job_id, started_at FROM job_attempt WHERE worker LIKE %s AND started_at BETWEEN %s AND %s",
                 ):
                     cur.execute(sql, (owner, since, until))
-                    forbidden += cur.fetchone()[0]
+                    forbidden += [f"job {job_id} at {at:%H:%M:%S.%f}" for job_id, at in cur.fetchall()]
             cur.execute("SELECT COUNT(*) FROM job_queue WHERE lease_owner LIKE %s", (owner,))
             claimed_by_twin_worker = cur.fetchone()[0]
         problems = {}
         if claimed_on_twin or registered_on_twin:
             problems["written_on_the_twin"] = claimed_on_twin + registered_on_twin
         if forbidden:
-            problems["claimed_while_two_primaries"] = forbidden
+            problems["claimed_while_two_primaries"] = len(forbidden)
         if late:
             problems["split_brain_not_seen_in_time"] = late
         return {
@@ -142,7 +156,9 @@ class TwinServer:
                 "writable_seconds": [round((s.read_only_at - s.writable_at).total_seconds(), 1) for s in self.spells],
                 "claimed_on_twin": claimed_on_twin,
                 "registered_on_twin": registered_on_twin,
-                "claimed_on_primary_while_both_writable": forbidden,
+                "claimed_on_primary_while_both_writable": len(forbidden),
+                "claims_forbidden_utc": windows,  # from the worker's split_brain line to read-only again
+                "claims_in_them": forbidden[:10],
                 "jobs_last_claimed_by_the_twin_worker": claimed_by_twin_worker,
                 "split_brain_log_lines": worker_log.count("event=split_brain "),
             },

@@ -4,10 +4,17 @@ broken, is caught and named, and a clean run with killed workers passes."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 
 import pytest
 
 from soak.checks import Execution, Observed, Row, Spec, check
+from soak.two_primaries import MAX_DETECTION_SECONDS, Spell, claims_stop_at
+
+
+def utc(epoch: float) -> datetime:
+    """A time.time() as the primary stamps it: naive UTC (the soak's servers run on its host)."""
+    return datetime.fromtimestamp(epoch, UTC).replace(tzinfo=None)
 
 
 def clean_run() -> Observed:
@@ -400,3 +407,25 @@ def test_batch_callbacks_missing_unexpected_or_enqueued_twice_are_caught():
     obs = workflow_run()
     obs.batches["B"]["failed"] = 0
     assert check(obs).violations() == {"batch_counts_wrong": 1}
+
+
+def test_a_claim_before_the_split_brain_line_is_not_taken_for_one_after_it():
+    """The two_primaries check (soak/two_primaries.py) counts the twin worker's claims from its
+    split_brain line on. CI failed on 2 such claims with the fault's clock read taking a while on a
+    loaded machine: the primary's clock was read (writable_at) half a second before the wall
+    clock (writable_wall), and the line's time was moved onto the primary's clock by that pair, so
+    the window began half a second before the line, where the worker still claimed, rightly."""
+    wall = time.time()
+    spell = Spell(utc(wall - 0.5), wall)  # SELECT UTC_TIMESTAMP(6), then its connection's close: 0.5 s
+    line_at = wall + 1.0
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(line_at)) + f",{int(line_at * 1000) % 1000:03d}"
+    log = f"{stamp} ERROR jobqueue.worker event=split_brain worker=h:1:twin detail=two writable\n"
+
+    since, delay = claims_stop_at(spell, log)
+
+    assert delay == pytest.approx(1.0, abs=0.002)
+    assert since > utc(line_at - 0.001)  # a claim that started before the line is not counted
+    assert since <= utc(line_at + 0.002)  # one a moment after it is
+
+    late, delay = claims_stop_at(spell, "")  # never said: from MAX_DETECTION_SECONDS on
+    assert delay is None and since < late <= utc(wall + MAX_DETECTION_SECONDS)
