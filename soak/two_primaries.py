@@ -37,7 +37,7 @@ SEEN = re.compile(r"^(\S+ \S+),(\d+) ERROR jobqueue.worker event=split_brain ", 
 @dataclass
 class Spell:
     writable_at: datetime  # the primary's clock, when the twin was made writable
-    writable_wall: float  # time.time() then (after that read: the spell begins no later)
+    writable_wall: float  # time.time() after that read, before the twin is made writable
     read_only_at: datetime | None = None
 
 
@@ -61,8 +61,10 @@ def claims_stop_at(spell: Spell, log: str) -> tuple[datetime, float | None]:
     The line's stamp is cut to the millisecond: it was written within the millisecond after it."""
     seen = seen_at(log, spell.writable_wall)
     delay = None if seen is None else seen - spell.writable_wall
-    since = seen + 0.001 if delay is not None and delay <= MAX_DETECTION_SECONDS else None
-    since = since or spell.writable_wall + MAX_DETECTION_SECONDS
+    if seen is None or delay > MAX_DETECTION_SECONDS:
+        since = spell.writable_wall + MAX_DETECTION_SECONDS
+    else:
+        since = seen + 0.001
     return datetime.fromtimestamp(since, UTC).replace(tzinfo=None), delay
 
 
