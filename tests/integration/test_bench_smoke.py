@@ -177,3 +177,33 @@ def test_ab_splits_worker_cpu_into_a_further_job_and_once_a_process():
         return [(1.0, (2 * f * 1000 + jobs * c) / jobs) for f, c in rounds]
 
     assert split_cpu(per_job(5_000), per_job(20_000), 5_000, 20_000, 2) == pytest.approx((100, 30))
+
+
+@pytest.mark.only_servers("mariadb")
+def test_the_binlog_cost_bench_runs_each_server_as_it_says(db_server):
+    """bench/binlog_cost.py end to end at a small size, once (its servers are its own throwaway
+    ones, whatever the share): each server runs with the binlog it is named for, every rate is
+    measured and the table renders. Nothing is asserted about speed."""
+    from bench import binlog_cost
+
+    res = binlog_cost.run(rows=2000, rounds=1)
+
+    log_bin = {name: settings["log_bin"] for name, settings in res["settings"].items()}
+    assert log_bin == {
+        "MySQL 9.7, binlog": "ON",
+        "MySQL 9.7, binlog, 4 MB binlog cache": "ON",
+        "MySQL 9.7, no binlog": "OFF",
+        "MariaDB 10.11": "OFF",
+    }
+    assert res["settings"]["MySQL 9.7, binlog, 4 MB binlog cache"]["binlog_cache_size"] == str(4 << 20)
+    assert res["settings"]["MySQL 9.7, binlog"]["binlog_cache_size"] == "32768"
+    # 1,000 rows of row events outgrow the default cache, not a 4 MB one; no binlog, no cache.
+    assert res["binlog_cache_spills_a_batch"] == {
+        "MySQL 9.7, binlog": 1.0,
+        "MySQL 9.7, binlog, 4 MB binlog cache": 0.0,
+        "MySQL 9.7, no binlog": 0.0,
+        "MariaDB 10.11": 0.0,
+    }
+    assert all(rate["ours"] > 0 and rate["raw"] > 0 for rate in res["rows_per_s"].values())
+    assert res["against_mariadb"]["MariaDB 10.11"] == {"ours": 1.0, "raw": 1.0}
+    assert "| MySQL 9.7, no binlog |" in binlog_cost.markdown(res)

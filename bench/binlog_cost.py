@@ -1,0 +1,130 @@
+"""What MySQL's binary log costs batch enqueue, and what server settings do not change it.
+
+`service.enqueue_many` in batches of 1,000 and the hand-written multi-row INSERT beside it (both
+exactly as bench.enqueue times them) on throwaway servers of this machine, started alike (128 MB
+buffer pool; about 100 MB of redo, each server's default): MySQL 9.7 as Debian starts it (ROW
+binlog, `sync_binlog=1`), the same with `--binlog-cache-size=4M` (a 1,000-row batch's row events
+outgrow the default 32 KB cache and go through a temporary file: Binlog_cache_disk_use counts one
+a batch), the same with `--disable-log-bin`, and MariaDB 10.11 (no binlog, its default). Rounds
+alternate the servers' order; medians; each against MariaDB. Throwaway servers because a
+server's binlog is a global setting, which a run must not change on the shared ones.
+
+    python -m bench.binlog_cost --rows 50000 --rounds 3 [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import uuid
+from typing import Any
+
+from bench.common import log, median, ratio
+from bench.enqueue import BATCH, ours, raw
+from jobqueue.core.db import create_engine
+from jobqueue.core.migrate import init_db
+from testkit.throwaway import ThrowawayServer, describe_flavour
+
+# The same InnoDB sizes for all (the throwaway servers' own are smaller, for tests).
+_SIZES = ("--innodb-buffer-pool-size=128M",)
+SERVERS = {
+    "MySQL 9.7, binlog": ("mysql", ("--innodb-redo-log-capacity=100M",)),
+    "MySQL 9.7, binlog, 4 MB binlog cache": ("mysql", ("--innodb-redo-log-capacity=100M", "--binlog-cache-size=4M")),
+    "MySQL 9.7, no binlog": ("mysql", ("--innodb-redo-log-capacity=100M", "--disable-log-bin")),
+    "MariaDB 10.11": ("mariadb", ("--innodb-log-file-size=96M",)),
+}
+BASELINE = "MariaDB 10.11"
+
+
+def _spills(server: ThrowawayServer) -> int:
+    """Transactions whose binlog events went through a temporary file (0 without a binlog)."""
+    rows = server.execute("SHOW GLOBAL STATUS LIKE 'Binlog_cache_disk_use'")
+    return int(rows[0][1]) if rows else 0
+
+
+def run(rows: int, rounds: int) -> dict[str, Any]:
+    servers: dict[str, ThrowawayServer] = {}
+    settings: dict[str, dict[str, str | None]] = {}  # as each server says them
+    spills: dict[str, list[float]] = {name: [] for name in SERVERS}  # binlog cache to disk, a batch
+    samples: dict[str, dict[str, list[float]]] = {name: {"ours": [], "raw": []} for name in SERVERS}
+    with tempfile.TemporaryDirectory(prefix="jq-binlog-", dir="/var/tmp") as tmp:
+        try:
+            for name, (flavour, args) in SERVERS.items():
+                servers[name] = ThrowawayServer(
+                    os.path.join(tmp, flavour + str(len(servers))), *_SIZES, *args, flavour=flavour
+                ).start()
+                settings[name] = {v: servers[name].variable(v) for v in ("log_bin", "binlog_cache_size", "version")}
+            for r in range(rounds):
+                order = list(SERVERS) if r % 2 == 0 else list(reversed(SERVERS))
+                for name in order:
+                    for what, timed in (("raw", raw), ("ours", ours)):
+                        database = f"jqbin_{uuid.uuid4().hex[:8]}"
+                        url = servers[name].create_database(database)
+                        engine = create_engine(url, pool_size=1)
+                        try:
+                            init_db(engine)
+                        finally:
+                            engine.dispose()
+                        spilled = _spills(servers[name])
+                        samples[name][what].append(rows / timed(url, rows))
+                        if what == "ours":
+                            spills[name].append((_spills(servers[name]) - spilled) / -(-rows // BATCH))
+                        servers[name].execute(f"DROP DATABASE `{database}`")
+                    log(f"round {r + 1}/{rounds} {name}: enqueue_many {samples[name]['ours'][-1]:,.0f} rows/s")
+        finally:
+            for server in servers.values():
+                server.stop()
+                server.cleanup()
+    rate = {name: {what: median(s) for what, s in by.items()} for name, by in samples.items()}
+    return {
+        "rows": rows,
+        "rounds": rounds,
+        "batch": BATCH,
+        "load_average": os.getloadavg(),
+        "servers": {
+            name: describe_flavour(flavour) + " " + " ".join(_SIZES + args) for name, (flavour, args) in SERVERS.items()
+        },
+        "settings": settings,
+        "rows_per_s": rate,
+        "binlog_cache_spills_a_batch": {name: median(x) for name, x in spills.items()},
+        "samples": samples,
+        "against_mariadb": {
+            name: {what: ratio(rate[name][what], rate[BASELINE][what]) for what in ("ours", "raw")} for name in SERVERS
+        },
+    }
+
+
+def markdown(res: dict[str, Any]) -> str:
+    out = [
+        f"{res['rows']:,} rows in batches of {res['batch']:,}, median of {res['rounds']} rounds, each on a "
+        f"fresh database (load average at the end: {', '.join(f'{x:.1f}' for x in res['load_average'])}).",
+        "",
+        "| server | `service.enqueue_many` rows/s | / MariaDB | binlog cache spills a batch "
+        "| hand-written INSERT rows/s | / MariaDB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in SERVERS:
+        r, q = res["rows_per_s"][name], res["against_mariadb"][name]
+        spills = res["binlog_cache_spills_a_batch"][name]
+        out.append(f"| {name} | {r['ours']:,.0f} | {q['ours']:.2f} | {spills:.2f} | {r['raw']:,.0f} | {q['raw']:.2f} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--markdown", action="store_true", help="print the docs table after the JSON")
+    args = parser.parse_args(argv)
+    res = run(args.rows, args.rounds)
+    print(json.dumps(res, indent=2))
+    if args.markdown:
+        print()
+        print(markdown(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()
