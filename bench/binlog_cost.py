@@ -5,8 +5,9 @@ exactly as bench.enqueue times them) on throwaway servers of this machine, start
 buffer pool; about 100 MB of redo, each server's default): MySQL 9.7 as Debian starts it (ROW
 binlog, `sync_binlog=1`), the same with `--binlog-cache-size=4M` (a 1,000-row batch's row events
 outgrow the default 32 KB cache and go through a temporary file: Binlog_cache_disk_use counts one
-a batch), the same with `--disable-log-bin`, and MariaDB 10.11 (no binlog, its default). Rounds
-alternate the servers' order; medians; each against MariaDB. Throwaway servers because a
+a batch), the same with `--disable-log-bin`; MariaDB 10.11 as it starts (no binlog), and with a
+ROW binlog and `sync_binlog=1` as MySQL has them. Rounds alternate the servers' order; medians;
+each against MariaDB without binlog (the issue's comparison). Throwaway servers because a
 server's binlog is a global setting, which a run must not change on the shared ones.
 
     python -m bench.binlog_cost --rows 50000 --rounds 3 [--markdown]
@@ -34,8 +35,14 @@ SERVERS = {
     "MySQL 9.7, binlog, 4 MB binlog cache": ("mysql", ("--innodb-redo-log-capacity=100M", "--binlog-cache-size=4M")),
     "MySQL 9.7, no binlog": ("mysql", ("--innodb-redo-log-capacity=100M", "--disable-log-bin")),
     "MariaDB 10.11": ("mariadb", ("--innodb-log-file-size=96M",)),
+    # As a primary with replicas runs it: MySQL's binlog settings, to compare like with like.
+    "MariaDB 10.11, binlog": (
+        "mariadb",
+        ("--innodb-log-file-size=96M", "--log-bin", "--binlog-format=ROW", "--sync-binlog=1", "--server-id=1"),
+    ),
 }
 BASELINE = "MariaDB 10.11"
+VARIABLES = ("version", "log_bin", "binlog_format", "sync_binlog", "binlog_cache_size")
 
 
 def _spills(server: ThrowawayServer) -> int:
@@ -55,7 +62,7 @@ def run(rows: int, rounds: int) -> dict[str, Any]:
                 servers[name] = ThrowawayServer(
                     os.path.join(tmp, flavour + str(len(servers))), *_SIZES, *args, flavour=flavour
                 ).start()
-                settings[name] = {v: servers[name].variable(v) for v in ("log_bin", "binlog_cache_size", "version")}
+                settings[name] = {v: servers[name].variable(v) for v in VARIABLES}
             for r in range(rounds):
                 order = list(SERVERS) if r % 2 == 0 else list(reversed(SERVERS))
                 for name in order:
