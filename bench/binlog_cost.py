@@ -19,13 +19,11 @@ import argparse
 import json
 import os
 import tempfile
-import uuid
 from typing import Any
 
+from bench import common
 from bench.common import log, median, ratio
 from bench.enqueue import BATCH, ours, raw
-from jobqueue.core.db import create_engine
-from jobqueue.core.migrate import init_db
 from testkit.throwaway import ThrowawayServer, describe_flavour
 
 # The same InnoDB sizes for all (the throwaway servers' own are smaller, for tests).
@@ -66,19 +64,12 @@ def run(rows: int, rounds: int) -> dict[str, Any]:
             for r in range(rounds):
                 order = list(SERVERS) if r % 2 == 0 else list(reversed(SERVERS))
                 for name in order:
-                    for what, timed in (("raw", raw), ("ours", ours)):
-                        database = f"jqbin_{uuid.uuid4().hex[:8]}"
-                        url = servers[name].create_database(database)
-                        engine = create_engine(url, pool_size=1)
-                        try:
-                            init_db(engine)
-                        finally:
-                            engine.dispose()
-                        spilled = _spills(servers[name])
-                        samples[name][what].append(rows / timed(url, rows))
-                        if what == "ours":
-                            spills[name].append((_spills(servers[name]) - spilled) / -(-rows // BATCH))
-                        servers[name].execute(f"DROP DATABASE `{database}`")
+                    with common.mysql_db("binraw", server=servers[name].url().rstrip("/")) as url:
+                        samples[name]["raw"].append(rows / raw(url, rows))
+                    with common.mysql_db("binours", server=servers[name].url().rstrip("/")) as url:
+                        before = _spills(servers[name])
+                        samples[name]["ours"].append(rows / ours(url, rows))
+                        spills[name].append((_spills(servers[name]) - before) / -(-rows // BATCH))
                     log(f"round {r + 1}/{rounds} {name}: enqueue_many {samples[name]['ours'][-1]:,.0f} rows/s")
         finally:
             for server in servers.values():

@@ -74,27 +74,28 @@ def _admin(server: str | None = None) -> sa.Engine:
     return sa.create_engine((server or MYSQL_SERVER) + "/", poolclass=NullPool)
 
 
-def mysql_url(name: str) -> str:
-    return f"{MYSQL_SERVER}/{name}"
+def mysql_url(name: str, server: str | None = None) -> str:
+    return f"{server or MYSQL_SERVER}/{name}"
 
 
-def create_mysql_db(label: str, *, schema: bool = True) -> str:
-    """A fresh database on MYSQL_SERVER with the real schema (`init-db`; empty with
-    schema=False); returns its URL."""
+def create_mysql_db(label: str, *, schema: bool = True, server: str | None = None) -> str:
+    """A fresh database on `server` (MYSQL_SERVER by default) with the real schema (`init-db`;
+    empty with schema=False); returns its URL."""
     name = f"{RUN_TAG}_{label}_{uuid.uuid4().hex[:6]}"[:64]
-    admin = _admin()
+    url = mysql_url(name, server)
+    admin = _admin(server)
     with admin.connect() as conn:
         conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
     admin.dispose()
-    _created_mysql.add(mysql_url(name))
+    _created_mysql.add(url)
     if not schema:
-        return mysql_url(name)
-    engine = create_engine(mysql_url(name), pool_size=1)
+        return url
+    engine = create_engine(url, pool_size=1)
     try:
         init_db(engine)
     finally:
         engine.dispose()
-    return mysql_url(name)
+    return url
 
 
 def drop_mysql_db(url: str) -> None:
@@ -107,8 +108,8 @@ def drop_mysql_db(url: str) -> None:
 
 
 @contextlib.contextmanager
-def mysql_db(label: str) -> Iterator[str]:
-    url = create_mysql_db(label)
+def mysql_db(label: str, server: str | None = None) -> Iterator[str]:
+    url = create_mysql_db(label, server=server)
     try:
         yield url
     finally:
