@@ -10,6 +10,10 @@ ROW binlog and `sync_binlog=1` as MySQL has them. Rounds alternate the servers' 
 each against MariaDB without binlog (the issue's comparison). Throwaway servers because a
 server's binlog is a global setting, which a run must not change on the shared ones.
 
+Beside each rate, CPU seconds a row (not wall time): the server process's (from /proc, found by its
+port) and this process's, over the timed calls. They say whose work a gap is: the client's CPU a
+row is common to the servers, so a serial caller's ratio is bounded by the servers' CPU a row.
+
     python -m bench.binlog_cost --rows 50000 --rounds 3 [--markdown]
 """
 
@@ -19,11 +23,13 @@ import argparse
 import json
 import os
 import tempfile
+import time
 from typing import Any
 
 from bench import common
-from bench.common import log, median, ratio
+from bench.common import cpu_seconds, log, median, ratio
 from bench.enqueue import BATCH, ours, raw
+from bench.server_cost import server_pid
 from testkit.throwaway import ThrowawayServer, describe_flavour
 
 # The same InnoDB sizes for all (the throwaway servers' own are smaller, for tests).
@@ -49,11 +55,23 @@ def _spills(server: ThrowawayServer) -> int:
     return int(rows[0][1]) if rows else 0
 
 
+def _timed(how, url: str, rows: int, pid: int) -> dict[str, float]:
+    """rows/s of `how` (bench.enqueue's ours or raw), and CPU microseconds a row of the server
+    and of this process over the call (its set-up included: a connection, a SELECT)."""
+    server, client = cpu_seconds(pid), time.process_time()
+    seconds = how(url, rows)
+    return {
+        "rows_per_s": rows / seconds,
+        "server_us": (cpu_seconds(pid) - server) / rows * 1e6,
+        "client_us": (time.process_time() - client) / rows * 1e6,
+    }
+
+
 def run(rows: int, rounds: int) -> dict[str, Any]:
     servers: dict[str, ThrowawayServer] = {}
     settings: dict[str, dict[str, str | None]] = {}  # as each server says them
     spills: dict[str, list[float]] = {name: [] for name in SERVERS}  # binlog cache to disk, a batch
-    samples: dict[str, dict[str, list[float]]] = {name: {"ours": [], "raw": []} for name in SERVERS}
+    samples: dict[str, dict[str, list[dict[str, float]]]] = {name: {"ours": [], "raw": []} for name in SERVERS}
     with tempfile.TemporaryDirectory(prefix="jq-binlog-", dir="/var/tmp") as tmp:
         try:
             for name, (flavour, args) in SERVERS.items():
@@ -61,21 +79,28 @@ def run(rows: int, rounds: int) -> dict[str, Any]:
                     os.path.join(tmp, flavour + str(len(servers))), *_SIZES, *args, flavour=flavour
                 ).start()
                 settings[name] = {v: servers[name].variable(v) for v in VARIABLES}
+            pids = {name: server_pid(server.url()) for name, server in servers.items()}
+            if None in pids.values():
+                raise SystemExit(f"binlog_cost: no process found listening for {pids}")
             for r in range(rounds):
                 order = list(SERVERS) if r % 2 == 0 else list(reversed(SERVERS))
                 for name in order:
                     with common.mysql_db("binraw", server=servers[name].url().rstrip("/")) as url:
-                        samples[name]["raw"].append(rows / raw(url, rows))
+                        samples[name]["raw"].append(_timed(raw, url, rows, pids[name]))
                     with common.mysql_db("binours", server=servers[name].url().rstrip("/")) as url:
                         before = _spills(servers[name])
-                        samples[name]["ours"].append(rows / ours(url, rows))
+                        samples[name]["ours"].append(_timed(ours, url, rows, pids[name]))
                         spills[name].append((_spills(servers[name]) - before) / -(-rows // BATCH))
-                    log(f"round {r + 1}/{rounds} {name}: enqueue_many {samples[name]['ours'][-1]:,.0f} rows/s")
+                    log(f"round {r + 1}/{rounds} {name}: enqueue_many {samples[name]['ours'][-1]}")
         finally:
             for server in servers.values():
                 server.stop()
                 server.cleanup()
-    rate = {name: {what: median(s) for what, s in by.items()} for name, by in samples.items()}
+    med = {
+        name: {what: {k: median([x[k] for x in xs]) for k in xs[0]} for what, xs in by.items()}
+        for name, by in samples.items()
+    }
+    rate = {name: {what: m["rows_per_s"] for what, m in by.items()} for name, by in med.items()}
     return {
         "rows": rows,
         "rounds": rounds,
@@ -86,6 +111,8 @@ def run(rows: int, rounds: int) -> dict[str, Any]:
         },
         "settings": settings,
         "rows_per_s": rate,
+        "server_cpu_us_a_row": {name: {what: m["server_us"] for what, m in by.items()} for name, by in med.items()},
+        "client_cpu_us_a_row": {name: {what: m["client_us"] for what, m in by.items()} for name, by in med.items()},
         "binlog_cache_spills_a_batch": {name: median(x) for name, x in spills.items()},
         "samples": samples,
         "against_mariadb": {
@@ -99,14 +126,18 @@ def markdown(res: dict[str, Any]) -> str:
         f"{res['rows']:,} rows in batches of {res['batch']:,}, median of {res['rounds']} rounds, each on a "
         f"fresh database (load average at the end: {', '.join(f'{x:.1f}' for x in res['load_average'])}).",
         "",
-        "| server | `service.enqueue_many` rows/s | / MariaDB | binlog cache spills a batch "
-        "| hand-written INSERT rows/s | / MariaDB |",
-        "|---|---|---|---|---|---|",
+        "| server | `service.enqueue_many` rows/s | / MariaDB | server CPU a row, us | client CPU a row, us "
+        "| binlog cache spills a batch | hand-written INSERT rows/s | / MariaDB | server CPU a row, us |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in SERVERS:
         r, q = res["rows_per_s"][name], res["against_mariadb"][name]
+        server, client = res["server_cpu_us_a_row"][name], res["client_cpu_us_a_row"][name]
         spills = res["binlog_cache_spills_a_batch"][name]
-        out.append(f"| {name} | {r['ours']:,.0f} | {q['ours']:.2f} | {spills:.2f} | {r['raw']:,.0f} | {q['raw']:.2f} |")
+        out.append(
+            f"| {name} | {r['ours']:,.0f} | {q['ours']:.2f} | {server['ours']:.1f} | {client['ours']:.1f} "
+            f"| {spills:.2f} | {r['raw']:,.0f} | {q['raw']:.2f} | {server['raw']:.1f} |"
+        )
     return "\n".join(out)
 
 

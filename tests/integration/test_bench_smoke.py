@@ -205,5 +205,8 @@ def test_the_binlog_cost_bench_runs_each_server_as_it_says(db_server):
     assert (spills["MySQL 9.7, binlog"], spills["MySQL 9.7, binlog, 4 MB binlog cache"]) == (1.0, 0.0)
     assert spills["MySQL 9.7, no binlog"] == spills["MariaDB 10.11"] == 0.0
     assert all(rate["ours"] > 0 and rate["raw"] > 0 for rate in res["rows_per_s"].values())
+    # CPU read off each server's own process and this one: 2,000 rows cost any server some.
+    for by in (res["server_cpu_us_a_row"], res["client_cpu_us_a_row"]):
+        assert all(cpu["ours"] > 0 and cpu["raw"] > 0 for cpu in by.values()), by
     assert res["against_mariadb"]["MariaDB 10.11"] == {"ours": 1.0, "raw": 1.0}
     assert "| MySQL 9.7, no binlog |" in binlog_cost.markdown(res)
