@@ -12,7 +12,8 @@ server's binlog is a global setting, which a run must not change on the shared o
 
 Beside each rate, CPU seconds a row (not wall time): the server process's (from /proc, found by its
 port) and this process's, over the timed calls. They say whose work a gap is: the client's CPU a
-row is common to the servers, so a serial caller's ratio is bounded by the servers' CPU a row.
+row is common to the servers, so what a serial caller can reach on one server against another
+follows from the servers' CPU a row (docs/benchmarks.md).
 
     python -m bench.binlog_cost --rows 50000 --rounds 3 [--markdown]
 """
@@ -91,7 +92,11 @@ def run(rows: int, rounds: int) -> dict[str, Any]:
                         before = _spills(servers[name])
                         samples[name]["ours"].append(_timed(ours, url, rows, pids[name]))
                         spills[name].append((_spills(servers[name]) - before) / -(-rows // BATCH))
-                    log(f"round {r + 1}/{rounds} {name}: enqueue_many {samples[name]['ours'][-1]}")
+                    last = samples[name]["ours"][-1]
+                    log(
+                        f"round {r + 1}/{rounds} {name}: enqueue_many {last['rows_per_s']:,.0f} rows/s, "
+                        f"CPU a row {last['server_us']:.1f} us the server's, {last['client_us']:.1f} us ours"
+                    )
         finally:
             for server in servers.values():
                 server.stop()
