@@ -83,12 +83,13 @@ def run(rows: int, rounds: int) -> dict[str, Any]:
             pids = {name: server_pid(server.url()) for name, server in servers.items()}
             if None in pids.values():
                 raise SystemExit(f"binlog_cost: no process found listening for {pids}")
+            urls = {name: server.url().rstrip("/") for name, server in servers.items()}
             for r in range(rounds):
                 order = list(SERVERS) if r % 2 == 0 else list(reversed(SERVERS))
                 for name in order:
-                    with common.mysql_db("binraw", server=servers[name].url().rstrip("/")) as url:
+                    with common.mysql_db("binraw", server=urls[name]) as url:
                         samples[name]["raw"].append(_timed(raw, url, rows, pids[name]))
-                    with common.mysql_db("binours", server=servers[name].url().rstrip("/")) as url:
+                    with common.mysql_db("binours", server=urls[name]) as url:
                         before = _spills(servers[name])
                         samples[name]["ours"].append(_timed(ours, url, rows, pids[name]))
                         spills[name].append((_spills(servers[name]) - before) / -(-rows // BATCH))
@@ -101,11 +102,12 @@ def run(rows: int, rounds: int) -> dict[str, Any]:
             for server in servers.values():
                 server.stop()
                 server.cleanup()
-    med = {
-        name: {what: {k: median([x[k] for x in xs]) for k in xs[0]} for what, xs in by.items()}
-        for name, by in samples.items()
-    }
-    rate = {name: {what: m["rows_per_s"] for what, m in by.items()} for name, by in med.items()}
+
+    def medians(key: str) -> dict[str, dict[str, float]]:
+        """server name -> "ours"/"raw" -> the median of that figure over the rounds."""
+        return {name: {what: median([x[key] for x in xs]) for what, xs in by.items()} for name, by in samples.items()}
+
+    rate = medians("rows_per_s")
     return {
         "rows": rows,
         "rounds": rounds,
@@ -116,8 +118,8 @@ def run(rows: int, rounds: int) -> dict[str, Any]:
         },
         "settings": settings,
         "rows_per_s": rate,
-        "server_cpu_us_a_row": {name: {what: m["server_us"] for what, m in by.items()} for name, by in med.items()},
-        "client_cpu_us_a_row": {name: {what: m["client_us"] for what, m in by.items()} for name, by in med.items()},
+        "server_cpu_us_a_row": medians("server_us"),
+        "client_cpu_us_a_row": medians("client_us"),
         "binlog_cache_spills_a_batch": {name: median(x) for name, x in spills.items()},
         "samples": samples,
         "against_mariadb": {
